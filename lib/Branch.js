@@ -1,0 +1,194 @@
+'use strict';
+
+const { makeError } = require('./errors');
+const { nativeOf, track, wrapFreed, registerBranch, flushOrphans } = require('./context');
+
+function isNum(v) {
+  return typeof v === 'number';
+}
+
+/**
+ * One line of generation: a leased KV sequence plus its own sampler chain, grammar, logits
+ * snapshot and perplexity trackers. Create roots with `Branch.create`, siblings with `fork()`.
+ */
+class Branch {
+  /** @private */
+  constructor(ctx, handle) {
+    this._ctx = ctx;
+    this._handle = handle;
+    this._disposed = false;
+    registerBranch(ctx, this);
+  }
+
+  /**
+   * Root branch on a sequence whose prefix the caller decoded:
+   *   Branch.create(ctx, seqId, position, params?, nBatch?, grammar?)
+   *   Branch.create(ctx, position, params?, nBatch?, grammar?)   (the store picks the sequence)
+   */
+  static create(ctx, ...args) {
+    const native = nativeOf(ctx);
+    let seqId;
+    if (args.length >= 2 && isNum(args[0]) && isNum(args[1])) seqId = args.shift();
+    const [position, params, nBatch, grammar] = args;
+    if (!isNum(position)) throw makeError('ERR_INVALID_ARG', 'Branch.create(ctx, [seqId,] position, params?, nBatch?, grammar?): position must be a number');
+    if (params != null && typeof params !== 'object') throw makeError('ERR_INVALID_ARG', 'params must be a SamplingParams object');
+    if (grammar != null && typeof grammar !== 'string') throw makeError('ERR_INVALID_ARG', 'grammar must be a GBNF string');
+    const p = grammar ? { ...(params || {}), grammar } : params || undefined;
+    flushOrphans(ctx);
+    const handle = native._branchCreate(position, p, nBatch == null ? undefined : nBatch, seqId);
+    return new Branch(ctx, handle);
+  }
+
+  _live() {
+    if (this._disposed) throw makeError('ERR_BRANCH_DISPOSED', 'Branch has been disposed (pruned, destroyed or released by retainOnly); use a live branch');
+    return nativeOf(this._ctx);
+  }
+
+  /** A child sharing this branch's KV prefix (no copy). `seqId` picks a specific free lease. */
+  fork(seqId) {
+    const native = this._live();
+    flushOrphans(this._ctx);
+    return new Branch(this._ctx, native._branchFork(this._handle, seqId));
+  }
+
+  captureLogits() {
+    this._live()._branchCaptureLogits(this._handle);
+  }
+
+  /** A copy of the logits snapshot (length vocabSize). */
+  getLogits() {
+    return this._live()._branchGetLogits(this._handle);
+  }
+
+  /** Entropy of the snapshot distribution (`'nats'` or `'bits'`). */
+  entropy(base) {
+    return this._live()._branchEntropy(this._handle, base);
+  }
+
+  sample() {
+    return this._live()._branchSample(this._handle);
+  }
+
+  accept(token) {
+    this._live()._branchAccept(this._handle, token);
+  }
+
+  /** Samples without writing KV or accepting: `{token, text, isStop}`. */
+  produce() {
+    return this._live()._branchProduce(this._handle);
+  }
+
+  /** Accepts `token` (sampler, grammar, perplexity) and decodes it; all-or-nothing. */
+  async commit(token) {
+    const native = this._live();
+    return track(this._ctx, native._storeCommit([this._handle], [token]));
+  }
+
+  /** Decodes tokens the model did not sample (user turns, tool output); no accept. */
+  async prefill(tokens) {
+    const native = this._live();
+    if (!Array.isArray(tokens)) throw makeError('ERR_INVALID_ARG', 'prefill(tokens): tokens must be an array of token ids');
+    if (tokens.length === 0) return;
+    return track(this._ctx, native._branchPrefill(this._handle, tokens));
+  }
+
+  /** Decodes one token without accepting it. */
+  async decodeAndCaptureOne(token) {
+    const native = this._live();
+    return track(this._ctx, native._branchDecodeAndCaptureOne(this._handle, token));
+  }
+
+  /** Per-branch dynamic biases `[{token, bias}]` (bias -Infinity bans); not inherited by forks. */
+  steer(biases) {
+    if (!Array.isArray(biases)) throw makeError('ERR_INVALID_ARG', 'steer(biases): biases must be an array of {token, bias}');
+    this._live()._branchSteer(this._handle, biases);
+  }
+
+  clearSteer() {
+    this._live()._branchSteer(this._handle, []);
+  }
+
+  /** New seed for the random stage (forks share the parent's RNG state until reseeded). */
+  reseedSampler(seed) {
+    this._live()._branchReseed(this._handle, seed);
+  }
+
+  /** Rebuilds the sampler chain (the penalty window and RNG start fresh). */
+  setSamplerParams(params) {
+    this._live()._branchSetSamplerParams(this._handle, params || {});
+  }
+
+  /**
+   * Installs a GBNF grammar (`null`/`''` removes it). With `triggerPatterns`, `triggerWords` or
+   * `triggerTokens` the grammar is lazy: unconstrained until a trigger appears.
+   */
+  setGrammar(grammar, lazy) {
+    const native = this._live();
+    const opts = lazy || {};
+    const escape = (w) => String(w).replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+    const patterns = [...(opts.triggerPatterns || []), ...(opts.triggerWords || []).map((w) => `[\\s\\S]*?(${escape(w)}[\\s\\S]*)`)];
+    native._branchSetGrammar(this._handle, grammar || null, patterns, opts.triggerTokens || []);
+  }
+
+  /** Frees the branch and its KV tags. Its children live on, re-parented. Never throws if disposed. */
+  prune() {
+    return this._free('_branchPrune');
+  }
+
+  /** Frees the branch and all of its descendants. */
+  pruneSubtree() {
+    return this._free('_branchPruneSubtree');
+  }
+
+  /** Frees the branch but keeps its KV for raw `ctx` calls; returns the sequence id. */
+  destroy() {
+    if (this._disposed) return undefined;
+    const native = nativeOf(this._ctx);
+    this._disposed = true;
+    return native._branchDestroy(this._handle);
+  }
+
+  _free(method) {
+    if (this._disposed) return Promise.resolve();
+    const ctx = this._ctx;
+    const native = nativeOf(ctx);
+    this._disposed = true;
+    const run = () => wrapFreed(ctx, native[method](this._handle));
+    if (native._pending === 0) {
+      run();
+      return Promise.resolve();
+    }
+    // An async operation is still running: free after it, in call order.
+    return track(ctx, null).then(run);
+  }
+
+  _info() {
+    return this._live()._branchInfo(this._handle);
+  }
+
+  get handle() { return this._handle; }
+  get disposed() { return this._disposed; }
+  get seqId() { return this._info().seqId; }
+  get position() { return this._live()._branchPosition(this._handle); }
+  get forkHead() { return this._info().forkHead; }
+  /** Model-level perplexity of accepted tokens; Infinity before the first accept. */
+  get perplexity() { return this._info().perplexity; }
+  /** Perplexity under the distribution actually sampled from (after filters and temperature). */
+  get samplingPerplexity() { return this._info().samplingPerplexity; }
+  get parent() { const p = this._info().parent; return p === 0 ? null : p; }
+  get children() { return this._info().children; }
+  get isLeaf() { return this._info().children.length === 0; }
+  get isActive() { return !this._disposed; }
+
+  /** `for await (const {token, text} of branch)`: commits each token before yielding it; stops at end-of-generation. */
+  async *[Symbol.asyncIterator]() {
+    while (!this._disposed) {
+      const produced = this.produce();
+      if (produced.isStop) return;
+      await this.commit(produced.token);
+      yield { token: produced.token, text: produced.text };
+    }
+  }
+}
+
+module.exports = { Branch };

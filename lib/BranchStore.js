@@ -1,0 +1,79 @@
+'use strict';
+
+const { makeError } = require('./errors');
+const { Branch } = require('./Branch');
+const { nativeOf, track, wrapFreed, flushOrphans } = require('./context');
+
+/** Batched operations over many branches of one context: one `llama_decode` per step. */
+class BranchStore {
+  constructor(ctx) {
+    nativeOf(ctx);
+    this._ctx = ctx;
+  }
+
+  _branch(b, where) {
+    if (!(b instanceof Branch)) throw makeError('ERR_INVALID_ARG', `${where}: expected a Branch`);
+    if (b._ctx !== this._ctx) throw makeError('ERR_FOREIGN_BRANCH', `${where}: the branch belongs to another context`);
+    if (b._disposed) throw makeError('ERR_BRANCH_DISPOSED', `${where}: branch is disposed`);
+    return b._handle;
+  }
+
+  _entries(entries, where) {
+    if (!Array.isArray(entries)) throw makeError('ERR_INVALID_ARG', `${where}: expected an array of [branch, value] pairs`);
+    const handles = [];
+    const values = [];
+    for (const e of entries) {
+      if (!Array.isArray(e) || e.length !== 2) throw makeError('ERR_INVALID_ARG', `${where}: each entry must be a [branch, value] pair`);
+      handles.push(this._branch(e[0], where));
+      values.push(e[1]);
+    }
+    return { handles, values };
+  }
+
+  /** `[[branch, token], ...]`: accept each token into its branch, then ONE decode for all. */
+  async commit(entries) {
+    const { handles, values } = this._entries(entries, 'BranchStore.commit');
+    if (handles.length === 0) return;
+    const native = nativeOf(this._ctx);
+    flushOrphans(this._ctx);
+    return track(this._ctx, native._storeCommit(handles, values));
+  }
+
+  /** `[[branch, tokens[]], ...]`: runs bin-packed into nBatch-sized decodes; no accept. */
+  async prefill(entries) {
+    const { handles, values } = this._entries(entries, 'BranchStore.prefill');
+    for (const v of values) {
+      if (!Array.isArray(v)) throw makeError('ERR_INVALID_ARG', 'BranchStore.prefill: each value must be an array of token ids');
+    }
+    if (handles.length === 0) return;
+    const native = nativeOf(this._ctx);
+    flushOrphans(this._ctx);
+    return track(this._ctx, native._storePrefill(handles, values));
+  }
+
+  /** Samples every branch in one native call: `[{token, text, isStop}, ...]`. */
+  produce(branches) {
+    if (!Array.isArray(branches)) throw makeError('ERR_INVALID_ARG', 'BranchStore.produce: expected an array of branches');
+    const handles = branches.map((b) => this._branch(b, 'BranchStore.produce'));
+    return nativeOf(this._ctx)._storeProduce(handles);
+  }
+
+  /** Keeps only `winner`; every other branch on the context is freed (one seq_keep pass). */
+  retainOnly(winner) {
+    const h = this._branch(winner, 'BranchStore.retainOnly');
+    wrapFreed(this._ctx, nativeOf(this._ctx)._storeRetainOnly(h));
+    return Promise.resolve();
+  }
+
+  /** Free sequence leases. */
+  get available() {
+    return nativeOf(this._ctx)._storeAvailable();
+  }
+
+  /** `{nCtx, cellsUsed, remaining}`: exact cells held by branches (shared prefixes counted once). */
+  kvPressure() {
+    return nativeOf(this._ctx)._storeKvPressure();
+  }
+}
+
+module.exports = { BranchStore };

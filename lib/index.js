@@ -1,0 +1,58 @@
+'use strict';
+
+const native = require('./native');
+const { makeError, finishError } = require('./errors');
+const { Branch } = require('./Branch');
+const { BranchStore } = require('./BranchStore');
+
+const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType'];
+
+/** Loads the model (shared between contexts on the same file) and creates a context, off the main thread. */
+async function createContext(options) {
+  if (options === null || typeof options !== 'object') throw makeError('ERR_INVALID_ARG', 'createContext(options): expected an options object');
+  const modelPath = options.modelPath instanceof URL ? options.modelPath.href : options.modelPath;
+  if (typeof modelPath !== 'string' || modelPath === '') throw makeError('ERR_INVALID_ARG', 'options.modelPath is required (a path to a .gguf file)');
+  for (const k of NUMBER_OPTIONS) {
+    if (options[k] !== undefined && typeof options[k] !== 'number') throw makeError('ERR_INVALID_ARG', `options.${k} must be a number, got ${typeof options[k]}`);
+  }
+  for (const k of ['embeddings', 'useMmap']) {
+    if (options[k] !== undefined && typeof options[k] !== 'boolean') throw makeError('ERR_INVALID_ARG', `options.${k} must be a boolean`);
+  }
+  if (options.logLevel !== undefined && typeof options.logLevel !== 'string') throw makeError('ERR_INVALID_ARG', 'options.logLevel must be a string');
+  try {
+    return await native.createContext({ ...options, modelPath });
+  } catch (e) {
+    throw finishError(e);
+  }
+}
+
+/** Runs `fn(logits)` synchronously on a copy of the context's last logits row. */
+function withLogits(ctx, fn) {
+  const result = fn(ctx.getLogits());
+  if (result !== null && typeof result === 'object' && typeof result.then === 'function') {
+    throw makeError('ERR_INVALID_ARG', 'withLogits callback must be synchronous: logits change with the next decode, so finish all work inside the callback');
+  }
+  return result;
+}
+
+function wrapSync(fn) {
+  return (...args) => {
+    try {
+      return fn(...args);
+    } catch (e) {
+      throw finishError(e);
+    }
+  };
+}
+
+module.exports = {
+  createContext,
+  Branch,
+  BranchStore,
+  withLogits,
+  SessionContext: native.SessionContext,
+  jsonSchemaToGrammar: async (schema) => wrapSync(native.jsonSchemaToGrammar)(typeof schema === 'string' ? schema : JSON.stringify(schema)),
+  setLogLevel: wrapSync(native.setLogLevel),
+  systemInfo: wrapSync(native.systemInfo),
+  PoolingType: Object.freeze({ UNSPECIFIED: -1, NONE: 0, MEAN: 1, CLS: 2, LAST: 3, RANK: 4 }),
+};

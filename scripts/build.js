@@ -1,0 +1,250 @@
+#!/usr/bin/env node
+'use strict';
+
+/**
+ * Build the native addon (release mode) and install it as build/llama_branch.node.
+ *
+ * Runs as the npm `install` script, so it must work on a fresh machine with
+ * no devDependencies installed. Steps:
+ *   1. check prerequisites (cargo, cmake, C/C++ toolchain, libclang + clang
+ *      resource headers for bindgen); as root on Debian/Ubuntu missing system
+ *      packages are installed with apt-get, otherwise one clear message says
+ *      what to install;
+ *   2. `cargo build --release [--features ...]` with a shared CARGO_TARGET_DIR
+ *      (default ~/.cache/llama-branch/target) so rebuilds in fresh clones are cheap;
+ *   3. copy the cdylib to build/llama_branch.node (atomically, via rename).
+ *
+ * Environment:
+ *   CARGO_TARGET_DIR          cargo target directory (default ~/.cache/llama-branch/target)
+ *   LLAMA_BRANCH_FEATURES     cargo features to enable, e.g. "cuda", "vulkan", "metal"
+ *   LLAMA_BRANCH_SKIP_BUILD=1 do nothing if build/llama_branch.node already exists
+ */
+
+const fs = require('node:fs');
+const path = require('node:path');
+const { spawnSync } = require('node:child_process');
+const {
+  repoRoot,
+  targetDir,
+  featureArgs,
+  cargoEnv,
+  cdylibName,
+  addonPath,
+  which,
+  findCargo,
+  run,
+  formatDuration,
+} = require('./env');
+
+/** Debian/Ubuntu packages providing cmake, libclang and the clang resource headers. */
+const APT_PACKAGES = ['cmake', 'libclang1-14', 'libclang-common-14-dev', 'ccache'];
+/** Fallback when the versioned clang 14 packages do not exist (newer distributions). */
+const APT_PACKAGES_FALLBACK = ['cmake', 'libclang-dev', 'ccache'];
+
+function log(msg) {
+  console.error(`[llama-branch] ${msg}`);
+}
+
+/** Names in `dir` matching `re` (empty if `dir` is unreadable). */
+function listMatching(dir, re) {
+  try {
+    return fs.readdirSync(dir).filter((name) => re.test(name));
+  } catch {
+    return [];
+  }
+}
+
+/** Library directories bindgen's clang-sys searches for libclang on Linux. */
+function libclangSearchDirs() {
+  const dirs = [];
+  if (process.env.LIBCLANG_PATH) dirs.push(process.env.LIBCLANG_PATH);
+  for (const llvm of listMatching('/usr/lib', /^llvm-\d+/)) dirs.push(`/usr/lib/${llvm}/lib`);
+  for (const base of ['/usr/lib', '/lib']) {
+    for (const multiarch of listMatching(base, /-linux-(gnu|musl)/)) dirs.push(`${base}/${multiarch}`);
+  }
+  dirs.push('/usr/lib64', '/usr/lib', '/usr/local/lib', '/usr/local/lib64');
+  return dirs;
+}
+
+/** Path of a libclang shared library on Linux, or null. (Not libclang-cpp: bindgen needs the C API.) */
+function findLibclang() {
+  const re = /^libclang(-[0-9.]+)?\.so(\.[0-9]+)*$/;
+  for (const dir of libclangSearchDirs()) {
+    const hit = listMatching(dir, re)[0];
+    if (hit) return path.join(dir, hit);
+  }
+  // Last resort: the dynamic linker cache.
+  const res = spawnSync('ldconfig', ['-p'], { encoding: 'utf8' });
+  if (!res.error && res.status === 0) {
+    const line = res.stdout.split('\n').find((l) => /\blibclang(-[0-9.]+)?\.so/.test(l));
+    if (line) return line.split('=>').pop().trim();
+  }
+  return null;
+}
+
+/**
+ * Directory holding clang's resource headers (stdbool.h, stddef.h, ...),
+ * which bindgen needs to parse llama.h; or null.
+ */
+function findClangHeaders() {
+  const roots = [];
+  if (process.env.LIBCLANG_PATH) roots.push(path.join(process.env.LIBCLANG_PATH, 'clang'));
+  for (const llvm of listMatching('/usr/lib', /^llvm-\d+/)) roots.push(`/usr/lib/${llvm}/lib/clang`);
+  roots.push('/usr/lib/clang', '/usr/lib64/clang', '/usr/local/lib/clang');
+  for (const root of roots) {
+    for (const version of listMatching(root, /^\d/)) {
+      const include = path.join(root, version, 'include');
+      if (fs.existsSync(path.join(include, 'stdbool.h'))) return include;
+    }
+  }
+  return null;
+}
+
+/**
+ * Check system prerequisites. Returns a list of human-readable problems that
+ * apt packages can fix (empty when all is well). Exits directly if cargo is
+ * missing, since that is not an apt package we want to install.
+ */
+function checkSystem() {
+  if (!findCargo()) {
+    console.error(
+      '\n[llama-branch] ERROR: the Rust toolchain (cargo) was not found.\n' +
+        '  llama-branch compiles a native addon from source. Install Rust with rustup:\n' +
+        "    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y\n" +
+        '  then open a new shell (or run: . "$HOME/.cargo/env") and retry.\n',
+    );
+    process.exit(1);
+  }
+
+  const missing = [];
+  if (!which('cmake')) missing.push('cmake (builds llama.cpp)');
+  if (process.platform === 'linux') {
+    if (!which('make') && !which('ninja')) missing.push('make (cmake build tool)');
+    if (!process.env.CXX && !which('c++') && !which('g++') && !which('clang++')) {
+      missing.push('a C++ compiler (g++)');
+    }
+    if (!findLibclang()) missing.push('libclang (needed by bindgen)');
+    if (!process.env.BINDGEN_EXTRA_CLANG_ARGS && !findClangHeaders()) {
+      missing.push('clang resource headers, e.g. stdbool.h (needed by bindgen)');
+    }
+  }
+  return missing;
+}
+
+/** Extra apt packages for missing basics that the fixed list does not cover. */
+function extraAptPackages(missing) {
+  const extra = [];
+  if (missing.some((m) => m.startsWith('make'))) extra.push('make');
+  if (missing.some((m) => m.startsWith('a C++ compiler'))) extra.push('g++');
+  return extra;
+}
+
+function isRoot() {
+  return typeof process.getuid === 'function' && process.getuid() === 0;
+}
+
+function hasApt() {
+  return process.platform === 'linux' && which('apt-get') !== null && fs.existsSync('/etc/debian_version');
+}
+
+/** True if apt knows a candidate version of `pkg` (after `apt-get update`). */
+function aptHasPackage(pkg) {
+  const res = spawnSync('apt-cache', ['policy', pkg], { encoding: 'utf8' });
+  return !res.error && res.status === 0 && /Candidate:\s*(?!\(none\))\S+/.test(res.stdout);
+}
+
+/** Install the build prerequisites with apt-get (as root). Exits on failure. */
+function aptInstall(missing) {
+  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
+  log(`installing missing build prerequisites with apt-get: ${missing.join('; ')}`);
+  if (run('apt-get', ['update'], { env }) !== 0) {
+    log('warning: apt-get update failed; trying to install from the existing package lists');
+  }
+  const base = aptHasPackage('libclang1-14') ? APT_PACKAGES : APT_PACKAGES_FALLBACK;
+  const packages = [...base, ...extraAptPackages(missing)];
+  const code = run('apt-get', ['install', '-y', '--no-install-recommends', ...packages], { env });
+  if (code !== 0) {
+    log(`ERROR: apt-get install ${packages.join(' ')} failed (exit code ${code})`);
+    process.exit(code);
+  }
+}
+
+/** Print one actionable message for a non-root / non-Debian user and exit 1. */
+function explainMissingAndExit(missing) {
+  const extra = extraAptPackages(missing);
+  const aptCmd = ['sudo apt-get install -y cmake libclang1-14 libclang-common-14-dev', ...extra].join(' ');
+  let how;
+  if (hasApt()) {
+    how = `  Install them with:\n    ${aptCmd}\n`;
+  } else if (process.platform === 'darwin') {
+    how = '  Install them with:\n    xcode-select --install && brew install cmake\n';
+  } else {
+    how =
+      '  Install cmake, a C++ compiler and libclang with your package manager, e.g.\n' +
+      '    Debian/Ubuntu: ' + aptCmd + '\n' +
+      '    Fedora:        sudo dnf install -y cmake gcc-c++ clang-devel\n' +
+      '  (or point LIBCLANG_PATH at the directory containing libclang.so)\n';
+  }
+  console.error(
+    '\n[llama-branch] ERROR: missing build prerequisites:\n' +
+      missing.map((m) => `  - ${m}\n`).join('') +
+      how,
+  );
+  process.exit(1);
+}
+
+function ensurePrerequisites() {
+  let missing = checkSystem();
+  if (missing.length === 0) return;
+  if (!(isRoot() && hasApt())) explainMissingAndExit(missing);
+  aptInstall(missing);
+  missing = checkSystem();
+  if (missing.length > 0) {
+    log('ERROR: still missing after apt-get install:');
+    explainMissingAndExit(missing);
+  }
+}
+
+/** Copy the built library into build/ via a temp file + rename, so a process
+ *  that has the previous addon loaded keeps a valid mapping. */
+function installAddon(builtLib) {
+  fs.mkdirSync(path.dirname(addonPath), { recursive: true });
+  const tmp = `${addonPath}.${process.pid}.tmp`;
+  try {
+    fs.copyFileSync(builtLib, tmp);
+    fs.renameSync(tmp, addonPath);
+  } finally {
+    fs.rmSync(tmp, { force: true });
+  }
+}
+
+function main() {
+  if (process.env.LLAMA_BRANCH_SKIP_BUILD === '1' && fs.existsSync(addonPath)) {
+    log(`LLAMA_BRANCH_SKIP_BUILD=1 and ${path.relative(repoRoot, addonPath)} exists; skipping build`);
+    return;
+  }
+
+  ensurePrerequisites();
+
+  const target = targetDir();
+  const args = ['build', '--release', ...featureArgs()];
+  log('building native addon (first build compiles llama.cpp: ~3-6 min on 2 cores) ...');
+  log(`cargo ${args.join(' ')}  (CARGO_TARGET_DIR=${target})`);
+  const started = Date.now();
+  const code = run('cargo', args, { env: cargoEnv() });
+  const elapsed = formatDuration(Date.now() - started);
+  if (code !== 0) {
+    log(`ERROR: cargo build failed (exit code ${code}) after ${elapsed}`);
+    process.exit(code);
+  }
+
+  const builtLib = path.join(target, 'release', cdylibName());
+  if (!fs.existsSync(builtLib)) {
+    log(`ERROR: cargo succeeded but ${builtLib} does not exist`);
+    process.exit(1);
+  }
+  installAddon(builtLib);
+  log(`built ${path.relative(repoRoot, addonPath)} in ${elapsed}`);
+}
+
+main();

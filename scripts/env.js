@@ -1,0 +1,162 @@
+'use strict';
+
+/**
+ * Shared helpers for the developer scripts in this directory (build, test,
+ * setup, fetch-model). No npm dependencies: these scripts run from the npm
+ * `install` hook, before devDependencies may exist.
+ */
+
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { spawnSync } = require('node:child_process');
+
+/** Absolute path of the package root (the directory holding package.json). */
+const repoRoot = path.resolve(__dirname, '..');
+
+/**
+ * Cargo target directory used by every script.
+ *
+ * Respects CARGO_TARGET_DIR when set. Otherwise defaults to a per-user cache
+ * (`~/.cache/llama-branch/target`) instead of `<repo>/target`, so that fresh
+ * clones and reinstalls on the same machine reuse the compiled llama.cpp
+ * (the expensive part of the build) rather than recompiling it from scratch.
+ */
+function targetDir() {
+  const fromEnv = process.env.CARGO_TARGET_DIR;
+  if (fromEnv && fromEnv.trim() !== '') return path.resolve(repoRoot, fromEnv);
+  const home = os.homedir();
+  if (!home) return path.join(repoRoot, 'target');
+  return path.join(home, '.cache', 'llama-branch', 'target');
+}
+
+/**
+ * Extra cargo arguments selecting optional backends, from the env var
+ * LLAMA_BRANCH_FEATURES (e.g. "cuda" or "vulkan"; comma or space separated).
+ *
+ * Every cargo invocation (build and test) must use the same feature set:
+ * a different set changes the llama-cpp-sys-2 fingerprint and recompiles
+ * llama.cpp.
+ */
+function featureArgs() {
+  const raw = (process.env.LLAMA_BRANCH_FEATURES || '').trim();
+  if (!raw) return [];
+  const features = raw.split(/[\s,]+/).filter(Boolean);
+  return ['--features', features.join(',')];
+}
+
+/**
+ * Environment for cargo child processes: the caller's environment plus the
+ * resolved CARGO_TARGET_DIR. RUSTFLAGS is deliberately left untouched (and
+ * never set here): it would replace the target-cpu flags from
+ * .cargo/config.toml and force a full llama.cpp rebuild.
+ */
+function cargoEnv() {
+  return { ...process.env, CARGO_TARGET_DIR: targetDir() };
+}
+
+/**
+ * File name cargo gives the cdylib on the current platform.
+ */
+function cdylibName() {
+  switch (process.platform) {
+    case 'win32':
+      return 'llama_branch.dll';
+    case 'darwin':
+      return 'libllama_branch.dylib';
+    default:
+      return 'libllama_branch.so';
+  }
+}
+
+/** Where build.js puts the loadable addon. */
+const addonPath = path.join(repoRoot, 'build', 'llama_branch.node');
+
+/**
+ * Locate an executable on PATH (like `which`). Returns its absolute path or
+ * null. Handles PATHEXT on Windows.
+ */
+function which(cmd) {
+  const dirs = (process.env.PATH || '').split(path.delimiter).filter(Boolean);
+  const exts = process.platform === 'win32'
+    ? ['', ...(process.env.PATHEXT || '.EXE;.CMD;.BAT;.COM').split(';')]
+    : [''];
+  for (const dir of dirs) {
+    for (const ext of exts) {
+      const candidate = path.join(dir, cmd + ext);
+      try {
+        const st = fs.statSync(candidate);
+        if (!st.isFile()) continue;
+        if (process.platform !== 'win32') fs.accessSync(candidate, fs.constants.X_OK);
+        return candidate;
+      } catch {
+        // not here; keep looking
+      }
+    }
+  }
+  return null;
+}
+
+/**
+ * Locate cargo. rustup installs into ~/.cargo/bin, which is often not on PATH
+ * in non-login shells (CI, npm hooks); in that case it is added to PATH for
+ * this process and its children.
+ */
+function findCargo() {
+  const onPath = which('cargo');
+  if (onPath) return onPath;
+  const cargoHome = process.env.CARGO_HOME || path.join(os.homedir(), '.cargo');
+  const candidate = path.join(cargoHome, 'bin', process.platform === 'win32' ? 'cargo.exe' : 'cargo');
+  if (fs.existsSync(candidate)) {
+    process.env.PATH = `${path.dirname(candidate)}${path.delimiter}${process.env.PATH || ''}`;
+    return candidate;
+  }
+  return null;
+}
+
+/**
+ * Run a command with inherited stdio and return its exit code.
+ * A failure to start (e.g. ENOENT) or death by signal yields a non-zero code
+ * and a message on stderr instead of an exception.
+ *
+ * @param {string} cmd
+ * @param {string[]} args
+ * @param {import('node:child_process').SpawnSyncOptions} [opts]
+ * @returns {number}
+ */
+function run(cmd, args, opts = {}) {
+  const res = spawnSync(cmd, args, { stdio: 'inherit', cwd: repoRoot, ...opts });
+  if (res.error) {
+    console.error(`error: could not run ${cmd}: ${res.error.message}`);
+    return 127;
+  }
+  if (res.signal) {
+    console.error(`error: ${cmd} was killed by ${res.signal}`);
+    const signo = os.constants.signals[res.signal];
+    return signo ? 128 + signo : 1;
+  }
+  return res.status === null ? 1 : res.status;
+}
+
+/** Human-readable duration, e.g. "4m 12s" or "850 ms". */
+function formatDuration(ms) {
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  const totalSeconds = ms / 1000;
+  if (totalSeconds < 60) return `${totalSeconds.toFixed(1)}s`;
+  const minutes = Math.floor(totalSeconds / 60);
+  const seconds = Math.round(totalSeconds - minutes * 60);
+  return `${minutes}m ${String(seconds).padStart(2, '0')}s`;
+}
+
+module.exports = {
+  repoRoot,
+  targetDir,
+  featureArgs,
+  cargoEnv,
+  cdylibName,
+  addonPath,
+  which,
+  findCargo,
+  run,
+  formatDuration,
+};

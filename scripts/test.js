@@ -1,0 +1,124 @@
+#!/usr/bin/env node
+'use strict';
+
+/**
+ * The one test command (`npm test`). Runs, in order, stopping at the first failure:
+ *   1. fetch the default model (scripts/fetch-model.js; no-op when cached or LLAMA_TEST_MODEL is set)
+ *   2. build the addon (scripts/build.js; cheap when up to date)
+ *   3. Rust unit tests: cargo test --release --lib (shared CARGO_TARGET_DIR, same features)
+ *   4. JS tests: mocha (configuration in .mocharc.json)
+ *   5. examples smoke test: node test/examples.js        (if present)
+ *   6. type-check the declarations: tsc -p test/types     (if present)
+ *
+ * After step 1, LLAMA_TEST_MODEL is exported to the later steps (pointing at
+ * the fetched model) unless it was already set, so Rust tests, JS tests and
+ * examples all use the same file without re-deriving its location.
+ *
+ * Exits with the failing step's exit code, or 0 when everything passed.
+ */
+
+const fs = require('node:fs');
+const path = require('node:path');
+const {
+  repoRoot,
+  featureArgs,
+  cargoEnv,
+  findCargo,
+  run,
+  formatDuration,
+} = require('./env');
+
+const node = process.execPath;
+const script = (...p) => path.join(repoRoot, ...p);
+
+/** Path of an installed devDependency's entry file, or null if not installed. */
+function devTool(...p) {
+  const file = script('node_modules', ...p);
+  return fs.existsSync(file) ? file : null;
+}
+
+/**
+ * Each step: a name for the header, an optional `skip()` returning a reason
+ * to skip, and `run()` returning an exit code.
+ */
+const steps = [
+  {
+    name: 'fetch model',
+    run: () => {
+      const code = run(node, [script('scripts', 'fetch-model.js')]);
+      if (code === 0 && !process.env.LLAMA_TEST_MODEL) {
+        process.env.LLAMA_TEST_MODEL = require('./fetch-model').defaultModelPath();
+      }
+      return code;
+    },
+  },
+  {
+    name: 'build native addon',
+    run: () => run(node, [script('scripts', 'build.js')]),
+  },
+  {
+    name: 'rust tests (cargo test --release --lib)',
+    run: () => {
+      if (!findCargo()) {
+        console.error('error: cargo not found; install Rust with rustup (https://rustup.rs)');
+        return 127;
+      }
+      return run('cargo', ['test', '--release', '--lib', ...featureArgs()], { env: cargoEnv() });
+    },
+  },
+  {
+    name: 'js tests (mocha)',
+    run: () => {
+      const mocha = devTool('mocha', 'bin', 'mocha.js');
+      if (!mocha) {
+        console.error('error: mocha is not installed; run `npm install` first');
+        return 1;
+      }
+      return run(node, [mocha]);
+    },
+  },
+  {
+    name: 'examples (node test/examples.js)',
+    skip: () => (fs.existsSync(script('test', 'examples.js')) ? null : 'test/examples.js not present'),
+    run: () => run(node, [script('test', 'examples.js')]),
+  },
+  {
+    name: 'type declarations (tsc -p test/types/tsconfig.json)',
+    skip: () =>
+      fs.existsSync(script('test', 'types', 'tsconfig.json')) ? null : 'test/types/tsconfig.json not present',
+    run: () => {
+      const tsc = devTool('typescript', 'bin', 'tsc');
+      if (!tsc) {
+        console.error('error: typescript is not installed; run `npm install` first');
+        return 1;
+      }
+      return run(node, [tsc, '-p', script('test', 'types', 'tsconfig.json')]);
+    },
+  },
+];
+
+function main() {
+  const startedAll = Date.now();
+  const summary = [];
+  for (const step of steps) {
+    const reason = step.skip ? step.skip() : null;
+    if (reason) {
+      console.log(`\n==> ${step.name}: skipped (${reason})`);
+      summary.push(`  skipped  ${step.name}`);
+      continue;
+    }
+    console.log(`\n==> ${step.name}`);
+    const started = Date.now();
+    const code = step.run();
+    const elapsed = formatDuration(Date.now() - started);
+    if (code !== 0) {
+      summary.push(`  FAILED   ${step.name} (exit code ${code}, ${elapsed})`);
+      console.error(`\n==> FAILED: ${step.name} (exit code ${code})\n${summary.join('\n')}`);
+      process.exit(code);
+    }
+    summary.push(`  ok       ${step.name} (${elapsed})`);
+  }
+  console.log(`\n==> all tests passed in ${formatDuration(Date.now() - startedAll)}\n${summary.join('\n')}`);
+}
+
+main();

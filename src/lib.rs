@@ -1,0 +1,16 @@
+//! llama-branch: branched inference for Node.js on llama.cpp.
+//!
+//! Layers, bottom up: `ffi` (the only unsafe llama.cpp code), pure bookkeeping (`handles`,
+//! `leases`, `plan`, `metrics`, `sampling`), the `store` of branches, and the napi boundary
+//! (`worker` for off-thread execution, `session` for the JS class).
+
+pub mod error;
+pub mod ffi;
+pub mod handles;
+pub mod leases;
+pub mod metrics;
+pub mod plan;
+pub mod sampling;
+pub mod session;
+pub mod store;
+pub mod worker;
