@@ -213,7 +213,7 @@ mod tests {
         let first = t.insert(0).unwrap();
         t.remove(first);
         let mut last = first;
-        for _ in 0..0xFFFE {
+        for _ in 0..0xFFFF {
             last = t.insert(0).unwrap();
             t.remove(last);
         }

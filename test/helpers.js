@@ -1,0 +1,53 @@
+'use strict';
+
+const assert = require('node:assert/strict');
+const path = require('node:path');
+const { ensureModel } = require('../scripts/fetch-model');
+const { createContext } = require('..');
+
+/** The real GGUF every test runs on (LLAMA_TEST_MODEL overrides the default Gemma 3 270M). */
+const MODEL = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : ensureModel();
+
+function open(options = {}) {
+  return createContext({ modelPath: MODEL, nCtx: 1024, nThreads: 2, ...options });
+}
+
+/** Asserts that `fn` (sync or async) fails with a JS Error carrying `code`. */
+async function rejects(fn, code, messagePart) {
+  let caught;
+  try {
+    await fn();
+  } catch (e) {
+    caught = e;
+  }
+  assert.ok(caught, `expected an error with code ${code}, but the call succeeded`);
+  assert.ok(caught instanceof Error, `expected an Error instance, got ${caught}`);
+  assert.equal(caught.code, code, `wrong code; message: ${caught.message}`);
+  assert.ok(caught.message.length > 10, 'the message should say what to do');
+  if (messagePart) assert.match(caught.message, messagePart);
+  return caught;
+}
+
+function throwsSync(fn, code) {
+  let caught;
+  try {
+    fn();
+  } catch (e) {
+    caught = e;
+  }
+  assert.ok(caught, `expected a synchronous throw with code ${code}`);
+  assert.equal(caught.code, code, `wrong code; message: ${caught.message}`);
+  return caught;
+}
+
+function argmax(a) {
+  let best = 0;
+  for (let i = 1; i < a.length; i++) if (a[i] > a[best]) best = i;
+  return best;
+}
+
+function topK(a, k) {
+  return Array.from(a.keys()).sort((x, y) => a[y] - a[x]).slice(0, k);
+}
+
+module.exports = { MODEL, open, rejects, throwsSync, argmax, topK };
