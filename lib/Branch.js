@@ -143,23 +143,38 @@ class Branch {
   /** Frees the branch but keeps its KV for raw `ctx` calls; returns the sequence id. */
   destroy() {
     if (this._disposed) return undefined;
-    const native = nativeOf(this._ctx);
-    this._disposed = true;
-    return native._branchDestroy(this._handle);
+    const seq = nativeOf(this._ctx)._branchDestroy(this._handle);
+    wrapFreed(this._ctx, [this._handle]);
+    return seq;
   }
 
+  /**
+   * Marks the wrapper disposed at once; the native free runs now, or after the async operations
+   * queued before it (retrying while later ones keep the context busy).
+   */
   _free(method) {
     if (this._disposed) return Promise.resolve();
     const ctx = this._ctx;
     const native = nativeOf(ctx);
     this._disposed = true;
-    const run = () => wrapFreed(ctx, native[method](this._handle));
-    if (native._pending === 0) {
-      run();
-      return Promise.resolve();
+    const attempt = () => {
+      if (ctx.disposed) return undefined;
+      if (native._pending === 0) {
+        try {
+          wrapFreed(ctx, native[method](this._handle));
+          return undefined;
+        } catch (e) {
+          if (e.code === 'ERR_BRANCH_DISPOSED') return undefined;
+          if (e.code !== 'ERR_CONTEXT_BUSY') throw e;
+        }
+      }
+      return track(ctx, null).then(attempt);
+    };
+    try {
+      return Promise.resolve(attempt());
+    } catch (e) {
+      return Promise.reject(e);
     }
-    // An async operation is still running: free after it, in call order.
-    return track(ctx, null).then(run);
   }
 
   _info() {

@@ -59,10 +59,12 @@ class BranchStore {
   }
 
   /** Keeps only `winner`; every other branch on the context is freed (one seq_keep pass). */
-  retainOnly(winner) {
+  async retainOnly(winner) {
     const h = this._branch(winner, 'BranchStore.retainOnly');
-    wrapFreed(this._ctx, nativeOf(this._ctx)._storeRetainOnly(h));
-    return Promise.resolve();
+    const native = nativeOf(this._ctx);
+    // Let queued operations finish first, so this runs in call order.
+    while (native._pending !== 0) await track(this._ctx, null);
+    wrapFreed(this._ctx, native._storeRetainOnly(h));
   }
 
   /** Free sequence leases. */

@@ -34,8 +34,12 @@ function isThenable(v) {
   return v !== null && (typeof v === 'object' || typeof v === 'function') && typeof v.then === 'function';
 }
 
-/** Wraps every method and getter of a native class so its errors are finished once, here. */
-function finishNativeErrors(Class) {
+/**
+ * Wraps every method and getter of a native class so its errors are finished once, here.
+ * Methods named in `asyncMethods` return a Promise, so their argument errors reject it
+ * instead of throwing synchronously.
+ */
+function finishNativeErrors(Class, asyncMethods = new Set()) {
   const proto = Class.prototype;
   for (const name of Object.getOwnPropertyNames(proto)) {
     if (name === 'constructor') continue;
@@ -47,6 +51,7 @@ function finishNativeErrors(Class) {
         try {
           result = fn.apply(this, args);
         } catch (e) {
+          if (asyncMethods.has(name)) return Promise.reject(finishError(e));
           throw finishError(e);
         }
         return isThenable(result) ? result.then(undefined, (e) => { throw finishError(e); }) : result;

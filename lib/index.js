@@ -1,5 +1,6 @@
 'use strict';
 
+const { fileURLToPath } = require('node:url');
 const native = require('./native');
 const { makeError, finishError } = require('./errors');
 const { Branch } = require('./Branch');
@@ -10,7 +11,14 @@ const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType'];
 /** Loads the model (shared between contexts on the same file) and creates a context, off the main thread. */
 async function createContext(options) {
   if (options === null || typeof options !== 'object') throw makeError('ERR_INVALID_ARG', 'createContext(options): expected an options object');
-  const modelPath = options.modelPath instanceof URL ? options.modelPath.href : options.modelPath;
+  let modelPath = options.modelPath;
+  if (modelPath instanceof URL || (typeof modelPath === 'string' && modelPath.startsWith('file://'))) {
+    try {
+      modelPath = fileURLToPath(modelPath);
+    } catch (e) {
+      throw makeError('ERR_INVALID_ARG', `options.modelPath is not a valid file URL: ${e.message}`);
+    }
+  }
   if (typeof modelPath !== 'string' || modelPath === '') throw makeError('ERR_INVALID_ARG', 'options.modelPath is required (a path to a .gguf file)');
   for (const k of NUMBER_OPTIONS) {
     if (options[k] !== undefined && typeof options[k] !== 'number') throw makeError('ERR_INVALID_ARG', `options.${k} must be a number, got ${typeof options[k]}`);

@@ -3,6 +3,12 @@
 const path = require('node:path');
 const { finishNativeErrors } = require('./errors');
 
+/** Native methods that return a Promise (their argument errors become rejections). */
+const ASYNC_METHODS = new Set([
+  'tokenize', 'detokenize', 'decode', 'kvCacheClear', 'kvCacheRemove',
+  '_branchDecodeAndCaptureOne', '_branchPrefill', '_storeCommit', '_storePrefill', '_benchRawGenerate',
+]);
+
 /** Loads the addon built by `npm run build` (scripts/build.js) once per process. */
 function load() {
   const file = process.env.LLAMA_BRANCH_BINARY || path.join(__dirname, '..', 'build', 'llama_branch.node');
@@ -14,7 +20,7 @@ function load() {
     err.code = 'ERR_NATIVE_LOAD';
     throw err;
   }
-  finishNativeErrors(binding.SessionContext);
+  finishNativeErrors(binding.SessionContext, ASYNC_METHODS);
   return binding;
 }
 

@@ -1135,6 +1135,65 @@ impl SessionContext {
         self.sync("liveHandles", |e| Ok(e.store.live_handles()))
     }
 
+    /// Bench only (`bench/run.js`): the physical limit for N-branch greedy generation. Decodes
+    /// `prompt` into seq 0, shares it with seqs 1..n, then runs `steps` decodes of one token per
+    /// sequence with a plain argmax per row (no sampler chain, no bookkeeping). Resolves the
+    /// milliseconds spent in the step loop. Needs a context without live branches.
+    #[napi(js_name = "_benchRawGenerate", ts_return_type = "Promise<number>")]
+    pub fn _bench_raw_generate<'env>(
+        &self,
+        env: &'env Env,
+        prompt: Vec<f64>,
+        n: u32,
+        steps: u32,
+    ) -> napi::Result<Object<'env>> {
+        let prompt = self.tokens(&prompt)?;
+        if n == 0 || n > self.info.n_seq_max || n > self.info.n_batch {
+            return Err(to_js(Error::invalid(format!(
+                "n must be in [1, min(nSeqMax, nBatch)], got {n}"
+            ))));
+        }
+        self.submit(env, move |e| {
+            if !e.store.is_empty() {
+                return Err(Error::invalid(
+                    "_benchRawGenerate needs a context without live branches",
+                ));
+            }
+            e.ctx.clear_memory();
+            raw_decode(e, &prompt, 0, 0)?;
+            let ctx = &mut e.ctx;
+            let first = ctx.logits_at(-1)?;
+            let mut order: Vec<usize> = (0..first.len()).collect();
+            order.select_nth_unstable_by(n as usize - 1, |&a, &b| first[b].total_cmp(&first[a]));
+            let mut next: Vec<Token> = order[..n as usize].iter().map(|&i| i as Token).collect();
+            for s in 1..n as i32 {
+                ctx.seq_cp(0, s, -1, -1);
+            }
+            let start = std::time::Instant::now();
+            let mut batch = ffi::Batch::default();
+            for step in 0..steps as i32 {
+                batch.clear();
+                for (s, &t) in next.iter().enumerate() {
+                    batch.push(t, prompt.len() as i32 + step, s as i32, true);
+                }
+                ctx.decode(&mut batch)?;
+                for (row, t) in next.iter_mut().enumerate() {
+                    let logits = ctx.logits_at(row as i32)?;
+                    let mut best = 0usize;
+                    for (i, &l) in logits.iter().enumerate() {
+                        if l > logits[best] {
+                            best = i;
+                        }
+                    }
+                    *t = best as Token;
+                }
+            }
+            let ms = start.elapsed().as_secs_f64() * 1000.0;
+            ctx.clear_memory();
+            Ok(ms)
+        })
+    }
+
     /// Used by lib/ to refuse work on a context whose async operation is still running.
     #[napi(getter, js_name = "_pending")]
     pub fn _pending(&self) -> u32 {

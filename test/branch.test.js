@@ -363,6 +363,21 @@ describe('Branch and BranchStore', function () {
     await inflight;
     await late;
     assert.equal(store.available, 7);
+    // prune queued between two async operations still frees the branch, in order
+    const c3 = root.fork();
+    const first = c3.commit(c3.produce().token);
+    const freeing = c3.prune();
+    const second = root.commit(5);
+    await Promise.all([first, freeing, second]);
+    assert.equal(store.available, 7);
+    assert.equal(c3.disposed, true);
+    // retainOnly and argument errors of promise-returning methods reject instead of throwing
+    const rejected = store.retainOnly(c3);
+    assert.ok(rejected instanceof Promise);
+    await rejects(() => rejected, 'ERR_BRANCH_DISPOSED');
+    const bad = ctx.decode([], 0, 0);
+    assert.ok(bad instanceof Promise);
+    await rejects(() => bad, 'ERR_INVALID_ARG');
     // stale handles at the native layer are rejected, not dereferenced
     await rejects(() => ctx._branchDecodeAndCaptureOne(child.handle, 5), 'ERR_BRANCH_DISPOSED');
     await rejects(() => ctx._storeCommit([0], [5]), 'ERR_BRANCH_DISPOSED');

@@ -1,0 +1,535 @@
+// Type definitions for llama-branch.
+//
+// The package is CommonJS (`require('llama-branch')`); these declarations describe exactly what
+// `lib/index.js` exports. Everything here is public API; members whose names start with `_` on
+// the runtime objects are private plumbing between lib/ and the native addon and are not typed.
+//
+// Conventions used throughout:
+// - Token ids, positions, sequence ids and branch handles are plain JavaScript numbers (integers).
+// - Every error thrown or rejected by this package is an `Error` with a stable `code`
+//   (see {@link ErrorCode} and {@link LlamaBranchError}).
+// - Synchronous methods that touch the context's state throw `ERR_CONTEXT_BUSY` while an
+//   asynchronous operation (decode, prefill, commit, tokenize, ...) on the same context is still
+//   pending: `await` it first.
+
+/// <reference types="node" />
+
+// -------------------------------------------------------------------------------------------------
+// Errors
+
+/**
+ * Every `error.code` this package produces.
+ *
+ * | code | meaning |
+ * |---|---|
+ * | `ERR_INVALID_ARG` | a wrong argument type or value (also napi-rs conversion failures) |
+ * | `ERR_CONTEXT_DISPOSED` | the context was disposed |
+ * | `ERR_CONTEXT_BUSY` | a sync call was made while an async operation on the context is pending |
+ * | `ERR_BRANCH_DISPOSED` | the branch was pruned, destroyed or released by `retainOnly` |
+ * | `ERR_FOREIGN_BRANCH` | a branch of another context was passed to a `BranchStore` |
+ * | `ERR_MODEL_NOT_FOUND` | `modelPath` does not name a file |
+ * | `ERR_MODEL_LOAD` | the file is not a loadable GGUF model |
+ * | `ERR_CONTEXT_CREATE` | llama.cpp could not create the context (e.g. out of memory) |
+ * | `ERR_TOKEN_OUT_OF_RANGE` | a token id outside `[0, vocabSize)` |
+ * | `ERR_NO_FREE_SEQUENCE` | all `nSeqMax` sequence leases are held by live branches |
+ * | `ERR_KV_FULL` | the decode would pass `nCtx` (or llama.cpp found no KV slot) |
+ * | `ERR_DECODE` | `llama_decode` failed |
+ * | `ERR_ABORTED` | an operation was aborted (reserved: no public cancellation API yet) |
+ * | `ERR_NO_LOGITS` | sampling/logits requested before the branch has a logits snapshot |
+ * | `ERR_GRAMMAR` | invalid GBNF grammar / JSON schema, or every candidate token is masked |
+ * | `ERR_GRAMMAR_REJECTED` | the token is not allowed by the branch's grammar |
+ * | `ERR_TOKENIZE` | tokenization failed |
+ * | `ERR_STATE` | llama.cpp refused a state change (e.g. partial KV removal) |
+ * | `ERR_UNSUPPORTED` | the model lacks a feature (e.g. no EOS/EOT token) |
+ * | `ERR_INTERNAL` | a bug in llama-branch (please report it) |
+ * | `ERR_NATIVE_LOAD` | the native addon could not be loaded (thrown by `require`) |
+ */
+export type ErrorCode =
+  | 'ERR_INVALID_ARG'
+  | 'ERR_CONTEXT_DISPOSED'
+  | 'ERR_CONTEXT_BUSY'
+  | 'ERR_BRANCH_DISPOSED'
+  | 'ERR_FOREIGN_BRANCH'
+  | 'ERR_MODEL_NOT_FOUND'
+  | 'ERR_MODEL_LOAD'
+  | 'ERR_CONTEXT_CREATE'
+  | 'ERR_TOKEN_OUT_OF_RANGE'
+  | 'ERR_NO_FREE_SEQUENCE'
+  | 'ERR_KV_FULL'
+  | 'ERR_DECODE'
+  | 'ERR_ABORTED'
+  | 'ERR_NO_LOGITS'
+  | 'ERR_GRAMMAR'
+  | 'ERR_GRAMMAR_REJECTED'
+  | 'ERR_TOKENIZE'
+  | 'ERR_STATE'
+  | 'ERR_UNSUPPORTED'
+  | 'ERR_INTERNAL'
+  | 'ERR_NATIVE_LOAD';
+
+/**
+ * The shape of every error this package throws or rejects with. Narrow a caught value with
+ * `(e as LlamaBranchError).code === 'ERR_KV_FULL'`.
+ */
+export interface LlamaBranchError extends Error {
+  code: ErrorCode;
+}
+
+// -------------------------------------------------------------------------------------------------
+// Context
+
+/** llama.cpp log verbosity. The threshold is process-wide (it is not per context). */
+export type LogLevel = 'none' | 'error' | 'warn' | 'info' | 'debug';
+
+/** Unit for entropy and surprisal: natural log (`'nats'`, the default) or log2 (`'bits'`). */
+export type EntropyBase = 'nats' | 'bits';
+
+/** llama.cpp pooling types for embedding contexts (`llama_pooling_type`). */
+export declare const PoolingType: {
+  readonly UNSPECIFIED: -1;
+  readonly NONE: 0;
+  readonly MEAN: 1;
+  readonly CLS: 2;
+  readonly LAST: 3;
+  readonly RANK: 4;
+};
+/** One of the values of {@link PoolingType}. */
+export type PoolingType = (typeof PoolingType)[keyof typeof PoolingType];
+
+/** Options for {@link createContext}. */
+export interface ContextOptions {
+  /**
+   * Path of a `.gguf` model file, or a `file:` URL. Contexts created on the same file (and the
+   * same `useMmap`) share one loaded model.
+   */
+  modelPath: string | URL;
+  /**
+   * KV cache size in cells (tokens, summed over all sequences). Default 2048; range 16 to 2^24.
+   * llama.cpp may round it up (read the effective value from `ctx.nCtx`).
+   */
+  nCtx?: number;
+  /** Maximum tokens per `llama_decode` call. Default 512 (llama.cpp caps it at `nCtx`). */
+  nBatch?: number;
+  /** CPU threads used by decodes. Default: the number of available CPU cores. */
+  nThreads?: number;
+  /**
+   * Number of KV sequences, i.e. how many branches can be alive at once (one lease each).
+   * Default 1; range 1 to 256.
+   */
+  nSeqMax?: number;
+  /** Create an embedding context. Default false. (No public embeddings read API exists yet.) */
+  embeddings?: boolean;
+  /** Pooling type for embedding contexts. Default `PoolingType.MEAN` with embeddings, else `NONE`. */
+  poolingType?: PoolingType;
+  /** Memory-map the model file. Default true. */
+  useMmap?: boolean;
+  /** Sets the (process-wide) llama.cpp log level before loading. Default: silent (`'none'`), or `LLAMA_BRANCH_LOG`. */
+  logLevel?: LogLevel;
+}
+
+/**
+ * Loads the model (shared between contexts on the same file) and creates a llama.cpp context,
+ * off the main thread. Rejects with `ERR_MODEL_NOT_FOUND`, `ERR_MODEL_LOAD`,
+ * `ERR_CONTEXT_CREATE` or `ERR_INVALID_ARG`.
+ */
+export declare function createContext(options: ContextOptions): Promise<SessionContext>;
+
+/**
+ * A llama.cpp context plus its branch store and worker thread. Created by {@link createContext}
+ * only. Asynchronous methods run on the context's worker thread in call order (FIFO).
+ *
+ * The raw methods (`decode`, `getLogits`, `kv*`) work on sequences that no live branch leases;
+ * a leased sequence must be driven through the {@link Branch} API.
+ */
+export declare class SessionContext {
+  private constructor();
+
+  /** Number of tokens in the vocabulary (the length of every logits row). */
+  get vocabSize(): number;
+  /** Size of the model's tensors in bytes. */
+  get memorySize(): number;
+  /** Effective KV cache size in cells. */
+  get nCtx(): number;
+  /** Effective maximum tokens per decode. */
+  get nBatch(): number;
+  /** Number of KV sequences (branch leases). */
+  get nSeqMax(): number;
+  /** True after {@link dispose}. Never throws. */
+  get disposed(): boolean;
+  /** llama.cpp's one-line model description, e.g. `"gemma3 270M Q4_K - Medium"`. */
+  get modelDescription(): string;
+
+  /**
+   * Frees the context. Idempotent. A running operation finishes first; queued ones reject with
+   * `ERR_CONTEXT_DISPOSED`, as does every later call (except `disposed` and `dispose`).
+   */
+  dispose(): void;
+
+  /**
+   * Tokenizes `text` on the worker thread. Special tokens written in the text (e.g.
+   * `<start_of_turn>`) are parsed.
+   * @param addSpecial add the model's BOS (and other special prefix) tokens. Default true.
+   */
+  tokenize(text: string, addSpecial?: boolean): Promise<number[]>;
+  /** Synchronous {@link tokenize}. Does not need an idle context. */
+  tokenizeSync(text: string, addSpecial?: boolean): number[];
+  /** Turns token ids back into text, on the worker thread. */
+  detokenize(tokens: number[]): Promise<string>;
+  /** The text piece of one token. Does not need an idle context. */
+  tokenToText(token: number): string;
+  /** Whether `token` ends generation (EOS, EOT, ...). Does not need an idle context. */
+  isStopToken(token: number): boolean;
+  /** The end-of-generation token (EOT, else EOS). Throws `ERR_UNSUPPORTED` if the model has neither. */
+  getEogToken(): number;
+  /** The BOS token, or null if the model has none. */
+  getBosToken(): number | null;
+
+  /**
+   * Raw decode of `tokens` into sequence `seqId` (default 0) starting at `position`, chunked by
+   * `nBatch`; logits are computed for the last token. `position` must continue the sequence
+   * (`kvSeqPosMax(seqId) + 1`, or 0 for an empty one). Refused (`ERR_INVALID_ARG`) on a sequence
+   * leased by a live branch. Rejects with `ERR_KV_FULL` past `nCtx`.
+   */
+  decode(tokens: number[], position: number, seqId?: number): Promise<void>;
+  /**
+   * A copy of the context's last logits row (length `vocabSize`): the last token of the last
+   * decode of any kind. Per-branch snapshots are on {@link Branch.getLogits}.
+   */
+  getLogits(): Float32Array;
+  /** Argmax of the context's last logits row. */
+  greedySample(): number;
+  /**
+   * Entropy of the softmax of `logits` (default: the context's last logits row).
+   * @param base `'nats'` (default) or `'bits'`.
+   */
+  modelEntropy(base?: EntropyBase, logits?: Float32Array): number;
+  /**
+   * Surprisal `-log p(token)` under `logits` (default: the context's last logits row).
+   * @param base `'nats'` (default) or `'bits'`.
+   */
+  modelSurprisal(token: number, base?: EntropyBase, logits?: Float32Array): number;
+
+  /** Highest position stored for the sequence, or -1 when it is empty. */
+  kvSeqPosMax(seqId: number): number;
+  /**
+   * Same as `kvSeqPosMax(seqId)` (default sequence 0): the highest position, or -1 when empty.
+   * Note: this is not a cell count (a sequence holding 3 tokens returns 2).
+   */
+  kvCacheSize(seqId?: number): number;
+  /** Empties the whole KV cache. Rejects with `ERR_INVALID_ARG` while any branch is alive. */
+  kvCacheClear(): Promise<void>;
+  /**
+   * Removes positions `[start, end)` of a sequence no live branch leases (`-1` means "from the
+   * start" / "to the end"). Rejects with `ERR_STATE` if the model's memory cannot remove a
+   * partial range.
+   */
+  kvCacheRemove(seqId: number, start: number, end: number): Promise<void>;
+  /**
+   * Makes `dst` a copy of sequence `src` (cells are shared, not duplicated). `dst` is cleared
+   * first and must not be leased by a live branch.
+   */
+  kvSeqCopy(src: number, dst: number): void;
+}
+
+/**
+ * Runs `fn` synchronously on a copy of the context's last logits row and returns its result.
+ * Throws `ERR_INVALID_ARG` if `fn` returns a promise (the callback must be synchronous).
+ */
+export declare function withLogits<T>(ctx: SessionContext, fn: (logits: Float32Array) => T): T;
+
+/** Converts a JSON schema (object or JSON text) to a GBNF grammar. Rejects with `ERR_GRAMMAR`. */
+export declare function jsonSchemaToGrammar(schema: string | object): Promise<string>;
+
+/** Sets the process-wide llama.cpp log level (same effect as `LLAMA_BRANCH_LOG`). */
+export declare function setLogLevel(level: LogLevel): void;
+
+/** llama.cpp's system info line: the CPU features and backends compiled in. */
+export declare function systemInfo(): string;
+
+// -------------------------------------------------------------------------------------------------
+// Sampling
+
+/** A static or dynamic logit bias. `bias` is added to the token's logit; `-Infinity` bans it. */
+export interface TokenBias {
+  token: number;
+  bias: number;
+}
+
+/** Repetition penalties. Present (even `{}`) = enabled with these defaults. */
+export interface PenaltyParams {
+  /** Repeat penalty, > 0; 1 = off. Default 1. */
+  repeat?: number;
+  /** Frequency penalty. Default 0. */
+  frequency?: number;
+  /** Presence penalty. Default 0. */
+  presence?: number;
+  /** Window in tokens; -1 = the whole context. Default 64. */
+  lastN?: number;
+}
+
+/** Mirostat sampling (replaces temperature/dist as the final stage). */
+export interface MirostatParams {
+  /** 0 = off, 1 = Mirostat, 2 = Mirostat 2.0. Default 2 when this object is present. */
+  mode?: 0 | 1 | 2;
+  /** Target surprise, > 0. Default 5. */
+  tau?: number;
+  /** Learning rate, > 0. Default 0.1. */
+  eta?: number;
+}
+
+/** DRY ("don't repeat yourself") penalty. Enabled when `multiplier` > 0. */
+export interface DryParams {
+  /** >= 0; 0 = off. Default 0.8. */
+  multiplier?: number;
+  /** >= 1. Default 1.75. */
+  base?: number;
+  /** Default 2. */
+  allowedLength?: number;
+  /** -1 = the whole context. Default -1. */
+  penaltyLastN?: number;
+  /** Default `["\n", ":", "\"", "*"]`. */
+  sequenceBreakers?: string[];
+}
+
+/** XTC ("exclude top choices"). Enabled when `probability` > 0. */
+export interface XtcParams {
+  /** In [0, 1]. Default 0.5. */
+  probability?: number;
+  /** In [0, 1]. Default 0.1. */
+  threshold?: number;
+}
+
+/** Less common samplers. */
+export interface AdvancedSamplingParams {
+  /** Locally typical sampling, in (0, 1]; 1 = off. Default 1. */
+  typicalP?: number;
+  mirostat?: MirostatParams;
+  dry?: DryParams;
+  xtc?: XtcParams;
+  /** Top-n-sigma, > 0. Default off. */
+  topNSigma?: number;
+}
+
+/**
+ * A branch's sampler chain. Invalid values are errors (`ERR_INVALID_ARG`), never silently clamped.
+ *
+ * Order: logit bias + steer → grammar → penalties → DRY → top-n-sigma → top-k → typical → top-p →
+ * min-p → XTC → greedy | temperature + dist | temperature + mirostat.
+ */
+export interface SamplingParams {
+  /** Default 0.8. `<= 0` = greedy (argmax), unless mirostat is enabled. */
+  temperature?: number;
+  /** Integer >= 0; 0 = off. Default 40. */
+  topK?: number;
+  /** In (0, 1]; 1 = off. Default 0.95. */
+  topP?: number;
+  /** In [0, 1]; 0 = off. Default 0.05. */
+  minP?: number;
+  /** RNG seed, integer in [0, 2^32). `-1` or absent = random. */
+  seed?: number;
+  /** GBNF grammar (root rule `root`) constraining the branch's tokens. */
+  grammar?: string;
+  /** Repetition penalties; off when absent. */
+  penalties?: PenaltyParams;
+  advanced?: AdvancedSamplingParams;
+  /** Static per-token biases (kept by forks). */
+  logitBias?: TokenBias[];
+}
+
+/** Lazy-grammar triggers for {@link Branch.setGrammar}: unconstrained until one appears. */
+export interface LazyGrammarTriggers {
+  /** Regexes over the generated text (the grammar applies from the first capture group). */
+  triggerPatterns?: string[];
+  /** Literal words; the grammar applies from the word on. */
+  triggerWords?: string[];
+  /** Token ids that trigger the grammar. */
+  triggerTokens?: number[];
+}
+
+/** A sampled token, not yet committed. */
+export interface Produced {
+  token: number;
+  /** The token's text piece. */
+  text: string;
+  /** True for end-of-generation tokens. */
+  isStop: boolean;
+}
+
+/** One step of `for await (const { token, text } of branch)`. */
+export interface BranchToken {
+  token: number;
+  text: string;
+}
+
+/** KV cache usage, counting cells shared by forks once. */
+export interface KvPressure {
+  /** Total KV cells of the context. */
+  nCtx: number;
+  /** Cells held by live branches and by unleased sequences with content. */
+  cellsUsed: number;
+  /** `nCtx - cellsUsed`. */
+  remaining: number;
+}
+
+// -------------------------------------------------------------------------------------------------
+// Branches
+
+/**
+ * One line of generation: a leased KV sequence plus its own sampler chain, grammar, logits
+ * snapshot and perplexity trackers. Create roots with {@link Branch.create}, children with
+ * {@link Branch.fork}. Free with {@link prune}, {@link pruneSubtree}, {@link destroy} or
+ * {@link BranchStore.retainOnly}; a branch garbage-collected without being freed is pruned at the
+ * next opportunity.
+ */
+export declare class Branch implements AsyncIterable<BranchToken> {
+  private constructor();
+
+  /**
+   * Root branch on sequence `seqId`, adopting the prefix the caller decoded there with
+   * `ctx.decode(tokens, 0, seqId)`. `position` must be where that prefix ends
+   * (`ctx.kvSeqPosMax(seqId) + 1`, or 0 for an empty sequence). Call {@link captureLogits} right
+   * after the raw decode to sample from it.
+   * @param nBatch per-branch cap for {@link prefill} chunks, in [1, ctx.nBatch]. Default ctx.nBatch.
+   * @param grammar GBNF grammar; overrides `params.grammar`.
+   */
+  static create(
+    ctx: SessionContext,
+    seqId: number,
+    position: number,
+    params?: SamplingParams,
+    nBatch?: number,
+    grammar?: string,
+  ): Branch;
+  /**
+   * Root branch on a free sequence picked by the store (usually with `position` 0, then
+   * {@link prefill} the prompt). Throws `ERR_NO_FREE_SEQUENCE` when all leases are taken.
+   */
+  static create(
+    ctx: SessionContext,
+    position: number,
+    params?: SamplingParams,
+    nBatch?: number,
+    grammar?: string,
+  ): Branch;
+
+  /**
+   * A child sharing this branch's KV prefix (no copy) with independent copies of its sampler
+   * chain (including RNG state), grammar state, logits snapshot and perplexity. Steer biases are
+   * not inherited. `seqId` requests a specific free lease.
+   */
+  fork(seqId?: number): Branch;
+  /** Copies the context's last logits row into this branch (after a raw `ctx.decode` for it). */
+  captureLogits(): void;
+  /** A copy of this branch's logits snapshot (length `vocabSize`). Throws `ERR_NO_LOGITS` if none. */
+  getLogits(): Float32Array;
+  /** Entropy of the snapshot distribution, in `'nats'` (default) or `'bits'`. */
+  entropy(base?: EntropyBase): number;
+  /**
+   * Samples a token from the snapshot through the full pipeline, without accepting it or writing
+   * KV. Throws `ERR_GRAMMAR` if every candidate is masked.
+   */
+  sample(): number;
+  /** Accepts `token` into the sampler (penalty window), grammar and perplexity trackers. No decode. */
+  accept(token: number): void;
+  /** {@link sample} plus the token's text and stop flag. */
+  produce(): Produced;
+  /**
+   * Accepts `token` and decodes it, refreshing the logits snapshot. All-or-nothing: on failure
+   * the branch is unchanged. Rejects with `ERR_GRAMMAR_REJECTED`, `ERR_KV_FULL`, ...
+   */
+  commit(token: number): Promise<void>;
+  /**
+   * Decodes tokens the model did not sample (prompt, user turn, tool output), in chunks of this
+   * branch's `nBatch`, without accepting them. An empty array is a no-op.
+   */
+  prefill(tokens: number[]): Promise<void>;
+  /** Decodes one token without accepting it, and captures its logits. */
+  decodeAndCaptureOne(token: number): Promise<void>;
+  /** Replaces this branch's dynamic biases (`bias` finite or `-Infinity` to ban). */
+  steer(biases: TokenBias[]): void;
+  /** Removes the dynamic biases set by {@link steer}. */
+  clearSteer(): void;
+  /** Reseeds the random stage (integer in [0, 2^32)); no effect on greedy chains. */
+  reseedSampler(seed: number): void;
+  /**
+   * Rebuilds the sampler chain from `params` (penalty window and RNG start fresh). A `grammar` in
+   * `params` replaces the current one; without it the current grammar is kept.
+   */
+  setSamplerParams(params: SamplingParams): void;
+  /**
+   * Installs a GBNF grammar; `null` or `''` removes it. With `lazy` triggers the grammar only
+   * applies once a trigger appears.
+   */
+  setGrammar(grammar: string | null, lazy?: LazyGrammarTriggers): void;
+  /**
+   * Frees this branch and its KV tags; its children live on (re-parented to its parent). Resolves
+   * at once when the context is idle, else after the pending operation. No-op when disposed.
+   */
+  prune(): Promise<void>;
+  /** Frees this branch and all of its descendants. No-op when disposed. */
+  pruneSubtree(): Promise<void>;
+  /**
+   * Frees the branch object but keeps its KV cells for raw `ctx` calls; returns the sequence id
+   * (reserved until its cells are removed, e.g. `ctx.kvCacheRemove(seq, -1, -1)`), or undefined
+   * if the branch was already disposed.
+   */
+  destroy(): number | undefined;
+
+  /** Opaque native handle (a non-zero integer), as used by {@link parent} and {@link children}. */
+  get handle(): number;
+  /** True once pruned, destroyed or released by `retainOnly`. Never throws. */
+  get disposed(): boolean;
+  /** The leased KV sequence id. */
+  get seqId(): number;
+  /** The next position to write (number of tokens in this branch's sequence). */
+  get position(): number;
+  /** Position at which this branch was forked (0 for roots). */
+  get forkHead(): number;
+  /** Model perplexity of accepted tokens (raw logits); `Infinity` before the first accept. */
+  get perplexity(): number;
+  /** Perplexity under the distribution actually sampled from (after filters and temperature). */
+  get samplingPerplexity(): number;
+  /** Handle of the parent branch, or null for a root. */
+  get parent(): number | null;
+  /** Handles of the live child branches. */
+  get children(): number[];
+  /** True when the branch has no live children. */
+  get isLeaf(): boolean;
+  /** `!disposed`. */
+  get isActive(): boolean;
+
+  /**
+   * `for await (const { token, text } of branch)`: produces, commits, then yields each token;
+   * stops (without committing) at an end-of-generation token or when the branch is disposed.
+   */
+  [Symbol.asyncIterator](): AsyncIterableIterator<BranchToken>;
+}
+
+/** Batched operations over many branches of one context: one `llama_decode` per step. */
+export declare class BranchStore {
+  /** Throws `ERR_INVALID_ARG` for a non-context, `ERR_CONTEXT_DISPOSED` for a disposed one. */
+  constructor(ctx: SessionContext);
+
+  /**
+   * `[[branch, token], ...]`: accepts each token into its branch, then ONE decode for all of them.
+   * All-or-nothing. Each branch may appear once; at most `ctx.nBatch` entries.
+   */
+  commit(entries: ReadonlyArray<readonly [Branch, number]>): Promise<void>;
+  /**
+   * `[[branch, tokens], ...]`: decodes variable-length runs bin-packed into `nBatch`-sized
+   * decodes; no accept. All-or-nothing.
+   */
+  prefill(entries: ReadonlyArray<readonly [Branch, number[]]>): Promise<void>;
+  /** Samples every branch in one native call (no KV write, no accept). */
+  produce(branches: readonly Branch[]): Produced[];
+  /**
+   * Keeps only `winner` (one `seq_keep` pass): every other branch of the context is freed and its
+   * wrapper becomes disposed. `winner` becomes a root. Throws `ERR_CONTEXT_BUSY` if an async
+   * operation is pending.
+   */
+  retainOnly(winner: Branch): Promise<void>;
+  /** Number of free sequence leases. */
+  get available(): number;
+  /** Exact KV usage (cells shared by forks counted once). */
+  kvPressure(): KvPressure;
+}

@@ -1,0 +1,195 @@
+// Compile-only usage of the public typings (checked by `tsc -p test/types/tsconfig.json`, part of
+// `npm test`). Nothing here runs. Lines marked `@ts-expect-error` must fail to type-check.
+
+import {
+  createContext,
+  Branch,
+  BranchStore,
+  withLogits,
+  jsonSchemaToGrammar,
+  setLogLevel,
+  systemInfo,
+  PoolingType,
+  SessionContext,
+} from '../../index';
+import type {
+  ContextOptions,
+  SamplingParams,
+  Produced,
+  KvPressure,
+  LlamaBranchError,
+  ErrorCode,
+  BranchToken,
+} from '../../index';
+import llama = require('../../index');
+
+const params: SamplingParams = {
+  temperature: 0.7,
+  topK: 50,
+  topP: 0.9,
+  minP: 0.05,
+  seed: 42,
+  penalties: { repeat: 1.1, frequency: 0.1, presence: 0.1, lastN: -1 },
+  advanced: {
+    typicalP: 0.95,
+    mirostat: { mode: 2, tau: 5, eta: 0.1 },
+    dry: { multiplier: 0.8, base: 1.75, allowedLength: 2, penaltyLastN: -1, sequenceBreakers: ['\n'] },
+    xtc: { probability: 0.5, threshold: 0.1 },
+    topNSigma: 1.5,
+  },
+  logitBias: [{ token: 1, bias: -Infinity }],
+};
+
+async function main(): Promise<void> {
+  setLogLevel('warn');
+  const info: string = systemInfo();
+  const options: ContextOptions = {
+    modelPath: new URL('file:///models/model.gguf'),
+    nCtx: 2048,
+    nBatch: 512,
+    nThreads: 4,
+    nSeqMax: 8,
+    embeddings: false,
+    poolingType: PoolingType.NONE,
+    useMmap: true,
+    logLevel: 'error',
+  };
+  const ctx: SessionContext = await createContext(options);
+  const same: SessionContext = await llama.createContext({ modelPath: '/models/model.gguf' });
+  same.dispose();
+
+  // Context properties and tokenizer.
+  const sizes: number[] = [ctx.vocabSize, ctx.memorySize, ctx.nCtx, ctx.nBatch, ctx.nSeqMax];
+  const described: string = ctx.modelDescription;
+  const isDisposed: boolean = ctx.disposed;
+  const prompt: number[] = await ctx.tokenize('The capital of France is');
+  const noBos: number[] = ctx.tokenizeSync('Paris', false);
+  const text: string = await ctx.detokenize(prompt);
+  const piece: string = ctx.tokenToText(prompt[0]);
+  const stop: boolean = ctx.isStopToken(ctx.getEogToken());
+  const bos: number | null = ctx.getBosToken();
+
+  // Raw decode on sequence 0, then adopt it as a root branch (first overload).
+  await ctx.decode(prompt, 0, 0);
+  const logits: Float32Array = ctx.getLogits();
+  const argmax: number = ctx.greedySample();
+  const h: number = ctx.modelEntropy('bits') + ctx.modelEntropy(undefined, logits);
+  const s: number = ctx.modelSurprisal(argmax, 'nats', logits);
+  const top = withLogits(ctx, (l) => l.indexOf(Math.max(...l)));
+  const topNumber: number = top;
+  const posMax: number = ctx.kvSeqPosMax(0) + ctx.kvCacheSize() + ctx.kvCacheSize(1);
+  const root = Branch.create(ctx, 0, prompt.length, params);
+  root.captureLogits();
+
+  // Second overload: the store picks the sequence; prefill the prompt.
+  const other = Branch.create(ctx, 0, { temperature: 0 }, 64, 'root ::= "a"');
+  await other.prefill(prompt);
+  const plain = Branch.create(ctx, 0);
+  await plain.pruneSubtree();
+
+  // Branch API.
+  const child: Branch = root.fork();
+  const pinned: Branch = root.fork(3);
+  const snapshot: Float32Array = child.getLogits();
+  const e: number = child.entropy('bits') + child.entropy();
+  const t: number = child.sample();
+  child.accept(t);
+  const p: Produced = child.produce();
+  if (!p.isStop) await child.commit(p.token);
+  await child.decodeAndCaptureOne(p.token);
+  child.steer([{ token: t, bias: -Infinity }]);
+  child.clearSteer();
+  child.reseedSampler(7);
+  child.setSamplerParams({ temperature: 0 });
+  child.setGrammar('root ::= [0-9]+', { triggerWords: ['answer:'], triggerPatterns: ['x(.*)'], triggerTokens: [5] });
+  child.setGrammar(null);
+  const meta: [number, boolean, number, number, number, number, number, number | null, number[], boolean, boolean] = [
+    child.handle,
+    child.disposed,
+    child.seqId,
+    child.position,
+    child.forkHead,
+    child.perplexity,
+    child.samplingPerplexity,
+    child.parent,
+    child.children,
+    child.isLeaf,
+    child.isActive,
+  ];
+  for await (const { token, text: piece2 } of child) {
+    const tok: number = token;
+    const str: string = piece2;
+    if (tok === 0 || str === '') break;
+  }
+  const step: BranchToken | undefined = (await child[Symbol.asyncIterator]().next()).value || undefined;
+
+  // Batched store API.
+  const store = new BranchStore(ctx);
+  const forks = [root.fork(), root.fork()];
+  await store.prefill([[forks[0], [1, 2, 3]], [forks[1], [4]]]);
+  const produced: Produced[] = store.produce(forks);
+  await store.commit(forks.map((b, i) => [b, produced[i].token]));
+  await store.commit([[forks[0], 1]] as const);
+  const free: number = store.available;
+  const kv: KvPressure = store.kvPressure();
+  const used: number = kv.cellsUsed + kv.remaining - kv.nCtx;
+  await store.retainOnly(forks[0]);
+
+  // Freeing.
+  const seq: number | undefined = pinned.destroy();
+  if (seq !== undefined) await ctx.kvCacheRemove(seq, -1, -1);
+  ctx.kvSeqCopy(0, 1);
+  await other.prune();
+  await ctx.kvCacheClear();
+
+  // Grammars from JSON schemas.
+  const g1: string = await jsonSchemaToGrammar({ type: 'object' });
+  const g2: string = await jsonSchemaToGrammar('{"type":"string"}');
+
+  // Errors: narrow on the stable code.
+  try {
+    await forks[0].commit(1);
+  } catch (err) {
+    const code: ErrorCode = (err as LlamaBranchError).code;
+    if ((err as LlamaBranchError).code === 'ERR_KV_FULL') {
+      await forks[0].prune();
+    } else if (code === 'ERR_CONTEXT_BUSY' || code === 'ERR_NATIVE_LOAD') {
+      throw err;
+    }
+    // @ts-expect-error: not an error code this package produces
+    if ((err as LlamaBranchError).code === 'ERR_KV_FUL') throw err;
+  }
+
+  // Wrong usage must not compile.
+  // @ts-expect-error: a token is a number, not a string
+  await forks[0].commit('hello');
+  // @ts-expect-error: store entries are [Branch, number] pairs
+  await store.commit([[forks[0], 'hello']]);
+  // @ts-expect-error: unknown context option
+  await createContext({ modelPath: 'm.gguf', contextSize: 4096 });
+  // @ts-expect-error: modelPath is required
+  await createContext({ nCtx: 512 });
+  // @ts-expect-error: not a log level
+  setLogLevel('verbose');
+  // @ts-expect-error: unknown sampling option
+  Branch.create(ctx, 0, { temprature: 0.5 });
+  // @ts-expect-error: mirostat mode is 0, 1 or 2
+  Branch.create(ctx, 0, { advanced: { mirostat: { mode: 3 } } });
+  // @ts-expect-error: entropy base is 'nats' or 'bits'
+  root.entropy('decibans');
+  // @ts-expect-error: SessionContext has no public constructor
+  new SessionContext();
+  // @ts-expect-error: Branch has no public constructor
+  new Branch();
+  // @ts-expect-error: private plumbing is not part of the typings
+  ctx._branchCreate(0);
+  // @ts-expect-error: getters are read-only
+  root.position = 3;
+  // @ts-expect-error: prefill takes token ids
+  await root.prefill('some text');
+
+  void [info, sizes, described, isDisposed, noBos, text, piece, stop, bos, h, s, topNumber, posMax];
+  void [snapshot, e, meta, step, free, used, seq, g1, g2];
+}
+
+void main;
