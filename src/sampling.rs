@@ -513,6 +513,9 @@ impl Chain {
     }
 }
 
+/// Second preselection width for grammar-constrained sampling (see `sample`).
+const PRESELECT_WIDE: usize = 32768;
+
 /// Writes the `k` highest-logit candidates of `logits` into `out`, sorted by logit descending
 /// (ties: lower token id first). One pass with a lazily tightened threshold; NaNs are skipped.
 pub fn top_k_into(logits: &[f32], k: usize, out: &mut Vec<TokenData>) {
@@ -577,19 +580,32 @@ pub fn sample(
             sorted = true;
         }
         (Some(k), Some(grammar)) => {
-            // Mask a wide preselection; if it holds at least k legal tokens, the top k legal tokens
-            // of the whole vocabulary are exactly these (anything outside ranks lower).
-            let wide = (4 * k).max(256).min(logits.len());
-            top_k_into(logits, wide, candidates);
-            grammar.apply(candidates, true);
-            candidates.retain(|c| c.logit.is_finite());
-            if candidates.len() < k && wide < logits.len() {
-                all_candidates(logits, candidates);
-                grammar.apply(candidates, false);
+            // Mask a preselection instead of the whole vocabulary. Stage 1: if the top 4k hold at
+            // least k legal tokens, they are exactly the top k legal tokens of the vocabulary.
+            // Stage 2 (a state that allows few tokens, e.g. the start of a JSON object): the legal
+            // tokens among the top PRESELECT_WIDE; tokens ranked lower carry negligible probability
+            // next to them. Only when no legal token ranks that high is everything masked.
+            let stages = [(4 * k).max(256), PRESELECT_WIDE, logits.len()];
+            for (stage, &width) in stages.iter().enumerate() {
+                let width = width.min(logits.len());
+                if width == logits.len() {
+                    all_candidates(logits, candidates);
+                    grammar.apply(candidates, false);
+                } else {
+                    top_k_into(logits, width, candidates);
+                    grammar.apply(candidates, true);
+                }
                 candidates.retain(|c| c.logit.is_finite());
-                candidates
-                    .sort_unstable_by(|a, b| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id)));
+                let enough = if stage == 0 {
+                    candidates.len() >= k
+                } else {
+                    !candidates.is_empty()
+                };
+                if enough || width == logits.len() {
+                    break;
+                }
             }
+            candidates.sort_unstable_by(|a, b| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id)));
             candidates.truncate(k);
             sorted = true;
         }
