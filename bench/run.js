@@ -195,7 +195,11 @@ async function main() {
   log(`wrote ${path.relative(process.cwd(), file)} and bench/results/chart.svg`);
 }
 
-main().catch((e) => {
-  console.error(e);
-  process.exit(1);
-});
+if (require.main === module) {
+  main().catch((e) => {
+    console.error(e);
+    process.exit(1);
+  });
+}
+
+module.exports = { svgChart };

@@ -143,8 +143,7 @@ impl Model {
     ) -> Result<Vec<Token>> {
         let len = i32::try_from(text.len())
             .map_err(|_| Error::Tokenize("text is too long to tokenize (over 2 GiB)".into()))?;
-        let mut out = vec![0 as Token; text.len() + 2];
-        let mut n = unsafe {
+        let run = |out: &mut Vec<Token>| unsafe {
             sys::llama_tokenize(
                 self.vocab,
                 text.as_ptr().cast(),
@@ -155,20 +154,12 @@ impl Model {
                 parse_special,
             )
         };
+        let mut out = vec![0 as Token; text.len() + 2];
+        let mut n = run(&mut out);
         if n < 0 {
             // Negative = the number of tokens needed.
             out.resize((-n) as usize, 0);
-            n = unsafe {
-                sys::llama_tokenize(
-                    self.vocab,
-                    text.as_ptr().cast(),
-                    len,
-                    out.as_mut_ptr(),
-                    out.len() as i32,
-                    add_special,
-                    parse_special,
-                )
-            };
+            n = run(&mut out);
         }
         if n < 0 {
             return Err(Error::Tokenize(format!("llama_tokenize failed ({n})")));
