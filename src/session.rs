@@ -364,10 +364,11 @@ pub fn create_context<'env>(env: &'env Env, options: ContextOptions) -> napi::Re
             info,
         })
     };
-    // The load runs as the worker's first job; the session (which owns the worker) is moved into
-    // the resolver, so a failed load drops the worker and its thread exits.
-    let sender = std::thread::Builder::new().name("llama-branch-load".into());
-    sender
+    // The load runs on a short-lived loader thread. On success the session (which owns the
+    // worker) travels to JS through the resolver; a failed load drops the worker, whose thread
+    // then exits.
+    std::thread::Builder::new()
+        .name("llama-branch-load".into())
         .spawn(move || {
             let result = crate::worker::run_guarded(load);
             deferred.resolve(Box::new(move |env| result.map_err(|e| js_error(&env, &e))));
