@@ -327,20 +327,19 @@ fn probability_open(name: &str, v: f64) -> Result<f32> {
 }
 
 pub fn check_token(token: f64, n_vocab: i32, what: &str) -> Result<Token> {
-    if !token.is_finite() || token.fract() != 0.0 || token < 0.0 || token >= n_vocab as f64 {
-        return Err(Error::TokenOutOfRange {
-            token: if token.is_finite() { token as i64 } else { -1 },
-            n_vocab,
-        })
-        .map_err(|e| {
-            if what.is_empty() {
-                e
-            } else {
-                Error::invalid(format!("{what}: {e}"))
-            }
-        });
+    if token.is_finite() && token.fract() == 0.0 && token >= 0.0 && token < n_vocab as f64 {
+        return Ok(token as Token);
     }
-    Ok(token as Token)
+    let err = Error::TokenOutOfRange {
+        token: if token.is_finite() { token as i64 } else { -1 },
+        n_vocab,
+    };
+    // With a context label (logitBias, steer) the caller gets an argument error naming the field.
+    Err(if what.is_empty() {
+        err
+    } else {
+        Error::invalid(format!("{what}: {err}"))
+    })
 }
 
 /// Which stage ends the chain (what `reseed` must replace).
@@ -559,8 +558,8 @@ pub fn all_candidates(logits: &[f32], out: &mut Vec<TokenData>) {
     }));
 }
 
-/// The outcome of sampling: the chosen token and the distribution it was drawn from
-/// (post-chain candidates, kept for the sampling-perplexity of a later accept).
+/// The outcome of sampling. The distribution it was drawn from stays in the branch's candidate
+/// buffer (for the sampling perplexity of a later accept).
 pub struct Sampled {
     pub token: Token,
 }
