@@ -1,0 +1,288 @@
+#!/usr/bin/env node
+'use strict';
+
+/**
+ * Examples smoke test (`npm run test:examples`, and a step of `npm test`).
+ *
+ * Runs every example in examples/ with `--jsonl` on the test model (LLAMA_TEST_MODEL, else the
+ * default model) and small token budgets, parses its stdout as JSON lines, requires exit code 0
+ * and checks the events for what the example claims to show. Prints one PASS/FAIL line per
+ * example and finally `N passed, M failed`; exits 1 if any example failed.
+ *
+ * Usage: node test/examples.js [name ...]     (names filter, e.g. `node test/examples.js beam`)
+ */
+
+const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const path = require('node:path');
+const { spawn } = require('node:child_process');
+
+const ROOT = path.join(__dirname, '..');
+const EXAMPLES = path.join(ROOT, 'examples');
+
+function modelPath() {
+  if (process.env.LLAMA_TEST_MODEL) return path.resolve(process.env.LLAMA_TEST_MODEL);
+  return require('../scripts/fetch-model').ensureModel();
+}
+
+const byEvent = (events, name) => events.filter((e) => e.event === name);
+function one(events, name) {
+  const found = byEvent(events, name);
+  assert.equal(found.length, 1, `expected exactly one "${name}" event, got ${found.length}`);
+  return found[0];
+}
+const isNum = (x) => typeof x === 'number' && Number.isFinite(x);
+
+/**
+ * Each example: its file, extra flags (small budgets keep the whole run short on 2 cores), an
+ * optional stdin text, and the checks on its events.
+ */
+const CASES = [
+  {
+    name: 'demo',
+    file: 'demo.js',
+    human: true, // the demo has no --jsonl mode: it is the first thing a newcomer runs
+    validate(_events, stdout) {
+      assert.match(stdout, /\[greedy\] The capital of France is/);
+      assert.match(stdout, /\[best-of-4\]/);
+      assert.match(stdout, /winner: #[0-3]/);
+      assert.match(stdout, /winner still live: true, root disposed: true/);
+    },
+  },
+  {
+    name: 'best-of-n',
+    file: 'best-of-n.js',
+    args: ['--n', '4', '--max-tokens', '16'],
+    validate(events) {
+      const start = one(events, 'start');
+      assert.equal(start.n, 4);
+      const baseline = one(events, 'baseline');
+      assert.ok(isNum(baseline.ppl) && baseline.ppl >= 1, `baseline ppl ${baseline.ppl}`);
+      const candidates = byEvent(events, 'candidate');
+      assert.equal(candidates.length, 4);
+      for (const c of candidates) {
+        assert.ok(c.ppl >= 1 && c.ppl < 1000, `candidate ppl ${c.ppl} out of range`);
+        assert.ok(c.tokens > 0 && c.tokens <= 16, `candidate tokens ${c.tokens}`);
+        assert.ok(c.text.length > 0);
+      }
+      assert.ok(new Set(candidates.map((c) => c.text)).size > 1, 'reseeded candidates should differ');
+      const done = one(events, 'complete');
+      assert.equal(done.bestPpl, Math.min(...candidates.map((c) => c.ppl)), 'the winner has the lowest perplexity');
+      assert.equal(candidates[done.bestIndex].ppl, done.bestPpl);
+      assert.equal(done.liveBranchesAfter, 1, 'retainOnly leaves one branch');
+      assert.ok(done.kvCellsAfter < done.kvCellsBefore, 'retainOnly frees KV cells');
+      assert.equal(done.kvCellsAfter, done.winnerPosition, 'only the winner\'s cells remain');
+    },
+  },
+  {
+    name: 'beam-search',
+    file: 'beam-search.js',
+    args: ['--width', '3', '--max-tokens', '8'],
+    validate(events) {
+      const start = one(events, 'start');
+      const steps = byEvent(events, 'step');
+      assert.ok(steps.length > 0 && steps.length <= 8);
+      for (const s of steps) {
+        assert.ok(s.beams.length >= 1 && s.beams.length <= start.width);
+        assert.ok(s.liveBranches <= start.width, 'never more than k live branches');
+        const scores = s.beams.map((b) => b.score);
+        assert.ok(scores.every((x) => isNum(x) && x <= 0), 'log-prob scores are <= 0');
+      }
+      const hyps = byEvent(events, 'hypothesis');
+      assert.ok(hyps.length >= 1);
+      for (let i = 1; i < hyps.length; i++) assert.ok(hyps[i - 1].score >= hyps[i].score, 'hypotheses are ranked');
+      const done = one(events, 'complete');
+      assert.equal(done.decodes, steps.length, 'one batched commit per step');
+      assert.ok(done.forks > 0, 'beam search forks');
+      assert.equal(done.bestScore, hyps[0].score);
+      assert.equal(done.liveBranchesAfter, 1);
+      assert.ok(done.bestText.length > 0);
+    },
+  },
+  {
+    name: 'speculative',
+    file: 'speculative.js',
+    args: ['--draft-tokens', '4', '--max-tokens', '16'],
+    validate(events) {
+      const start = one(events, 'start');
+      assert.ok(start.draftCount > 0);
+      const iterations = byEvent(events, 'iteration');
+      assert.ok(iterations.length > 0);
+      assert.ok(iterations.some((it) => it.drafted > 0));
+      for (const it of iterations) assert.ok(it.accepted >= 0 && it.accepted <= it.drafted);
+      const done = one(events, 'complete');
+      assert.ok(done.outputTokens > 0);
+      assert.ok(done.acceptRate >= 0 && done.acceptRate <= 1);
+      assert.equal(done.drafted, iterations.reduce((s, it) => s + it.drafted, 0));
+      assert.equal(done.accepted, iterations.reduce((s, it) => s + it.accepted, 0));
+      // Every round yields its accepted draft tokens plus one token of the main branch.
+      const bonus = iterations.filter((it) => it.bonus !== null).length;
+      assert.equal(done.outputTokens, done.accepted + bonus);
+      assert.ok(done.greedyAgreement >= 1, 'the first token agrees with plain greedy decoding');
+    },
+  },
+  {
+    name: 'tree-search',
+    file: 'tree-search.js',
+    args: ['--depth', '2', '--branching', '3', '--keep', '2', '--segment', '4'],
+    validate(events) {
+      one(events, 'start');
+      const levels = byEvent(events, 'level');
+      assert.equal(levels.length, 2);
+      assert.equal(levels[0].expanded, 3);
+      assert.equal(levels[1].expanded, 6);
+      for (const l of levels) {
+        assert.equal(l.kept.length, 2);
+        assert.equal(l.prunedIds.length, l.expanded - 2);
+        assert.ok(l.kept[0].ppl <= l.kept[1].ppl, 'kept children are the best-scored');
+      }
+      const done = one(events, 'complete');
+      assert.equal(done.bestId, levels[1].kept[0].id);
+      assert.equal(done.liveAfter, 1, 'retainOnly leaves only the best leaf');
+      assert.ok(done.liveBefore > 1);
+      assert.ok(done.kvCellsAfter <= done.kvCellsBefore);
+      assert.equal(done.kvCellsAfter, done.bestPosition);
+    },
+  },
+  {
+    name: 'grammar-json',
+    file: 'grammar-json.js',
+    args: ['--forks', '3', '--max-tokens', '48'],
+    validate(events) {
+      one(events, 'start');
+      const point = one(events, 'branch_point');
+      assert.match(point.prefix, /"city"/);
+      const branches = byEvent(events, 'branch_complete');
+      assert.equal(branches.length, 3);
+      for (const b of branches) {
+        assert.ok(b.text.startsWith(point.prefix), 'every fork continues the shared prefix');
+        if (b.finished) {
+          assert.ok(b.validJson, `a finished fork must be valid JSON: ${b.text}`);
+          assert.equal(typeof b.value.city, 'string');
+          assert.ok(Number.isInteger(b.value.population));
+        }
+      }
+      const done = one(events, 'complete');
+      assert.ok(done.validJsonCount > 0);
+      assert.equal(done.validJsonCount, branches.filter((b) => b.validJson).length);
+    },
+  },
+  {
+    name: 'entropy',
+    file: 'entropy.js',
+    args: ['--max-tokens', '16', '--fork-threshold', '2.5', '--max-forks', '1', '--lookahead', '3'],
+    validate(events) {
+      const start = one(events, 'start');
+      const check = one(events, 'entropy_check');
+      assert.ok(Math.abs(check.branchEntropy - check.modelEntropy) < 1e-4, 'branch.entropy() === ctx.modelEntropy(logits)');
+      const points = byEvent(events, 'branch_point');
+      const tokens = byEvent(events, 'token');
+      for (const p of points) {
+        assert.ok(p.entropy > start.forkThreshold, 'branch points only above the threshold');
+        assert.equal(p.candidates.length, start.fanOut);
+        const ppls = p.candidates.map((c) => c.ppl);
+        assert.equal(ppls[p.chosen], Math.min(...ppls), 'the lowest-perplexity lookahead wins');
+      }
+      for (const t of tokens) {
+        assert.ok(isNum(t.entropy) && t.entropy >= 0);
+        assert.ok(t.temperature >= 0 && t.temperature <= 0.9 + 1e-9);
+      }
+      const done = one(events, 'complete');
+      assert.equal(done.branchPoints, points.length);
+      assert.ok(done.branchPoints <= 1);
+      assert.equal(done.sampledSteps, tokens.length);
+      assert.ok(done.tokens > 0 && done.tokens <= 16);
+      assert.ok(isNum(done.avgTemp));
+      assert.equal(done.liveBranches, 1);
+    },
+  },
+];
+
+/** Runs one example; resolves {code, stdout, stderr, ms}. */
+function runExample(file, args, input, timeoutMs) {
+  return new Promise((resolve) => {
+    const started = Date.now();
+    const child = spawn(process.execPath, [path.join(EXAMPLES, file), ...args], {
+      cwd: ROOT,
+      env: process.env,
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    child.on('close', (code, signal) => {
+      clearTimeout(timer);
+      resolve({ code, signal, stdout, stderr, ms: Date.now() - started });
+    });
+    child.stdin.end(input || '');
+  });
+}
+
+function parseEvents(stdout) {
+  const events = [];
+  for (const line of stdout.split('\n')) {
+    if (!line.startsWith('{')) continue;
+    events.push(JSON.parse(line)); // a malformed line fails the example
+  }
+  return events;
+}
+
+async function main() {
+  const filters = process.argv.slice(2);
+  const model = modelPath();
+  const timeoutMs = Number(process.env.EXAMPLE_TIMEOUT_MS || 240000);
+
+  // Every script in examples/ must have a case here, so a new example cannot go untested.
+  const scripts = fs.readdirSync(EXAMPLES).filter((f) => /\.(c|m)?js$/.test(f) && !f.startsWith('_'));
+  const untested = scripts.filter((f) => !CASES.some((c) => c.file === f));
+
+  const selected = CASES.filter((c) => filters.length === 0 || filters.some((f) => c.name.includes(f)));
+  let passed = 0;
+  let failed = 0;
+  const startedAll = Date.now();
+  for (const c of selected) {
+    const args = c.human ? [] : ['--jsonl', '--model', model, ...(c.args || [])];
+    const env = c.human ? { LLAMA_TEST_MODEL: model } : {};
+    Object.assign(process.env, env);
+    const res = await runExample(c.file, args, c.input, timeoutMs);
+    let error = null;
+    try {
+      if (res.signal) throw new Error(`killed by ${res.signal} (timeout ${timeoutMs} ms?)`);
+      assert.equal(res.code, 0, `exit code ${res.code}`);
+      const events = c.human ? [] : parseEvents(res.stdout);
+      if (!c.human) {
+        assert.ok(events.length > 0, 'no JSON events on stdout');
+        const stray = res.stdout.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));
+        assert.deepEqual(stray, [], '--jsonl stdout must contain only JSON lines');
+      }
+      c.validate(events, res.stdout);
+    } catch (e) {
+      error = e;
+    }
+    const secs = `${(res.ms / 1000).toFixed(1)}s`;
+    if (error) {
+      failed++;
+      console.log(`FAIL  ${c.name.padEnd(14)} ${secs.padStart(7)}  ${error.message}`);
+      const tail = (res.stderr || '').trim().split('\n').slice(-8).join('\n      ');
+      if (tail) console.log(`      stderr: ${tail}`);
+    } else {
+      passed++;
+      console.log(`PASS  ${c.name.padEnd(14)} ${secs.padStart(7)}`);
+    }
+  }
+  if (filters.length === 0) {
+    for (const f of untested) {
+      failed++;
+      console.log(`FAIL  ${f.padEnd(14)}          no test case in test/examples.js`);
+    }
+  }
+  console.log(`\n${passed} passed, ${failed} failed (${((Date.now() - startedAll) / 1000).toFixed(1)}s)`);
+  process.exitCode = failed === 0 && passed > 0 ? 0 : 1;
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
