@@ -6,7 +6,7 @@
 // beams that got no survivor, fork beams that got several, then advance all k beams with ONE
 // batched store.commit. Forks share their parent's KV cells, so a beam costs only its own suffix.
 
-const { createContext, Branch, BranchStore } = require('..');
+const { createContext, Branch, BranchStore } = require('llama-branch');
 const { parseFlags, contextOptions, output, run, topLogProbs, oneLine, round } = require('./_common');
 
 const USAGE = `usage: node examples/beam-search.js [--jsonl] [--model path] [--width 3] [--max-tokens 16]

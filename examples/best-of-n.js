@@ -5,7 +5,7 @@
 // low-temperature baseline) that share the prompt's KV cells, advance all of them with ONE
 // batched decode per step, keep the candidate with the lowest perplexity (retainOnly).
 
-const { createContext, Branch, BranchStore } = require('..');
+const { createContext, Branch, BranchStore } = require('llama-branch');
 const { parseFlags, contextOptions, output, run, oneLine, round } = require('./_common');
 
 const USAGE = `usage: node examples/best-of-n.js [--jsonl] [--model path] [--n 5] [--max-tokens 48]

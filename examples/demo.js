@@ -6,7 +6,7 @@
 
 const fs = require('node:fs');
 const path = require('node:path');
-const { createContext, Branch, BranchStore } = require('..');
+const { createContext, Branch, BranchStore } = require('llama-branch');
 
 const MODEL = process.env.LLAMA_TEST_MODEL || path.join(__dirname, '..', 'models', 'gemma-3-270m-q4_k_m.gguf');
 const PROMPT = 'The capital of France is';

@@ -8,7 +8,7 @@
 //     look ahead L tokens with all children in one batched commit per step, continue with the
 //     child whose lookahead has the lowest perplexity and prune the others.
 
-const { createContext, Branch, BranchStore } = require('..');
+const { createContext, Branch, BranchStore } = require('llama-branch');
 const { parseFlags, contextOptions, output, run, topLogProbs, oneLine, round } = require('./_common');
 
 const USAGE = `usage: node examples/entropy.js [--jsonl] [--model path] [--max-tokens 40] [--fork-threshold 3.0]

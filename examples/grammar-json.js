@@ -8,7 +8,7 @@
 // first tokens its earlier siblings chose before sampling its own; then all forks finish
 // together with one batched commit per step.
 
-const { createContext, Branch, BranchStore, jsonSchemaToGrammar } = require('..');
+const { createContext, Branch, BranchStore, jsonSchemaToGrammar } = require('llama-branch');
 const { parseFlags, contextOptions, output, run, oneLine } = require('./_common');
 
 const USAGE = `usage: node examples/grammar-json.js [--jsonl] [--model path] [--forks 3] [--max-tokens 80]

@@ -12,7 +12,7 @@
 // Here the draft is the same model sampled at a high temperature, a stand-in for a small draft
 // model: it shows the mechanics and the acceptance rate, not a speed-up.
 
-const { createContext, Branch, BranchStore } = require('..');
+const { createContext, Branch, BranchStore } = require('llama-branch');
 const { parseFlags, contextOptions, output, run, oneLine, round } = require('./_common');
 
 const USAGE = `usage: node examples/speculative.js [--jsonl] [--model path] [--draft-tokens 4] [--max-tokens 32]

@@ -7,7 +7,7 @@
 // prune the rest. At the end `store.retainOnly(best)` frees the whole tree except the best leaf
 // in one pass.
 
-const { createContext, Branch, BranchStore } = require('..');
+const { createContext, Branch, BranchStore } = require('llama-branch');
 const { parseFlags, contextOptions, output, run, oneLine, round } = require('./_common');
 
 const USAGE = `usage: node examples/tree-search.js [--jsonl] [--model path] [--depth 3] [--branching 3]

@@ -51,7 +51,9 @@ function main() {
   }
   console.log('\n==> demo (node examples/demo.js)');
   step('demo', run(node, [demo]));
-  console.log('\n[setup] done. Run the test suite with: npm test');
+  console.log('\n[setup] done. Next:');
+  console.log('  npm test                                  # the whole test suite');
+  console.log('  node examples/best-of-n.js                # best-of-N by perplexity (more in examples/README.md)');
 }
 
 main();

@@ -9,6 +9,9 @@
  *   4. JS tests: mocha (configuration in .mocharc.json)
  *   5. examples smoke test: node test/examples.js        (if present)
  *   6. type-check the declarations: tsc -p test/types     (if present)
+ *   7. packaging: npm pack, install the tarball into a scratch project (builds the addon there
+ *      with the shared cargo target dir), require it and generate (scripts/test-pack.js; ~1-2 min;
+ *      LLAMA_BRANCH_SKIP_PACK_TEST=1 skips it and says so)
  *
  * After step 1, LLAMA_TEST_MODEL is exported to the later steps (pointing at
  * the fetched model) unless it was already set, so Rust tests, JS tests and
@@ -94,6 +97,11 @@ const steps = [
       }
       return run(node, [tsc, '-p', script('test', 'types', 'tsconfig.json')]);
     },
+  },
+  {
+    name: 'package (node scripts/test-pack.js)',
+    skip: () => (process.env.LLAMA_BRANCH_SKIP_PACK_TEST === '1' ? 'LLAMA_BRANCH_SKIP_PACK_TEST=1' : null),
+    run: () => run(node, [script('scripts', 'test-pack.js')]),
   },
 ];
 

@@ -122,6 +122,22 @@ async function main(): Promise<void> {
     if (tok === 0 || str === '') break;
   }
   const step: BranchToken | undefined = (await child[Symbol.asyncIterator]().next()).value || undefined;
+  // A Branch is an AsyncIterable<BranchToken>: it works with any generic async-iteration helper.
+  const iterable: AsyncIterable<BranchToken> = child;
+  const collect = async <T>(source: AsyncIterable<T>, max: number): Promise<T[]> => {
+    const items: T[] = [];
+    for await (const item of source) if (items.push(item) >= max) break;
+    return items;
+  };
+  const collected: BranchToken[] = await collect(iterable, 4);
+  const iterator: AsyncIterableIterator<BranchToken> = child[Symbol.asyncIterator]();
+  const next: IteratorResult<BranchToken> = await iterator.next();
+  if (!next.done) {
+    const tokenId: number = next.value.token;
+    // @ts-expect-error: yielded items carry token and text only
+    void next.value.logits;
+    void tokenId;
+  }
 
   // Batched store API.
   const store = new BranchStore(ctx);
@@ -159,6 +175,21 @@ async function main(): Promise<void> {
     // @ts-expect-error: not an error code this package produces
     if ((err as LlamaBranchError).code === 'ERR_KV_FUL') throw err;
   }
+  // A type guard a caller would write; LlamaBranchError is an Error with a narrowed `code`.
+  const isLlamaBranchError = (x: unknown): x is LlamaBranchError =>
+    x instanceof Error && typeof (x as { code?: unknown }).code === 'string';
+  try {
+    Branch.create(ctx, 0);
+  } catch (err) {
+    if (isLlamaBranchError(err)) {
+      const asError: Error = err;
+      const codes: ErrorCode[] = ['ERR_NO_FREE_SEQUENCE', 'ERR_CONTEXT_BUSY', 'ERR_CONTEXT_DISPOSED'];
+      if (codes.includes(err.code)) void asError.message;
+      // @ts-expect-error: code is an ErrorCode, not any string
+      const wrong: 'ERR_NOPE' = err.code;
+      void wrong;
+    }
+  }
 
   // Wrong usage must not compile.
   // @ts-expect-error: a token is a number, not a string
@@ -189,7 +220,7 @@ async function main(): Promise<void> {
   await root.prefill('some text');
 
   void [info, sizes, described, isDisposed, noBos, text, piece, stop, bos, h, s, topNumber, posMax];
-  void [snapshot, e, meta, step, free, used, seq, g1, g2];
+  void [snapshot, e, meta, step, free, used, seq, g1, g2, collected];
 }
 
 void main;

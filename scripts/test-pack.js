@@ -1,0 +1,106 @@
+#!/usr/bin/env node
+'use strict';
+
+/**
+ * Packaging test (`npm run test:pack`): what `npm publish` would ship must install, build and run
+ * in a project that knows nothing about this repository.
+ *
+ *   1. `npm pack` into a temporary directory, and check the file list (sources and build files
+ *      in; tests, models and build outputs out);
+ *   2. create a scratch project there and `npm install <tarball>` (offline: the package has no
+ *      runtime dependencies), which runs the package's install hook = the native build. The
+ *      cargo target directory is the shared one (CARGO_TARGET_DIR, else ~/.cache/llama-branch/
+ *      target), so llama.cpp is not compiled again; only this crate is;
+ *   3. in the scratch project, `require('llama-branch')` and generate a few tokens on the test
+ *      model (LLAMA_TEST_MODEL, else the default model).
+ *
+ * Exits non-zero on the first failure. Keeps the temporary directory when KEEP_PACK_DIR=1.
+ */
+
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { spawnSync } = require('node:child_process');
+const { repoRoot, cargoEnv, formatDuration } = require('./env');
+
+function log(msg) {
+  console.log(`[test-pack] ${msg}`);
+}
+
+function die(msg) {
+  console.error(`[test-pack] FAILED: ${msg}`);
+  process.exit(1);
+}
+
+function npm(args, cwd, extraEnv = {}) {
+  const npmCli = process.env.npm_execpath && /npm-cli\.js$/.test(process.env.npm_execpath) ? process.env.npm_execpath : null;
+  const [cmd, pre] = npmCli ? [process.execPath, [npmCli]] : ['npm', []];
+  return spawnSync(cmd, [...pre, ...args], {
+    cwd,
+    env: { ...cargoEnv(), ...extraEnv },
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+}
+
+const REQUIRED_FILES = ['package.json', 'README.md', 'index.d.ts', 'lib/index.js', 'src/lib.rs', 'Cargo.toml', 'Cargo.lock', 'build.rs', '.cargo/config.toml', 'scripts/build.js', 'scripts/env.js'];
+const FORBIDDEN = [/^test\//, /^models\//, /^build\//, /^target\//, /^node_modules\//, /\.gguf$/, /\.node$/, /^\.ci\//];
+
+function main() {
+  const started = Date.now();
+  const model = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : require('./fetch-model').ensureModel();
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-pack-'));
+  try {
+    // 1. Pack.
+    const packed = npm(['pack', '--json', '--pack-destination', dir], repoRoot);
+    if (packed.status !== 0) die(`npm pack exited with ${packed.status}`);
+    const [info] = JSON.parse(packed.stdout.slice(packed.stdout.indexOf('[')));
+    const files = info.files.map((f) => f.path);
+    for (const f of REQUIRED_FILES) if (!files.includes(f)) die(`the package lacks ${f}`);
+    const stray = files.filter((f) => FORBIDDEN.some((re) => re.test(f)));
+    if (stray.length) die(`the package contains files it should not: ${stray.join(', ')}`);
+    log(`packed ${info.filename}: ${files.length} files, ${(info.size / 1024).toFixed(0)} KiB`);
+
+    // 2. Install into a scratch project (runs the install hook: the native build).
+    const project = path.join(dir, 'project');
+    fs.mkdirSync(project);
+    fs.writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'scratch', version: '1.0.0', private: true }, null, 2));
+    log('npm install <tarball> in a scratch project (builds the addon; llama.cpp comes from the shared cargo target dir) ...');
+    const installStarted = Date.now();
+    const installed = npm(['install', '--offline', '--no-audit', '--no-fund', '--foreground-scripts', path.join(dir, info.filename)], project);
+    if (installed.status !== 0) die(`npm install exited with ${installed.status}`);
+    log(`installed in ${formatDuration(Date.now() - installStarted)}`);
+
+    // 3. Use it like a consumer would.
+    const program = `
+      const { createContext, Branch, BranchStore } = require('llama-branch');
+      (async () => {
+        const ctx = await createContext({ modelPath: process.argv[1], nCtx: 256, nSeqMax: 2 });
+        const root = Branch.create(ctx, 0, { temperature: 0 });
+        await root.prefill(await ctx.tokenize('The capital of France is'));
+        const forks = [root.fork(), root];
+        const store = new BranchStore(ctx);
+        let text = '';
+        for (let i = 0; i < 4; i++) {
+          const out = store.produce(forks);
+          text += out[0].text;
+          await store.commit(forks.map((b, j) => [b, out[j].token]));
+        }
+        if (typeof require.resolve('llama-branch') !== 'string' || text.length === 0) process.exit(1);
+        console.log(JSON.stringify({ text, position: root.position }));
+        ctx.dispose();
+      })().catch((e) => { console.error(e.code, e.message); process.exit(1); });`;
+    const ran = spawnSync(process.execPath, ['-e', program, model], { cwd: project, encoding: 'utf8' });
+    if (ran.status !== 0) die(`the installed package did not run: ${ran.stderr || ran.stdout}`);
+    const result = JSON.parse(ran.stdout.trim().split('\n').pop());
+    log(`generated ${JSON.stringify(result.text)} from the installed package`);
+    const resolved = spawnSync(process.execPath, ['-p', "require.resolve('llama-branch')"], { cwd: project, encoding: 'utf8' }).stdout.trim();
+    if (!resolved.startsWith(path.join(project, 'node_modules'))) die(`llama-branch resolved outside the scratch project: ${resolved}`);
+    log(`ok in ${formatDuration(Date.now() - started)}`);
+  } finally {
+    if (process.env.KEEP_PACK_DIR === '1') log(`kept ${dir}`);
+    else fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+main();

@@ -1,0 +1,108 @@
+'use strict';
+
+// index.d.ts must describe exactly the runtime surface: every declared export, class member and
+// static exists at runtime with the declared kind (method vs getter), and every public runtime
+// export and member is declared. (Members whose names start with `_` are private plumbing.)
+// The declarations are read with the TypeScript compiler API, so nothing is listed by hand here.
+
+const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const path = require('node:path');
+const ts = require('typescript');
+const llama = require('..');
+
+const DTS = path.join(__dirname, '..', 'index.d.ts');
+const BUILTIN_STATICS = new Set(['length', 'name', 'prototype', 'arguments', 'caller']);
+
+const hasModifier = (node, kind) => (ts.getModifiers(node) || []).some((m) => m.kind === kind);
+
+function memberName(member) {
+  const name = member.name;
+  if (!name) return null;
+  if (ts.isIdentifier(name) || ts.isStringLiteral(name)) return name.text;
+  // [Symbol.asyncIterator]
+  if (ts.isComputedPropertyName(name)) return name.expression.getText();
+  return null;
+}
+
+/** Runtime-visible declarations of index.d.ts: value exports, and public members of each class. */
+function readDeclarations() {
+  const source = ts.createSourceFile(DTS, fs.readFileSync(DTS, 'utf8'), ts.ScriptTarget.Latest, true);
+  const exports = new Set();
+  const classes = {};
+  const consts = {};
+  for (const stmt of source.statements) {
+    if (!hasModifier(stmt, ts.SyntaxKind.ExportKeyword)) continue;
+    if (ts.isFunctionDeclaration(stmt)) exports.add(stmt.name.text);
+    if (ts.isVariableStatement(stmt)) {
+      for (const decl of stmt.declarationList.declarations) {
+        exports.add(decl.name.text);
+        if (decl.type && ts.isTypeLiteralNode(decl.type)) consts[decl.name.text] = decl.type.members.map(memberName);
+      }
+    }
+    if (ts.isClassDeclaration(stmt)) {
+      exports.add(stmt.name.text);
+      const members = { instance: {}, statics: {} };
+      for (const m of stmt.members) {
+        if (ts.isConstructorDeclaration(m)) continue;
+        if (hasModifier(m, ts.SyntaxKind.PrivateKeyword)) continue;
+        const name = memberName(m);
+        const kind = ts.isGetAccessorDeclaration(m) || ts.isPropertyDeclaration(m) ? 'getter' : 'method';
+        const bucket = hasModifier(m, ts.SyntaxKind.StaticKeyword) ? members.statics : members.instance;
+        bucket[name] = kind;
+      }
+      classes[stmt.name.text] = members;
+    }
+  }
+  return { exports, classes, consts };
+}
+
+/** Public members of a runtime class: name -> 'method' | 'getter'. */
+function runtimeMembers(target, skip) {
+  const out = {};
+  for (const key of Reflect.ownKeys(target)) {
+    const name = typeof key === 'symbol' ? key.description : key;
+    if (skip.has(name) || name.startsWith('_')) continue;
+    const desc = Object.getOwnPropertyDescriptor(target, key);
+    out[name] = desc.get ? 'getter' : typeof desc.value === 'function' ? 'method' : 'value';
+  }
+  return out;
+}
+
+describe('typings: index.d.ts matches the runtime surface', function () {
+  const declared = readDeclarations();
+
+  it('declares every runtime export and nothing else', function () {
+    const runtime = Object.keys(llama).filter((k) => !k.startsWith('_')).sort();
+    assert.deepEqual([...declared.exports].sort(), runtime);
+  });
+
+  for (const className of ['SessionContext', 'Branch', 'BranchStore']) {
+    it(`${className}: declared members exist at runtime with the same kind, and vice versa`, function () {
+      const Class = llama[className];
+      assert.equal(typeof Class, 'function', `${className} is exported as a class`);
+      const decl = declared.classes[className];
+      assert.ok(decl, `${className} is declared as a class`);
+      const instance = runtimeMembers(Class.prototype, new Set(['constructor']));
+      const statics = runtimeMembers(Class, BUILTIN_STATICS);
+      assert.deepEqual(sorted(decl.instance), sorted(instance), `${className} instance members (declared vs runtime)`);
+      assert.deepEqual(sorted(decl.statics), sorted(statics), `${className} static members (declared vs runtime)`);
+    });
+  }
+
+  it('PoolingType: declared keys equal the runtime keys', function () {
+    assert.deepEqual([...declared.consts.PoolingType].sort(), Object.keys(llama.PoolingType).sort());
+  });
+
+  it('the checker itself notices a phantom member and an undeclared one', function () {
+    const instance = runtimeMembers(llama.Branch.prototype, new Set(['constructor']));
+    const phantom = { ...declared.classes.Branch.instance, notARealMethod: 'method' };
+    assert.notDeepEqual(sorted(phantom), sorted(instance));
+    const { fork: _omitted, ...missing } = declared.classes.Branch.instance;
+    assert.notDeepEqual(sorted(missing), sorted(instance));
+  });
+});
+
+function sorted(obj) {
+  return Object.fromEntries(Object.entries(obj).sort(([a], [b]) => a.localeCompare(b)));
+}
