@@ -22,7 +22,7 @@
 
 const fs = require('node:fs');
 const path = require('node:path');
-const { spawnSync } = require('node:child_process');
+const { spawn, spawnSync } = require('node:child_process');
 const {
   repoRoot,
   targetDir,
@@ -218,7 +218,31 @@ function installAddon(builtLib) {
   }
 }
 
-function main() {
+/**
+ * Runs cargo with inherited stdio; resolves its exit code. Without a terminal (CI, npm install
+ * logs) cargo shows no progress bar and llama.cpp's cmake build is silent for minutes, so a
+ * heartbeat line says the build is still running.
+ */
+function runCargo(args, env) {
+  return new Promise((resolve) => {
+    const started = Date.now();
+    const child = spawn('cargo', args, { stdio: 'inherit', cwd: repoRoot, env });
+    const heartbeat = process.stderr.isTTY
+      ? null
+      : setInterval(() => log(`still building (${formatDuration(Date.now() - started)} so far) ...`), 30000);
+    const finish = (code) => {
+      if (heartbeat) clearInterval(heartbeat);
+      resolve(code);
+    };
+    child.on('error', (e) => {
+      log(`ERROR: could not run cargo: ${e.message}`);
+      finish(127);
+    });
+    child.on('close', (code, signal) => finish(signal ? 1 : code));
+  });
+}
+
+async function main() {
   if (process.env.LLAMA_BRANCH_SKIP_BUILD === '1' && fs.existsSync(addonPath)) {
     log(`LLAMA_BRANCH_SKIP_BUILD=1 and ${path.relative(repoRoot, addonPath)} exists; skipping build`);
     return;
@@ -231,7 +255,7 @@ function main() {
   log('building native addon (first build compiles llama.cpp: ~3-6 min on 2 cores) ...');
   log(`cargo ${args.join(' ')}  (CARGO_TARGET_DIR=${target})`);
   const started = Date.now();
-  const code = run('cargo', args, { env: cargoEnv() });
+  const code = await runCargo(args, cargoEnv());
   const elapsed = formatDuration(Date.now() - started);
   if (code !== 0) {
     log(`ERROR: cargo build failed (exit code ${code}) after ${elapsed}`);
@@ -247,4 +271,7 @@ function main() {
   log(`built ${path.relative(repoRoot, addonPath)} in ${elapsed}`);
 }
 
-main();
+main().catch((e) => {
+  log(`ERROR: ${e.stack || e.message}`);
+  process.exit(1);
+});

@@ -2,6 +2,8 @@
 
 // The README must stay true: every ```js block in it runs (on the test model) and the API
 // reference section names every export and class member that index.d.ts declares.
+// A block without its own `require(...)` is a fragment: it runs after a prelude that imports
+// every export of the package and, unless the block declares its own, opens `ctx` (nSeqMax 8).
 
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
@@ -49,11 +51,19 @@ describe('README', function () {
 
   blocks.forEach((code, i) => {
     it(`js block #${i + 1} runs (${code.split('\n').find((l) => l.trim() && !l.startsWith('const {')) || ''})`, function () {
-      this.timeout(180000);
+      this.timeout(300000);
       // Same code, run from the repository root (so `require('llama-branch')` resolves to this
       // package), on the test model, with top-level await wrapped for CommonJS.
-      const program = `(async () => {\n${code.split(DEFAULT_MODEL_IN_DOCS).join(MODEL)}\n})().then(() => process.exit(0), (e) => { console.error(e); process.exit(1); });`;
-      const res = spawnSync(process.execPath, ['-e', program], { cwd: ROOT, encoding: 'utf8', timeout: 170000 });
+      const body = code.split(DEFAULT_MODEL_IN_DOCS).join(MODEL);
+      let prelude = '';
+      if (!/\brequire\(/.test(code)) {
+        prelude = `const { ${Object.keys(require('..')).join(', ')} } = require('llama-branch');\n`;
+        if (!/\b(const|let|var)\s+ctx\b/.test(code)) {
+          prelude += `const ctx = await createContext({ modelPath: ${JSON.stringify(MODEL)}, nCtx: 4096, nSeqMax: 8 });\n`;
+        }
+      }
+      const program = `(async () => {\n${prelude}${body}\n})().then(() => process.exit(0), (e) => { console.error(e); process.exit(1); });`;
+      const res = spawnSync(process.execPath, ['-e', program], { cwd: ROOT, encoding: 'utf8', timeout: 290000 });
       assert.equal(res.status, 0, `block #${i + 1} failed:\n${res.stderr}\n${res.stdout}`);
     });
   });

@@ -232,7 +232,7 @@ function parseEvents(stdout) {
 async function main() {
   const filters = process.argv.slice(2);
   const model = modelPath();
-  const timeoutMs = Number(process.env.EXAMPLE_TIMEOUT_MS || 240000);
+  const timeoutMs = Number(process.env.EXAMPLE_TIMEOUT_MS || 600000);
 
   // Every script in examples/ must have a case here, so a new example cannot go untested.
   const scripts = fs.readdirSync(EXAMPLES).filter((f) => /\.(c|m)?js$/.test(f) && !f.startsWith('_'));
