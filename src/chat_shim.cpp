@@ -161,6 +161,55 @@ common_chat_templates_ptr init_templates(const llama_model * model, std::string 
     }
 }
 
+// The rest of the messages (after the leading empty system message) rendered exactly as they
+// appear after an earlier user/assistant exchange: render(exchange + rest) minus
+// render(exchange). Empty when the template does not render that way (then the caller falls
+// back to strip_lone_system).
+std::string render_after_exchange(const common_chat_templates * templates, const common_chat_templates_inputs & inputs) {
+    try {
+        common_chat_msg user;
+        user.role    = "user";
+        user.content = "LBEXCHANGEUSER";
+        common_chat_msg assistant;
+        assistant.role    = "assistant";
+        assistant.content = "LBEXCHANGEASSISTANT";
+
+        auto head_inputs                  = inputs;
+        head_inputs.messages              = { user, assistant };
+        head_inputs.add_generation_prompt = false;
+        auto full_inputs                  = inputs;
+        full_inputs.messages              = { user, assistant };
+        full_inputs.messages.insert(full_inputs.messages.end(), inputs.messages.begin() + 1, inputs.messages.end());
+
+        const std::string head = common_chat_templates_apply(templates, head_inputs).prompt;
+        const std::string full = common_chat_templates_apply(templates, full_inputs).prompt;
+        if (head.empty() || full.size() <= head.size() || full.compare(0, head.size(), head) != 0) {
+            return "";
+        }
+        return full.substr(head.size());
+    } catch (const std::exception &) {
+        return "";
+    }
+}
+
+// The older rule: drop what the empty system message alone renders to (e.g. a ChatML system
+// header, or a default system prompt) when the prompt starts with it.
+void strip_lone_system(const common_chat_templates * templates, const common_chat_msg & system, std::string & prompt) {
+    common_chat_templates_inputs lone;
+    lone.messages              = { system };
+    lone.add_generation_prompt = false;
+    lone.use_jinja             = true;
+    std::string rendered;
+    try {
+        rendered = common_chat_templates_apply(templates, lone).prompt;
+    } catch (const std::exception &) {
+        return;  // templates that insist on a user message: nothing to strip
+    }
+    if (!rendered.empty() && prompt.compare(0, rendered.size(), rendered) == 0) {
+        prompt.erase(0, rendered.size());
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -250,22 +299,15 @@ int lb_chat_format(const llama_model * model, const lb_chat_format_args * args, 
             throw std::invalid_argument(std::string("the chat template failed to render: ") + e.what());
         }
 
-        // A leading empty system message asks for "this turn only": drop what that message alone
-        // renders to (e.g. a ChatML system header, or a default system prompt some templates add).
+        // A leading empty system message asks for "this turn only", to append to a conversation
+        // already in the KV cache.
         const auto & msgs = inputs.messages;
         if (!msgs.empty() && msgs[0].role == "system" && msgs[0].empty()) {
-            common_chat_templates_inputs lone;
-            lone.messages              = { msgs[0] };
-            lone.add_generation_prompt = false;
-            lone.use_jinja             = true;
-            std::string rendered;
-            try {
-                rendered = common_chat_templates_apply(templates.get(), lone).prompt;
-            } catch (const std::exception &) {
-                rendered.clear();  // templates that insist on a user message: nothing to strip
-            }
-            if (!rendered.empty() && params.prompt.compare(0, rendered.size(), rendered) == 0) {
-                params.prompt.erase(0, rendered.size());
+            std::string turn = render_after_exchange(templates.get(), inputs);
+            if (!turn.empty()) {
+                params.prompt = std::move(turn);
+            } else {
+                strip_lone_system(templates.get(), msgs[0], params.prompt);
             }
         }
         if (params.prompt.empty()) {

@@ -129,9 +129,9 @@ describe('Chat helpers', function () {
     it('strips a leading empty system message so only the new turn is rendered', async () => {
       const full = await ctx.formatChat([{ role: 'user', content: 'Tell me more.' }]);
       const turn = await ctx.formatChat([{ role: 'system', content: '' }, { role: 'user', content: 'Tell me more.' }]);
-      assert.ok(turn.prompt.startsWith('<start_of_turn>user'), JSON.stringify(turn.prompt));
-      assert.ok(turn.prompt.includes('Tell me more.'));
-      assert.ok(turn.prompt.endsWith(full.generationPrompt));
+      // the new turn exactly as the template renders it after earlier turns (here: as a first turn)
+      assert.equal(turn.prompt, full.prompt);
+      assert.equal(turn.prompt, '<start_of_turn>user\nTell me more.<end_of_turn>\n<start_of_turn>model\n');
       // ChatML (a template with a system header) loses the empty system block entirely
       const chatml = '{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}';
       const r = await ctx.formatChat([{ role: 'system', content: '' }, { role: 'user', content: 'Q' }], { templateOverride: chatml });
@@ -259,6 +259,58 @@ describe('Chat helpers', function () {
         assert.ok((await generate(root, 5)).length > 0);
       }
       await root.prune();
+    });
+
+    it('warm turns reproduce the cold rendering token for token, and earlier turns are recalled (scenario 10)', async function () {
+      this.timeout(300000);
+      // The default model is the base (not instruction-tuned) Gemma 3 270M: its own replies drift
+      // off topic, so the assistant turns are scripted and only the answers are generated.
+      const script = [
+        ['Hi, my name is Lloyal.', 'Nice to meet you, Lloyal.'],
+        ['My favourite food is pizza.', 'Pizza is a great choice.'],
+      ];
+      const history = [];
+      const decoded = [];
+      const root = Branch.create(ctx, 0, GREEDY);
+      const feed = async (tokens) => {
+        decoded.push(...tokens);
+        await root.prefill(tokens);
+      };
+      for (const [i, [user, reply]] of script.entries()) {
+        if (i === 0) {
+          await feed(await ctx.tokenize((await ctx.formatChat([{ role: 'user', content: user }])).prompt));
+        } else {
+          await feed(await warmTurnTokens(ctx, user));
+        }
+        await feed(await ctx.tokenize(reply, false));
+        history.push({ role: 'user', content: user }, { role: 'assistant', content: reply });
+      }
+      assert.equal(root.position, decoded.length);
+
+      const answer = async (question) => {
+        const branch = root.fork();
+        await branch.prefill(await warmTurnTokens(ctx, question));
+        const raw = await generate(branch, 10);
+        await branch.prune();
+        return raw;
+      };
+      const fmt = await ctx.formatChat([{ role: 'user', content: 'x' }]);
+      const name = ctx.parseChatOutput(await answer('What is my name?'), fmt.format, fmt).content;
+      const food = ctx.parseChatOutput(await answer('What is my favourite food?'), fmt.format, fmt).content;
+      assert.match(name, /lloyal/i);
+      assert.match(food, /pizza/i);
+
+      // Same conversation formatted cold in one piece: identical tokens.
+      await feed(await warmTurnTokens(ctx, 'What is my favourite food?'));
+      const cold = await ctx.formatChat([...history, { role: 'user', content: 'What is my favourite food?' }]);
+      assert.deepEqual(await ctx.tokenize(cold.prompt), decoded);
+      await root.prune();
+
+      // Control: without the earlier turns in the KV cache the model does not know the answer.
+      const fresh = Branch.create(ctx, 0, GREEDY);
+      await fresh.prefill(await ctx.tokenize((await ctx.formatChat([{ role: 'user', content: 'What is my favourite food?' }])).prompt));
+      assert.doesNotMatch(await generate(fresh, 10), /pizza/i);
+      await fresh.prune();
     });
   });
 
