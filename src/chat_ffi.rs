@@ -217,3 +217,61 @@ pub fn turn_text(model: &Model) -> Result<String> {
         Err(status_error(status, text, "getTurnSeparator"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_template_accepts_jinja_and_reports_why_not() {
+        assert!(verify_template(
+            "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+        )
+        .is_ok());
+        let reason = verify_template("{{ unclosed").unwrap_err();
+        assert!(!reason.is_empty());
+        assert_eq!(verify_template("").unwrap_err(), "the template is empty");
+        assert!(verify_template("a\0b").is_err());
+    }
+
+    #[test]
+    fn parse_without_a_parser_is_all_content() {
+        let req = ParseRequest {
+            output: "Hello \"world\"\n".into(),
+            ..ParseRequest::default()
+        };
+        let json = parse_chat_output(&req).unwrap();
+        assert_eq!(
+            json,
+            r#"{"content":"Hello \"world\"\n","reasoningContent":"","toolCalls":[]}"#
+        );
+    }
+
+    #[test]
+    fn parse_rejects_unknown_formats_and_parsers() {
+        let bad_format = ParseRequest {
+            format: 99,
+            ..ParseRequest::default()
+        };
+        assert_eq!(
+            parse_chat_output(&bad_format).unwrap_err().code(),
+            "ERR_INVALID_ARG"
+        );
+        let bad_reasoning = ParseRequest {
+            reasoning_format: 4,
+            ..ParseRequest::default()
+        };
+        assert_eq!(
+            parse_chat_output(&bad_reasoning).unwrap_err().code(),
+            "ERR_INVALID_ARG"
+        );
+        let bad_parser = ParseRequest {
+            parser: Some("{not json".into()),
+            ..ParseRequest::default()
+        };
+        assert_eq!(
+            parse_chat_output(&bad_parser).unwrap_err().code(),
+            "ERR_INVALID_ARG"
+        );
+    }
+}

@@ -4,7 +4,7 @@
 // cold + warm multi-turn generation on top of them (js-api.md §3.2 scenarios 5, 6, 9, 10).
 
 const assert = require('node:assert/strict');
-const { Branch } = require('..');
+const { Branch, ReasoningFormat, GrammarTriggerType } = require('..');
 const { open, rejects, throwsSync } = require('./helpers');
 
 const GREEDY = { temperature: 0 };
@@ -205,6 +205,16 @@ describe('Chat helpers', function () {
       const plain = ctx.parseChatOutput('It is sunny.', r.format, r);
       assert.equal(plain.content, 'It is sunny.');
       assert.deepEqual(plain.toolCalls, []);
+    });
+
+    it('takes reasoningFormat as a ReasoningFormat value or name', async () => {
+      assert.deepEqual({ ...ReasoningFormat }, { NONE: 0, AUTO: 1, DEEPSEEK_LEGACY: 2, DEEPSEEK: 3 });
+      assert.deepEqual({ ...GrammarTriggerType }, { TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 });
+      const r = await ctx.formatChat([{ role: 'user', content: 'Hi' }], { reasoningFormat: 'deepseek_legacy' });
+      assert.equal(r.reasoningFormat, ReasoningFormat.DEEPSEEK_LEGACY);
+      for (const reasoningFormat of [ReasoningFormat.DEEPSEEK, 'auto']) {
+        assert.equal(ctx.parseChatOutput('Plain answer.', r.format, { ...r, reasoningFormat }).content, 'Plain answer.');
+      }
     });
 
     it('rejects bad options with coded errors', async () => {
