@@ -57,6 +57,11 @@ extern "C" {
     ) -> c_int;
 }
 
+/// A pointer moved to the parser thread; its referent outlives the call (the caller blocks).
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+unsafe impl<T> Send for SendPtr<T> {}
+
 /// Brings llama.cpp's common logger (used by the chat layer) to the addon's log level.
 fn sync_log_level() {
     let level = crate::ffi::log_threshold();
@@ -72,6 +77,25 @@ fn sync_log_level() {
         -1
     };
     unsafe { lb_chat_set_log_verbosity(verbosity) };
+}
+
+/// Stack for the threads that run llama.cpp's Jinja and PEG parsers: both recurse once (or more)
+/// per nesting level, and a worker's default 2 MiB overflows at a few hundred levels. Reserved
+/// address space, committed only as far as it is used.
+const PARSER_STACK: usize = 256 << 20;
+
+/// Runs `f` on a short-lived thread with [`PARSER_STACK`] (the caller blocks until it is done).
+fn on_parser_stack<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T> {
+    std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
+            .name("llama-branch-chat".into())
+            .stack_size(PARSER_STACK)
+            .spawn_scoped(scope, f)
+            .map_err(|e| Error::Internal(format!("cannot start the chat thread: {e}")))?;
+        handle
+            .join()
+            .map_err(|_| Error::Internal("the chat thread panicked".into()))
+    })
 }
 
 /// Takes ownership of a shim string: copies it out and frees it.
@@ -141,10 +165,15 @@ pub fn format_chat(model: &Model, req: &FormatRequest) -> Result<String> {
         enable_thinking: req.enable_thinking,
         add_generation_prompt: req.add_generation_prompt,
     };
-    let mut out: *mut c_char = std::ptr::null_mut();
-    sync_log_level();
-    let status = unsafe { lb_chat_format(model.as_ptr(), &args, &mut out) };
-    let text = take(out);
+    let model_ptr = SendPtr(model.as_ptr());
+    let args_ptr = SendPtr(&args as *const FormatArgs as *mut FormatArgs);
+    let (status, text) = on_parser_stack(move || {
+        let (model_ptr, args_ptr) = (model_ptr, args_ptr);
+        sync_log_level();
+        let mut out: *mut c_char = std::ptr::null_mut();
+        let status = unsafe { lb_chat_format(model_ptr.0, args_ptr.0, &mut out) };
+        (status, take(out))
+    })?;
     if status == LB_OK {
         Ok(text)
     } else {
@@ -176,10 +205,14 @@ pub fn parse_chat_output(req: &ParseRequest) -> Result<String> {
         generation_prompt: opt_ptr(&generation_prompt),
         parser: opt_ptr(&parser),
     };
-    let mut out: *mut c_char = std::ptr::null_mut();
-    sync_log_level();
-    let status = unsafe { lb_chat_parse(&args, &mut out) };
-    let text = take(out);
+    let args_ptr = SendPtr(&args as *const ParseArgs as *mut ParseArgs);
+    let (status, text) = on_parser_stack(move || {
+        let args_ptr = args_ptr;
+        sync_log_level();
+        let mut out: *mut c_char = std::ptr::null_mut();
+        let status = unsafe { lb_chat_parse(args_ptr.0, &mut out) };
+        (status, take(out))
+    })?;
     if status == LB_OK {
         Ok(text)
     } else {
@@ -191,10 +224,15 @@ pub fn parse_chat_output(req: &ParseRequest) -> Result<String> {
 pub fn verify_template(template_src: &str) -> std::result::Result<(), String> {
     let src =
         CString::new(template_src).map_err(|_| "the template contains NUL bytes".to_string())?;
-    let mut out: *mut c_char = std::ptr::null_mut();
-    sync_log_level();
-    let ok = unsafe { lb_chat_verify_template(src.as_ptr(), &mut out) };
-    let reason = take(out);
+    let src_ptr = SendPtr(src.as_ptr() as *mut c_char);
+    let (ok, reason) = on_parser_stack(move || {
+        let src_ptr = src_ptr;
+        sync_log_level();
+        let mut out: *mut c_char = std::ptr::null_mut();
+        let ok = unsafe { lb_chat_verify_template(src_ptr.0, &mut out) };
+        (ok, take(out))
+    })
+    .map_err(|e| e.to_string())?;
     if ok == 1 {
         Ok(())
     } else {
@@ -207,10 +245,18 @@ pub fn verify_template(template_src: &str) -> std::result::Result<(), String> {
 pub fn turn_text(model: &Model) -> Result<String> {
     let a = c_string("LBSENTINELASSISTANT7f3c", "sentinel")?;
     let b = c_string("LBSENTINELUSER9d2e", "sentinel")?;
-    let mut out: *mut c_char = std::ptr::null_mut();
-    sync_log_level();
-    let status = unsafe { lb_chat_turn_text(model.as_ptr(), a.as_ptr(), b.as_ptr(), &mut out) };
-    let text = take(out);
+    let ptrs = (
+        SendPtr(model.as_ptr()),
+        SendPtr(a.as_ptr() as *mut c_char),
+        SendPtr(b.as_ptr() as *mut c_char),
+    );
+    let (status, text) = on_parser_stack(move || {
+        let (model_ptr, a_ptr, b_ptr) = ptrs;
+        sync_log_level();
+        let mut out: *mut c_char = std::ptr::null_mut();
+        let status = unsafe { lb_chat_turn_text(model_ptr.0, a_ptr.0, b_ptr.0, &mut out) };
+        (status, take(out))
+    })?;
     if status == LB_OK {
         Ok(text)
     } else {

@@ -11,6 +11,7 @@
 #include "log.h"
 #include "llama.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -150,9 +151,61 @@ std::string fallback_template(const llama_model * model) {
     return "";
 }
 
+// llama.cpp's Jinja parser and runtime recurse per nesting level without a limit, so a template
+// nested absurdly deep would overflow the stack (a crash, not an exception). Real templates nest
+// a few levels; refuse anything past MAX_NESTING brackets + blocks. (The caller also runs this
+// on a thread with a large stack.)
+constexpr int MAX_NESTING = 256;
+
+void check_nesting(const std::string & src) {
+    static const char * openers[] = { "if", "for", "macro", "call", "filter", "raw", "generation" };
+    int depth = 0;
+    for (size_t i = 0; i < src.size(); ++i) {
+        const char c = src[i];
+        if (c == '(' || c == '[' || c == '{') {
+            ++depth;
+        } else if (c == ')' || c == ']' || c == '}') {
+            depth = depth > 0 ? depth - 1 : 0;
+        } else if (c == '%' && i > 0 && src[i - 1] == '{') {
+            size_t j = i + 1;
+            while (j < src.size() && (src[j] == '-' || src[j] == '+' || std::isspace(static_cast<unsigned char>(src[j])))) {
+                ++j;
+            }
+            size_t k = j;
+            while (k < src.size() && std::isalpha(static_cast<unsigned char>(src[k]))) {
+                ++k;
+            }
+            const std::string keyword = src.substr(j, k - j);
+            if (keyword.rfind("end", 0) == 0) {
+                depth = depth > 0 ? depth - 1 : 0;
+            } else {
+                for (const char * o : openers) {
+                    if (keyword == o) {
+                        ++depth;
+                        break;
+                    }
+                }
+            }
+        }
+        if (depth > MAX_NESTING) {
+            throw std::invalid_argument("the chat template nests deeper than " + std::to_string(MAX_NESTING) +
+                                        " levels (brackets and blocks)");
+        }
+    }
+}
+
 common_chat_templates_ptr init_templates(const llama_model * model, std::string override_src) {
     if (override_src.empty()) {
         override_src = fallback_template(model);
+    }
+    if (!override_src.empty()) {
+        check_nesting(override_src);
+    } else if (model) {
+        for (const char * name : { static_cast<const char *>(nullptr), "tool_use" }) {
+            if (const char * src = llama_model_chat_template(model, name)) {
+                check_nesting(src);
+            }
+        }
     }
     try {
         return common_chat_templates_init(model, override_src);
@@ -420,6 +473,7 @@ int lb_chat_verify_template(const char * template_src, char ** out) {
             *out = dup_string("the template is empty");
             return 0;
         }
+        check_nesting(src);
         common_chat_msg msg;
         msg.role    = "user";
         msg.content = "test";

@@ -244,6 +244,11 @@ describe('Chat helpers', function () {
       assert.equal(await ctx.validateChatTemplate('{% for m in messages %}'), false);
       assert.equal(await ctx.validateChatTemplate(''), false);
       await rejects(() => ctx.validateChatTemplate(42), 'ERR_INVALID_ARG');
+      // nesting llama.cpp's recursive parser could not survive is refused, not a crash
+      const nested = (n) => `{{ ${'('.repeat(n)}1${')'.repeat(n)} }}`;
+      assert.equal(await ctx.validateChatTemplate(nested(200)), true);
+      assert.equal(await ctx.validateChatTemplate(nested(100000)), false);
+      await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { templateOverride: nested(100000) }), 'ERR_CHAT_TEMPLATE', /nests deeper/);
     });
   });
 
