@@ -90,8 +90,11 @@ describe('typings: index.d.ts matches the runtime surface', function () {
     });
   }
 
-  it('PoolingType: declared keys equal the runtime keys', function () {
-    assert.deepEqual([...declared.consts.PoolingType].sort(), Object.keys(llama.PoolingType).sort());
+  it('constant objects (PoolingType, ...): declared keys equal the runtime keys', function () {
+    assert.ok(Object.keys(declared.consts).includes('PoolingType'));
+    for (const [name, keys] of Object.entries(declared.consts)) {
+      assert.deepEqual([...keys].sort(), Object.keys(llama[name]).sort(), name);
+    }
   });
 
   it('the checker itself notices a phantom member and an undeclared one', function () {
