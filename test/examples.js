@@ -196,6 +196,28 @@ const CASES = [
       assert.equal(done.liveBranches, 1);
     },
   },
+  {
+    name: 'chat',
+    file: 'chat.js',
+    args: ['--max-tokens', '12'],
+    input: 'Hi, my name is Ada.\nWhat is my name?\n', // then EOF: the example must exit 0
+    validate(events) {
+      one(events, 'start');
+      const turns = byEvent(events, 'turn');
+      assert.equal(turns.length, 2);
+      assert.deepEqual(turns.map((t) => t.warm), [false, true]);
+      for (const t of turns) {
+        assert.ok(t.tokens > 0 && t.tokens <= 12, `turn tokens ${t.tokens}`);
+        assert.equal(byEvent(events, 'token').filter((e) => e.turn === t.turn).length, t.tokens, 'every token is streamed');
+        assert.equal(typeof t.content, 'string');
+      }
+      // Warm turn: only the separator and the new user turn are decoded, nothing twice.
+      assert.equal(turns[0].position, turns[0].prefillTokens + turns[0].tokens);
+      assert.equal(turns[1].position, turns[0].position + turns[1].prefillTokens + turns[1].tokens);
+      assert.ok(turns[1].prefillTokens < turns[0].position, 'the warm prefill is shorter than the history');
+      assert.equal(one(events, 'complete').turns, 2);
+    },
+  },
 ];
 
 /** Runs one example; resolves {code, stdout, stderr, ms}. */
