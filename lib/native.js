@@ -5,7 +5,7 @@ const { finishNativeErrors } = require('./errors');
 
 /** Native methods that return a Promise (their argument errors become rejections). */
 const ASYNC_METHODS = new Set([
-  'tokenize', 'detokenize', 'decode', 'kvCacheClear', 'kvCacheRemove',
+  'tokenize', 'detokenize', 'decode', 'kvCacheClear', 'kvCacheRemove', 'encode',
   '_branchDecodeAndCaptureOne', '_branchPrefill', '_storeCommit', '_storePrefill', '_benchRawGenerate',
 ]);
 
