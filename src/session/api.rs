@@ -126,6 +126,7 @@ impl SessionContext {
 
 /// Used by `modelEntropy` / `modelSurprisal` for their optional logits argument.
 pub(super) fn check_logits_arg(ctx: &SessionContext, len: usize) -> napi::Result<()> {
+    ctx.live()?;
     ctx.check_vocab_row(len, "logits").map_err(to_js)
 }
 
