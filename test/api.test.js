@@ -281,6 +281,10 @@ describe('Context API: sample, metrics, grammar handles, embeddings', function (
       const tokens = await decodeText('Output: ');
       throwsSync(() => Branch.create(ctx, 0, tokens.length, { temperature: 0 }, undefined, 'root ::= ['), 'ERR_GRAMMAR');
       throwsSync(() => Branch.create(ctx, 0, tokens.length, { grammar: 'root ::= [' }), 'ERR_GRAMMAR');
+      const b = Branch.create(ctx, 0, tokens.length, { temperature: 0 });
+      throwsSync(() => b.setSamplerParams({ grammar: 'root ::= [' }), 'ERR_GRAMMAR');
+      throwsSync(() => b.setGrammar('root ::= ['), 'ERR_GRAMMAR');
+      await b.prune();
       const h = ctx.createSampler(EMPTY_OBJECT_GBNF);
       throwsSync(() => ctx.applySampler(h, new Float32Array(100)), 'ERR_INVALID_ARG');
       throwsSync(() => ctx.applySampler(h, new Float64Array(ctx.vocabSize)), 'ERR_INVALID_ARG');
