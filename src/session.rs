@@ -354,7 +354,7 @@ pub fn create_context<'env>(env: &'env Env, options: ContextOptions) -> napi::Re
             n_vocab: model.n_vocab,
             embeddings: resolved.config.embeddings,
         };
-        let api = api::ApiState::new(ctx.pooling_type());
+        let api = api::ApiState::new(ctx.pooling_type(), model.clone());
         let store = BranchStore::new(info.n_seq_max);
         *shared
             .engine

@@ -7,7 +7,7 @@
 //! `applySampler`) and perplexity trackers own no llama.cpp context state, so they work at any
 //! time; they live in `ApiState` behind their own locks instead of inside `Engine`.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use napi::bindgen_prelude::*;
 use napi::{Env, JsValue, Task, ValueType};
@@ -15,7 +15,7 @@ use napi_derive::napi;
 
 use super::{ensure_unleased, SamplingParams, SessionContext};
 use crate::error::{Error, Result};
-use crate::ffi::{self, Sampler, Token, TokenData};
+use crate::ffi::{self, Model, Sampler, Token, TokenData};
 use crate::handles::{Handle, HandleTable};
 use crate::metrics::Perplexity;
 use crate::sampling::{self, Chain, SamplingConfig};
@@ -35,6 +35,8 @@ pub(super) struct ApiState {
     sample: Mutex<Option<SampleState>>,
     grammars: Mutex<HandleTable<Sampler>>,
     trackers: Mutex<HandleTable<Perplexity>>,
+    /// Declared last so the weights outlive the samplers above when the context is collected.
+    _model: Arc<Model>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
@@ -43,8 +45,9 @@ fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
 }
 
 impl ApiState {
-    pub(super) fn new(pooling: i32) -> ApiState {
+    pub(super) fn new(pooling: i32, model: Arc<Model>) -> ApiState {
         ApiState {
+            _model: model,
             pooling,
             sample: Mutex::new(None),
             grammars: Mutex::new(HandleTable::default()),
