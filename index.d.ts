@@ -35,12 +35,12 @@
  * | `ERR_KV_FULL` | the decode would pass `nCtx` (or llama.cpp found no KV slot) |
  * | `ERR_DECODE` | `llama_decode` failed |
  * | `ERR_ABORTED` | an operation was aborted (reserved: no public cancellation API yet) |
- * | `ERR_NO_LOGITS` | sampling/logits requested before the branch has a logits snapshot |
+ * | `ERR_NO_LOGITS` | sampling/logits (or embeddings) requested before any were computed |
  * | `ERR_GRAMMAR` | invalid GBNF grammar / JSON schema, or every candidate token is masked |
  * | `ERR_GRAMMAR_REJECTED` | the token is not allowed by the branch's grammar |
  * | `ERR_TOKENIZE` | tokenization failed |
  * | `ERR_STATE` | llama.cpp refused a state change (e.g. partial KV removal), or a saved KV state is corrupt, truncated or incompatible |
- * | `ERR_UNSUPPORTED` | the model lacks a feature (e.g. no EOS/EOT token) |
+ * | `ERR_UNSUPPORTED` | the model or context lacks a feature (no EOS/EOT token, embeddings not enabled) |
  * | `ERR_INTERNAL` | a bug in llama-branch (please report it) |
  * | `ERR_CHAT_TEMPLATE` | the chat template failed to parse or render (the message has the template's own error) |
  * | `ERR_CHAT_PARSE` | `parseChatOutput`: the output does not match the chat format's parser |
@@ -121,7 +121,11 @@ export interface ContextOptions {
    * Default 1; range 1 to 256.
    */
   nSeqMax?: number;
-  /** Create an embedding context. Default false. (No public embeddings read API exists yet.) */
+  /**
+   * Create an embedding context: enables {@link SessionContext.encode} and
+   * {@link SessionContext.getEmbeddings}. Default false. Every token of a decode is an output
+   * row in such a context, so plain generation is slower there.
+   */
   embeddings?: boolean;
   /** Pooling type for embedding contexts. Default `PoolingType.MEAN` with embeddings, else `NONE`. */
   poolingType?: PoolingType;
@@ -229,12 +233,16 @@ export declare class SessionContext {
    */
   decodeAndCapture(tokens: number[], position: number, seqId: number, dest: Float32Array | ArrayBuffer): Promise<void>;
   /**
-   * Entropy of the softmax of `logits` (default: the context's last logits row).
+   * Entropy of the softmax of `logits` (default: the context's last logits row). Non-finite
+   * logits (masked tokens) are left out. A given `logits` must be a Float32Array of length
+   * `vocabSize` (else `ERR_INVALID_ARG`).
    * @param base `'nats'` (default) or `'bits'`.
    */
   modelEntropy(base?: EntropyBase, logits?: Float32Array): number;
   /**
-   * Surprisal `-log p(token)` under `logits` (default: the context's last logits row).
+   * Surprisal `-log p(token)` under `logits` (default: the context's last logits row); `Infinity`
+   * for a masked token. `token` outside the vocabulary throws `ERR_TOKEN_OUT_OF_RANGE`; a given
+   * `logits` must be a Float32Array of length `vocabSize` (else `ERR_INVALID_ARG`).
    * @param base `'nats'` (default) or `'bits'`.
    */
   modelSurprisal(token: number, base?: EntropyBase, logits?: Float32Array): number;
@@ -339,6 +347,96 @@ export declare class SessionContext {
    * Computed once per context. Usable while the context is busy.
    */
   getTurnSeparator(): number[];
+
+  // --- Sampling from the context's logits (src/session/api.rs) ---
+
+  /**
+   * Samples a token from the context's last logits row (the same row {@link getLogits} reads).
+   *
+   * - No `params` (or `undefined`/`null`): argmax, exactly {@link greedySample}; stateless.
+   * - With `params`: runs a sampler chain kept **per context** and accepts the chosen token into
+   *   it, so penalties see every token this method returned. The chain persists between calls
+   *   while the resolved params are equal (deep comparison, a new object with the same values
+   *   counts as equal); any change rebuilds it, which empties the penalty history and restarts
+   *   the RNG from `seed` (a seeded chain then replays its draws). Same defaults and validation
+   *   as a Branch's params (`temperature` 0.8, `topK` 40, ...; `{ temperature: 0 }` is argmax).
+   *   `logitBias` applies; `grammar` is refused (`ERR_INVALID_ARG`): use
+   *   {@link createSampler} + {@link applySampler}, or a Branch with a grammar.
+   *
+   * Throws `ERR_NO_LOGITS` before any decode, `ERR_INVALID_ARG` for bad params,
+   * `ERR_GRAMMAR` if `logitBias` bans every token, `ERR_CONTEXT_BUSY` while an async operation is
+   * pending.
+   */
+  sample(params?: SamplingParams | null): number;
+
+  // --- Grammar sampler handles ---
+
+  /**
+   * Parses a GBNF grammar (root rule `root`) into a grammar sampler and returns its handle (a
+   * positive integer, valid on this context only). Throws `ERR_GRAMMAR` for an empty or
+   * malformed grammar. Handles are freed by {@link freeSamplerHandle} or {@link dispose}.
+   */
+  createSampler(grammar: string): number;
+  /**
+   * Masks `logits` in place: every token the grammar forbids in its current state becomes
+   * `-Infinity`; allowed entries are unchanged. `logits` must be a Float32Array of length
+   * `vocabSize` (else `ERR_INVALID_ARG`). Needs an idle context (`ERR_CONTEXT_BUSY`).
+   */
+  applySampler(handle: number, logits: Float32Array): void;
+  /**
+   * Advances the grammar by `token`. A token the grammar forbids (including end-of-generation
+   * before the grammar is complete) throws `ERR_GRAMMAR_REJECTED` and leaves the grammar as it
+   * was.
+   */
+  acceptSamplerToken(handle: number, token: number): void;
+  /** A new handle with a copy of the grammar's current parse state. */
+  cloneSampler(handle: number): number;
+  /**
+   * Frees a grammar sampler. An unknown or already freed handle throws `ERR_INVALID_ARG` (as
+   * for every handle method; perplexity trackers behave the same way).
+   */
+  freeSamplerHandle(handle: number): void;
+
+  // --- Perplexity trackers (work at any time, even while the context is busy) ---
+
+  /** A new tracker (count 0) and its handle. Freed by {@link freePerplexityTracker} or {@link dispose}. */
+  createPerplexityTracker(): number;
+  /**
+   * Adds one surprisal, in nats (e.g. `modelSurprisal(token)`). Non-finite values (a token the
+   * distribution excluded) are ignored and not counted; negative values count as 0.
+   */
+  addSurprisal(handle: number, surprisal: number): void;
+  /** `exp(mean surprisal)`; `Infinity` while the count is 0. */
+  getPerplexity(handle: number): number;
+  /** Number of surprisals counted. */
+  getPerplexityCount(handle: number): number;
+  /** Sets the count and sum back to 0. */
+  resetPerplexityTracker(handle: number): void;
+  /** A new, independent tracker with the same count and sum. */
+  clonePerplexityTracker(handle: number): number;
+  /** Frees a tracker. Unknown or already freed handles throw `ERR_INVALID_ARG`, as do all tracker methods. */
+  freePerplexityTracker(handle: number): void;
+
+  // --- Embeddings (contexts created with `embeddings: true`) ---
+
+  /**
+   * Computes embeddings for `tokens` (at most `nBatch`, one decode, nothing truncated): sequence
+   * 0 is **cleared first**, then the tokens go to positions `0..n-1` of it, so successive calls
+   * are independent. Rejects with `ERR_UNSUPPORTED` on a context without `embeddings: true`,
+   * `ERR_INVALID_ARG` for an empty or too long input or when a live branch leases sequence 0.
+   */
+  encode(tokens: number[]): Promise<void>;
+  /**
+   * A copy of the embedding of the last {@link encode} (length {@link getEmbeddingDimension}):
+   * pooled over sequence 0 (`poolingType` MEAN, CLS or LAST), or the last token's vector with
+   * `PoolingType.NONE`. L2-normalised unless `normalize` is false. Throws `ERR_NO_LOGITS` before
+   * the first encode, `ERR_UNSUPPORTED` on a non-embedding context or with `PoolingType.RANK`.
+   */
+  getEmbeddings(normalize?: boolean): Float32Array;
+  /** Length of the embedding vectors (the model's embedding width). Works on any context, at any time. */
+  getEmbeddingDimension(): number;
+  /** True when the context pools token embeddings per sequence (`poolingType` not NONE). Any time. */
+  hasPooling(): boolean;
 }
 
 /** Chat format id from {@link SessionContext.formatChat}, passed back to `parseChatOutput`
@@ -473,7 +571,11 @@ export interface KvFileContents {
  */
 export declare function withLogits<T>(ctx: SessionContext, fn: (logits: Float32Array) => T): T;
 
-/** Converts a JSON schema (object or JSON text) to a GBNF grammar. Rejects with `ERR_GRAMMAR`. */
+/**
+ * Converts a JSON schema (an object, or its JSON text) to a GBNF grammar with root rule `root`,
+ * on the libuv thread pool (the event loop stays free). Rejects with `ERR_GRAMMAR` for text that
+ * is not JSON or a schema llama.cpp cannot convert, `ERR_INVALID_ARG` for other argument types.
+ */
 export declare function jsonSchemaToGrammar(schema: string | object): Promise<string>;
 
 /** Sets the process-wide llama.cpp log level (same effect as `LLAMA_BRANCH_LOG`). */

@@ -43,6 +43,31 @@ function withLogits(ctx, fn) {
   return result;
 }
 
+/**
+ * Converts a JSON schema (an object, or its JSON text) to a GBNF grammar on the libuv thread
+ * pool. Rejects with ERR_GRAMMAR for invalid JSON or a schema llama.cpp cannot convert.
+ */
+async function jsonSchemaToGrammar(schema) {
+  let text;
+  if (typeof schema === 'string') {
+    try {
+      JSON.parse(schema);
+    } catch (e) {
+      throw makeError('ERR_GRAMMAR', `jsonSchemaToGrammar: the schema is not valid JSON (${e.message})`);
+    }
+    text = schema;
+  } else if (schema !== null && typeof schema === 'object') {
+    text = JSON.stringify(schema);
+  } else {
+    throw makeError('ERR_INVALID_ARG', `jsonSchemaToGrammar(schema): expected a schema object or JSON text, got ${schema === null ? 'null' : typeof schema}`);
+  }
+  try {
+    return await native.jsonSchemaToGrammar(text);
+  } catch (e) {
+    throw finishError(e);
+  }
+}
+
 function wrapSync(fn) {
   return (...args) => {
     try {
@@ -59,7 +84,7 @@ module.exports = {
   BranchStore,
   withLogits,
   SessionContext: native.SessionContext,
-  jsonSchemaToGrammar: async (schema) => wrapSync(native.jsonSchemaToGrammar)(typeof schema === 'string' ? schema : JSON.stringify(schema)),
+  jsonSchemaToGrammar,
   setLogLevel: wrapSync(native.setLogLevel),
   systemInfo: wrapSync(native.systemInfo),
   PoolingType: Object.freeze({ UNSPECIFIED: -1, NONE: 0, MEAN: 1, CLS: 2, LAST: 3, RANK: 4 }),

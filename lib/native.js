@@ -6,7 +6,7 @@ const { installRawMethods } = require('./raw');
 
 /** Native methods that return a Promise (their argument errors become rejections). */
 const ASYNC_METHODS = new Set([
-  'tokenize', 'detokenize', 'decode', 'kvCacheClear', 'kvCacheRemove',
+  'tokenize', 'detokenize', 'decode', 'kvCacheClear', 'kvCacheRemove', 'encode',
   '_branchDecodeAndCaptureOne', '_branchPrefill', '_storeCommit', '_storePrefill', '_benchRawGenerate',
   'formatChat', 'validateChatTemplate',
   'clearAndReseed', 'kvCacheSave', 'kvCacheLoad', 'kvCacheWriteFile', 'kvCacheReadFile', '_decodeAndCapture',

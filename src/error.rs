@@ -51,6 +51,10 @@ pub enum Error {
     )]
     NoLogits,
 
+    /// Nothing computed yet for a context-level read (e.g. embeddings before `encode`).
+    #[error("{0}")]
+    NoOutput(String),
+
     #[error("Invalid grammar: {0}")]
     Grammar(String),
 
@@ -94,6 +98,7 @@ impl Error {
             Error::Decode { .. } => "ERR_DECODE",
             Error::Aborted => "ERR_ABORTED",
             Error::NoLogits => "ERR_NO_LOGITS",
+            Error::NoOutput(_) => "ERR_NO_LOGITS",
             Error::Grammar(_) => "ERR_GRAMMAR",
             Error::GrammarRejected(_) => "ERR_GRAMMAR_REJECTED",
             Error::Tokenize(_) => "ERR_TOKENIZE",

@@ -711,3 +711,41 @@ impl Context {
         unsafe { sys::llama_state_seq_set_data(self.ptr.as_ptr(), data.as_ptr(), data.len(), seq) }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Embeddings
+
+/// `llama_pooling_type` values we distinguish.
+pub const POOLING_NONE: i32 = sys::LLAMA_POOLING_TYPE_NONE;
+pub const POOLING_RANK: i32 = sys::LLAMA_POOLING_TYPE_RANK;
+
+impl Context {
+    /// The pooling the context was created with (`LLAMA_POOLING_TYPE_*`).
+    pub fn pooling_type(&self) -> i32 {
+        unsafe { sys::llama_pooling_type(self.ptr.as_ptr()) as i32 }
+    }
+
+    /// Pooled embedding of `seq` from the last decode (`n_embd_out` floats), if there is one.
+    pub fn embeddings_seq(&self, seq: SeqId) -> Option<&[f32]> {
+        let p = unsafe { sys::llama_get_embeddings_seq(self.ptr.as_ptr(), seq) };
+        self.embedding_slice(p)
+    }
+
+    /// Per-token embedding of output row `i` (-1 = the last) from the last decode, if there is one.
+    pub fn embeddings_ith(&self, i: i32) -> Option<&[f32]> {
+        let p = unsafe { sys::llama_get_embeddings_ith(self.ptr.as_ptr(), i) };
+        self.embedding_slice(p)
+    }
+
+    fn embedding_slice(&self, p: *mut f32) -> Option<&[f32]> {
+        let n = self.model.n_embd_out();
+        (!p.is_null() && n > 0).then(|| unsafe { std::slice::from_raw_parts(p, n as usize) })
+    }
+}
+
+impl Model {
+    /// Width of the embeddings llama.cpp returns (usually `n_embd`).
+    pub fn n_embd_out(&self) -> i32 {
+        unsafe { sys::llama_model_n_embd_out(self.ptr.as_ptr()) }
+    }
+}

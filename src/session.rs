@@ -23,6 +23,7 @@ use crate::worker::{js_error, to_js, Shared, Worker};
 
 mod chat;
 mod raw;
+mod api;
 
 pub struct Engine {
     pub ctx: Context,
@@ -368,6 +369,7 @@ pub fn create_context<'env>(env: &'env Env, options: ContextOptions) -> napi::Re
             n_vocab: model.n_vocab,
             embeddings: resolved.config.embeddings,
         };
+        let api = api::ApiState::new(ctx.pooling_type(), model.clone());
         let store = BranchStore::new(info.n_seq_max);
         *shared
             .engine
@@ -380,6 +382,7 @@ pub fn create_context<'env>(env: &'env Env, options: ContextOptions) -> napi::Re
             info,
             turn_separator: OnceLock::new(),
             logits_view: Default::default(),
+            api,
         })
     };
     // The load runs on a short-lived loader thread. On success the session (which owns the
@@ -412,12 +415,6 @@ pub fn system_info() -> String {
     ffi::system_info()
 }
 
-#[napi(js_name = "jsonSchemaToGrammar")]
-pub fn json_schema_to_grammar_sync(schema: String) -> napi::Result<String> {
-    ffi::init_backend();
-    ffi::json_schema_to_grammar(&schema).map_err(to_js)
-}
-
 #[derive(Clone, Copy)]
 struct ContextInfo {
     n_ctx: u32,
@@ -437,6 +434,8 @@ pub struct SessionContext {
     turn_separator: OnceLock<Vec<Token>>,
     /// The zero-copy view handed out by `getLogits()` (JS thread only).
     logits_view: std::cell::RefCell<LogitsView>,
+    /// Sample chain, grammar handles and perplexity trackers (src/session/api.rs).
+    api: api::ApiState,
 }
 
 impl SessionContext {
@@ -607,6 +606,7 @@ impl SessionContext {
         if let Some(mut w) = self.worker.take() {
             w.close();
         }
+        self.api.clear();
         // Free now when nothing is in flight; otherwise the worker frees it after its last job.
         if self.shared.pending.load(Ordering::Acquire) == 0 {
             if let Ok(mut guard) = self.shared.engine.try_lock() {
@@ -734,7 +734,10 @@ impl SessionContext {
     ) -> napi::Result<f64> {
         let base = base_from(base).map_err(to_js)?;
         match logits {
-            Some(l) => Ok(metrics::entropy(&l, base)),
+            Some(l) => {
+                api::check_logits_arg(self, l.len())?;
+                Ok(metrics::entropy(&l, base))
+            }
             None => self.sync("modelEntropy", |e| {
                 Ok(metrics::entropy(e.ctx.logits_at(-1)?, base))
             }),
@@ -751,7 +754,10 @@ impl SessionContext {
         let base = base_from(base).map_err(to_js)?;
         let token = self.token(token)?;
         match logits {
-            Some(l) => Ok(metrics::surprisal(&l, token as usize, base)),
+            Some(l) => {
+                api::check_logits_arg(self, l.len())?;
+                Ok(metrics::surprisal(&l, token as usize, base))
+            }
             None => self.sync("modelSurprisal", |e| {
                 Ok(metrics::surprisal(
                     e.ctx.logits_at(-1)?,

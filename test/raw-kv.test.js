@@ -218,6 +218,25 @@ describe('raw decode, logits view, KV and state', function () {
       assert.ok(isRevoked(view));
     });
 
+    it('a reachable view keeps its context alive through garbage collection', async function () {
+      if (typeof global.gc !== 'function') this.skip(); // needs node --expose-gc (set in .mocharc)
+      const view = await (async () => {
+        const own = await open();
+        await own.decode(await own.tokenize('Hi there'), 0);
+        return own.getLogits();
+      })();
+      const copy = Float32Array.from(view);
+      for (let i = 0; i < 3; i++) {
+        global.gc();
+        await new Promise((resolve) => setImmediate(resolve));
+      }
+      assert.ok(bitsEqual(view, copy), 'the memory under the view was not freed');
+      const owner = view.buffer.__llamaBranchContext; // the hidden link that pins the context
+      assert.equal(owner.disposed, false);
+      owner.dispose();
+      assert.ok(isRevoked(view));
+    });
+
     it('a fresh view after the decode shows the new logits', async () => {
       await ctx.decode(prompt, 0);
       const old = Float32Array.from(ctx.getLogits());

@@ -25,11 +25,10 @@ pub struct KvFileContents {
 /// Replaces the cells of `seq` by running `load`; on any failure the sequence gets its previous
 /// cells back (llama.cpp's loaders empty the destination before they validate the data).
 fn load_atomically<T>(
-    engine: &mut Engine,
+    ctx: &ffi::Context,
     seq: i32,
     load: impl FnOnce(&ffi::Context) -> Result<T>,
 ) -> Result<T> {
-    let ctx = &engine.ctx;
     let backup = if ctx.seq_pos_max(seq) >= 0 {
         Some(ctx.seq_state(seq)?)
     } else {
@@ -269,7 +268,7 @@ impl SessionContext {
         }
         self.submit(env, move |engine| {
             ensure_unleased(engine, seq, "kvCacheLoad")?;
-            load_atomically(engine, seq, |ctx| {
+            load_atomically(&engine.ctx, seq, |ctx| {
                 load_state(ctx, seq, &data, "kvCacheLoad")
             })
         })
@@ -318,7 +317,7 @@ impl SessionContext {
             ensure_unleased(engine, seq, "kvCacheReadFile")?;
             let bytes = read_file(&path)?;
             let (tokens, state) = parse_state_file(&path, &bytes, seq, n_ctx, n_vocab)?;
-            load_atomically(engine, seq, |ctx| {
+            load_atomically(&engine.ctx, seq, |ctx| {
                 load_state(ctx, seq, &state, &format!("kvCacheReadFile({path})"))
             })?;
             Ok(KvFileContents {

@@ -168,6 +168,30 @@ async function main(): Promise<void> {
   const g1: string = await jsonSchemaToGrammar({ type: 'object' });
   const g2: string = await jsonSchemaToGrammar('{"type":"string"}');
 
+  // Context-level sampling, grammar handles and perplexity trackers.
+  const sampled: number = ctx.sample() + ctx.sample({ temperature: 0 }) + ctx.sample(null);
+  const gh: number = ctx.createSampler(g1);
+  const masked: Float32Array = ctx.getLogits();
+  ctx.applySampler(gh, masked);
+  ctx.acceptSamplerToken(gh, sampled);
+  ctx.freeSamplerHandle(ctx.cloneSampler(gh));
+  ctx.freeSamplerHandle(gh);
+  const tracker: number = ctx.createPerplexityTracker();
+  ctx.addSurprisal(tracker, ctx.modelSurprisal(sampled));
+  const ppl: number = ctx.getPerplexity(tracker) + ctx.getPerplexityCount(tracker);
+  ctx.resetPerplexityTracker(tracker);
+  ctx.freePerplexityTracker(ctx.clonePerplexityTracker(tracker));
+  ctx.freePerplexityTracker(tracker);
+
+  // Embeddings.
+  const embedder = await createContext({ modelPath: '/models/model.gguf', embeddings: true, poolingType: PoolingType.MEAN });
+  await embedder.encode(await embedder.tokenize('The cat sat on the mat'));
+  const vector: Float32Array = embedder.getEmbeddings();
+  const rawVector: Float32Array = embedder.getEmbeddings(false);
+  const dims: number = embedder.getEmbeddingDimension();
+  const pooled: boolean = embedder.hasPooling();
+  embedder.dispose();
+
   // Errors: narrow on the stable code.
   try {
     await forks[0].commit(1);
@@ -224,11 +248,18 @@ async function main(): Promise<void> {
   root.position = 3;
   // @ts-expect-error: prefill takes token ids
   await root.prefill('some text');
+  // @ts-expect-error: sample takes a params object, not a temperature
+  ctx.sample(0.5);
+  // @ts-expect-error: applySampler needs a Float32Array
+  ctx.applySampler(1, [0.5, 0.5]);
+  // @ts-expect-error: encode takes token ids
+  await ctx.encode('text');
 
   await chatUsage(ctx);
 
   void [info, sizes, described, isDisposed, noBos, text, piece, stop, bos, h, s, topNumber, posMax];
   void [snapshot, e, meta, step, free, used, seq, g1, g2, collected];
+  void [ppl, vector, rawVector, dims, pooled];
 }
 
 /** Cold first turn, warm later turns, tool-call parsing. */
