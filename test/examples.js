@@ -218,6 +218,32 @@ const CASES = [
       assert.equal(one(events, 'complete').turns, 2);
     },
   },
+  {
+    name: 'embeddings',
+    file: 'embeddings.js',
+    validate(events) {
+      const start = one(events, 'start');
+      assert.ok(start.embeddingDim > 0);
+      assert.equal(start.hasPooling, true);
+      const embeddings = byEvent(events, 'embedding');
+      assert.equal(embeddings.length, start.documents);
+      for (const e of embeddings) {
+        assert.equal(e.dim, start.embeddingDim);
+        assert.ok(Math.abs(e.norm - 1) < 1e-3, `normalised embeddings have norm 1, got ${e.norm}`);
+      }
+      const pairs = byEvent(events, 'similarity');
+      assert.equal(pairs.length, (start.documents * (start.documents - 1)) / 2);
+      for (const p of pairs) assert.ok(p.cosine >= -1 - 1e-6 && p.cosine <= 1 + 1e-6);
+      const sim = (a, b) => pairs.find((p) => p.a === a && p.b === b).cosine;
+      assert.ok(sim(0, 1) > sim(0, 2), 'the two cat sentences are closer than cat and finance');
+      assert.ok(sim(2, 3) > sim(2, 4), 'the two finance sentences are closer than finance and food');
+      const search = one(events, 'search');
+      assert.deepEqual(search.ranking.map((r) => r.index).sort(), [0, 1, 2, 3, 4]);
+      for (let i = 1; i < search.ranking.length; i++) assert.ok(search.ranking[i - 1].score >= search.ranking[i].score);
+      assert.deepEqual(search.ranking.slice(0, 2).map((r) => r.index).sort(), [0, 1], 'the cat documents rank first for a cat query');
+      assert.equal(one(events, 'complete').embeddings, start.documents);
+    },
+  },
 ];
 
 /** Runs one example; resolves {code, stdout, stderr, ms}. */
