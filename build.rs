@@ -1,3 +1,50 @@
+use std::env;
+use std::fs;
+use std::path::PathBuf;
+
 fn main() {
     napi_build::setup();
+    build_chat_shim();
+}
+
+/// Compiles src/chat_shim.cpp against the llama.cpp tree that llama-cpp-sys-2 built. That crate
+/// (`links = "llama"`) exports its OUT_DIR as DEP_LLAMA_ROOT; the cmake cache there records the
+/// llama.cpp source directory, whose common/ and vendor/ headers the shim needs. libllama-common
+/// itself is already linked by llama-cpp-sys-2 (its `common` feature).
+fn build_chat_shim() {
+    println!("cargo:rerun-if-changed=src/chat_shim.cpp");
+    println!("cargo:rerun-if-env-changed=DEP_LLAMA_ROOT");
+    let root =
+        PathBuf::from(env::var("DEP_LLAMA_ROOT").expect(
+            "DEP_LLAMA_ROOT is not set: llama-cpp-sys-2 did not export its build directory",
+        ));
+    let cache_file = root.join("build").join("CMakeCache.txt");
+    let cache = fs::read_to_string(&cache_file)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", cache_file.display()));
+    let src = cache
+        .lines()
+        .find_map(|l| l.strip_prefix("CMAKE_HOME_DIRECTORY:INTERNAL="))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("no CMAKE_HOME_DIRECTORY in {}", cache_file.display()));
+    assert!(
+        src.join("common").join("chat.h").is_file(),
+        "llama.cpp source at {} has no common/chat.h",
+        src.display()
+    );
+    let mut build = cc::Build::new();
+    build.cpp(true).file("src/chat_shim.cpp");
+    // -isystem: the shim's own warnings stay visible, llama.cpp's headers' do not.
+    for dir in [
+        src.clone(),
+        src.join("common"),
+        src.join("include"),
+        src.join("ggml").join("include"),
+        src.join("vendor"),
+    ] {
+        build.flag(format!("-isystem{}", dir.display()));
+    }
+    build
+        .flag_if_supported("-std=c++17")
+        .pic(true)
+        .compile("llama_branch_chat_shim");
 }

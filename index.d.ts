@@ -42,6 +42,8 @@
  * | `ERR_STATE` | llama.cpp refused a state change (e.g. partial KV removal) |
  * | `ERR_UNSUPPORTED` | the model lacks a feature (e.g. no EOS/EOT token) |
  * | `ERR_INTERNAL` | a bug in llama-branch (please report it) |
+ * | `ERR_CHAT_TEMPLATE` | the chat template failed to parse or render (the message has the template's own error) |
+ * | `ERR_CHAT_PARSE` | `parseChatOutput`: the output does not match the chat format's parser |
  * | `ERR_NATIVE_LOAD` | the native addon could not be loaded (thrown by `require`) |
  */
 export type ErrorCode =
@@ -65,6 +67,8 @@ export type ErrorCode =
   | 'ERR_STATE'
   | 'ERR_UNSUPPORTED'
   | 'ERR_INTERNAL'
+  | 'ERR_CHAT_TEMPLATE'
+  | 'ERR_CHAT_PARSE'
   | 'ERR_NATIVE_LOAD';
 
 /**
@@ -246,6 +250,162 @@ export declare class SessionContext {
    * first and must not be leased by a live branch.
    */
   kvSeqCopy(src: number, dst: number): void;
+
+  // ---------------------------------------------------------------------------------------------
+  // Chat (the model's Jinja chat template, rendered and parsed by llama.cpp's own chat layer)
+
+  /**
+   * Renders `messages` (OpenAI-style, as JSON text or as an array) with the model's chat template,
+   * or with `options.templateOverride` (a string second argument is also taken as the override).
+   * A model without a template gets Gemma's template when its vocabulary has Gemma's turn tokens,
+   * llama.cpp's ChatML otherwise. The prompt carries no BOS text: tokenize it with the default
+   * `addSpecial` for the first turn.
+   *
+   * A leading `{role: 'system', content: ''}` message means "only this turn": the rest of the
+   * messages are rendered exactly as they appear after an earlier exchange, ready to append to a
+   * conversation in the KV cache after {@link SessionContext.getTurnSeparator} (see the README's Chat section).
+   *
+   * Runs on the context's worker. Rejects with `ERR_INVALID_ARG` (messages, tools, toolChoice or
+   * reasoningFormat malformed) or `ERR_CHAT_TEMPLATE` (the template fails to parse or render,
+   * e.g. roles that do not alternate); it never falls back to another prompt format.
+   */
+  formatChat(messages: string | readonly ChatMessage[], options?: FormatChatOptions | string): Promise<FormattedChatResult>;
+  /**
+   * Splits model output into content, reasoning and tool calls with the parser `formatChat`
+   * built. Pass `format` and the formatChat result (or at least its `parser` and
+   * `generationPrompt`) as options; without a `parser` the whole output is content.
+   * Throws `ERR_CHAT_PARSE` when the output does not match the format (`isPartial: true` accepts
+   * an unfinished output while streaming), `ERR_INVALID_ARG` for malformed options.
+   * Synchronous; usable while the context is busy.
+   */
+  parseChatOutput(output: string, format: ChatFormat, options?: ParseChatOutputOptions): ParseChatOutputResult;
+  /** Whether `template` is a Jinja chat template llama.cpp can parse and render (runs on the worker). */
+  validateChatTemplate(template: string): Promise<boolean>;
+  /**
+   * Tokens that close an assistant turn before the next message: the template's text between an
+   * assistant message and the next user message, tokenized, up to its first end-of-generation
+   * token plus trailing whitespace tokens (Gemma: `<end_of_turn>`, `"\n"`; ChatML:
+   * `<|im_end|>`, `"\n"`). Falls back to `[EOT or EOS]` when the template yields nothing usable.
+   * Computed once per context. Usable while the context is busy.
+   */
+  getTurnSeparator(): number[];
+}
+
+/** Chat format id from {@link SessionContext.formatChat}, passed back to `parseChatOutput`
+ * (llama.cpp's `common_chat_format`; treat it as opaque: values differ between llama.cpp versions). */
+export type ChatFormat = number;
+
+/** Reasoning (thinking) extraction modes (llama.cpp's `common_reasoning_format`). */
+export declare const ReasoningFormat: {
+  readonly NONE: 0;
+  readonly AUTO: 1;
+  readonly DEEPSEEK_LEGACY: 2;
+  readonly DEEPSEEK: 3;
+};
+/** One of the values of {@link ReasoningFormat}. */
+export type ReasoningFormat = (typeof ReasoningFormat)[keyof typeof ReasoningFormat];
+/** The names `formatChat` takes for {@link ReasoningFormat}. */
+export type ReasoningFormatName = 'none' | 'auto' | 'deepseek' | 'deepseek_legacy';
+
+/** Kinds of lazy-grammar triggers in {@link FormattedChatResult.grammarTriggers}. */
+export declare const GrammarTriggerType: {
+  readonly TOKEN: 0;
+  readonly WORD: 1;
+  readonly PATTERN: 2;
+  readonly PATTERN_FULL: 3;
+};
+/** One of the values of {@link GrammarTriggerType}. */
+export type GrammarTriggerType = (typeof GrammarTriggerType)[keyof typeof GrammarTriggerType];
+
+/** A chat message in OpenAI's format (other fields, e.g. `tool_calls`, `tool_call_id`, are passed on). */
+export interface ChatMessage {
+  role: string;
+  content?: string | ReadonlyArray<{ type: string; text?: string }> | null;
+  [field: string]: unknown;
+}
+
+/** A tool in OpenAI's format. */
+export interface ChatTool {
+  type: 'function';
+  function: { name: string; description?: string; parameters?: object };
+}
+
+/** Options of {@link SessionContext.formatChat}. */
+export interface FormatChatOptions {
+  /** A Jinja template to use instead of the model's. */
+  templateOverride?: string;
+  /** Tools the model may call (array or its JSON text). */
+  tools?: string | readonly ChatTool[];
+  /** Default `'auto'`. */
+  toolChoice?: 'auto' | 'none' | 'required';
+  /** Default false. */
+  parallelToolCalls?: boolean;
+  /** Default `'none'`. */
+  reasoningFormat?: ReasoningFormatName;
+  /** Default true (templates that support thinking open a thinking block). */
+  enableThinking?: boolean;
+  /** Constrain the answer to a JSON schema (object or JSON text); the grammar is in the result. */
+  jsonSchema?: string | object;
+  /** A GBNF grammar for the answer (not together with tools). */
+  grammar?: string;
+  /** Default true: end the prompt with the opening of the assistant's turn. */
+  addGenerationPrompt?: boolean;
+}
+
+/** A lazy-grammar trigger: the grammar applies once this appears in the output. */
+export interface GrammarTrigger {
+  type: GrammarTriggerType;
+  value: string;
+  /** The token id for `TOKEN` triggers (-1 when the value is not one token). */
+  token: number;
+}
+
+/** The result of {@link SessionContext.formatChat}. */
+export interface FormattedChatResult {
+  prompt: string;
+  /** Extra stop strings of the template (beyond the model's end-of-generation tokens). */
+  stopTokens: string[];
+  format: ChatFormat;
+  /** GBNF for tool calls or `jsonSchema` / `grammar`; `''` when unconstrained. */
+  grammar: string;
+  /** When true, install `grammar` lazily (`branch.setGrammar(grammar, {triggerWords, ...})`). */
+  grammarLazy: boolean;
+  /** The prompt ends inside an open thinking block. */
+  thinkingForcedOpen: boolean;
+  reasoningFormat: ReasoningFormat;
+  /** Serialized output parser for {@link SessionContext.parseChatOutput}. */
+  parser: string;
+  /** The text that opens the assistant's turn (the parser matches it before the output). */
+  generationPrompt: string;
+  grammarTriggers: GrammarTrigger[];
+  /** Tokens the grammar relies on staying whole. */
+  preservedTokens: string[];
+}
+
+/** Options of {@link SessionContext.parseChatOutput}; a {@link FormattedChatResult} fits. */
+export interface ParseChatOutputOptions {
+  reasoningFormat?: ReasoningFormat | ReasoningFormatName;
+  /** The output is unfinished (streaming): accept a truncated tool call. Default false. */
+  isPartial?: boolean;
+  /** Needs `generationPrompt` when a `parser` is given (the open block is part of it). */
+  thinkingForcedOpen?: boolean;
+  parser?: string;
+  generationPrompt?: string;
+}
+
+/** A tool call found in the output. */
+export interface ParsedToolCall {
+  name: string;
+  /** The arguments as JSON text. */
+  arguments: string;
+  id: string;
+}
+
+/** The result of {@link SessionContext.parseChatOutput}. */
+export interface ParseChatOutputResult {
+  content: string;
+  reasoningContent: string;
+  toolCalls: ParsedToolCall[];
 }
 
 /**

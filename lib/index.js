@@ -66,4 +66,6 @@ module.exports = {
   setLogLevel: wrapSync(native.setLogLevel),
   systemInfo: wrapSync(native.systemInfo),
   PoolingType: Object.freeze({ UNSPECIFIED: -1, NONE: 0, MEAN: 1, CLS: 2, LAST: 3, RANK: 4 }),
+  ReasoningFormat: Object.freeze({ NONE: 0, AUTO: 1, DEEPSEEK_LEGACY: 2, DEEPSEEK: 3 }),
+  GrammarTriggerType: Object.freeze({ TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 }),
 };

@@ -7,6 +7,7 @@ const { finishNativeErrors } = require('./errors');
 const ASYNC_METHODS = new Set([
   'tokenize', 'detokenize', 'decode', 'kvCacheClear', 'kvCacheRemove',
   '_branchDecodeAndCaptureOne', '_branchPrefill', '_storeCommit', '_storePrefill', '_benchRawGenerate',
+  'formatChat', 'validateChatTemplate',
 ]);
 
 /** Loads the addon built by `npm run build` (scripts/build.js) once per process. */

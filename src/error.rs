@@ -71,6 +71,12 @@ pub enum Error {
 
     #[error("internal error: {0}")]
     Internal(String),
+
+    #[error("Chat template error: {0}")]
+    ChatTemplate(String),
+
+    #[error("Chat output does not match its format: {0}")]
+    ChatParse(String),
 }
 
 impl Error {
@@ -97,6 +103,8 @@ impl Error {
             Error::State(_) => "ERR_STATE",
             Error::Unsupported(_) => "ERR_UNSUPPORTED",
             Error::Internal(_) => "ERR_INTERNAL",
+            Error::ChatTemplate(_) => "ERR_CHAT_TEMPLATE",
+            Error::ChatParse(_) => "ERR_CHAT_PARSE",
         }
     }
 

@@ -40,6 +40,11 @@ pub fn set_log_threshold(level: i32) {
     LOG_THRESHOLD.store(level, Ordering::Relaxed);
 }
 
+/// The current log threshold (a ggml log level; `i32::MAX` = silent).
+pub fn log_threshold() -> i32 {
+    LOG_THRESHOLD.load(Ordering::Relaxed)
+}
+
 unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
     let mut level = level as i32;
     if level == sys::GGML_LOG_LEVEL_CONT as i32 {

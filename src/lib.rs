@@ -5,6 +5,7 @@
 //! (`worker` for off-thread execution, `session` for the JS class).
 
 pub mod cancel;
+pub mod chat_ffi;
 pub mod error;
 pub mod ffi;
 pub mod handles;

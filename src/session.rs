@@ -21,6 +21,8 @@ use crate::sampling::{self, RawSampling, SamplingConfig};
 use crate::store::{BranchStore, CreateOptions};
 use crate::worker::{js_error, to_js, Shared, Worker};
 
+mod chat;
+
 pub struct Engine {
     pub ctx: Context,
     pub store: BranchStore,
@@ -363,6 +365,7 @@ pub fn create_context<'env>(env: &'env Env, options: ContextOptions) -> napi::Re
             worker: Some(worker),
             model,
             info,
+            turn_separator: OnceLock::new(),
         })
     };
     // The load runs on a short-lived loader thread. On success the session (which owns the
@@ -416,6 +419,8 @@ pub struct SessionContext {
     worker: Option<Worker>,
     model: Arc<Model>,
     info: ContextInfo,
+    /// getTurnSeparator(), computed on first use.
+    turn_separator: OnceLock<Vec<Token>>,
 }
 
 impl SessionContext {

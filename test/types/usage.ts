@@ -11,6 +11,8 @@ import {
   systemInfo,
   PoolingType,
   SessionContext,
+  ReasoningFormat,
+  GrammarTriggerType,
 } from '../../index';
 import type {
   ContextOptions,
@@ -21,6 +23,9 @@ import type {
   OperationOptions,
   ErrorCode,
   BranchToken,
+  ChatMessage,
+  FormattedChatResult,
+  ParseChatOutputResult,
 } from '../../index';
 import llama = require('../../index');
 
@@ -205,8 +210,40 @@ async function main(): Promise<void> {
   // @ts-expect-error: prefill takes token ids
   await root.prefill('some text');
 
+  await chatUsage(ctx);
+
   void [info, sizes, described, isDisposed, noBos, text, piece, stop, bos, h, s, topNumber, posMax];
   void [snapshot, e, meta, step, free, used, seq, g1, g2];
+}
+
+/** Cold first turn, warm later turns, tool-call parsing. */
+async function chatUsage(ctx: SessionContext): Promise<void> {
+  const history: ChatMessage[] = [{ role: 'user', content: 'Hi, my name is Lloyal.' }];
+  const cold: FormattedChatResult = await ctx.formatChat(history);
+  const root = Branch.create(ctx, 0, { temperature: 0 });
+  await root.prefill(await ctx.tokenize(cold.prompt));
+  const turn = await ctx.formatChat([{ role: 'system', content: '' }, { role: 'user', content: 'And yours?' }]);
+  await root.prefill([...ctx.getTurnSeparator(), ...(await ctx.tokenize(turn.prompt, false))]);
+  const parsed: ParseChatOutputResult = ctx.parseChatOutput('Hello', cold.format, cold);
+  const firstCall: string | undefined = parsed.toolCalls[0]?.arguments;
+  const withTools = await ctx.formatChat(JSON.stringify(history), {
+    tools: [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object' } } }],
+    toolChoice: 'auto',
+    reasoningFormat: 'deepseek_legacy',
+  });
+  if (withTools.grammarLazy) {
+    root.setGrammar(withTools.grammar, {
+      triggerWords: withTools.grammarTriggers.filter((t) => t.type === GrammarTriggerType.WORD).map((t) => t.value),
+    });
+  }
+  ctx.parseChatOutput('x', withTools.format, { reasoningFormat: ReasoningFormat.DEEPSEEK, isPartial: true });
+  const legacy = await ctx.formatChat('[]', '{{ messages }}');
+  const valid: boolean = await ctx.validateChatTemplate('{{ messages }}');
+  // @ts-expect-error: toolChoice is 'auto', 'none' or 'required'
+  await ctx.formatChat(history, { toolChoice: 'sometimes' });
+  // @ts-expect-error: the chat format is a number from formatChat
+  ctx.parseChatOutput('x', 'gemma');
+  void [firstCall, legacy, valid];
 }
 
 void main;
