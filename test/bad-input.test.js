@@ -334,6 +334,26 @@ const GROUPS = [
     ],
   },
   {
+    name: 'chat templates and chat output',
+    rows: [
+      ['formatChat of truncated JSON text', 'ERR_INVALID_ARG', () => env.ctx.formatChat('[{"role":"user","content":"x"}'), /not valid JSON/],
+      ['formatChat(null)', 'ERR_INVALID_ARG', () => env.ctx.formatChat(null), /messages/],
+      ['formatChat with numeric content', 'ERR_INVALID_ARG', () => env.ctx.formatChat([{ role: 'user', content: 5 }]), /content/],
+      ['formatChat with a numeric role', 'ERR_INVALID_ARG', () => env.ctx.formatChat([{ role: 7, content: 'x' }]), /messages/],
+      ['formatChat with numeric options', 'ERR_INVALID_ARG', () => env.ctx.formatChat([{ role: 'user', content: 'x' }], 5), /formatChat/],
+      ['formatChat with a numeric templateOverride', 'ERR_INVALID_ARG', () => env.ctx.formatChat([{ role: 'user', content: 'x' }], { templateOverride: 42 }), /templateOverride/],
+      ['formatChat with a template that does not parse', 'ERR_CHAT_TEMPLATE', () => env.ctx.formatChat([{ role: 'user', content: 'x' }], { templateOverride: '{% for %}' })],
+      ['formatChat with a template nested 100,000 levels deep', 'ERR_CHAT_TEMPLATE', () => env.ctx.formatChat([{ role: 'user', content: 'x' }], { templateOverride: `{{ ${'('.repeat(100000)}1${')'.repeat(100000)} }}` })],
+      ['formatChat with roles that do not alternate', 'ERR_CHAT_TEMPLATE', () => env.ctx.formatChat([{ role: 'user', content: 'a' }, { role: 'user', content: 'b' }]), /alternate/],
+      ['parseChatOutput of a number', 'ERR_INVALID_ARG', () => env.ctx.parseChatOutput(42, env.chat.format), /parseChatOutput/],
+      ['parseChatOutput with format "zero"', 'ERR_INVALID_ARG', () => env.ctx.parseChatOutput('x', 'zero'), /parseChatOutput/],
+      ['parseChatOutput with format -1', 'ERR_INVALID_ARG', () => env.ctx.parseChatOutput('x', -1)],
+      ['parseChatOutput with a truncated parser definition', 'ERR_INVALID_ARG', () => env.ctx.parseChatOutput('x', env.chat.format, { parser: env.chat.parser.slice(0, env.chat.parser.length >> 1) }), /parser/],
+      ['parseChatOutput with JSON that is not a parser', 'ERR_INVALID_ARG', () => env.ctx.parseChatOutput('x', env.chat.format, { parser: '{"a":1}' }), /parser/],
+      ['validateChatTemplate(null)', 'ERR_INVALID_ARG', () => env.ctx.validateChatTemplate(null), /validateChatTemplate/],
+    ],
+  },
+  {
     name: 'calls after dispose()',
     rows: [
       ['tokenize on a disposed context', 'ERR_CONTEXT_DISPOSED', () => env.disposed.tokenize('a'), /createContext/],
@@ -345,6 +365,8 @@ const GROUPS = [
       ['new BranchStore on a disposed context', 'ERR_CONTEXT_DISPOSED', () => new BranchStore(env.disposed)],
       ['commit on a branch of a disposed context', 'ERR_CONTEXT_DISPOSED', () => env.orphan.commit(1)],
       ['produce on a branch of a disposed context', 'ERR_CONTEXT_DISPOSED', () => env.orphan.produce()],
+      ['formatChat on a disposed context', 'ERR_CONTEXT_DISPOSED', () => env.disposed.formatChat([{ role: 'user', content: 'x' }])],
+      ['parseChatOutput on a disposed context', 'ERR_CONTEXT_DISPOSED', () => env.disposed.parseChatOutput('x', 0)],
     ],
   },
 ];
@@ -355,6 +377,7 @@ describe('bad-input suite', function () {
     assert.equal(env.ctx.vocabSize, V);
     env.store = new BranchStore(env.ctx);
     env.root = await newRoot();
+    env.chat = await env.ctx.formatChat([{ role: 'user', content: 'hi' }]);
     env.pruned = env.root.fork();
     await env.pruned.prune();
     const destroyed = env.root.fork();

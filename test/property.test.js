@@ -12,6 +12,7 @@ const STEPS = Number(process.env.PROPERTY_STEPS || 2000);
 
 describe('randomised operation sequences (fast-check, seeded)', function () {
   it(`${STEPS} random create/fork/prune/pruneSubtree/retainOnly/commit/prefill/produce/destroy/abort steps keep every invariant (seed ${SEED})`, async function () {
+    this.timeout(900000); // minutes when other processes share the two CPUs
     // A small nCtx so the cache fills up and ERR_KV_FULL paths run too.
     // One thread: ggml's spinning thread barrier is very slow when other processes share the CPUs.
     const ctx = await open({ nSeqMax: 8, nCtx: 256, nBatch: 32, nThreads: 1 });

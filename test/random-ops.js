@@ -169,14 +169,16 @@ async function runRandomOps(ctx, { seed, steps: count, onProgress } = {}) {
   const store = new BranchStore(ctx);
   const model = new Model(ctx.nCtx, ctx.nSeqMax);
   const steps = stepsFor(seed, count);
-  const stats = { steps: 0, byKind: {}, kvFull: 0, noFreeSequence: 0, aborted: 0 };
+  const stats = { steps: 0, byKind: {}, msByKind: {}, kvFull: 0, noFreeSequence: 0, aborted: 0 };
   const recent = [];
   for (let i = 0; i < steps.length; i++) {
     const step = steps[i];
     recent.push(`${i}:${step.kind}`);
     if (recent.length > 12) recent.shift();
     try {
+      const started = performance.now();
       await runStep(ctx, store, model, step, stats);
+      stats.msByKind[step.kind] = Math.round((stats.msByKind[step.kind] || 0) + performance.now() - started);
       checkInvariants(ctx, store, model);
     } catch (e) {
       e.message = `seed ${seed}, step ${i} (${step.kind}; recent: ${recent.join(' ')}): ${e.message}`;
@@ -278,7 +280,7 @@ async function runStep(ctx, store, model, step, stats) {
       if (step.kind === 'fill') {
         // bring the cache to within a few cells of full, or just past it (ERR_KV_FULL)
         const room = model.nCtx - model.physicalCells();
-        lengths = [room > 96 ? 64 : room - 2 + step.count];
+        lengths = [room > 48 ? 32 : room - 2 + step.count];
         if (lengths[0] <= 0) return;
       }
       const runs = chosen.map((b, j) => tokensOf({ token: step.token + j }, lengths[j]));
