@@ -29,7 +29,8 @@ async function main() {
   const mib = () => (process.memoryUsage().rss / 2 ** 20).toFixed(1);
 
   console.log(`soak: seed ${seed}, ${steps} steps (rerun with: npm run soak -- ${seed} ${steps})`);
-  const ctx = await createContext({ modelPath, nCtx: 512, nBatch: 32, nSeqMax: 8, nThreads: 2 });
+  // One thread: ggml's spinning thread barrier is slow whenever other processes share the CPUs.
+  const ctx = await createContext({ modelPath, nCtx: 256, nBatch: 32, nSeqMax: 8, nThreads: 1 });
   const started = Date.now();
   const rssStart = mib();
   const { stats } = await runRandomOps(ctx, {
@@ -42,6 +43,9 @@ async function main() {
   console.log(`  ${JSON.stringify(stats)}`);
 
   if (contexts > 0) {
+    // one context keeps the model loaded (contexts on one file share it); warm allocator caches first
+    const keep = await createContext({ modelPath, nCtx: 256, nSeqMax: 1, nThreads: 1 });
+    for (let i = 0; i < 50; i++) (await createContext({ modelPath, nCtx: 256, nSeqMax: 2, nThreads: 1 })).dispose();
     global.gc?.();
     const before = process.memoryUsage().rss;
     const t0 = Date.now();
@@ -50,6 +54,7 @@ async function main() {
       c.dispose();
     }
     global.gc?.();
+    keep.dispose();
     const growth = (process.memoryUsage().rss - before) / 2 ** 20;
     console.log(`${contexts} context create/dispose cycles in ${((Date.now() - t0) / 1000).toFixed(0)} s; RSS growth ${growth.toFixed(1)} MiB (${((growth * 1024) / contexts).toFixed(2)} KiB per cycle)`);
   }

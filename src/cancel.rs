@@ -57,6 +57,8 @@ pub fn run_cancellable<T>(
     work: impl FnOnce(&mut Engine, &dyn Fn() -> bool) -> Result<T>,
 ) -> Result<T> {
     let Some(flag) = flag else {
+        // Uninstall whatever a job that panicked may have left behind.
+        engine.ctx.set_cancel_flag(None);
         return work(engine, &|| false);
     };
     if flag.load(Ordering::Acquire) {
