@@ -39,7 +39,7 @@
  * | `ERR_GRAMMAR` | invalid GBNF grammar / JSON schema, or every candidate token is masked |
  * | `ERR_GRAMMAR_REJECTED` | the token is not allowed by the branch's grammar |
  * | `ERR_TOKENIZE` | tokenization failed |
- * | `ERR_STATE` | llama.cpp refused a state change (e.g. partial KV removal) |
+ * | `ERR_STATE` | llama.cpp refused a state change (e.g. partial KV removal), or a saved KV state is corrupt, truncated or incompatible |
  * | `ERR_UNSUPPORTED` | the model lacks a feature (e.g. no EOS/EOT token) |
  * | `ERR_INTERNAL` | a bug in llama-branch (please report it) |
  * | `ERR_CHAT_TEMPLATE` | the chat template failed to parse or render (the message has the template's own error) |
@@ -157,7 +157,14 @@ export declare function createContext(options: ContextOptions): Promise<SessionC
  * only. Asynchronous methods run on the context's worker thread in call order (FIFO).
  *
  * The raw methods (`decode`, `getLogits`, `kv*`) work on sequences that no live branch leases;
- * a leased sequence must be driven through the {@link Branch} API.
+ * a leased sequence must be driven through the {@link Branch} API. The lease rule in detail:
+ * - reads work on any sequence: `kvSeqPosMax`, `kvCacheSize`, `kvCacheSave`, `kvCacheWriteFile`
+ *   and the source of `kvSeqCopy`;
+ * - writes to one sequence (`decode`, `decodeAndCapture`, `kvCacheRemove`, `kvCacheLoad`,
+ *   `kvCacheReadFile`, the destination of `kvSeqCopy`) reject with `ERR_INVALID_ARG` when a live
+ *   branch leases it;
+ * - whole-cache writes (`kvCacheClear`, `clearAndReseed`) reject while any branch is alive, and
+ *   `kvSeqKeep(seqId)` while any branch on another sequence is alive.
  */
 export declare class SessionContext {
   private constructor();
@@ -206,19 +213,38 @@ export declare class SessionContext {
    * Raw decode of `tokens` into sequence `seqId` (default 0) starting at `position`, chunked by
    * `nBatch`; logits are computed for the last token. `position` must continue the sequence
    * (`kvSeqPosMax(seqId) + 1`, or 0 for an empty one). Refused (`ERR_INVALID_ARG`) on a sequence
-   * leased by a live branch. Rejects with `ERR_KV_FULL` past `nCtx`, `ERR_ABORTED` when
+   * leased by a live branch. Rejects with `ERR_KV_FULL` past `nCtx` or when llama.cpp finds no
+   * free KV cells, and with `ERR_DECODE` when `llama_decode` fails otherwise; on failure the
+   * cells written by this call are removed again. Rejects with `ERR_ABORTED` when
    * `options.signal` aborts it (the sequence then holds none of these tokens).
    */
   decode(tokens: number[], position: number, seqId?: number, options?: OperationOptions): Promise<void>;
   /** `decode(tokens, position, options)`: sequence 0 with an {@link OperationOptions}. */
   decode(tokens: number[], position: number, options: OperationOptions): Promise<void>;
   /**
-   * A copy of the context's last logits row (length `vocabSize`): the last token of the last
-   * decode of any kind. Per-branch snapshots are on {@link Branch.getLogits}.
+   * A zero-copy view of the context's last logits row (length `vocabSize`): the last token of
+   * the last decode of any kind. Per-branch snapshots are on {@link Branch.getLogits}.
+   *
+   * The view is **revoked** (its ArrayBuffer is detached: `length` becomes 0, reads give
+   * `undefined`) as soon as an operation that may rewrite the logits is started: any decode
+   * (`decode`, `decodeAndCapture`, `clearAndReseed`, branch and store `commit` / `prefill` /
+   * `decodeAndCaptureOne`), `kvCacheClear`, `kvCacheRemove`, `kvCacheLoad`, `kvCacheReadFile`,
+   * `dispose`, and any other asynchronous context method except `tokenize` / `detokenize` /
+   * `kvCacheSave` / `kvCacheWriteFile`. Copy it (`Float32Array.from(view)`) to keep values.
+   * Calls within one step share one buffer, and writes through the view are seen by
+   * `greedySample()`, `modelEntropy()` and `modelSurprisal()` (e.g. to mask tokens).
+   * Throws `ERR_NO_LOGITS` before the first decode.
    */
   getLogits(): Float32Array;
-  /** Argmax of the context's last logits row. */
+  /** Argmax of the context's last logits row (ties: the lowest id). Sees writes through {@link getLogits}. */
   greedySample(): number;
+  /**
+   * Raw decode (as {@link decode}; `seqId` is required) that then copies the last token's logits
+   * into `dest`, a `Float32Array` or `ArrayBuffer` of at least `vocabSize` floats. `dest` is
+   * checked before anything is decoded (`ERR_INVALID_ARG`); the copy is independent of the
+   * context and is taken right after the decode, before any later queued operation runs.
+   */
+  decodeAndCapture(tokens: number[], position: number, seqId: number, dest: Float32Array | ArrayBuffer): Promise<void>;
   /**
    * Entropy of the softmax of `logits` (default: the context's last logits row).
    * @param base `'nats'` (default) or `'bits'`.
@@ -246,10 +272,51 @@ export declare class SessionContext {
    */
   kvCacheRemove(seqId: number, start: number, end: number): Promise<void>;
   /**
-   * Makes `dst` a copy of sequence `src` (cells are shared, not duplicated). `dst` is cleared
-   * first and must not be leased by a live branch.
+   * Makes `dst` hold sequence `src`'s cells at positions `[p0, p1)` (default: all; `-1` means
+   * "from the start" / "to the end"). Cells are shared, not duplicated. `dst` is cleared first,
+   * must differ from `src` and must not be leased by a live branch.
    */
-  kvSeqCopy(src: number, dst: number): void;
+  kvSeqCopy(src: number, dst: number, p0?: number, p1?: number): void;
+  /**
+   * Removes the cells of every sequence except `seqId`. Throws `ERR_INVALID_ARG` while a live
+   * branch holds another sequence (use `store.retainOnly` to keep one branch).
+   */
+  kvSeqKeep(seqId: number): void;
+  /**
+   * Clears the whole KV cache, then decodes `sinks` at position 0 and `tail` right after them
+   * into sequence 0 (logits for the last token; the next position is `sinks.length +
+   * tail.length`). Rejects with `ERR_INVALID_ARG` when both are empty or while any branch is
+   * alive, with `ERR_KV_FULL` when they exceed `nCtx` (checked before clearing).
+   */
+  clearAndReseed(sinks: number[], tail: number[]): Promise<void>;
+  /**
+   * The state (KV cells) of sequence `seqId` (default 0) as a Buffer for {@link kvCacheLoad}:
+   * loading it back into a context of the same model and settings restores the same next-token
+   * logits. Works on leased sequences too. Rejects with `ERR_INVALID_ARG` if the sequence is empty.
+   */
+  kvCacheSave(seqId?: number): Promise<Buffer>;
+  /**
+   * Replaces sequence `seqId`'s cells with a state from {@link kvCacheSave} (the buffer is copied
+   * at call time). Rejects with `ERR_INVALID_ARG` for an empty buffer or a leased sequence, and
+   * with `ERR_STATE` when the data is not a state, is truncated, has trailing bytes, comes from
+   * another model or configuration, or does not fit in the free cells; the sequence then keeps
+   * its previous cells. (Corrupted tensor bytes inside a well-formed state cannot be detected.)
+   */
+  kvCacheLoad(seqId: number, state: Buffer | Uint8Array): Promise<void>;
+  /**
+   * Writes sequence `seqId`'s state and `tokens` (usually the tokens it holds, for your own
+   * bookkeeping) to the file `path`, replacing it. Resolves the bytes written. Rejects with
+   * `ERR_INVALID_ARG` for an empty sequence, an empty or unwritable path, or more than `nCtx`
+   * tokens.
+   */
+  kvCacheWriteFile(seqId: number, path: string, tokens: number[]): Promise<number>;
+  /**
+   * Loads a file written by {@link kvCacheWriteFile} into sequence `seqId` (replacing its cells)
+   * and resolves the stored tokens and the file size. Rejects with `ERR_INVALID_ARG` when the
+   * file cannot be opened or the sequence is leased, and with `ERR_STATE` when the file is not a
+   * valid state file for this model and context; the sequence then keeps its previous cells.
+   */
+  kvCacheReadFile(seqId: number, path: string): Promise<KvFileContents>;
 
   // ---------------------------------------------------------------------------------------------
   // Chat (the model's Jinja chat template, rendered and parsed by llama.cpp's own chat layer)
@@ -408,8 +475,17 @@ export interface ParseChatOutputResult {
   toolCalls: ParsedToolCall[];
 }
 
+/** What {@link SessionContext.kvCacheReadFile} resolves. */
+export interface KvFileContents {
+  /** The tokens stored with the state. */
+  tokens: number[];
+  /** Size of the file, in bytes. */
+  bytesRead: number;
+}
+
 /**
- * Runs `fn` synchronously on a copy of the context's last logits row and returns its result.
+ * Runs `fn` synchronously on the context's logits view ({@link SessionContext.getLogits}) and
+ * returns its result. The view is revoked by the next decode, so the work must finish inside.
  * Throws `ERR_INVALID_ARG` if `fn` returns a promise (the callback must be synchronous).
  */
 export declare function withLogits<T>(ctx: SessionContext, fn: (logits: Float32Array) => T): T;

@@ -37,7 +37,7 @@ async function createContext(options) {
   }
 }
 
-/** Runs `fn(logits)` synchronously on a copy of the context's last logits row. */
+/** Runs `fn(logits)` synchronously on the zero-copy view of the context's last logits row (see getLogits). */
 function withLogits(ctx, fn) {
   const result = fn(ctx.getLogits());
   if (result !== null && typeof result === 'object' && typeof result.then === 'function') {

@@ -2,12 +2,14 @@
 
 const path = require('node:path');
 const { finishNativeErrors } = require('./errors');
+const { installRawMethods } = require('./raw');
 
 /** Native methods that return a Promise (their argument errors become rejections). */
 const ASYNC_METHODS = new Set([
   'tokenize', 'detokenize', 'decode', 'kvCacheClear', 'kvCacheRemove',
   '_branchDecodeAndCaptureOne', '_branchPrefill', '_storeCommit', '_storePrefill', '_benchRawGenerate',
   'formatChat', 'validateChatTemplate',
+  'clearAndReseed', 'kvCacheSave', 'kvCacheLoad', 'kvCacheWriteFile', 'kvCacheReadFile', '_decodeAndCapture',
 ]);
 
 /** Loads the addon built by `npm run build` (scripts/build.js) once per process. */
@@ -22,6 +24,7 @@ function load() {
     throw err;
   }
   finishNativeErrors(binding.SessionContext, ASYNC_METHODS);
+  installRawMethods(binding.SessionContext);
   return binding;
 }
 

@@ -684,3 +684,50 @@ pub fn json_schema_to_grammar(schema: &str) -> Result<String> {
     }
     Ok(grammar)
 }
+
+// ---------------------------------------------------------------------------------------------
+// Raw logits access and per-sequence state (save/load of one sequence's KV cells)
+
+/// First bytes of every buffer `llama_state_seq_get_data` writes (llama.cpp's `io_magic`).
+pub const SEQ_STATE_MAGIC: u32 = 0xaf14_3cd8;
+/// Header of llama.cpp's sequence state files (`llama_state_seq_save_file`): magic 'ggsq' and
+/// format version (llama.h's `LLAMA_STATE_SEQ_MAGIC` / `LLAMA_STATE_SEQ_VERSION`, which bindgen
+/// does not export). The file is this header, a token count, the tokens, then the state bytes
+/// of `llama_state_seq_get_data` without its 8-byte (magic, seq id) prefix.
+pub const SEQ_FILE_MAGIC: u32 = 0x6767_7371;
+pub const SEQ_FILE_VERSION: u32 = 4;
+
+impl Context {
+    /// Pointer to the logits row of batch index `i` of the last decode (`n_vocab` floats, owned by
+    /// llama.cpp and valid until the next decode), for the zero-copy JS view.
+    pub fn logits_row_ptr(&self, i: i32) -> Result<NonNull<f32>> {
+        let p = unsafe { sys::llama_get_logits_ith(self.ptr.as_ptr(), i) };
+        NonNull::new(p).ok_or(Error::NoLogits)
+    }
+
+    /// Serialises the cells of `seq` (llama.cpp's per-sequence state format).
+    pub fn seq_state(&self, seq: SeqId) -> Result<Vec<u8>> {
+        let size = unsafe { sys::llama_state_seq_get_size(self.ptr.as_ptr(), seq) };
+        if size == 0 {
+            return Err(Error::State(format!(
+                "llama.cpp could not measure the state of sequence {seq}"
+            )));
+        }
+        let mut buf = vec![0u8; size];
+        let written = unsafe {
+            sys::llama_state_seq_get_data(self.ptr.as_ptr(), buf.as_mut_ptr(), size, seq)
+        };
+        if written != size {
+            return Err(Error::State(format!(
+                "llama.cpp wrote {written} of {size} bytes of the state of sequence {seq}"
+            )));
+        }
+        Ok(buf)
+    }
+
+    /// Replaces the cells of `seq` with a state from [`Context::seq_state`]. Returns the bytes
+    /// llama.cpp consumed (0 = refused; llama.cpp may have emptied `seq` by then).
+    pub fn set_seq_state(&self, seq: SeqId, data: &[u8]) -> usize {
+        unsafe { sys::llama_state_seq_set_data(self.ptr.as_ptr(), data.as_ptr(), data.len(), seq) }
+    }
+}

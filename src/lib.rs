@@ -10,6 +10,7 @@ pub mod error;
 pub mod ffi;
 pub mod handles;
 pub mod leases;
+pub mod logits_view;
 pub mod metrics;
 pub mod plan;
 pub mod sampling;

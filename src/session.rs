@@ -16,12 +16,14 @@ use crate::cancel::{flag_of, run_cancellable, CancelToken};
 use crate::error::{Error, Result};
 use crate::ffi::{self, Context, ContextConfig, Model, Token};
 use crate::handles::Handle;
+use crate::logits_view::LogitsView;
 use crate::metrics::{self, Base};
 use crate::sampling::{self, RawSampling, SamplingConfig};
 use crate::store::{BranchStore, CreateOptions};
 use crate::worker::{js_error, to_js, Shared, Worker};
 
 mod chat;
+mod raw;
 
 pub struct Engine {
     pub ctx: Context,
@@ -213,6 +215,18 @@ fn seq_from(v: f64, n_seq_max: u32) -> Result<i32> {
     })? as i32)
 }
 
+/// `[p0, p1)` from optional JS numbers; -1 (or absent) means "from the start" / "to the end".
+fn position_range(p0: Option<f64>, p1: Option<f64>) -> Result<(i32, i32)> {
+    let p0 = opt_int("p0", p0, -1, -1, i32::MAX as i64)? as i32;
+    let p1 = opt_int("p1", p1, -1, -1, i32::MAX as i64)? as i32;
+    if p0 >= 0 && p1 >= 0 && p1 <= p0 {
+        return Err(Error::invalid(format!(
+            "the position range [{p0}, {p1}) is empty; p1 must be greater than p0 (or -1 for the end)"
+        )));
+    }
+    Ok((p0, p1))
+}
+
 fn base_from(base: Option<String>) -> Result<Base> {
     match base {
         None => Ok(Base::Nats),
@@ -366,6 +380,7 @@ pub fn create_context<'env>(env: &'env Env, options: ContextOptions) -> napi::Re
             model,
             info,
             turn_separator: OnceLock::new(),
+            logits_view: Default::default(),
         })
     };
     // The load runs on a short-lived loader thread. On success the session (which owns the
@@ -421,6 +436,8 @@ pub struct SessionContext {
     info: ContextInfo,
     /// getTurnSeparator(), computed on first use.
     turn_separator: OnceLock<Vec<Token>>,
+    /// The zero-copy view handed out by `getLogits()` (JS thread only).
+    logits_view: std::cell::RefCell<LogitsView>,
 }
 
 impl SessionContext {
@@ -441,7 +458,23 @@ impl SessionContext {
         Ok(())
     }
 
+    /// Queues `work` on the worker thread. Any outstanding `getLogits()` view is revoked first,
+    /// here on the JS thread, since the job may decode (or otherwise rewrite the logits).
     fn submit<'env, T, F>(&self, env: &'env Env, work: F) -> napi::Result<Object<'env>>
+    where
+        T: ToNapiValue + Send + 'static,
+        F: FnOnce(&mut Engine) -> Result<T> + Send + 'static,
+    {
+        self.revoke_logits_view(env);
+        self.submit_keeping_logits(env, work)
+    }
+
+    /// `submit` for jobs that never touch the context's logits (tokenizer work on the model).
+    fn submit_keeping_logits<'env, T, F>(
+        &self,
+        env: &'env Env,
+        work: F,
+    ) -> napi::Result<Object<'env>>
     where
         T: ToNapiValue + Send + 'static,
         F: FnOnce(&mut Engine) -> Result<T> + Send + 'static,
@@ -455,6 +488,12 @@ impl SessionContext {
                 deferred.resolve(Box::new(|env| Err(js_error(&env, &Error::ContextDisposed))));
                 Ok(promise)
             }
+        }
+    }
+
+    fn revoke_logits_view(&self, env: &Env) {
+        if let Ok(mut view) = self.logits_view.try_borrow_mut() {
+            view.revoke(env);
         }
     }
 
@@ -584,10 +623,11 @@ impl SessionContext {
 
     /// Frees the context. Idempotent. A running operation finishes first; queued ones reject.
     #[napi]
-    pub fn dispose(&mut self) {
+    pub fn dispose(&mut self, env: &Env) {
         if self.shared.disposed.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.revoke_logits_view(env);
         if let Some(mut w) = self.worker.take() {
             w.close();
         }
@@ -610,7 +650,7 @@ impl SessionContext {
         add_special: Option<bool>,
     ) -> napi::Result<Object<'env>> {
         let model = self.model.clone();
-        self.submit(env, move |_| {
+        self.submit_keeping_logits(env, move |_| {
             let tokens = model.tokenize(&text, add_special.unwrap_or(true), true)?;
             Ok(tokens)
         })
@@ -620,7 +660,7 @@ impl SessionContext {
     pub fn detokenize<'env>(&self, env: &'env Env, tokens: Vec<f64>) -> napi::Result<Object<'env>> {
         let tokens = self.tokens(&tokens)?;
         let model = self.model.clone();
-        self.submit(env, move |_| Ok(model.detokenize(&tokens)))
+        self.submit_keeping_logits(env, move |_| Ok(model.detokenize(&tokens)))
     }
 
     #[napi]
@@ -685,12 +725,19 @@ impl SessionContext {
         })
     }
 
-    /// Copy of the logits row of the last decode (length vocabSize).
-    #[napi]
-    pub fn get_logits(&self) -> napi::Result<Float32Array> {
-        self.sync("getLogits", |e| {
-            Ok(Float32Array::new(e.ctx.logits_at(-1)?.to_vec()))
-        })
+    /// Zero-copy view of the logits row of the last decode (length vocabSize), revoked by the
+    /// next operation that may rewrite it (see `LogitsView`).
+    #[napi(ts_return_type = "Float32Array")]
+    pub fn get_logits<'env>(&self, env: &'env Env, this: This) -> napi::Result<Unknown<'env>> {
+        let row = self.sync("getLogits", |e| e.ctx.logits_row_ptr(-1))?;
+        let mut view = self
+            .logits_view
+            .try_borrow_mut()
+            .map_err(|_| to_js(Error::ContextBusy("getLogits")))?;
+        // SAFETY: the row stays valid until the next decode or dispose, and both revoke the view
+        // before they run; `this` keeps the context alive while the view is reachable.
+        let array = unsafe { view.view(env, row, self.info.n_vocab as usize, this.raw())? };
+        unsafe { Unknown::from_napi_value(env.raw(), array) }
     }
 
     #[napi]
@@ -797,14 +844,27 @@ impl SessionContext {
         })
     }
 
+    /// Makes `dst` hold exactly `src`'s cells in positions `[p0, p1)` (default: all), shared.
     #[napi]
-    pub fn kv_seq_copy(&self, src: f64, dst: f64) -> napi::Result<()> {
+    pub fn kv_seq_copy(
+        &self,
+        src: f64,
+        dst: f64,
+        p0: Option<f64>,
+        p1: Option<f64>,
+    ) -> napi::Result<()> {
         let src = seq_from(src, self.info.n_seq_max).map_err(to_js)?;
         let dst = seq_from(dst, self.info.n_seq_max).map_err(to_js)?;
+        let (p0, p1) = position_range(p0, p1).map_err(to_js)?;
+        if src == dst {
+            return Err(to_js(Error::invalid(format!(
+                "kvSeqCopy: src and dst are both sequence {src}; pick two different sequences"
+            ))));
+        }
         self.sync("kvSeqCopy", |e| {
             ensure_unleased(e, dst, "kvSeqCopy into it")?;
             e.ctx.seq_rm(dst, -1, -1);
-            e.ctx.seq_cp(src, dst, -1, -1);
+            e.ctx.seq_cp(src, dst, p0, p1);
             Ok(())
         })
     }

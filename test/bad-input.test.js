@@ -101,6 +101,13 @@ function tmpFile(name, bytes) {
   return file;
 }
 
+/** A copy of `bytes` with every `step`-th byte from `start` inverted. */
+function flipBytes(bytes, start, step) {
+  const out = Buffer.from(bytes);
+  for (let i = start; i < out.length; i += step) out[i] ^= 0xff;
+  return out;
+}
+
 const V = 262144; // Gemma 3 vocabulary (asserted in `before`)
 
 const GROUPS = [
@@ -334,6 +341,44 @@ const GROUPS = [
     ],
   },
   {
+    name: 'raw decode with capture, KV state buffers and files',
+    rows: [
+      ['kvCacheLoad of a garbage buffer', 'ERR_STATE', () => env.ctx.kvCacheLoad(3, Buffer.from('garbage garbage garbage')), /kvCacheSave/],
+      ['kvCacheLoad of an empty buffer', 'ERR_INVALID_ARG', () => env.ctx.kvCacheLoad(3, Buffer.alloc(0)), /empty/],
+      ['kvCacheLoad of a truncated state', 'ERR_STATE', () => env.ctx.kvCacheLoad(3, env.state.subarray(0, env.state.length >> 1)), /truncated|corrupt/],
+      ['kvCacheLoad of a state with flipped bytes', 'ERR_STATE', () => env.ctx.kvCacheLoad(3, flipBytes(env.state, 40, 97)), /corrupt/],
+      ['kvCacheLoad of a string', 'ERR_INVALID_ARG', () => env.ctx.kvCacheLoad(3, 'abc'), /kvCacheLoad/],
+      ['kvCacheLoad onto seqId 9', 'ERR_INVALID_ARG', () => env.ctx.kvCacheLoad(9, env.state), /seqId/],
+      ['kvCacheLoad into a leased sequence', 'ERR_INVALID_ARG', () => env.ctx.kvCacheLoad(env.root.seqId, env.state), /leased/],
+      ['kvCacheReadFile of a missing file', 'ERR_INVALID_ARG', () => env.ctx.kvCacheReadFile(3, '/nonexistent/state.bin'), /cannot open/],
+      ['kvCacheReadFile of a JSON file', 'ERR_STATE', () => env.ctx.kvCacheReadFile(3, path.join(__dirname, '..', 'package.json')), /magic/],
+      ['kvCacheReadFile of a truncated state file', 'ERR_STATE', () => env.ctx.kvCacheReadFile(3, tmpFile('trunc.bin', env.stateFile.subarray(0, env.stateFile.length >> 1))), /truncated|corrupt/],
+      ['kvCacheReadFile of a corrupted state file', 'ERR_STATE', () => env.ctx.kvCacheReadFile(3, tmpFile('flip.bin', flipBytes(env.stateFile, 64, 89))), /corrupt/],
+      ['kvCacheReadFile of a directory', 'ERR_INVALID_ARG', () => env.ctx.kvCacheReadFile(3, os.tmpdir()), /regular file/],
+      ['kvCacheWriteFile into a missing directory', 'ERR_INVALID_ARG', async () => {
+        await env.ctx.decode([2, 5], 0, 3);
+        try {
+          await env.ctx.kvCacheWriteFile(3, '/nonexistent/dir/state.bin', [2, 5]);
+        } finally {
+          await env.ctx.kvCacheRemove(3, -1, -1);
+        }
+      }, /cannot write/],
+      ['kvCacheWriteFile of an empty sequence', 'ERR_INVALID_ARG', () => env.ctx.kvCacheWriteFile(3, path.join(os.tmpdir(), 'llama-branch-empty.bin'), [2]), /empty/],
+      ['kvCacheWriteFile with token -1', 'ERR_TOKEN_OUT_OF_RANGE', () => env.ctx.kvCacheWriteFile(3, path.join(os.tmpdir(), 'llama-branch-bad.bin'), [-1])],
+      ['kvCacheSave(99)', 'ERR_INVALID_ARG', () => env.ctx.kvCacheSave(99), /seqId/],
+      ['kvSeqKeep(9)', 'ERR_INVALID_ARG', () => env.ctx.kvSeqKeep(9), /seqId/],
+      ['kvSeqKeep while branches are live', 'ERR_INVALID_ARG', () => env.ctx.kvSeqKeep(3)],
+      ['decodeAndCapture into a 10-float buffer', 'ERR_INVALID_ARG', () => env.ctx.decodeAndCapture([5], 0, 3, new Float32Array(10)), /vocabSize/],
+      ['decodeAndCapture into a plain array', 'ERR_INVALID_ARG', () => env.ctx.decodeAndCapture([5], 0, 3, [1, 2]), /Float32Array/],
+      ['decodeAndCapture into a 16-byte ArrayBuffer', 'ERR_INVALID_ARG', () => env.ctx.decodeAndCapture([5], 0, 3, new ArrayBuffer(16)), /vocabSize/],
+      ['decodeAndCapture of no tokens', 'ERR_INVALID_ARG', () => env.ctx.decodeAndCapture([], 0, 3, new Float32Array(V)), /at least one token/],
+      ['decodeAndCapture into a leased sequence', 'ERR_INVALID_ARG', () => env.ctx.decodeAndCapture([5], env.root.position, env.root.seqId, new Float32Array(V)), /leased/],
+      ['clearAndReseed of nothing', 'ERR_INVALID_ARG', () => env.ctx.clearAndReseed([], []), /at least one token/],
+      ['clearAndReseed with live branches', 'ERR_INVALID_ARG', () => env.ctx.clearAndReseed([2], [5]), /live branch/],
+      ['clearAndReseed of more tokens than nCtx', 'ERR_KV_FULL', () => env.ctx.clearAndReseed(new Array(N_CTX + 1).fill(5), [6]), /nCtx/],
+    ],
+  },
+  {
     name: 'chat templates and chat output',
     rows: [
       ['formatChat of truncated JSON text', 'ERR_INVALID_ARG', () => env.ctx.formatChat('[{"role":"user","content":"x"}'), /not valid JSON/],
@@ -365,6 +410,7 @@ const GROUPS = [
       ['new BranchStore on a disposed context', 'ERR_CONTEXT_DISPOSED', () => new BranchStore(env.disposed)],
       ['commit on a branch of a disposed context', 'ERR_CONTEXT_DISPOSED', () => env.orphan.commit(1)],
       ['produce on a branch of a disposed context', 'ERR_CONTEXT_DISPOSED', () => env.orphan.produce()],
+      ['kvCacheSave on a disposed context', 'ERR_CONTEXT_DISPOSED', () => env.disposed.kvCacheSave(0)],
       ['formatChat on a disposed context', 'ERR_CONTEXT_DISPOSED', () => env.disposed.formatChat([{ role: 'user', content: 'x' }])],
       ['parseChatOutput on a disposed context', 'ERR_CONTEXT_DISPOSED', () => env.disposed.parseChatOutput('x', 0)],
     ],
@@ -378,6 +424,13 @@ describe('bad-input suite', function () {
     env.store = new BranchStore(env.ctx);
     env.root = await newRoot();
     env.chat = await env.ctx.formatChat([{ role: 'user', content: 'hi' }]);
+    // a valid sequence state (buffer and file) to corrupt
+    await env.ctx.decode([2, 651, 6207, 529], 0, 3);
+    env.state = await env.ctx.kvCacheSave(3);
+    const stateFile = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-bad-')), 'state.bin');
+    await env.ctx.kvCacheWriteFile(3, stateFile, [2, 651, 6207, 529]);
+    env.stateFile = fs.readFileSync(stateFile);
+    await env.ctx.kvCacheRemove(3, -1, -1);
     env.pruned = env.root.fork();
     await env.pruned.prune();
     const destroyed = env.root.fork();

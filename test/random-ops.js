@@ -280,7 +280,7 @@ async function runStep(ctx, store, model, step, stats) {
       if (step.kind === 'fill') {
         // bring the cache to within a few cells of full, or just past it (ERR_KV_FULL)
         const room = model.nCtx - model.physicalCells();
-        lengths = [room > 48 ? 32 : room - 2 + step.count];
+        lengths = [room > 48 ? Math.min(room - 24, 96) : room - 2 + step.count];
         if (lengths[0] <= 0) return;
       }
       const runs = chosen.map((b, j) => tokensOf({ token: step.token + j }, lengths[j]));

@@ -26,6 +26,7 @@ import type {
   ChatMessage,
   FormattedChatResult,
   ParseChatOutputResult,
+  KvFileContents,
 } from '../../index';
 import llama = require('../../index');
 
@@ -247,3 +248,36 @@ async function chatUsage(ctx: SessionContext): Promise<void> {
 }
 
 void main;
+
+// Raw decoding, the logits view, KV sequence operations and per-sequence state.
+async function rawKvUsage(ctx: SessionContext): Promise<void> {
+  const prompt: number[] = await ctx.tokenize('Hello');
+  await ctx.decode(prompt, 0, 0);
+  const view: Float32Array = ctx.getLogits();
+  view[0] = -Infinity;
+  const best: number = ctx.greedySample();
+  const dest = new Float32Array(ctx.vocabSize);
+  await ctx.decodeAndCapture([best], prompt.length, 0, dest);
+  await ctx.decodeAndCapture([best], prompt.length + 1, 0, new ArrayBuffer(ctx.vocabSize * 4));
+  ctx.kvSeqCopy(0, 1);
+  ctx.kvSeqCopy(0, 2, 0, 2);
+  ctx.kvSeqKeep(0);
+  const state: Buffer = await ctx.kvCacheSave(0);
+  const fromDefault: Buffer = await ctx.kvCacheSave();
+  await ctx.kvCacheLoad(1, state);
+  await ctx.kvCacheLoad(1, new Uint8Array(fromDefault));
+  const written: number = await ctx.kvCacheWriteFile(0, '/tmp/seq0.bin', prompt);
+  const read: KvFileContents = await ctx.kvCacheReadFile(1, '/tmp/seq0.bin');
+  const restored: number[] = read.tokens;
+  const bytes: number = read.bytesRead;
+  await ctx.clearAndReseed(prompt.slice(0, 1), prompt.slice(1));
+  // @ts-expect-error: decodeAndCapture needs a destination buffer
+  await ctx.decodeAndCapture(prompt, 0, 0);
+  // @ts-expect-error: dest must be a Float32Array or ArrayBuffer
+  await ctx.decodeAndCapture(prompt, 0, 0, [0]);
+  // @ts-expect-error: kvCacheLoad takes the Buffer from kvCacheSave
+  await ctx.kvCacheLoad(0, 'state');
+  void [written, restored, bytes];
+}
+
+void rawKvUsage;
