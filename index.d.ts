@@ -34,7 +34,7 @@
  * | `ERR_NO_FREE_SEQUENCE` | all `nSeqMax` sequence leases are held by live branches |
  * | `ERR_KV_FULL` | the decode would pass `nCtx` (or llama.cpp found no KV slot) |
  * | `ERR_DECODE` | `llama_decode` failed |
- * | `ERR_ABORTED` | an operation was aborted (reserved: no public cancellation API yet) |
+ * | `ERR_ABORTED` | the operation's `AbortSignal` aborted it (see {@link OperationOptions}); `name` is `'AbortError'` |
  * | `ERR_NO_LOGITS` | sampling/logits (or embeddings) requested before any were computed |
  * | `ERR_GRAMMAR` | invalid GBNF grammar / JSON schema, or every candidate token is masked |
  * | `ERR_GRAMMAR_REJECTED` | the token is not allowed by the branch's grammar |
@@ -77,6 +77,20 @@ export type ErrorCode =
  */
 export interface LlamaBranchError extends Error {
   code: ErrorCode;
+}
+
+/**
+ * Options of the long operations (`ctx.decode`, `prefill`, `commit`, `decodeAndCaptureOne`).
+ *
+ * `signal` cancels the operation: aborted before the call or while it waits in the context's
+ * queue, the operation never starts; aborted while it runs, llama.cpp stops at its next graph
+ * node (typically within a few ms to ~100 ms). Either way the promise rejects with
+ * `ERR_ABORTED` (`name === 'AbortError'`, `cause` = the signal's `reason`), every branch and
+ * sequence is exactly as before the call (all chunks of a multi-chunk prefill are rolled back),
+ * and later operations run normally. An abort after the operation settled has no effect.
+ */
+export interface OperationOptions {
+  signal?: AbortSignal;
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -205,9 +219,12 @@ export declare class SessionContext {
    * (`kvSeqPosMax(seqId) + 1`, or 0 for an empty one). Refused (`ERR_INVALID_ARG`) on a sequence
    * leased by a live branch. Rejects with `ERR_KV_FULL` past `nCtx` or when llama.cpp finds no
    * free KV cells, and with `ERR_DECODE` when `llama_decode` fails otherwise; on failure the
-   * cells written by this call are removed again.
+   * cells written by this call are removed again. Rejects with `ERR_ABORTED` when
+   * `options.signal` aborts it (the sequence then holds none of these tokens).
    */
-  decode(tokens: number[], position: number, seqId?: number): Promise<void>;
+  decode(tokens: number[], position: number, seqId?: number, options?: OperationOptions): Promise<void>;
+  /** `decode(tokens, position, options)`: sequence 0 with an {@link OperationOptions}. */
+  decode(tokens: number[], position: number, options: OperationOptions): Promise<void>;
   /**
    * A zero-copy view of the context's last logits row (length `vocabSize`): the last token of
    * the last decode of any kind. Per-branch snapshots are on {@link Branch.getLogits}.
@@ -773,16 +790,17 @@ export declare class Branch implements AsyncIterable<BranchToken> {
   produce(): Produced;
   /**
    * Accepts `token` and decodes it, refreshing the logits snapshot. All-or-nothing: on failure
-   * the branch is unchanged. Rejects with `ERR_GRAMMAR_REJECTED`, `ERR_KV_FULL`, ...
+   * the branch is unchanged. Rejects with `ERR_GRAMMAR_REJECTED`, `ERR_KV_FULL`, `ERR_ABORTED`, ...
    */
-  commit(token: number): Promise<void>;
+  commit(token: number, options?: OperationOptions): Promise<void>;
   /**
    * Decodes tokens the model did not sample (prompt, user turn, tool output), in chunks of this
-   * branch's `nBatch`, without accepting them. An empty array is a no-op.
+   * branch's `nBatch`, without accepting them. An empty array is a no-op. All-or-nothing: an
+   * abort (`options.signal`) or failure after some chunks removes all of them again.
    */
-  prefill(tokens: number[]): Promise<void>;
-  /** Decodes one token without accepting it, and captures its logits. */
-  decodeAndCaptureOne(token: number): Promise<void>;
+  prefill(tokens: number[], options?: OperationOptions): Promise<void>;
+  /** Decodes one token without accepting it, and captures its logits. Cancellable. */
+  decodeAndCaptureOne(token: number, options?: OperationOptions): Promise<void>;
   /** Replaces this branch's dynamic biases (`bias` finite or `-Infinity` to ban). */
   steer(biases: TokenBias[]): void;
   /** Removes the dynamic biases set by {@link steer}. */
@@ -850,14 +868,15 @@ export declare class BranchStore {
 
   /**
    * `[[branch, token], ...]`: accepts each token into its branch, then ONE decode for all of them.
-   * All-or-nothing. Each branch may appear once; at most `ctx.nBatch` entries.
+   * All-or-nothing (also when `options.signal` aborts it). Each branch may appear once; at most
+   * `ctx.nBatch` entries.
    */
-  commit(entries: ReadonlyArray<readonly [Branch, number]>): Promise<void>;
+  commit(entries: ReadonlyArray<readonly [Branch, number]>, options?: OperationOptions): Promise<void>;
   /**
    * `[[branch, tokens], ...]`: decodes variable-length runs bin-packed into `nBatch`-sized
-   * decodes; no accept. All-or-nothing.
+   * decodes; no accept. All-or-nothing (also when `options.signal` aborts it).
    */
-  prefill(entries: ReadonlyArray<readonly [Branch, number[]]>): Promise<void>;
+  prefill(entries: ReadonlyArray<readonly [Branch, number[]]>, options?: OperationOptions): Promise<void>;
   /** Samples every branch in one native call (no KV write, no accept). */
   produce(branches: readonly Branch[]): Produced[];
   /**

@@ -2,6 +2,7 @@
 
 const { makeError } = require('./errors');
 const { nativeOf, track, wrapFreed, registerBranch, flushOrphans } = require('./context');
+const { runCancellable, signalOf } = require('./cancel');
 
 function isNum(v) {
   return typeof v === 'number';
@@ -78,24 +79,30 @@ class Branch {
     return this._live()._branchProduce(this._handle);
   }
 
-  /** Accepts `token` (sampler, grammar, perplexity) and decodes it; all-or-nothing. */
-  async commit(token) {
+  /**
+   * Accepts `token` (sampler, grammar, perplexity) and decodes it; all-or-nothing.
+   * `options.signal` (an AbortSignal) cancels it with ERR_ABORTED.
+   */
+  async commit(token, options) {
     const native = this._live();
-    return track(this._ctx, native._storeCommit([this._handle], [token]));
+    return track(this._ctx, runCancellable(options, 'commit', (cancel) => native._storeCommit([this._handle], [token], cancel)));
   }
 
-  /** Decodes tokens the model did not sample (user turns, tool output); no accept. */
-  async prefill(tokens) {
+  /** Decodes tokens the model did not sample (user turns, tool output); no accept. Cancellable. */
+  async prefill(tokens, options) {
     const native = this._live();
     if (!Array.isArray(tokens)) throw makeError('ERR_INVALID_ARG', 'prefill(tokens): tokens must be an array of token ids');
-    if (tokens.length === 0) return;
-    return track(this._ctx, native._branchPrefill(this._handle, tokens));
+    if (tokens.length === 0) {
+      const signal = signalOf(options, 'prefill');
+      return runCancellable({ signal }, 'prefill', () => Promise.resolve());
+    }
+    return track(this._ctx, runCancellable(options, 'prefill', (cancel) => native._branchPrefill(this._handle, tokens, cancel)));
   }
 
-  /** Decodes one token without accepting it. */
-  async decodeAndCaptureOne(token) {
+  /** Decodes one token without accepting it. Cancellable like `commit`. */
+  async decodeAndCaptureOne(token, options) {
     const native = this._live();
-    return track(this._ctx, native._branchDecodeAndCaptureOne(this._handle, token));
+    return track(this._ctx, runCancellable(options, 'decodeAndCaptureOne', (cancel) => native._branchDecodeAndCaptureOne(this._handle, token, cancel)));
   }
 
   /** Per-branch dynamic biases `[{token, bias}]` (bias -Infinity bans); not inherited by forks. */
@@ -155,6 +162,11 @@ class Branch {
   _free(method) {
     if (this._disposed) return Promise.resolve();
     const ctx = this._ctx;
+    if (ctx && ctx.disposed) {
+      // dispose() already freed every branch of the context: freeing one is a no-op
+      this._disposed = true;
+      return Promise.resolve();
+    }
     const native = nativeOf(ctx);
     this._disposed = true;
     const attempt = () => {

@@ -3,6 +3,7 @@
 const { makeError } = require('./errors');
 const { Branch } = require('./Branch');
 const { nativeOf, track, wrapFreed, flushOrphans } = require('./context');
+const { runCancellable, signalOf } = require('./cancel');
 
 /** Batched operations over many branches of one context: one `llama_decode` per step. */
 class BranchStore {
@@ -30,25 +31,30 @@ class BranchStore {
     return { handles, values };
   }
 
-  /** `[[branch, token], ...]`: accept each token into its branch, then ONE decode for all. */
-  async commit(entries) {
+  /**
+   * `[[branch, token], ...]`: accept each token into its branch, then ONE decode for all.
+   * `options.signal` (an AbortSignal) cancels it with ERR_ABORTED; no branch changes then.
+   */
+  async commit(entries, options) {
     const { handles, values } = this._entries(entries, 'BranchStore.commit');
-    if (handles.length === 0) return;
+    const signal = signalOf(options, 'BranchStore.commit');
+    if (handles.length === 0) return runCancellable({ signal }, 'BranchStore.commit', () => Promise.resolve());
     const native = nativeOf(this._ctx);
     flushOrphans(this._ctx);
-    return track(this._ctx, native._storeCommit(handles, values));
+    return track(this._ctx, runCancellable({ signal }, 'BranchStore.commit', (cancel) => native._storeCommit(handles, values, cancel)));
   }
 
-  /** `[[branch, tokens[]], ...]`: runs bin-packed into nBatch-sized decodes; no accept. */
-  async prefill(entries) {
+  /** `[[branch, tokens[]], ...]`: runs bin-packed into nBatch-sized decodes; no accept. Cancellable like `commit`. */
+  async prefill(entries, options) {
     const { handles, values } = this._entries(entries, 'BranchStore.prefill');
     for (const v of values) {
       if (!Array.isArray(v)) throw makeError('ERR_INVALID_ARG', 'BranchStore.prefill: each value must be an array of token ids');
     }
-    if (handles.length === 0) return;
+    const signal = signalOf(options, 'BranchStore.prefill');
+    if (handles.length === 0) return runCancellable({ signal }, 'BranchStore.prefill', () => Promise.resolve());
     const native = nativeOf(this._ctx);
     flushOrphans(this._ctx);
-    return track(this._ctx, native._storePrefill(handles, values));
+    return track(this._ctx, runCancellable({ signal }, 'BranchStore.prefill', (cancel) => native._storePrefill(handles, values, cancel)));
   }
 
   /** Samples every branch in one native call: `[{token, text, isStop}, ...]`. */

@@ -15,7 +15,7 @@ function makeError(code, message, Ctor = Error) {
   return err;
 }
 
-function finishError(err) {
+function finishError(err, where) {
   if (!(err instanceof Error)) return err;
   const m = CODE_PREFIX.exec(err.message);
   if (m) {
@@ -24,7 +24,8 @@ function finishError(err) {
     if (typeof err.stack === 'string') err.stack = err.stack.replace(m[0].split('\n')[0], `${m[2].split('\n')[0]}`);
   } else if (typeof err.code !== 'string' || !err.code.startsWith('ERR_')) {
     // Status names such as InvalidArg, NumberExpected, StringExpected, ObjectExpected.
-    err.message = `Invalid argument: ${err.message}`;
+    const method = where ? ` to ${where.replace(/^_/, '')}()` : '';
+    err.message = `Invalid argument${method}: ${err.message}; check the argument types against index.d.ts`;
     err.code = 'ERR_INVALID_ARG';
   }
   return err;
@@ -51,10 +52,10 @@ function finishNativeErrors(Class, asyncMethods = new Set()) {
         try {
           result = fn.apply(this, args);
         } catch (e) {
-          if (asyncMethods.has(name)) return Promise.reject(finishError(e));
-          throw finishError(e);
+          if (asyncMethods.has(name)) return Promise.reject(finishError(e, name));
+          throw finishError(e, name);
         }
-        return isThenable(result) ? result.then(undefined, (e) => { throw finishError(e); }) : result;
+        return isThenable(result) ? result.then(undefined, (e) => { throw finishError(e, name); }) : result;
       };
     } else if (typeof desc.get === 'function') {
       const get = desc.get;
@@ -62,7 +63,7 @@ function finishNativeErrors(Class, asyncMethods = new Set()) {
         try {
           return get.call(this);
         } catch (e) {
-          throw finishError(e);
+          throw finishError(e, name);
         }
       };
     } else {

@@ -5,6 +5,9 @@ const native = require('./native');
 const { makeError, finishError } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
+const { installDecodeSignal } = require('./cancel');
+
+installDecodeSignal(native.SessionContext);
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType'];
 

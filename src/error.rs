@@ -31,8 +31,11 @@ pub enum Error {
     #[error("Failed to create the llama.cpp context: {0}")]
     ContextCreate(String),
 
-    #[error("Token id {token} is outside the vocabulary [0, {n_vocab})")]
+    #[error("Token id {token} is outside the vocabulary [0, {n_vocab}); pass ids from this model's tokenizer")]
     TokenOutOfRange { token: i64, n_vocab: i32 },
+
+    #[error("Token id {0} is not an integer id in the vocabulary [0, {1}); pass ids from this model's tokenizer")]
+    TokenNotInteger(f64, i32),
 
     #[error("All {n_seq_max} sequence ids are leased by live branches; prune a branch or create the context with a larger nSeqMax")]
     NoFreeSequence { n_seq_max: u32 },
@@ -43,7 +46,7 @@ pub enum Error {
     #[error("llama_decode failed with code {code}: {what}")]
     Decode { code: i32, what: String },
 
-    #[error("Operation aborted")]
+    #[error("The operation was aborted by its AbortSignal before it completed; no branch or KV state changed, so retry it if it is still wanted")]
     Aborted,
 
     #[error(
@@ -92,7 +95,7 @@ impl Error {
             Error::ModelNotFound(_) => "ERR_MODEL_NOT_FOUND",
             Error::ModelLoad(_) => "ERR_MODEL_LOAD",
             Error::ContextCreate(_) => "ERR_CONTEXT_CREATE",
-            Error::TokenOutOfRange { .. } => "ERR_TOKEN_OUT_OF_RANGE",
+            Error::TokenOutOfRange { .. } | Error::TokenNotInteger(..) => "ERR_TOKEN_OUT_OF_RANGE",
             Error::NoFreeSequence { .. } => "ERR_NO_FREE_SEQUENCE",
             Error::KvFull(_) => "ERR_KV_FULL",
             Error::Decode { .. } => "ERR_DECODE",

@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Once};
 
 use llama_cpp_sys_2 as sys;
@@ -288,15 +288,26 @@ pub struct Context {
     ptr: NonNull<sys::llama_context>,
     /// Keeps the weights alive for as long as the context uses them.
     pub model: Arc<Model>,
-    /// Polled by ggml during compute; set to make the running decode return code 2.
-    abort_flag: Box<AtomicBool>,
+    /// Polled by ggml between graph nodes: the cancellation flag of the job now running.
+    abort_slot: Box<AbortSlot>,
+    /// Keeps the flag `abort_slot` points to alive while it is installed.
+    cancel_flag: Option<Arc<AtomicBool>>,
 }
 
 // A context is used by one thread at a time: the session's mutex guarantees it.
 unsafe impl Send for Context {}
 
+/// Where the abort callback finds the running job's cancellation flag (null: not cancellable).
+/// A pointer rather than one per-context flag, so cancelling a queued job can never stop the job
+/// running before it.
+#[derive(Default)]
+struct AbortSlot {
+    flag: AtomicPtr<AtomicBool>,
+}
+
 unsafe extern "C" fn abort_callback(data: *mut c_void) -> bool {
-    (*(data as *const AtomicBool)).load(Ordering::Relaxed)
+    let flag = (*(data as *const AbortSlot)).flag.load(Ordering::Acquire);
+    !flag.is_null() && (*flag).load(Ordering::Acquire)
 }
 
 impl Context {
@@ -315,9 +326,9 @@ impl Context {
         p.n_outputs_max = cfg.n_outputs_max;
         p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_AUTO;
         p.no_perf = true;
-        let abort_flag = Box::new(AtomicBool::new(false));
+        let abort_slot = Box::<AbortSlot>::default();
         p.abort_callback = Some(abort_callback);
-        p.abort_callback_data = (&*abort_flag as *const AtomicBool) as *mut c_void;
+        p.abort_callback_data = (&*abort_slot as *const AbortSlot) as *mut c_void;
         let ptr = unsafe { sys::llama_init_from_model(model.as_ptr(), p) };
         let ptr = NonNull::new(ptr).ok_or_else(|| {
             Error::ContextCreate("llama_init_from_model returned null (out of memory, or nCtx/nBatch too large for this model)".into())
@@ -325,12 +336,20 @@ impl Context {
         Ok(Context {
             ptr,
             model,
-            abort_flag,
+            abort_slot,
+            cancel_flag: None,
         })
     }
 
-    pub fn abort_flag(&self) -> &AtomicBool {
-        &self.abort_flag
+    /// While `flag` is installed, setting it to true stops the running `llama_decode` at the next
+    /// graph node (it then returns 2 and `decode` reports `Aborted`). `None` uninstalls it.
+    pub fn set_cancel_flag(&mut self, flag: Option<Arc<AtomicBool>>) {
+        let ptr = flag
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |f| Arc::as_ptr(f) as *mut AtomicBool);
+        self.abort_slot.flag.store(ptr, Ordering::Release);
+        // Replaced only after the slot points elsewhere, so the callback never reads a freed flag.
+        self.cancel_flag = flag;
     }
 
     pub fn n_ctx(&self) -> u32 {
@@ -395,7 +414,6 @@ impl Context {
         }
         let raw = batch.as_raw();
         let rc = unsafe { sys::llama_decode(self.ptr.as_ptr(), raw) };
-        let aborted = self.abort_flag.swap(false, Ordering::Relaxed);
         match rc {
             0 => Ok(()),
             1 => Err(Error::KvFull(format!(
@@ -403,7 +421,9 @@ impl Context {
                 batch.len(),
                 self.n_ctx()
             ))),
-            2 if aborted => Err(Error::Aborted),
+            // Only our abort callback makes llama.cpp return 2. It has already removed the
+            // aborted ubatch's cells; callers remove those of earlier decodes of the same call.
+            2 => Err(Error::Aborted),
             _ => Err(Error::Decode {
                 code: rc,
                 what: decode_code_meaning(rc).into(),

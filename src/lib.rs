@@ -4,6 +4,7 @@
 //! `leases`, `plan`, `metrics`, `sampling`), the `store` of branches, and the napi boundary
 //! (`worker` for off-thread execution, `session` for the JS class).
 
+pub mod cancel;
 pub mod chat_ffi;
 pub mod error;
 pub mod ffi;

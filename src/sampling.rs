@@ -330,9 +330,14 @@ pub fn check_token(token: f64, n_vocab: i32, what: &str) -> Result<Token> {
     if token.is_finite() && token.fract() == 0.0 && token >= 0.0 && token < n_vocab as f64 {
         return Ok(token as Token);
     }
-    let err = Error::TokenOutOfRange {
-        token: if token.is_finite() { token as i64 } else { -1 },
-        n_vocab,
+    // A fraction or NaN is reported as itself, not as the truncated id it would become.
+    let err = if token.is_finite() && token.fract() == 0.0 {
+        Error::TokenOutOfRange {
+            token: token as i64,
+            n_vocab,
+        }
+    } else {
+        Error::TokenNotInteger(token, n_vocab)
     };
     // With a context label (logitBias, steer) the caller gets an argument error naming the field.
     Err(if what.is_empty() {

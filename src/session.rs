@@ -12,6 +12,7 @@ use napi::bindgen_prelude::*;
 use napi::{Env, JsDeferred};
 use napi_derive::napi;
 
+use crate::cancel::{flag_of, run_cancellable, CancelToken};
 use crate::error::{Error, Result};
 use crate::ffi::{self, Context, ContextConfig, Model, Token};
 use crate::handles::Handle;
@@ -503,6 +504,19 @@ impl SessionContext {
         sampling::check_token(v, self.info.n_vocab, "").map_err(to_js)
     }
 
+    /// A caller-supplied logits row must be one full row of this model (a shorter one would be
+    /// read as a different distribution, or make a token index point past its end).
+    fn check_logits_len(&self, logits: &[f32]) -> napi::Result<()> {
+        if logits.len() != self.info.n_vocab as usize {
+            return Err(to_js(Error::invalid(format!(
+                "logits must hold one value per vocabulary entry ({}), got {}; pass a row from getLogits()",
+                self.info.n_vocab,
+                logits.len()
+            ))));
+        }
+        Ok(())
+    }
+
     fn config(&self, params: Option<SamplingParams>) -> napi::Result<SamplingConfig> {
         let raw = params.map(|p| p.to_raw()).unwrap_or_default();
         SamplingConfig::from_raw(&raw, self.info.n_vocab).map_err(to_js)
@@ -521,8 +535,14 @@ fn ensure_unleased(engine: &Engine, seq: i32, what: &str) -> Result<()> {
 }
 
 /// Raw decode of `tokens` into `seq` at `position`, chunked by n_batch; logits on the last token.
-/// On failure the partially written cells are removed again.
-fn raw_decode(engine: &mut Engine, tokens: &[Token], position: i32, seq: i32) -> Result<()> {
+/// On failure or cancellation the cells written by earlier chunks are removed again.
+fn raw_decode(
+    engine: &mut Engine,
+    tokens: &[Token],
+    position: i32,
+    seq: i32,
+    cancel: &dyn Fn() -> bool,
+) -> Result<()> {
     let ctx = &mut engine.ctx;
     let pos_max = ctx.seq_pos_max(seq);
     if pos_max >= 0 && position != pos_max + 1 {
@@ -538,6 +558,10 @@ fn raw_decode(engine: &mut Engine, tokens: &[Token], position: i32, seq: i32) ->
     let n_batch = ctx.n_batch() as usize;
     let mut batch = ffi::Batch::default();
     for (start, count) in crate::plan::sub_batches(tokens.len(), n_batch) {
+        if cancel() {
+            ctx.seq_rm(seq, position, -1);
+            return Err(Error::Aborted);
+        }
         batch.clear();
         for j in start..start + count {
             batch.push(tokens[j], position + j as i32, seq, j + 1 == tokens.len());
@@ -683,6 +707,7 @@ impl SessionContext {
         tokens: Vec<f64>,
         position: f64,
         seq_id: Option<f64>,
+        cancel: Option<&CancelToken>,
     ) -> napi::Result<Object<'env>> {
         let tokens = self.tokens(&tokens)?;
         if tokens.is_empty() {
@@ -691,9 +716,12 @@ impl SessionContext {
         let position =
             int_in("position", position, 0, self.info.n_ctx as i64).map_err(to_js)? as i32;
         let seq = seq_from(seq_id.unwrap_or(0.0), self.info.n_seq_max).map_err(to_js)?;
+        let flag = flag_of(cancel);
         self.submit(env, move |engine| {
-            ensure_unleased(engine, seq, "a raw decode")?;
-            raw_decode(engine, &tokens, position, seq)
+            run_cancellable(engine, flag, |engine, cancel| {
+                ensure_unleased(engine, seq, "a raw decode")?;
+                raw_decode(engine, &tokens, position, seq, cancel)
+            })
         })
     }
 
@@ -733,6 +761,9 @@ impl SessionContext {
         logits: Option<Float32Array>,
     ) -> napi::Result<f64> {
         let base = base_from(base).map_err(to_js)?;
+        if let Some(l) = &logits {
+            self.check_logits_len(l)?;
+        }
         match logits {
             Some(l) => {
                 api::check_logits_arg(self, l.len())?;
@@ -753,6 +784,9 @@ impl SessionContext {
     ) -> napi::Result<f64> {
         let base = base_from(base).map_err(to_js)?;
         let token = self.token(token)?;
+        if let Some(l) = &logits {
+            self.check_logits_len(l)?;
+        }
         match logits {
             Some(l) => {
                 api::check_logits_arg(self, l.len())?;
@@ -1104,11 +1138,15 @@ impl SessionContext {
         env: &'env Env,
         handle: f64,
         token: f64,
+        cancel: Option<&CancelToken>,
     ) -> napi::Result<Object<'env>> {
         let h = handle_from(handle).map_err(to_js)?;
         let token = self.token(token)?;
+        let flag = flag_of(cancel);
         self.submit(env, move |e| {
-            e.store.commit(&mut e.ctx, &[(h, token)], false, &|| false)
+            run_cancellable(e, flag, |e, cancel| {
+                e.store.commit(&mut e.ctx, &[(h, token)], false, cancel)
+            })
         })
     }
 
@@ -1119,13 +1157,17 @@ impl SessionContext {
         env: &'env Env,
         handle: f64,
         tokens: Vec<f64>,
+        cancel: Option<&CancelToken>,
     ) -> napi::Result<Object<'env>> {
         let h = handle_from(handle).map_err(to_js)?;
         let tokens = self.tokens(&tokens)?;
+        let flag = flag_of(cancel);
         self.submit(env, move |e| {
-            let limit = e.store.get(h)?.n_batch;
-            e.store
-                .prefill(&mut e.ctx, &[(h, tokens)], Some(limit), &|| false)
+            run_cancellable(e, flag, |e, cancel| {
+                let limit = e.store.get(h)?.n_batch;
+                e.store
+                    .prefill(&mut e.ctx, &[(h, tokens)], Some(limit), cancel)
+            })
         })
     }
 
@@ -1135,6 +1177,7 @@ impl SessionContext {
         env: &'env Env,
         handles: Vec<f64>,
         tokens: Vec<f64>,
+        cancel: Option<&CancelToken>,
     ) -> napi::Result<Object<'env>> {
         if handles.len() != tokens.len() {
             return Err(to_js(Error::invalid(
@@ -1148,8 +1191,11 @@ impl SessionContext {
             .map_err(to_js)?;
         let tokens = self.tokens(&tokens)?;
         let items: Vec<(Handle, Token)> = handles.into_iter().zip(tokens).collect();
+        let flag = flag_of(cancel);
         self.submit(env, move |e| {
-            e.store.commit(&mut e.ctx, &items, true, &|| false)
+            run_cancellable(e, flag, |e, cancel| {
+                e.store.commit(&mut e.ctx, &items, true, cancel)
+            })
         })
     }
 
@@ -1159,6 +1205,7 @@ impl SessionContext {
         env: &'env Env,
         handles: Vec<f64>,
         token_arrays: Vec<Vec<f64>>,
+        cancel: Option<&CancelToken>,
     ) -> napi::Result<Object<'env>> {
         if handles.len() != token_arrays.len() {
             return Err(to_js(Error::invalid(
@@ -1174,8 +1221,11 @@ impl SessionContext {
         for (h, t) in handles.into_iter().zip(token_arrays) {
             items.push((h, self.tokens(&t)?));
         }
+        let flag = flag_of(cancel);
         self.submit(env, move |e| {
-            e.store.prefill(&mut e.ctx, &items, None, &|| false)
+            run_cancellable(e, flag, |e, cancel| {
+                e.store.prefill(&mut e.ctx, &items, None, cancel)
+            })
         })
     }
 
@@ -1232,7 +1282,7 @@ impl SessionContext {
                 ));
             }
             e.ctx.clear_memory();
-            raw_decode(e, &prompt, 0, 0)?;
+            raw_decode(e, &prompt, 0, 0, &|| false)?;
             let ctx = &mut e.ctx;
             let first = ctx.logits_at(-1)?;
             let mut order: Vec<usize> = (0..first.len()).collect();

@@ -131,10 +131,19 @@ pub struct BranchStore {
     leases: LeasePool,
     /// Sequences of `destroy()`ed branches: their KV stays for raw use, so they are not vacant
     /// until they are empty again.
-    detached: Vec<SeqId>,
+    detached: Vec<Detached>,
     segments: Segments,
     batch: Batch,
     bias_scratch: Vec<f32>,
+}
+
+/// A destroyed branch's sequence. It keeps referencing the runs it shared with live branches,
+/// so `kv_pressure` counts those cells once (counting the sequence whole could pass nCtx).
+struct Detached {
+    seq: SeqId,
+    runs: Vec<u32>,
+    /// Its extent when destroyed; cells beyond it come from raw decodes since.
+    cells: u32,
 }
 
 /// Options for creating a root branch.
@@ -199,9 +208,13 @@ impl BranchStore {
     /// Detached sequences whose cells were removed by raw KV calls become vacant again.
     fn reclaim_detached(&mut self, ctx: &Context) {
         let leases = &mut self.leases;
-        self.detached.retain(|&seq| {
-            if ctx.seq_pos_max(seq) < 0 {
-                leases.release(seq);
+        let segments = &mut self.segments;
+        self.detached.retain(|d| {
+            if ctx.seq_pos_max(d.seq) < 0 {
+                leases.release(d.seq);
+                for &r in &d.runs {
+                    segments.release(r);
+                }
                 false
             } else {
                 true
@@ -399,8 +412,15 @@ impl BranchStore {
     /// Frees the branch but leaves its sequence's KV in place for raw `ctx` calls. The sequence
     /// id stays reserved until its cells are removed (e.g. `kvCacheRemove(seq, 0, -1)`).
     pub fn destroy(&mut self, h: Handle) -> Result<(Vec<Handle>, SeqId)> {
-        let b = self.remove(h).ok_or(Error::BranchDisposed)?;
-        self.detached.push(b.seq);
+        self.get(h)?;
+        self.unlink(h);
+        // Not `remove`: the runs stay referenced by the detached sequence.
+        let b = self.branches.remove(h).ok_or(Error::BranchDisposed)?;
+        self.detached.push(Detached {
+            seq: b.seq,
+            runs: b.runs,
+            cells: b.position.max(0) as u32,
+        });
         Ok((vec![h], b.seq))
     }
 
@@ -439,8 +459,8 @@ impl BranchStore {
                 ctx.seq_rm(b.seq, -1, -1);
             }
         }
-        for seq in self.detached.drain(..) {
-            ctx.seq_rm(seq, -1, -1);
+        for d in self.detached.drain(..) {
+            ctx.seq_rm(d.seq, -1, -1);
         }
         self.leases = LeasePool::new(self.leases.capacity());
         self.segments.clear();
@@ -449,14 +469,17 @@ impl BranchStore {
 
     pub fn kv_pressure(&self, ctx: &Context) -> KvPressure {
         let mut used = self.segments.total;
-        // Sequences no live branch owns (raw decodes, destroyed branches) count as contiguous runs.
+        // Sequences no live branch owns (raw decodes) count as contiguous runs; destroyed
+        // branches' sequences are in `segments` already, plus what raw decodes added to them.
         for seq in 0..self.leases.capacity() as SeqId {
-            let owned = self.leases.is_leased(seq) && !self.detached.contains(&seq);
-            if !owned {
-                let max = ctx.seq_pos_max(seq);
-                if max >= 0 {
-                    used += (max - ctx.seq_pos_min(seq).max(0) + 1) as u64;
-                }
+            let detached = self.detached.iter().find(|d| d.seq == seq);
+            if self.leases.is_leased(seq) && detached.is_none() {
+                continue;
+            }
+            let max = ctx.seq_pos_max(seq);
+            if max >= 0 {
+                let extent = (max - ctx.seq_pos_min(seq).max(0) + 1) as u64;
+                used += extent.saturating_sub(detached.map_or(0, |d| d.cells as u64));
             }
         }
         let n_ctx = ctx.n_ctx();

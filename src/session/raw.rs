@@ -227,7 +227,7 @@ impl SessionContext {
             }
             engine.store.clear(&engine.ctx);
             engine.ctx.clear_memory();
-            raw_decode(engine, &tokens, 0, 0)
+            raw_decode(engine, &tokens, 0, 0, &|| false)
         })
     }
 
@@ -351,7 +351,7 @@ impl SessionContext {
         let seq = seq_from(seq_id, self.info.n_seq_max).map_err(to_js)?;
         self.submit(env, move |engine| {
             ensure_unleased(engine, seq, "decodeAndCapture")?;
-            raw_decode(engine, &tokens, position, seq)?;
+            raw_decode(engine, &tokens, position, seq, &|| false)?;
             Ok(Float32Array::new(engine.ctx.logits_at(-1)?.to_vec()))
         })
     }

@@ -20,6 +20,7 @@ import type {
   Produced,
   KvPressure,
   LlamaBranchError,
+  OperationOptions,
   ErrorCode,
   BranchToken,
   ChatMessage,
@@ -152,6 +153,22 @@ async function main(): Promise<void> {
   const produced: Produced[] = store.produce(forks);
   await store.commit(forks.map((b, i) => [b, produced[i].token]));
   await store.commit([[forks[0], 1]] as const);
+  // Cancellation: every long operation takes { signal }.
+  const controller = new AbortController();
+  const opOptions: OperationOptions = { signal: controller.signal };
+  await store.prefill([[forks[0], [5]]], opOptions);
+  await store.commit([[forks[0], 1]], { signal: controller.signal });
+  await forks[0].prefill([6], opOptions);
+  await forks[0].commit(1, {});
+  await forks[0].decodeAndCaptureOne(1, opOptions);
+  await ctx.decode([1], 0, 1, opOptions);
+  await ctx.decode([1], 0, { signal: AbortSignal.timeout(1000) });
+  controller.abort(new Error('done'));
+  try {
+    await forks[0].prefill([7], opOptions);
+  } catch (e) {
+    if ((e as LlamaBranchError).code === 'ERR_ABORTED') console.log((e as Error).name, (e as Error).cause);
+  }
   const free: number = store.available;
   const kv: KvPressure = store.kvPressure();
   const used: number = kv.cellsUsed + kv.remaining - kv.nCtx;
