@@ -251,7 +251,8 @@ async function main() {
   produceUs.fullVocabTopP = perCall(() => forks[3].produce(), Math.ceil(calls / 4));
   forks[4].setSamplerParams({ temperature: 0.8, penalties: { repeat: 1.1 } });
   produceUs.penalties = perCall(() => forks[4].produce(), Math.ceil(calls / 4));
-  const batch = forks.slice(0, Math.min(16, forks.length));
+  // greedy forks untouched by the parameter changes above
+  const batch = forks.slice(5, 21);
   produceUs.storeProducePerBranchGreedy = perCall(() => store.produce(batch), Math.ceil(calls / 4)) / batch.length;
   log(`produce() µs/call: ${JSON.stringify(Object.fromEntries(Object.entries(produceUs).map(([k, v]) => [k, Math.round(v)])))}`);
   await big.pruneSubtree();
