@@ -2,21 +2,23 @@
 'use strict';
 
 /**
- * Benchmark: N-branch greedy generation on the default model, three ways, in one run:
- *   ours       store.produce(branches) + ONE store.commit per step (the loop a user writes)
- *   sequential the same branches advanced one branch.commit at a time
- *   raw        the same batches fed straight to llama_decode from Rust, argmax only
- * plus prefill throughput, produce() cost, fork() cost and RSS. Ratios are the headline:
- * this machine is noisy, absolute numbers move ±15 % between runs.
+ * Benchmark (issue 6): N-branch greedy generation on the default model, three ways, measured
+ * interleaved in one run so that machine noise hits all three alike:
+ *   ours        store.produce(branches) + ONE store.commit per step (the loop a user writes)
+ *   sequential  the same branches advanced one branch.produce() + branch.commit at a time
+ *   raw         the same batches fed straight to llama_decode from Rust, argmax only
+ * plus prefill throughput (1×512 and 16×32 through store.prefill), the 2-row batch plan,
+ * fork() cost and KV cells, produce() cost per call, and RSS after load (separate processes).
+ * Ratios are the headline: absolute numbers move with machine load.
  *
  * Usage: node bench/run.js [--quick] [--n=1,2,4,8] [--steps=32] [--reps=3]
- * Writes bench/results/bench-<timestamp>.json and bench/results/chart.svg.
+ * Writes bench/results/bench-<timestamp>.json and bench/results/chart.svg; prints a table.
  */
 
 const fs = require('node:fs');
 const path = require('node:path');
 const { execFileSync } = require('node:child_process');
-const { createContext, Branch, BranchStore, jsonSchemaToGrammar } = require('..');
+const { createContext, Branch, BranchStore, jsonSchemaToGrammar, systemInfo } = require('..');
 const { ensureModel } = require('../scripts/fetch-model');
 
 const args = Object.fromEntries(process.argv.slice(2).map((a) => {
@@ -24,18 +26,25 @@ const args = Object.fromEntries(process.argv.slice(2).map((a) => {
   return [k, v === undefined ? true : v];
 }));
 const QUICK = Boolean(args.quick);
-const NS = (args.n ? String(args.n).split(',').map(Number) : QUICK ? [1, 2, 4, 8] : [1, 2, 4, 8, 16, 32, 64]);
-const STEPS = Number(args.steps || (QUICK ? 16 : 32));
+const NS = args.n ? String(args.n).split(',').map(Number) : QUICK ? [1, 2, 4, 8] : [1, 2, 4, 8, 16, 32, 64];
+const STEPS = Number(args.steps || (QUICK ? 8 : 32));
 const REPS = Number(args.reps || (QUICK ? 1 : 3));
 const THREADS = 2;
+const N_CTX = 4096;
+const PROMPT_TOKENS = 128;
 const MODEL = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : ensureModel();
 
-const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+};
 const now = () => Number(process.hrtime.bigint()) / 1e6;
 const log = (...a) => console.error('[bench]', ...a);
+const WORDS = 'The history of the city began with a small settlement by the river, where traders met every spring to exchange grain, cloth and stories. ';
 
-/** Prompt in seq 0, root + N-1 forks, each with a distinct first token (not timed). */
-async function setup(ctx, prompt, n) {
+/** Prompt in seq 0, root + N-1 forks, each given a distinct first token (not timed). */
+async function setup(ctx, store, prompt, n) {
   await ctx.decode(prompt, 0, 0);
   const root = Branch.create(ctx, prompt.length, { temperature: 0 });
   root.captureLogits();
@@ -43,7 +52,7 @@ async function setup(ctx, prompt, n) {
   for (let i = 1; i < n; i++) branches.push(root.fork());
   const logits = root.getLogits();
   const top = Array.from(logits.keys()).sort((a, b) => logits[b] - logits[a]).slice(0, n);
-  await new BranchStore(ctx).commit(branches.map((b, i) => [b, top[i]]));
+  await store.commit(branches.map((b, i) => [b, top[i]]));
   return branches;
 }
 
@@ -52,8 +61,9 @@ async function teardown(ctx, branches) {
   await ctx.kvCacheClear();
 }
 
+/** The loop a user writes: sample every branch in one call, commit all in one decode. */
 async function ours(ctx, store, prompt, n) {
-  const branches = await setup(ctx, prompt, n);
+  const branches = await setup(ctx, store, prompt, n);
   const t0 = now();
   for (let s = 0; s < STEPS; s++) {
     const produced = store.produce(branches);
@@ -64,8 +74,8 @@ async function ours(ctx, store, prompt, n) {
   return ms;
 }
 
-async function sequential(ctx, prompt, n) {
-  const branches = await setup(ctx, prompt, n);
+async function sequential(ctx, store, prompt, n) {
+  const branches = await setup(ctx, store, prompt, n);
   const t0 = now();
   for (let s = 0; s < STEPS; s++) {
     for (const b of branches) await b.commit(b.produce().token);
@@ -75,124 +85,205 @@ async function sequential(ctx, prompt, n) {
   return ms;
 }
 
+/** Rows per decode in store.commit's plan (kept in sync with BranchStore::commit). */
+const planRows = (n) => (n === 2 ? 1 : n);
+
 function perCall(fn, calls) {
-  fn();
-  const t0 = now();
-  for (let i = 0; i < calls; i++) fn();
-  return ((now() - t0) / calls) * 1000;
+  for (let i = 0; i < 3; i++) fn();
+  const samples = [];
+  for (let i = 0; i < calls; i++) {
+    const t0 = now();
+    fn();
+    samples.push((now() - t0) * 1000);
+  }
+  return median(samples);
 }
 
 function rssAfterLoad(nSeqMax) {
-  const code = `require(${JSON.stringify(path.join(__dirname, '..'))}).createContext({modelPath:${JSON.stringify(MODEL)},nCtx:4096,nSeqMax:${nSeqMax},nThreads:${THREADS}}).then(c=>{process.stdout.write(String(process.memoryUsage().rss));c.dispose();})`;
+  const code = `require(${JSON.stringify(path.join(__dirname, '..'))}).createContext({modelPath:${JSON.stringify(MODEL)},nCtx:${N_CTX},nSeqMax:${nSeqMax},nThreads:${THREADS}}).then(c=>{process.stdout.write(String(process.memoryUsage().rss));c.dispose();})`;
   return Number(execFileSync(process.execPath, ['-e', code]).toString()) / 2 ** 20;
 }
 
-function svgChart(rows) {
-  const W = 640, H = 360, pad = 50;
+function svgChart(rows, note) {
+  const W = 640, H = 380, pad = 54;
   const maxY = Math.max(...rows.flatMap((r) => [r.oursTps, r.seqTps, r.rawTps])) * 1.1;
   const xs = rows.map((r) => r.n);
-  const x = (n) => pad + ((Math.log2(n) - Math.log2(xs[0])) / Math.max(1, Math.log2(xs[xs.length - 1]) - Math.log2(xs[0]))) * (W - 2 * pad);
+  const span = Math.max(1, Math.log2(xs[xs.length - 1]) - Math.log2(xs[0]));
+  const x = (n) => pad + ((Math.log2(n) - Math.log2(xs[0])) / span) * (W - 2 * pad);
   const y = (v) => H - pad - (v / maxY) * (H - 2 * pad);
-  const series = [['rawTps', '#999', 'raw llama_decode'], ['oursTps', '#d33', 'ours (store.commit + produce)'], ['seqTps', '#36c', 'sequential branch.commit']];
+  const series = [['rawTps', '#999', 'raw llama_decode + argmax'], ['oursTps', '#d33', 'ours: store.produce + store.commit'], ['seqTps', '#36c', 'sequential branch.commit']];
   const lines = series.map(([k, color, label], i) => {
     const pts = rows.map((r) => `${x(r.n).toFixed(1)},${y(r[k]).toFixed(1)}`).join(' ');
-    return `<polyline fill="none" stroke="${color}" stroke-width="2" points="${pts}"/>` +
-      `<text x="${pad + 10}" y="${pad + 16 * i}" fill="${color}" font-size="12">${label}</text>`;
+    const dots = rows.map((r) => `<circle cx="${x(r.n).toFixed(1)}" cy="${y(r[k]).toFixed(1)}" r="2.5" fill="${color}"/>`).join('');
+    return `<polyline fill="none" stroke="${color}" stroke-width="2" points="${pts}"/>${dots}` +
+      `<text x="${pad + 10}" y="${pad - 20 + 15 * i}" fill="${color}" font-size="12">${label}</text>`;
   });
   const ticks = rows.map((r) => `<text x="${x(r.n)}" y="${H - pad + 16}" font-size="11" text-anchor="middle">${r.n}</text>`);
-  const yt = [0, 0.25, 0.5, 0.75, 1].map((f) => `<text x="${pad - 6}" y="${y(f * maxY) + 4}" font-size="11" text-anchor="end">${Math.round(f * maxY)}</text>`);
+  const yt = [0, 0.25, 0.5, 0.75, 1].map((f) => `<text x="${pad - 6}" y="${y(f * maxY) + 4}" font-size="11" text-anchor="end">${Math.round(f * maxY)}</text>` +
+    `<line x1="${pad}" y1="${y(f * maxY)}" x2="${W - pad}" y2="${y(f * maxY)}" stroke="#eee"/>`);
   return `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" font-family="sans-serif">
 <rect width="100%" height="100%" fill="white"/>
-<line x1="${pad}" y1="${H - pad}" x2="${W - pad}" y2="${H - pad}" stroke="black"/><line x1="${pad}" y1="${pad}" x2="${pad}" y2="${H - pad}" stroke="black"/>
-${ticks.join('')}${yt.join('')}
-<text x="${W / 2}" y="${H - 10}" font-size="12" text-anchor="middle">branches (N)</text>
-<text x="14" y="${H / 2}" font-size="12" transform="rotate(-90 14 ${H / 2})" text-anchor="middle">tokens/s</text>
+${yt.join('')}
+<line x1="${pad}" y1="${H - pad}" x2="${W - pad}" y2="${H - pad}" stroke="black"/><line x1="${pad}" y1="${pad - 30}" x2="${pad}" y2="${H - pad}" stroke="black"/>
+${ticks.join('')}
+<text x="${W / 2}" y="${H - 22}" font-size="12" text-anchor="middle">branches (N)</text>
+<text x="${W / 2}" y="${H - 6}" font-size="10" fill="#555" text-anchor="middle">${note}</text>
+<text x="14" y="${H / 2}" font-size="12" transform="rotate(-90 14 ${H / 2})" text-anchor="middle">tokens/s (all branches)</text>
 ${lines.join('\n')}
 </svg>\n`;
 }
 
+function table(rows) {
+  const head = '|   N | ours tok/s | seq tok/s | raw tok/s | ours/raw | ours/seq | ours ms/step | raw ms/step |';
+  const line = '|----:|-----------:|----------:|----------:|---------:|---------:|-------------:|------------:|';
+  const body = rows.map((r) => `| ${String(r.n).padStart(3)} | ${r.oursTps.toFixed(1).padStart(10)} | ${r.seqTps.toFixed(1).padStart(9)} | ${r.rawTps.toFixed(1).padStart(9)} | ${r.oursOverRaw.toFixed(3).padStart(8)} | ${r.oursOverSeq.toFixed(2).padStart(8)} | ${r.oursMsPerStep.toFixed(1).padStart(12)} | ${r.rawMsPerStep.toFixed(1).padStart(11)} |`);
+  return [head, line, ...body].join('\n');
+}
+
 async function main() {
+  const started = now();
   const maxN = Math.max(...NS);
-  const ctx = await createContext({ modelPath: MODEL, nCtx: 4096, nSeqMax: Math.max(maxN, 2), nThreads: THREADS });
+  const nSeqMax = Math.max(maxN, 32);
+  const ctx = await createContext({ modelPath: MODEL, nCtx: N_CTX, nSeqMax, nThreads: THREADS });
   const store = new BranchStore(ctx);
-  const words = 'The history of the city began with a small settlement by the river, where traders met every spring to exchange grain, cloth and stories. ';
-  const prompt = (await ctx.tokenize(words.repeat(6))).slice(0, 128);
-  log(`model ${path.basename(MODEL)}, ${THREADS} threads, prompt ${prompt.length} tokens, ${STEPS} steps, ${REPS} reps, N = ${NS.join(',')}`);
+  const prompt = (await ctx.tokenize(WORDS.repeat(6))).slice(0, PROMPT_TOKENS);
+  log(`model ${path.basename(MODEL)}, ${THREADS} threads, nCtx ${N_CTX}, prompt ${prompt.length} tokens, ${STEPS} greedy steps, ${REPS} reps, N = ${NS.join(',')}`);
 
-  // warm-up (excluded)
+  // Warm-up (excluded): first decodes allocate and fault in buffers.
   await ours(ctx, store, prompt, Math.min(4, maxN));
-  await ctx._benchRawGenerate(prompt, 1, 4);
+  await sequential(ctx, store, prompt, 1);
+  await ctx._benchRawGenerate(prompt, maxN, 2);
 
+  // Generation: per rep, the three series run back to back in a rotating order.
   const rows = [];
   for (const n of NS) {
-    const o = [], s = [], r = [];
+    const ms = { ours: [], seq: [], raw: [] };
+    const run = {
+      ours: () => ours(ctx, store, prompt, n),
+      seq: () => sequential(ctx, store, prompt, n),
+      raw: () => ctx._benchRawGenerate(prompt, n, STEPS, planRows(n)),
+    };
+    const order = ['ours', 'seq', 'raw'];
     for (let rep = 0; rep < REPS; rep++) {
-      r.push(await ctx._benchRawGenerate(prompt, n, STEPS));
-      o.push(await ours(ctx, store, prompt, n));
-      s.push(await sequential(ctx, prompt, n));
+      for (let k = 0; k < 3; k++) {
+        const name = order[(rep + k) % 3];
+        ms[name].push(await run[name]());
+      }
     }
-    const tps = (ms) => (n * STEPS) / (ms / 1000);
-    const row = { n, oursMsPerStep: median(o) / STEPS, seqMsPerStep: median(s) / STEPS, rawMsPerStep: median(r) / STEPS, oursTps: tps(median(o)), seqTps: tps(median(s)), rawTps: tps(median(r)) };
+    const tps = (x) => (n * STEPS) / (median(x) / 1000);
+    const row = {
+      n,
+      oursTps: tps(ms.ours), seqTps: tps(ms.seq), rawTps: tps(ms.raw),
+      oursMsPerStep: median(ms.ours) / STEPS, seqMsPerStep: median(ms.seq) / STEPS, rawMsPerStep: median(ms.raw) / STEPS,
+      // per-rep ratios (interleaved pairs), for the spread
+      oursOverRawReps: ms.ours.map((o, i) => ms.raw[i] / o),
+      samplesMs: ms,
+    };
     row.oursOverRaw = row.oursTps / row.rawTps;
     row.oursOverSeq = row.oursTps / row.seqTps;
     rows.push(row);
-    log(`N=${n}: ours ${row.oursTps.toFixed(1)} tok/s (${row.oursMsPerStep.toFixed(1)} ms/step), sequential ${row.seqTps.toFixed(1)}, raw ${row.rawTps.toFixed(1)}; ours/raw ${row.oursOverRaw.toFixed(3)}, ours/seq ${row.oursOverSeq.toFixed(2)}`);
+    log(`N=${n}: ours ${row.oursTps.toFixed(1)} tok/s (${row.oursMsPerStep.toFixed(1)} ms/step), sequential ${row.seqTps.toFixed(1)}, raw ${row.rawTps.toFixed(1)}; ours/raw ${row.oursOverRaw.toFixed(3)} [reps ${row.oursOverRawReps.map((v) => v.toFixed(3)).join(' ')}], ours/seq ${row.oursOverSeq.toFixed(2)}`);
   }
 
-  // prefill: one 512-token run, and 16 runs of 32 tokens packed by store.prefill
-  const long = (await ctx.tokenize(words.repeat(30), false)).slice(0, 512);
-  await ctx.decode([long[0]], 0, 0);
-  const solo = Branch.create(ctx, 1, { temperature: 0 });
-  let t0 = now();
-  await solo.prefill(long.slice(1));
-  const prefillSoloTps = 511 / ((now() - t0) / 1000);
-  const kids = Array.from({ length: 15 }, () => solo.fork());
-  const runs = [solo, ...kids].map((b, i) => [b, long.slice(i * 32, i * 32 + 32)]);
-  t0 = now();
-  await store.prefill(runs);
-  const prefillPackedTps = 512 / ((now() - t0) / 1000);
-  await solo.pruneSubtree();
-  await ctx.kvCacheClear();
-  log(`prefill: 1×512 ${prefillSoloTps.toFixed(0)} tok/s, 16×32 packed ${prefillPackedTps.toFixed(0)} tok/s`);
+  // The 2-row plan: one 2-row decode against two 1-row decodes (raw, interleaved).
+  const twoRow = { oneDecodeMs: [], twoDecodesMs: [] };
+  if (maxN >= 2) {
+    for (let rep = 0; rep < REPS; rep++) {
+      twoRow.oneDecodeMs.push(await ctx._benchRawGenerate(prompt, 2, STEPS, 2));
+      twoRow.twoDecodesMs.push(await ctx._benchRawGenerate(prompt, 2, STEPS, 1));
+    }
+    twoRow.oneDecodeMsPerStep = median(twoRow.oneDecodeMs) / STEPS;
+    twoRow.twoDecodesMsPerStep = median(twoRow.twoDecodesMs) / STEPS;
+    log(`N=2 plan: one 2-row decode ${twoRow.oneDecodeMsPerStep.toFixed(1)} ms/step, two 1-row decodes ${twoRow.twoDecodesMsPerStep.toFixed(1)} ms/step`);
+  }
 
-  // fork of a ~1k-token branch: time and cells
-  const thousand = (await ctx.tokenize(words.repeat(40))).slice(0, 1000);
+  // Prefill through store.prefill: one 512-token run, and 16 runs of 32 tokens packed together.
+  const long = (await ctx.tokenize(WORDS.repeat(30), false)).slice(0, 513);
+  const prefill = { soloMs: [], packedMs: [] };
+  for (let rep = 0; rep < REPS; rep++) {
+    await ctx.decode([long[0]], 0, 0);
+    const solo = Branch.create(ctx, 1, { temperature: 0 });
+    let t0 = now();
+    await store.prefill([[solo, long.slice(1, 513)]]);
+    prefill.soloMs.push(now() - t0);
+    await teardown(ctx, [solo]);
+
+    await ctx.decode([long[0]], 0, 0);
+    const root = Branch.create(ctx, 1, { temperature: 0 });
+    const all = [root, ...Array.from({ length: 15 }, () => root.fork())];
+    const runs = all.map((b, i) => [b, long.slice(1 + i * 32, 1 + i * 32 + 32)]);
+    t0 = now();
+    await store.prefill(runs);
+    prefill.packedMs.push(now() - t0);
+    await teardown(ctx, [root]);
+  }
+  prefill.soloTps = 512 / (median(prefill.soloMs) / 1000);
+  prefill.packedTps = 512 / (median(prefill.packedMs) / 1000);
+  log(`prefill: 1×512 ${prefill.soloTps.toFixed(0)} tok/s, 16×32 packed ${prefill.packedTps.toFixed(0)} tok/s`);
+
+  // fork() of a 1000-token branch: µs per fork and KV cells used.
+  const thousand = (await ctx.tokenize(WORDS.repeat(40))).slice(0, 1000);
   await ctx.decode(thousand, 0, 0);
   const big = Branch.create(ctx, thousand.length, { temperature: 0 });
   big.captureLogits();
+  const nForks = Math.min(nSeqMax - 1, 31);
   const cellsBefore = store.kvPressure().cellsUsed;
-  t0 = now();
-  const forks = Array.from({ length: 8 }, () => big.fork());
-  const forkUs = ((now() - t0) / 8) * 1000;
-  const cellsAfter = store.kvPressure().cellsUsed;
-  log(`fork of a ${thousand.length}-token branch: ${forkUs.toFixed(0)} µs, cells ${cellsBefore} -> ${cellsAfter} after 8 forks`);
+  const forkSamples = [];
+  const forks = [];
+  for (let i = 0; i < nForks; i++) {
+    const t0 = now();
+    forks.push(big.fork());
+    forkSamples.push((now() - t0) * 1000);
+  }
+  const fork = { us: median(forkSamples), forks: nForks, cellsBefore, cellsAfter: store.kvPressure().cellsUsed };
+  log(`fork of a ${thousand.length}-token branch: ${fork.us.toFixed(0)} µs (median of ${nForks}); KV cells used ${fork.cellsBefore} -> ${fork.cellsAfter} after ${nForks} forks`);
 
-  // produce() per call on the 262k vocabulary
+  // produce() per call on the 262k vocabulary (the branch's logits do not change between calls).
+  const calls = QUICK ? 30 : 200;
   const produceUs = {};
-  produceUs.greedy = perCall(() => forks[0].produce(), 300);
+  produceUs.greedy = perCall(() => forks[0].produce(), calls);
   forks[1].setSamplerParams({});
-  produceUs.defaultParams = perCall(() => forks[1].produce(), 300);
-  forks[2].setSamplerParams({ temperature: 0.8, topK: 0, topP: 0.95, minP: 0.05 });
-  produceUs.fullVocabTopP = perCall(() => forks[2].produce(), 50);
-  forks[3].setSamplerParams({ temperature: 0, grammar: await jsonSchemaToGrammar({ type: 'object', properties: { a: { type: 'string' } } }) });
-  produceUs.grammar = perCall(() => forks[3].produce(), 100);
+  produceUs.defaultParams = perCall(() => forks[1].produce(), calls);
+  const grammar = await jsonSchemaToGrammar({ type: 'object', properties: { name: { type: 'string' }, age: { type: 'integer' } } });
+  forks[2].setSamplerParams({ temperature: 0, grammar });
+  produceUs.grammar = perCall(() => forks[2].produce(), Math.ceil(calls / 4));
+  forks[3].setSamplerParams({ temperature: 0.8, topK: 0, topP: 0.95, minP: 0.05 });
+  produceUs.fullVocabTopP = perCall(() => forks[3].produce(), Math.ceil(calls / 4));
   forks[4].setSamplerParams({ temperature: 0.8, penalties: { repeat: 1.1 } });
-  produceUs.penalties = perCall(() => forks[4].produce(), 50);
+  produceUs.penalties = perCall(() => forks[4].produce(), Math.ceil(calls / 4));
+  // greedy forks untouched by the parameter changes above
+  const batch = forks.slice(5, 21);
+  produceUs.storeProducePerBranchGreedy = perCall(() => store.produce(batch), Math.ceil(calls / 4)) / batch.length;
   log(`produce() µs/call: ${JSON.stringify(Object.fromEntries(Object.entries(produceUs).map(([k, v]) => [k, Math.round(v)])))}`);
   await big.pruneSubtree();
   ctx.dispose();
 
-  const rss = { 1: rssAfterLoad(1), 8: rssAfterLoad(8), 32: rssAfterLoad(32) };
+  const rss = {};
+  for (const n of [1, 8, 32]) rss[n] = rssAfterLoad(n);
   log(`RSS after load (MiB) by nSeqMax: ${JSON.stringify(Object.fromEntries(Object.entries(rss).map(([k, v]) => [k, Math.round(v)])))}`);
 
-  const result = { date: new Date().toISOString(), model: path.basename(MODEL), threads: THREADS, promptTokens: prompt.length, steps: STEPS, reps: REPS, rows, prefillSoloTps, prefillPackedTps, forkUs, forkCells: { before: cellsBefore, after: cellsAfter }, produceUs, rssMiB: rss };
+  const result = {
+    date: new Date().toISOString(),
+    model: path.basename(MODEL),
+    cpu: systemInfo(),
+    threads: THREADS, nCtx: N_CTX, promptTokens: prompt.length, steps: STEPS, reps: REPS, quick: QUICK,
+    rows, twoRow, prefill, fork, produceUs, rssMiB: rss,
+    wallSeconds: (now() - started) / 1000,
+  };
   const dir = path.join(__dirname, 'results');
   fs.mkdirSync(dir, { recursive: true });
   const file = path.join(dir, `bench-${result.date.replace(/[:.]/g, '-')}.json`);
   fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
-  fs.writeFileSync(path.join(dir, 'chart.svg'), svgChart(rows));
-  console.log(JSON.stringify(result, null, 2));
-  log(`wrote ${path.relative(process.cwd(), file)} and bench/results/chart.svg`);
+  const note = `Gemma 3 270M Q4_K_M, ${THREADS} threads, ${STEPS} greedy steps, median of ${REPS}; ${result.date.slice(0, 10)}`;
+  fs.writeFileSync(path.join(dir, 'chart.svg'), svgChart(rows, note));
+
+  console.log(table(rows));
+  console.log(`N=2 plan (raw ms/step): one 2-row decode ${twoRow.oneDecodeMsPerStep?.toFixed(1)}, two 1-row decodes ${twoRow.twoDecodesMsPerStep?.toFixed(1)}`);
+  console.log(`prefill tok/s: 1×512 ${prefill.soloTps.toFixed(0)}, 16×32 packed ${prefill.packedTps.toFixed(0)}`);
+  console.log(`fork() of a ${thousand.length}-token branch: ${fork.us.toFixed(0)} µs; KV cells used ${fork.cellsBefore} -> ${fork.cellsAfter} after ${fork.forks} forks`);
+  console.log(`produce() µs/call: greedy ${produceUs.greedy.toFixed(0)}, default params ${produceUs.defaultParams.toFixed(0)}, grammar ${produceUs.grammar.toFixed(0)}, topK 0 ${produceUs.fullVocabTopP.toFixed(0)}, penalties ${produceUs.penalties.toFixed(0)}, store.produce per branch ${produceUs.storeProducePerBranchGreedy.toFixed(0)}`);
+  console.log(`RSS after load (MiB): nSeqMax 1 ${rss[1].toFixed(0)}, 8 ${rss[8].toFixed(0)}, 32 ${rss[32].toFixed(0)}`);
+  console.log(`wrote ${path.relative(process.cwd(), file)} and bench/results/chart.svg in ${result.wallSeconds.toFixed(0)} s`);
 }
 
 if (require.main === module) {

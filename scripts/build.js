@@ -17,6 +17,8 @@
  * Environment:
  *   CARGO_TARGET_DIR          cargo target directory (default ~/.cache/llama-branch/target)
  *   LLAMA_BRANCH_FEATURES     cargo features to enable, e.g. "cuda", "vulkan", "metal"
+ *   LLAMA_BRANCH_CPU          native (default: this machine's full instruction set) or portable
+ *                             (x86-64-v3), or a rustc target-cpu name; see scripts/env.js
  *   LLAMA_BRANCH_SKIP_BUILD=1 do nothing if build/llama_branch.node already exists
  */
 
@@ -27,6 +29,7 @@ const {
   repoRoot,
   targetDir,
   featureArgs,
+  cpuArgs,
   cargoEnv,
   cdylibName,
   addonPath,
@@ -251,7 +254,7 @@ async function main() {
   ensurePrerequisites();
 
   const target = targetDir();
-  const args = ['build', '--release', ...featureArgs()];
+  const args = ['build', '--release', ...featureArgs(), ...cpuArgs()];
   log('building native addon (first build compiles llama.cpp: ~3-6 min on 2 cores) ...');
   log(`cargo ${args.join(' ')}  (CARGO_TARGET_DIR=${target})`);
   const started = Date.now();

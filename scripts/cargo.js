@@ -6,13 +6,13 @@
  *   - CARGO_TARGET_DIR defaults to the shared cache used by scripts/build.js,
  *     so e.g. `cargo test` reuses the llama.cpp already compiled by the build
  *     instead of compiling it again into ./target;
- *   - LLAMA_BRANCH_FEATURES is appended as `--features ...` (the feature set
- *     must match the build's, or llama.cpp is recompiled).
+ *   - LLAMA_BRANCH_FEATURES is appended as `--features ...` and LLAMA_BRANCH_CPU as a
+ *     target-cpu override (both must match the build's, or llama.cpp is recompiled).
  *
  * Usage: node scripts/cargo.js <cargo args...>   e.g. node scripts/cargo.js test --release --lib
  */
 
-const { featureArgs, cargoEnv, findCargo, run } = require('./env');
+const { featureArgs, cpuArgs, cargoEnv, findCargo, run } = require('./env');
 
 const args = process.argv.slice(2);
 if (args.length === 0) {
@@ -22,7 +22,7 @@ if (args.length === 0) {
 
 // Subcommands that compile the crate and therefore accept --features.
 const COMPILING = new Set(['build', 'b', 'check', 'c', 'test', 't', 'bench', 'run', 'r', 'clippy', 'doc', 'd', 'rustc']);
-const features = COMPILING.has(args[0]) ? featureArgs() : [];
+const features = COMPILING.has(args[0]) ? [...featureArgs(), ...cpuArgs()] : [];
 
 // Cargo options must precede a `--` separator (arguments after it go to the test binary).
 const sep = args.indexOf('--');

@@ -46,13 +46,69 @@ function featureArgs() {
 }
 
 /**
+ * The CPU the build targets, from LLAMA_BRANCH_CPU (every cargo call must use the same value:
+ * a different one recompiles llama.cpp):
+ *   native (default) this machine's whole instruction set, AVX-512 included where present, for
+ *                    the Rust code and ggml (GGML_NATIVE). The addon may not run on an older CPU,
+ *                    so do not ship such a build to other machines;
+ *   portable         x86-64-v3 (AVX2, FMA, BMI2, F16C) on x86-64, the generic target elsewhere:
+ *                    for prebuilt packages;
+ *   <name>           any rustc target-cpu name, e.g. x86-64-v4 or znver4.
+ * `.cargo/config.toml` holds the native default; any other choice replaces it with a
+ * `target.'cfg(all())'.rustflags` entry on the cargo command line (which takes precedence over
+ * build.rustflags). Never RUSTFLAGS: it would also be seen by every other cargo build.
+ */
+function cpuArgs() {
+  const choice = (process.env.LLAMA_BRANCH_CPU || 'native').trim() || 'native';
+  if (choice === 'native') return [];
+  if (!/^[A-Za-z0-9_.-]+$/.test(choice)) {
+    console.error(`error: LLAMA_BRANCH_CPU must be native, portable or a target-cpu name, got "${choice}"`);
+    process.exit(2);
+  }
+  const cpu = choice === 'portable' ? (process.arch === 'x64' ? 'x86-64-v3' : 'generic') : choice;
+  return ['--config', `target.'cfg(all())'.rustflags=["-C", "target-cpu=${cpu}"]`];
+}
+
+/**
  * Environment for cargo child processes: the caller's environment plus the
  * resolved CARGO_TARGET_DIR. RUSTFLAGS is deliberately left untouched (and
  * never set here): it would replace the target-cpu flags from
  * .cargo/config.toml and force a full llama.cpp rebuild.
  */
 function cargoEnv() {
-  return { ...process.env, CARGO_TARGET_DIR: targetDir() };
+  const env = { ...process.env, CARGO_TARGET_DIR: targetDir() };
+  const cpuFile = nativeCpuFile(env.CARGO_TARGET_DIR);
+  if (cpuFile) env.CCACHE_EXTRAFILES = [env.CCACHE_EXTRAFILES, cpuFile].filter(Boolean).join(path.delimiter);
+  return env;
+}
+
+/**
+ * For a native build, a file naming this CPU's instruction-set flags, which ccache adds to its
+ * hash: `-march=native` looks the same on every host, so a cache shared between machines could
+ * otherwise hand objects built for another CPU (ccache issue #824). Null when not needed.
+ */
+function nativeCpuFile(target) {
+  const choice = (process.env.LLAMA_BRANCH_CPU || 'native').trim() || 'native';
+  if (choice !== 'native' || process.platform !== 'linux') return null;
+  try {
+    const flags = fs.readFileSync('/proc/cpuinfo', 'utf8').split('\n').find((l) => /^(flags|Features)\s*:/.test(l));
+    if (!flags) return null;
+    const file = path.join(target, 'native-cpu-flags.txt');
+    const content = `${os.arch()} ${flags.split(':')[1].trim()}\n`;
+    let current = null;
+    try {
+      current = fs.readFileSync(file, 'utf8');
+    } catch {
+      // first build in this target dir
+    }
+    if (current !== content) {
+      fs.mkdirSync(target, { recursive: true });
+      fs.writeFileSync(file, content);
+    }
+    return file;
+  } catch {
+    return null;
+  }
 }
 
 /**
@@ -152,6 +208,7 @@ module.exports = {
   repoRoot,
   targetDir,
   featureArgs,
+  cpuArgs,
   cargoEnv,
   cdylibName,
   addonPath,

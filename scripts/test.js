@@ -25,6 +25,7 @@ const path = require('node:path');
 const {
   repoRoot,
   featureArgs,
+  cpuArgs,
   cargoEnv,
   findCargo,
   run,
@@ -66,7 +67,7 @@ const steps = [
         console.error('error: cargo not found; install Rust with rustup (https://rustup.rs)');
         return 127;
       }
-      return run('cargo', ['test', '--release', '--lib', ...featureArgs()], { env: cargoEnv() });
+      return run('cargo', ['test', '--release', '--lib', ...featureArgs(), ...cpuArgs()], { env: cargoEnv() });
     },
   },
   {

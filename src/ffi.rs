@@ -444,6 +444,11 @@ impl Context {
     pub fn as_ptr(&self) -> *mut sys::llama_context {
         self.ptr.as_ptr()
     }
+
+    /// Threads llama.cpp uses for single-token decodes (also how wide our per-branch work goes).
+    pub fn n_threads(&self) -> usize {
+        unsafe { sys::llama_n_threads(self.ptr.as_ptr()) }.max(1) as usize
+    }
 }
 
 fn decode_code_meaning(rc: i32) -> &'static str {

@@ -140,6 +140,15 @@ impl<T> HandleTable<T> {
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.slots.iter_mut().filter_map(|s| s.value.as_mut())
     }
+
+    /// Mutable access to several entries at once (for per-branch work on several threads), in
+    /// the order of `hs`; `None` if any handle is stale or appears twice.
+    pub fn get_many_mut(&mut self, hs: &[Handle]) -> Option<Vec<&mut T>> {
+        let indices: Vec<usize> = hs.iter().map(|&h| self.slot_of(h)).collect::<Option<_>>()?;
+        let mut by_slot: Vec<Option<&mut T>> =
+            self.slots.iter_mut().map(|s| s.value.as_mut()).collect();
+        indices.iter().map(|&i| by_slot[i].take()).collect()
+    }
 }
 
 #[cfg(test)]
@@ -222,6 +231,20 @@ mod tests {
         assert_eq!(handle_generation(wrapped), 0);
         assert!(t.get(last).is_none());
         assert!(t.get(wrapped).is_some());
+    }
+
+    #[test]
+    fn get_many_mut_refuses_duplicates_and_stale_handles() {
+        let mut t = HandleTable::with_capacity(4);
+        let a = t.insert(1).unwrap();
+        let b = t.insert(2).unwrap();
+        for v in t.get_many_mut(&[b, a]).unwrap() {
+            *v *= 10;
+        }
+        assert_eq!((t.get(a), t.get(b)), (Some(&10), Some(&20)));
+        assert!(t.get_many_mut(&[a, a]).is_none());
+        t.remove(b);
+        assert!(t.get_many_mut(&[a, b]).is_none());
     }
 
     #[test]

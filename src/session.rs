@@ -1045,10 +1045,13 @@ impl SessionContext {
             .map_err(to_js)?;
         let model = self.model.clone();
         self.sync("store.produce", |e| {
+            let threads = e.ctx.n_threads();
+            let sampled = e.store.sample_many(&handles, threads);
             handles
                 .iter()
-                .map(|&h| {
-                    let token = e.store.sample(h)?.ok_or_else(|| {
+                .zip(sampled)
+                .map(|(&h, sampled)| {
+                    let token = sampled?.ok_or_else(|| {
                         Error::Grammar(format!(
                             "branch {h}: every candidate is masked (grammar, bias or steer)"
                         ))
@@ -1258,9 +1261,10 @@ impl SessionContext {
     }
 
     /// Bench only (`bench/run.js`): the physical limit for N-branch greedy generation. Decodes
-    /// `prompt` into seq 0, shares it with seqs 1..n, then runs `steps` decodes of one token per
-    /// sequence with a plain argmax per row (no sampler chain, no bookkeeping). Resolves the
-    /// milliseconds spent in the step loop. Needs a context without live branches.
+    /// `prompt` into seq 0, shares it with seqs 1..n, then runs `steps` steps of one token per
+    /// sequence with a plain argmax per row (no sampler chain, no bookkeeping), each step as
+    /// decodes of at most `rows_per_decode` rows (default n). Resolves the milliseconds spent in
+    /// the step loop. Needs a context without live branches.
     #[napi(js_name = "_benchRawGenerate", ts_return_type = "Promise<number>")]
     pub fn _bench_raw_generate<'env>(
         &self,
@@ -1268,8 +1272,10 @@ impl SessionContext {
         prompt: Vec<f64>,
         n: u32,
         steps: u32,
+        rows_per_decode: Option<u32>,
     ) -> napi::Result<Object<'env>> {
         let prompt = self.tokens(&prompt)?;
+        let group = rows_per_decode.unwrap_or(n).clamp(1, n.max(1)) as usize;
         if n == 0 || n > self.info.n_seq_max || n > self.info.n_batch {
             return Err(to_js(Error::invalid(format!(
                 "n must be in [1, min(nSeqMax, nBatch)], got {n}"
@@ -1294,20 +1300,18 @@ impl SessionContext {
             let start = std::time::Instant::now();
             let mut batch = ffi::Batch::default();
             for step in 0..steps as i32 {
-                batch.clear();
-                for (s, &t) in next.iter().enumerate() {
-                    batch.push(t, prompt.len() as i32 + step, s as i32, true);
-                }
-                ctx.decode(&mut batch)?;
-                for (row, t) in next.iter_mut().enumerate() {
-                    let logits = ctx.logits_at(row as i32)?;
-                    let mut best = 0usize;
-                    for (i, &l) in logits.iter().enumerate() {
-                        if l > logits[best] {
-                            best = i;
-                        }
+                for (c, chunk) in next.chunks_mut(group).enumerate() {
+                    batch.clear();
+                    for (i, &t) in chunk.iter().enumerate() {
+                        batch.push(t, prompt.len() as i32 + step, (c * group + i) as i32, true);
                     }
-                    *t = best as Token;
+                    ctx.decode(&mut batch)?;
+                    for (row, t) in chunk.iter_mut().enumerate() {
+                        // Argmax as a vectorized max plus a search for it (the fastest plain form).
+                        let logits = ctx.logits_at(row as i32)?;
+                        let max = metrics::finite_max(logits);
+                        *t = logits.iter().position(|&l| l == max).unwrap_or(0) as Token;
+                    }
                 }
             }
             let ms = start.elapsed().as_secs_f64() * 1000.0;

@@ -541,6 +541,7 @@ impl BranchStore {
         if items.is_empty() {
             return Ok(());
         }
+        let mut profile = crate::profile::Phases::start("commit", items.len());
         let handles: Vec<Handle> = items.iter().map(|i| i.0).collect();
         Self::check_distinct(&handles)?;
         if items.len() > ctx.n_batch() as usize {
@@ -567,9 +568,16 @@ impl BranchStore {
                 }
             }
         }
+        // Model surprisal of each accepted token under the logits it was sampled from, computed
+        // below alongside the logits copies (both are full-vocabulary passes).
+        let mut surprisals = vec![f64::INFINITY; items.len()];
+        let threads = ctx.n_threads();
+        if let Some(p) = profile.as_mut() {
+            p.mark("validate");
+        }
         // A 2-row batch is slower than two 1-row decodes on CPU (measured), so split that case.
         let group = if items.len() == 2 { 1 } else { items.len() };
-        for chunk in items.chunks(group) {
+        for (c, chunk) in items.chunks(group).enumerate() {
             if cancel() {
                 self.roll_back_kv(ctx, &handles);
                 return Err(Error::Aborted);
@@ -586,22 +594,40 @@ impl BranchStore {
                 self.roll_back_kv(ctx, &handles);
                 return Err(e);
             }
-            for (row, &(h, _)) in chunk.iter().enumerate() {
-                let logits = match ctx.logits_at(row as i32) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        self.roll_back_kv(ctx, &handles);
-                        return Err(e);
-                    }
-                };
-                let b = self.branches.get_mut(h).ok_or(Error::BranchDisposed)?;
+            if let Some(p) = profile.as_mut() {
+                p.mark("llama_decode");
+            }
+            let rows: Result<Vec<&[f32]>> = (0..chunk.len())
+                .map(|row| ctx.logits_at(row as i32))
+                .collect();
+            let rows = match rows {
+                Ok(rows) => rows,
+                Err(e) => {
+                    self.roll_back_kv(ctx, &handles);
+                    return Err(e);
+                }
+            };
+            let chunk_handles = &handles[c * group..c * group + chunk.len()];
+            let branches = self
+                .branches
+                .get_many_mut(chunk_handles)
+                .ok_or(Error::BranchDisposed)?;
+            let out = &mut surprisals[c * group..c * group + chunk.len()];
+            let mut work: Vec<_> = branches.into_iter().zip(rows).zip(chunk).zip(out).collect();
+            crate::parallel::for_each(&mut work, threads, 2, |(((b, row), &(_, token)), out)| {
+                if accept && b.has_logits {
+                    **out = metrics::surprisal(&b.logits, token as usize, Base::Nats);
+                }
                 b.pending_logits.clear();
-                b.pending_logits.extend_from_slice(logits);
+                b.pending_logits.extend_from_slice(row);
+            });
+            if let Some(p) = profile.as_mut() {
+                p.mark("copy rows + surprisal");
             }
         }
-        for &(h, token) in items {
+        for (&(h, token), &surprisal) in items.iter().zip(&surprisals) {
             if accept {
-                self.accept(h, token)?;
+                self.accept_with_surprisal(h, token, surprisal)?;
             }
             let b = self.branches.get_mut(h).ok_or(Error::BranchDisposed)?;
             std::mem::swap(&mut b.logits, &mut b.pending_logits);
@@ -610,6 +636,9 @@ impl BranchStore {
             let mut runs = std::mem::take(&mut b.runs);
             self.segments.append(&mut runs, 1);
             self.get_mut(h)?.runs = runs;
+        }
+        if let Some(p) = profile.as_mut() {
+            p.mark("accept + bookkeeping");
         }
         Ok(())
     }
@@ -723,19 +752,47 @@ impl BranchStore {
     /// Samples from the branch's snapshot (no KV write, no accept). `Ok(None)`: every token is masked.
     pub fn sample(&mut self, h: Handle) -> Result<Option<Token>> {
         let b = self.branches.get_mut(h).ok_or(Error::BranchDisposed)?;
-        if !b.has_logits {
-            return Err(Error::NoLogits);
-        }
-        let static_bias = b.chain.config().logit_bias.as_slice();
-        let logits = sampling::biased(&b.logits, &[static_bias, &b.steer], &mut self.bias_scratch);
-        let sampled =
-            sampling::sample(&mut b.chain, b.grammar.as_mut(), logits, &mut b.candidates)?;
-        b.last_sampled = sampled.as_ref().map(|s| s.token);
-        Ok(b.last_sampled)
+        sample_branch(b, &mut self.bias_scratch)
+    }
+
+    /// `sample` for several branches, spread over `threads` threads (each branch has its own
+    /// sampler state, so the order does not matter). One result per handle, in order.
+    pub fn sample_many(
+        &mut self,
+        handles: &[Handle],
+        threads: usize,
+    ) -> Vec<Result<Option<Token>>> {
+        let _profile = crate::profile::Phases::start("produce", handles.len());
+        let Some(branches) = self.branches.get_many_mut(handles) else {
+            // A stale or repeated handle: sample one by one, each gets its own result.
+            return handles.iter().map(|&h| self.sample(h)).collect();
+        };
+        let mut work: Vec<_> = branches.into_iter().map(|b| (b, Ok(None))).collect();
+        crate::parallel::for_each(&mut work, threads, 4, |(b, result)| {
+            *result = sample_branch(b, &mut Vec::new());
+        });
+        work.into_iter().map(|(_, r)| r).collect()
     }
 
     /// Advances the grammar and the penalty window, and records both perplexities.
     pub fn accept(&mut self, h: Handle, token: Token) -> Result<()> {
+        let b = self.get(h)?;
+        let surprisal = if b.has_logits && token >= 0 && (token as usize) < b.logits.len() {
+            metrics::surprisal(&b.logits, token as usize, Base::Nats)
+        } else {
+            f64::INFINITY
+        };
+        self.accept_with_surprisal(h, token, surprisal)
+    }
+
+    /// `accept` with the model surprisal of `token` already computed from the branch's logits
+    /// (infinite when it has none: not counted).
+    fn accept_with_surprisal(
+        &mut self,
+        h: Handle,
+        token: Token,
+        model_surprisal: f64,
+    ) -> Result<()> {
         let b = self.branches.get_mut(h).ok_or(Error::BranchDisposed)?;
         if token < 0 || token as usize >= b.logits.len() {
             return Err(Error::TokenOutOfRange {
@@ -755,10 +812,7 @@ impl BranchStore {
             g.accept(token)?;
         }
         b.chain.accept(token)?;
-        if b.has_logits {
-            b.model_ppl
-                .add(metrics::surprisal(&b.logits, token as usize, Base::Nats));
-        }
+        b.model_ppl.add(model_surprisal);
         if b.last_sampled == Some(token) && !b.candidates.is_empty() {
             let logits: Vec<f32> = b.candidates.iter().map(|c| c.logit).collect();
             if let Some(i) = b.candidates.iter().position(|c| c.id == token) {
@@ -808,6 +862,18 @@ impl BranchStore {
         self.get_mut(h)?.grammar = grammar;
         Ok(())
     }
+}
+
+/// Samples from the branch's snapshot; `scratch` receives the biased copy when there are biases.
+fn sample_branch(b: &mut BranchState, scratch: &mut Vec<f32>) -> Result<Option<Token>> {
+    if !b.has_logits {
+        return Err(Error::NoLogits);
+    }
+    let static_bias = b.chain.config().logit_bias.as_slice();
+    let logits = sampling::biased(&b.logits, &[static_bias, &b.steer], scratch);
+    let sampled = sampling::sample(&mut b.chain, b.grammar.as_mut(), logits, &mut b.candidates)?;
+    b.last_sampled = sampled.as_ref().map(|s| s.token);
+    Ok(b.last_sampled)
 }
 
 fn validate_n_batch(n_batch: Option<u32>, ctx: &Context) -> Result<u32> {
