@@ -402,7 +402,7 @@ impl Context {
     /// Runs one `llama_decode` over `batch`. The caller has already checked sizes, seq ids and
     /// positions; this returns llama.cpp's code mapped to an error.
     pub fn decode(&mut self, batch: &mut Batch) -> Result<()> {
-        if batch.len() == 0 {
+        if batch.is_empty() {
             return Ok(());
         }
         if batch.len() > self.n_batch() as usize {

@@ -208,7 +208,7 @@ mod tests {
         let logits = vec![0.0f32; 100];
         assert!(close(surprisal(&logits, 3, Base::Nats), (100f64).ln()));
         assert!(close(entropy(&logits, Base::Nats), (100f64).ln()));
-        assert!(close(entropy(&vec![1.5f32; 8], Base::Bits), 3.0));
+        assert!(close(entropy(&[1.5f32; 8], Base::Bits), 3.0));
     }
 
     #[test]

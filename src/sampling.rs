@@ -118,6 +118,15 @@ fn probability(name: &str, v: f64, allow_zero: bool) -> Result<f32> {
     Ok(v as f32)
 }
 
+/// Raw DRY fields: multiplier, base, allowedLength, penaltyLastN, sequenceBreakers.
+pub type RawDry = (
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    Option<Vec<String>>,
+);
+
 /// Raw, unvalidated values as read from JS (each `None` = use the default).
 #[derive(Debug, Clone, Default)]
 pub struct RawSampling {
@@ -133,13 +142,7 @@ pub struct RawSampling {
     pub last_n: Option<f64>,
     pub typical_p: Option<f64>,
     pub mirostat: Option<(Option<f64>, Option<f64>, Option<f64>)>,
-    pub dry: Option<(
-        Option<f64>,
-        Option<f64>,
-        Option<f64>,
-        Option<f64>,
-        Option<Vec<String>>,
-    )>,
+    pub dry: Option<RawDry>,
     pub xtc: Option<(Option<f64>, Option<f64>)>,
     pub top_n_sigma: Option<f64>,
     pub logit_bias: Vec<(f64, f64)>,
@@ -188,7 +191,7 @@ impl SamplingConfig {
                 )));
             }
             let last_n = match raw.last_n {
-                Some(v) if v == -1.0 => -1,
+                Some(-1.0) => -1,
                 Some(v) => integer("penalties.lastN", v, 0)?,
                 None => 64,
             };

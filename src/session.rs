@@ -22,9 +22,9 @@ use crate::sampling::{self, RawSampling, SamplingConfig};
 use crate::store::{BranchStore, CreateOptions};
 use crate::worker::{js_error, to_js, Shared, Worker};
 
+mod api;
 mod chat;
 mod raw;
-mod api;
 
 pub struct Engine {
     pub ctx: Context,

@@ -12,9 +12,8 @@ use crate::error::Error;
 
 /// Converts our error into a JS `Error` carrying `code`, usable as a rejection or a throw.
 pub fn js_error(env: &Env, e: &Error) -> napi::Error {
-    let raw = unsafe {
-        JsError::from(napi::Error::new(e.code().to_string(), e.to_string())).into_value(env.raw())
-    };
+    let raw =
+        unsafe { JsError::from(napi::Error::new(e.code(), e.to_string())).into_value(env.raw()) };
     match unsafe { Unknown::from_napi_value(env.raw(), raw) } {
         Ok(value) => napi::Error::from(value),
         Err(_) => napi::Error::new(Status::GenericFailure, e.to_string()),
@@ -35,6 +34,12 @@ pub struct Shared<E> {
     /// Jobs queued or running; synchronous calls refuse to run while it is non-zero.
     pub pending: AtomicUsize,
     pub disposed: AtomicBool,
+}
+
+impl<E> Default for Shared<E> {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl<E> Shared<E> {

@@ -435,6 +435,8 @@ impl SessionContext {
 // ---------------------------------------------------------------------------------------------
 // jsonSchemaToGrammar, on the libuv thread pool
 
+// Reached only through the JS export, which test builds do not register.
+#[cfg_attr(test, allow(dead_code))]
 pub struct SchemaToGrammar {
     schema: String,
 }
@@ -454,6 +456,7 @@ impl Task for SchemaToGrammar {
 }
 
 /// Converts a JSON schema (JSON text) to GBNF off the main thread.
+#[cfg_attr(test, allow(dead_code))]
 #[napi(js_name = "jsonSchemaToGrammar")]
 pub fn json_schema_to_grammar(schema: String) -> AsyncTask<SchemaToGrammar> {
     AsyncTask::new(SchemaToGrammar { schema })
