@@ -265,9 +265,7 @@ mod tests {
 
     #[test]
     fn fast_sums_match_f64_reference_on_a_vocab_sized_row() {
-        let logits: Vec<f32> = (0..262_144u32)
-            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) % 4000) as f32 * 0.01 - 25.0)
-            .collect();
+        let logits = vocab_sized_logits();
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
         let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
         let log_z = max + sum.ln();
@@ -298,14 +296,21 @@ mod tests {
     }
 }
 
+/// A reproducible 262,144-entry logits row with a realistic spread, for tests and timings.
+#[cfg(test)]
+pub(crate) fn vocab_sized_logits() -> Vec<f32> {
+    (0..262_144u32)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) % 4000) as f32 * 0.01 - 25.0)
+        .collect()
+}
+
 #[cfg(test)]
 mod timing {
+    use super::vocab_sized_logits;
     #[test]
     #[ignore]
     fn time_lse() {
-        let logits: Vec<f32> = (0..262_144u32)
-            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) % 4000) as f32 * 0.01 - 25.0)
-            .collect();
+        let logits = vocab_sized_logits();
         let mut best = [f64::MAX; 4];
         for _ in 0..200 {
             let t = std::time::Instant::now();

@@ -728,9 +728,7 @@ mod tests {
     #[test]
     #[ignore]
     fn time_top_k() {
-        let logits: Vec<f32> = (0..262_144u32)
-            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) % 4000) as f32 * 0.01 - 25.0)
-            .collect();
+        let logits = crate::metrics::vocab_sized_logits();
         let mut out = Vec::new();
         let mut best = f64::MAX;
         for _ in 0..200 {
