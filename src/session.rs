@@ -504,19 +504,6 @@ impl SessionContext {
         sampling::check_token(v, self.info.n_vocab, "").map_err(to_js)
     }
 
-    /// A caller-supplied logits row must be one full row of this model (a shorter one would be
-    /// read as a different distribution, or make a token index point past its end).
-    fn check_logits_len(&self, logits: &[f32]) -> napi::Result<()> {
-        if logits.len() != self.info.n_vocab as usize {
-            return Err(to_js(Error::invalid(format!(
-                "logits must hold one value per vocabulary entry ({}), got {}; pass a row from getLogits()",
-                self.info.n_vocab,
-                logits.len()
-            ))));
-        }
-        Ok(())
-    }
-
     fn config(&self, params: Option<SamplingParams>) -> napi::Result<SamplingConfig> {
         let raw = params.map(|p| p.to_raw()).unwrap_or_default();
         SamplingConfig::from_raw(&raw, self.info.n_vocab).map_err(to_js)
@@ -761,9 +748,6 @@ impl SessionContext {
         logits: Option<Float32Array>,
     ) -> napi::Result<f64> {
         let base = base_from(base).map_err(to_js)?;
-        if let Some(l) = &logits {
-            self.check_logits_len(l)?;
-        }
         match logits {
             Some(l) => {
                 api::check_logits_arg(self, l.len())?;
@@ -784,9 +768,6 @@ impl SessionContext {
     ) -> napi::Result<f64> {
         let base = base_from(base).map_err(to_js)?;
         let token = self.token(token)?;
-        if let Some(l) = &logits {
-            self.check_logits_len(l)?;
-        }
         match logits {
             Some(l) => {
                 api::check_logits_arg(self, l.len())?;
