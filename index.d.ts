@@ -773,6 +773,15 @@ export declare class Branch implements AsyncIterable<BranchToken> {
    * not inherited. `seqId` requests a specific free lease.
    */
   fork(seqId?: number): Branch;
+  /**
+   * A child sharing only this branch's cells below `position` — a prefix of its tokens, e.g. a
+   * shared system prompt — without copying them. Unless `position` is this branch's own, the
+   * child has no logits snapshot (prefill at least one token before sampling), fresh
+   * perplexities, and a fresh sampler chain and grammar built from this branch's parameters
+   * (the parent's RNG, penalty window and grammar state describe tokens the child lacks).
+   * `position` must be in `[0, position]` of this branch.
+   */
+  forkAt(position: number, seqId?: number): Branch;
   /** Copies the context's last logits row into this branch (after a raw `ctx.decode` for it). */
   captureLogits(): void;
   /** A copy of this branch's logits snapshot (length `vocabSize`). Throws `ERR_NO_LOGITS` if none. */

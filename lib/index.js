@@ -2,7 +2,7 @@
 
 const { fileURLToPath } = require('node:url');
 const native = require('./native');
-const { makeError, finishError } = require('./errors');
+const { makeError } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { installDecodeSignal } = require('./cancel');
@@ -22,7 +22,6 @@ async function createContext(options) {
       throw makeError('ERR_INVALID_ARG', `options.modelPath is not a valid file URL: ${e.message}`);
     }
   }
-  if (typeof modelPath !== 'string' || modelPath === '') throw makeError('ERR_INVALID_ARG', 'options.modelPath is required (a path to a .gguf file)');
   for (const k of NUMBER_OPTIONS) {
     if (options[k] !== undefined && typeof options[k] !== 'number') throw makeError('ERR_INVALID_ARG', `options.${k} must be a number, got ${typeof options[k]}`);
   }
@@ -30,11 +29,7 @@ async function createContext(options) {
     if (options[k] !== undefined && typeof options[k] !== 'boolean') throw makeError('ERR_INVALID_ARG', `options.${k} must be a boolean`);
   }
   if (options.logLevel !== undefined && typeof options.logLevel !== 'string') throw makeError('ERR_INVALID_ARG', 'options.logLevel must be a string');
-  try {
-    return await native.createContext({ ...options, modelPath });
-  } catch (e) {
-    throw finishError(e);
-  }
+  return native.createContext({ ...options, modelPath });
 }
 
 /** Runs `fn(logits)` synchronously on the zero-copy view of the context's last logits row (see getLogits). */
@@ -64,21 +59,7 @@ async function jsonSchemaToGrammar(schema) {
   } else {
     throw makeError('ERR_INVALID_ARG', `jsonSchemaToGrammar(schema): expected a schema object or JSON text, got ${schema === null ? 'null' : typeof schema}`);
   }
-  try {
-    return await native.jsonSchemaToGrammar(text);
-  } catch (e) {
-    throw finishError(e);
-  }
-}
-
-function wrapSync(fn) {
-  return (...args) => {
-    try {
-      return fn(...args);
-    } catch (e) {
-      throw finishError(e);
-    }
-  };
+  return native.jsonSchemaToGrammar(text);
 }
 
 module.exports = {
@@ -88,8 +69,8 @@ module.exports = {
   withLogits,
   SessionContext: native.SessionContext,
   jsonSchemaToGrammar,
-  setLogLevel: wrapSync(native.setLogLevel),
-  systemInfo: wrapSync(native.systemInfo),
+  setLogLevel: native.setLogLevel,
+  systemInfo: native.systemInfo,
   PoolingType: Object.freeze({ UNSPECIFIED: -1, NONE: 0, MEAN: 1, CLS: 2, LAST: 3, RANK: 4 }),
   ReasoningFormat: Object.freeze({ NONE: 0, AUTO: 1, DEEPSEEK_LEGACY: 2, DEEPSEEK: 3 }),
   GrammarTriggerType: Object.freeze({ TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 }),

@@ -14,6 +14,7 @@ use std::ptr::{self, NonNull};
 
 use napi::{sys, Env};
 
+use super::convert::{js, Code};
 use crate::error::Error;
 
 /// Hidden (non-enumerable) property of the ArrayBuffer that keeps its context alive.
@@ -35,13 +36,13 @@ unsafe extern "C" fn keep_memory(_env: sys::napi_env, _data: *mut c_void, _hint:
     // llama.cpp owns the memory; nothing to free.
 }
 
-fn check(status: sys::napi_status, what: &str) -> napi::Result<()> {
+fn check(status: sys::napi_status, what: &str) -> napi::Result<(), Code> {
     if status == sys::Status::napi_ok {
         Ok(())
     } else {
-        Err(napi::Error::from_reason(format!(
-            "[ERR_INTERNAL] internal error: {what} failed (napi status {status})"
-        )))
+        Err(js(Error::Internal(format!(
+            "{what} failed (napi status {status})"
+        ))))
     }
 }
 
@@ -58,7 +59,7 @@ impl LogitsView {
         row: NonNull<f32>,
         len: usize,
         owner: sys::napi_value,
-    ) -> napi::Result<sys::napi_value> {
+    ) -> napi::Result<sys::napi_value, Code> {
         let env = env.raw();
         let buffer = match self.live_buffer(env, row.as_ptr() as usize) {
             Some(buffer) => buffer,
@@ -74,7 +75,7 @@ impl LogitsView {
                     &mut buffer,
                 );
                 if status == sys::Status::napi_no_external_buffers_allowed {
-                    return Err(crate::worker::to_js(Error::Unsupported(
+                    return Err(js(Error::Unsupported(
                         "this JavaScript runtime forbids external ArrayBuffers, so getLogits() cannot return a zero-copy view".into(),
                     )));
                 }

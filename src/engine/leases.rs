@@ -2,7 +2,7 @@
 //! Invariant: a vacant id has no KV cells tagged with it, so a new tenant always starts clean.
 //! (Clearing the KV on release is the store's job; this type is pure bookkeeping.)
 
-pub type SeqId = i32;
+pub use crate::llama::SeqId;
 
 #[derive(Debug, Clone)]
 pub struct LeasePool {

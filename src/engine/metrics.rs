@@ -294,53 +294,11 @@ mod tests {
         p.reset();
         assert_eq!(p.count(), 0);
     }
-}
 
-/// A reproducible 262,144-entry logits row with a realistic spread, for tests and timings.
-#[cfg(test)]
-pub(crate) fn vocab_sized_logits() -> Vec<f32> {
-    (0..262_144u32)
-        .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) % 4000) as f32 * 0.01 - 25.0)
-        .collect()
-}
-
-#[cfg(test)]
-mod timing {
-    use super::vocab_sized_logits;
-    #[test]
-    #[ignore]
-    fn time_lse() {
-        let logits = vocab_sized_logits();
-        let mut best = [f64::MAX; 4];
-        for _ in 0..200 {
-            let t = std::time::Instant::now();
-            std::hint::black_box(super::log_sum_exp(std::hint::black_box(&logits)));
-            best[0] = best[0].min(t.elapsed().as_secs_f64() * 1e6);
-            let t = std::time::Instant::now();
-            let max = logits
-                .iter()
-                .copied()
-                .filter(|x| x.is_finite())
-                .fold(f32::NEG_INFINITY, f32::max);
-            let s: f64 = logits
-                .iter()
-                .filter(|x| x.is_finite())
-                .map(|&x| ((x - max) as f64).exp())
-                .sum();
-            std::hint::black_box(s);
-            best[1] = best[1].min(t.elapsed().as_secs_f64() * 1e6);
-            let t = std::time::Instant::now();
-            std::hint::black_box(super::finite_max(std::hint::black_box(&logits)));
-            best[2] = best[2].min(t.elapsed().as_secs_f64() * 1e6);
-            let mut v = Vec::with_capacity(logits.len());
-            let t = std::time::Instant::now();
-            v.extend_from_slice(&logits);
-            std::hint::black_box(&v);
-            best[3] = best[3].min(t.elapsed().as_secs_f64() * 1e6);
-        }
-        eprintln!(
-            "µs: fast lse {:.1}, old lse {:.1}, max {:.1}, copy {:.1}",
-            best[0], best[1], best[2], best[3]
-        );
+    /// A reproducible 262,144-entry logits row with a realistic spread, for tests.
+    fn vocab_sized_logits() -> Vec<f32> {
+        (0..262_144u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) % 4000) as f32 * 0.01 - 25.0)
+            .collect()
     }
 }

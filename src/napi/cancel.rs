@@ -6,10 +6,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use napi::bindgen_prelude::*;
+use napi::type_of;
 use napi_derive::napi;
 
+use super::context::Engine;
 use crate::error::{Error, Result};
-use crate::session::Engine;
 
 #[napi]
 pub struct CancelToken {
@@ -43,9 +45,35 @@ impl CancelToken {
     }
 }
 
-/// The token's flag, taken on the JS thread so the job can carry it to the worker.
-pub fn flag_of(token: Option<&CancelToken>) -> Option<Arc<AtomicBool>> {
-    token.map(|t| t.flag.clone())
+/// The optional `CancelToken` argument of a cancellable method, converted in the method body
+/// (like `Arg`) so that a wrong value rejects its Promise instead of throwing.
+pub struct CancelArg(napi::Result<Option<Arc<AtomicBool>>>);
+
+impl FromNapiValue for CancelArg {
+    unsafe fn from_napi_value(
+        env: napi::sys::napi_env,
+        value: napi::sys::napi_value,
+    ) -> napi::Result<Self> {
+        let flag = match type_of!(env, value) {
+            Ok(ValueType::Undefined | ValueType::Null) => Ok(None),
+            // SAFETY: napi-rs calls us with a live env and value; `from_napi_ref` checks that
+            // the value wraps a CancelToken before it hands out the reference.
+            _ => unsafe { <CancelToken as FromNapiRef>::from_napi_ref(env, value) }
+                .map(|token| Some(token.flag.clone())),
+        };
+        Ok(CancelArg(flag))
+    }
+}
+
+impl CancelArg {
+    /// The token's flag (taken on the JS thread so the job can carry it to the worker).
+    pub fn get(self, what: &str) -> Result<Option<Arc<AtomicBool>>> {
+        self.0.map_err(|_| {
+            Error::invalid(format!(
+                "{what}: the cancel argument must be a CancelToken or undefined"
+            ))
+        })
+    }
 }
 
 /// Runs `work` on the engine under `flag`: refuses with `Aborted` (touching nothing) if it was

@@ -1,6 +1,6 @@
 //! Chat helpers on `SessionContext`: `formatChat`, `parseChatOutput`, `validateChatTemplate`,
 //! `getTurnSeparator`. Templates are rendered and outputs parsed by llama.cpp's own chat layer
-//! through the C++ shim (`chat_ffi`); this file checks the JS arguments and moves JSON across.
+//! through the C++ shim (`llama::chat`); this file checks the JS arguments and moves JSON across.
 
 use std::ffi::CStr;
 use std::ptr;
@@ -9,23 +9,22 @@ use napi::bindgen_prelude::*;
 use napi::{Env, JsValue};
 use napi_derive::napi;
 
-use super::SessionContext;
-use crate::chat_ffi::{self, FormatRequest, ParseRequest};
+use super::context::{Engine, SessionContext};
+use super::convert::{js, napi_failed, Arg};
 use crate::error::{Error, Result};
-use crate::ffi::{Model, Token};
-use crate::worker::to_js;
+use crate::llama::chat::{self as chat_ffi, FormatRequest, ParseRequest};
+use crate::llama::{Model, Token};
 
 /// JSON text produced natively, handed to JS as the value `JSON.parse` makes of it.
 pub struct JsonText(pub String);
 
-fn check(status: napi::sys::napi_status, what: &str) -> napi::Result<()> {
+fn check(status: napi::sys::napi_status, what: &str) -> Result<()> {
     if status == napi::sys::Status::napi_ok {
         Ok(())
     } else {
-        Err(napi::Error::new(
-            Status::GenericFailure,
-            format!("[ERR_INTERNAL] internal error: {what} failed (napi status {status})"),
-        ))
+        Err(Error::Internal(format!(
+            "{what} failed (napi status {status})"
+        )))
     }
 }
 
@@ -34,7 +33,7 @@ unsafe fn call_json(
     env: napi::sys::napi_env,
     method: &CStr,
     arg: napi::sys::napi_value,
-) -> napi::Result<napi::sys::napi_value> {
+) -> Result<napi::sys::napi_value> {
     let mut global = ptr::null_mut();
     check(
         napi::sys::napi_get_global(env, &mut global),
@@ -60,10 +59,10 @@ unsafe fn call_json(
             let mut exception = ptr::null_mut();
             napi::sys::napi_get_and_clear_last_exception(env, &mut exception);
         }
-        return Err(to_js(Error::invalid(format!(
+        return Err(Error::invalid(format!(
             "value could not be converted with JSON.{} (cyclic or not serialisable)",
             method.to_string_lossy()
-        ))));
+        )));
     }
     Ok(result)
 }
@@ -75,21 +74,25 @@ impl ToNapiValue for JsonText {
     ) -> napi::Result<napi::sys::napi_value> {
         let text = String::to_napi_value(env, val.0)?;
         call_json(env, c"parse", text)
+            .map_err(|e| napi::Error::new(Status::GenericFailure, e.to_string()))
     }
 }
 
 /// A string argument as is; anything else (array, object) as its `JSON.stringify` text.
-fn json_text_of(env: &Env, value: &Unknown, what: &str) -> napi::Result<String> {
-    match value.get_type()? {
-        ValueType::String => unsafe { String::from_napi_value(env.raw(), value.raw()) },
+fn json_text_of(env: &Env, value: &Unknown, what: &str) -> Result<String> {
+    match value.get_type().map_err(napi_failed)? {
+        // SAFETY (both arms): `value` is a live value of this env, of the type just checked.
+        ValueType::String => {
+            unsafe { String::from_napi_value(env.raw(), value.raw()) }.map_err(napi_failed)
+        }
         ValueType::Object => unsafe {
             let text = call_json(env.raw(), c"stringify", value.raw())?;
-            String::from_napi_value(env.raw(), text)
+            String::from_napi_value(env.raw(), text).map_err(napi_failed)
         },
-        other => Err(to_js(Error::invalid(format!(
+        other => Err(Error::invalid(format!(
             "{what} must be a JSON string or an array/object, got {}",
             type_name(other)
-        )))),
+        ))),
     }
 }
 
@@ -109,77 +112,84 @@ fn type_name(t: ValueType) -> &'static str {
 }
 
 /// Reads `options[key]`: `None` when absent, undefined or null.
-fn field<'a>(options: &'a Object, key: &str) -> napi::Result<Option<Unknown<'a>>> {
-    let value: Option<Unknown> = options.get(key)?;
+fn field<'a>(options: &'a Object, key: &str) -> Result<Option<Unknown<'a>>> {
+    let value: Option<Unknown> = options.get(key).map_err(napi_failed)?;
     Ok(match value {
-        Some(v) if !matches!(v.get_type()?, ValueType::Undefined | ValueType::Null) => Some(v),
+        Some(v)
+            if !matches!(
+                v.get_type().map_err(napi_failed)?,
+                ValueType::Undefined | ValueType::Null
+            ) =>
+        {
+            Some(v)
+        }
         _ => None,
     })
 }
 
-fn string_field(env: &Env, options: &Object, key: &str) -> napi::Result<Option<String>> {
+fn string_field(env: &Env, options: &Object, key: &str) -> Result<Option<String>> {
     match field(options, key)? {
         None => Ok(None),
-        Some(v) if v.get_type()? == ValueType::String => Ok(Some(unsafe {
-            String::from_napi_value(env.raw(), v.raw())?
+        Some(v) if v.get_type().map_err(napi_failed)? == ValueType::String => Ok(Some(unsafe {
+            String::from_napi_value(env.raw(), v.raw()).map_err(napi_failed)?
         })),
-        Some(v) => Err(to_js(Error::invalid(format!(
+        Some(v) => Err(Error::invalid(format!(
             "options.{key} must be a string, got {}",
-            type_name(v.get_type()?)
-        )))),
+            type_name(v.get_type().map_err(napi_failed)?)
+        ))),
     }
 }
 
-fn bool_field(env: &Env, options: &Object, key: &str) -> napi::Result<Option<bool>> {
+fn bool_field(env: &Env, options: &Object, key: &str) -> Result<Option<bool>> {
     match field(options, key)? {
         None => Ok(None),
-        Some(v) if v.get_type()? == ValueType::Boolean => {
-            Ok(Some(unsafe { bool::from_napi_value(env.raw(), v.raw())? }))
-        }
-        Some(v) => Err(to_js(Error::invalid(format!(
+        Some(v) if v.get_type().map_err(napi_failed)? == ValueType::Boolean => Ok(Some(unsafe {
+            bool::from_napi_value(env.raw(), v.raw()).map_err(napi_failed)?
+        })),
+        Some(v) => Err(Error::invalid(format!(
             "options.{key} must be a boolean, got {}",
-            type_name(v.get_type()?)
-        )))),
+            type_name(v.get_type().map_err(napi_failed)?)
+        ))),
     }
 }
 
-fn json_field(env: &Env, options: &Object, key: &str) -> napi::Result<Option<String>> {
+fn json_field(env: &Env, options: &Object, key: &str) -> Result<Option<String>> {
     field(options, key)?
         .map(|v| json_text_of(env, &v, &format!("options.{key}")))
         .transpose()
 }
 
 /// `reasoningFormat` of parseChatOutput: the number formatChat reports, or a format name.
-fn reasoning_number(env: &Env, options: &Object) -> napi::Result<i32> {
+fn reasoning_number(env: &Env, options: &Object) -> Result<i32> {
     let Some(v) = field(options, "reasoningFormat")? else {
         return Ok(0);
     };
-    match v.get_type()? {
+    match v.get_type().map_err(napi_failed)? {
         ValueType::Number => {
-            let n = unsafe { f64::from_napi_value(env.raw(), v.raw())? };
+            let n = unsafe { f64::from_napi_value(env.raw(), v.raw()).map_err(napi_failed)? };
             if n.fract() != 0.0 || !(0.0..=3.0).contains(&n) {
-                return Err(to_js(Error::invalid(format!(
+                return Err(Error::invalid(format!(
                     "options.reasoningFormat must be 0..3 (ReasoningFormat), got {n}"
-                ))));
+                )));
             }
             Ok(n as i32)
         }
         ValueType::String => {
-            let s = unsafe { String::from_napi_value(env.raw(), v.raw())? };
+            let s = unsafe { String::from_napi_value(env.raw(), v.raw()).map_err(napi_failed)? };
             match s.as_str() {
                 "none" => Ok(0),
                 "auto" => Ok(1),
                 "deepseek_legacy" | "deepseek-legacy" => Ok(2),
                 "deepseek" => Ok(3),
-                _ => Err(to_js(Error::invalid(format!(
+                _ => Err(Error::invalid(format!(
                     "options.reasoningFormat must be \"none\", \"auto\", \"deepseek\" or \"deepseek_legacy\", got \"{s}\""
-                )))),
+                ))),
             }
         }
-        other => Err(to_js(Error::invalid(format!(
+        other => Err(Error::invalid(format!(
             "options.reasoningFormat must be a number or a string, got {}",
             type_name(other)
-        )))),
+        ))),
     }
 }
 
@@ -187,7 +197,7 @@ fn format_request(
     env: &Env,
     messages: Unknown,
     options: Option<Either<String, Object>>,
-) -> napi::Result<FormatRequest> {
+) -> Result<FormatRequest> {
     let mut req = FormatRequest {
         messages_json: json_text_of(env, &messages, "messages")?,
         enable_thinking: true,
@@ -247,18 +257,24 @@ fn turn_separator(model: &Model) -> Result<Vec<Token>> {
 #[napi]
 impl SessionContext {
     /// Renders `messages` with the model's Jinja chat template (llama.cpp's chat layer).
-    #[napi(ts_return_type = "Promise<FormattedChatResult>")]
+    #[napi(
+        ts_args_type = "messages: string | readonly ChatMessage[], options?: FormatChatOptions | string",
+        ts_return_type = "Promise<FormattedChatResult>"
+    )]
     pub fn format_chat<'env>(
         &self,
         env: &'env Env,
         messages: Unknown,
-        options: Option<Either<String, Object>>,
-    ) -> napi::Result<Object<'env>> {
-        self.live()?;
-        let req = format_request(env, messages, options)?;
+        options: Arg<Option<Either<String, Object>>>,
+    ) -> super::convert::Result<Object<'env>> {
         let model = self.model.clone();
-        self.submit(env, move |_| {
-            chat_ffi::format_chat(&model, &req).map(JsonText)
+        self.spawn_keeping_logits(env, || {
+            let options = options.get(
+                "formatChat: options",
+                "a FormatChatOptions object or a template string",
+            )?;
+            let req = format_request(env, messages, options)?;
+            Ok(move |_: &mut Engine| chat_ffi::format_chat(&model, &req).map(JsonText))
         })
     }
 
@@ -270,10 +286,10 @@ impl SessionContext {
         output: String,
         format: f64,
         options: Option<Object>,
-    ) -> napi::Result<JsonText> {
-        self.live()?;
+    ) -> super::convert::Result<JsonText> {
+        self.live().map_err(js)?;
         if !format.is_finite() || format.fract() != 0.0 || !(0.0..=1e6).contains(&format) {
-            return Err(to_js(Error::invalid(format!(
+            return Err(js(Error::invalid(format!(
                 "format must be the chat format number from formatChat(), got {format}"
             ))));
         }
@@ -283,21 +299,23 @@ impl SessionContext {
             ..ParseRequest::default()
         };
         if let Some(o) = &options {
-            req.reasoning_format = reasoning_number(&env, o)?;
-            req.is_partial = bool_field(&env, o, "isPartial")?.unwrap_or(false);
-            req.parser = string_field(&env, o, "parser")?;
-            req.generation_prompt = string_field(&env, o, "generationPrompt")?;
-            let forced_open = bool_field(&env, o, "thinkingForcedOpen")?.unwrap_or(false);
+            req.reasoning_format = reasoning_number(&env, o).map_err(js)?;
+            req.is_partial = bool_field(&env, o, "isPartial")
+                .map_err(js)?
+                .unwrap_or(false);
+            req.parser = string_field(&env, o, "parser").map_err(js)?;
+            req.generation_prompt = string_field(&env, o, "generationPrompt").map_err(js)?;
+            let forced_open = bool_field(&env, o, "thinkingForcedOpen")
+                .map_err(js)?
+                .unwrap_or(false);
             let has_parser = req.parser.as_deref().is_some_and(|p| !p.is_empty());
             if forced_open && has_parser && req.generation_prompt.is_none() {
-                return Err(to_js(Error::invalid(
+                return Err(js(Error::invalid(
                     "options.thinkingForcedOpen needs options.generationPrompt: pass the formatChat() result's generationPrompt (or the whole result as options)",
                 )));
             }
         }
-        chat_ffi::parse_chat_output(&req)
-            .map(JsonText)
-            .map_err(to_js)
+        chat_ffi::parse_chat_output(&req).map(JsonText).map_err(js)
     }
 
     /// Whether `template` is a Jinja chat template llama.cpp can parse and render.
@@ -305,22 +323,22 @@ impl SessionContext {
     pub fn validate_chat_template<'env>(
         &self,
         env: &'env Env,
-        template: String,
-    ) -> napi::Result<Object<'env>> {
-        self.live()?;
-        self.submit(env, move |_| {
-            Ok(chat_ffi::verify_template(&template).is_ok())
+        #[napi(ts_arg_type = "string")] template: Arg<String>,
+    ) -> super::convert::Result<Object<'env>> {
+        self.spawn_keeping_logits(env, || {
+            let template = template.get("validateChatTemplate: template", "a string")?;
+            Ok(move |_: &mut Engine| Ok(chat_ffi::verify_template(&template).is_ok()))
         })
     }
 
     /// Tokens that close an assistant turn before the next message (cached per context).
     #[napi]
-    pub fn get_turn_separator(&self) -> napi::Result<Vec<i32>> {
-        self.live()?;
+    pub fn get_turn_separator(&self) -> super::convert::Result<Vec<i32>> {
+        self.live().map_err(js)?;
         if let Some(tokens) = self.turn_separator.get() {
             return Ok(tokens.clone());
         }
-        let tokens = turn_separator(&self.model).map_err(to_js)?;
+        let tokens = turn_separator(&self.model).map_err(js)?;
         Ok(self.turn_separator.get_or_init(|| tokens).clone())
     }
 }

@@ -1,4 +1,4 @@
-//! FFI to `src/chat_shim.cpp`, the C ABI over llama.cpp's chat layer (common/chat.h): chat
+//! FFI to `src/llama/chat_shim.cpp`, the C ABI over llama.cpp's chat layer (common/chat.h): chat
 //! template rendering, output parsing, template validation. The shim catches every C++
 //! exception and reports a status and a message; results come back as malloc'd JSON text that
 //! is copied into Rust and freed here.
@@ -7,8 +7,8 @@ use std::ffi::{c_char, c_int, CStr, CString};
 
 use llama_cpp_sys_2 as sys;
 
+use super::Model;
 use crate::error::{Error, Result};
-use crate::ffi::Model;
 
 const LB_OK: c_int = 0;
 const LB_INVALID_INPUT: c_int = 1;
@@ -60,23 +60,14 @@ extern "C" {
 /// A pointer moved to the parser thread; its referent outlives the call (the caller blocks).
 #[derive(Clone, Copy)]
 struct SendPtr<T>(*mut T);
+// SAFETY: only used to hand a pointer to the scoped parser thread while the calling thread
+// blocks on it, so the pointee is alive and not used concurrently.
 unsafe impl<T> Send for SendPtr<T> {}
 
 /// Brings llama.cpp's common logger (used by the chat layer) to the addon's log level.
 fn sync_log_level() {
-    let level = crate::ffi::log_threshold();
-    let verbosity = if level <= sys::GGML_LOG_LEVEL_DEBUG as i32 {
-        5
-    } else if level <= sys::GGML_LOG_LEVEL_INFO as i32 {
-        3
-    } else if level <= sys::GGML_LOG_LEVEL_WARN as i32 {
-        2
-    } else if level <= sys::GGML_LOG_LEVEL_ERROR as i32 {
-        1
-    } else {
-        -1
-    };
-    unsafe { lb_chat_set_log_verbosity(verbosity) };
+    // SAFETY: sets an integer in the shim's logger.
+    unsafe { lb_chat_set_log_verbosity(super::backend::common_log_verbosity()) };
 }
 
 /// Stack for the threads that run llama.cpp's Jinja and PEG parsers: both recurse once (or more)
@@ -103,7 +94,9 @@ fn take(p: *mut c_char) -> String {
     if p.is_null() {
         return String::new();
     }
-    let s = unsafe { CStr::from_ptr(p).to_string_lossy().into_owned() };
+    // SAFETY: the shim returns a NUL-terminated malloc'd string that we own: copied, then
+    // freed once with the shim's own free function.
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
     unsafe { lb_chat_free(p) };
     s
 }
@@ -171,6 +164,8 @@ pub fn format_chat(model: &Model, req: &FormatRequest) -> Result<String> {
         let (model_ptr, args_ptr) = (model_ptr, args_ptr);
         sync_log_level();
         let mut out: *mut c_char = std::ptr::null_mut();
+        // SAFETY: the model and every string `args` points to outlive this scoped thread; the
+        // shim catches every C++ exception and reports it as a status and message.
         let status = unsafe { lb_chat_format(model_ptr.0, args_ptr.0, &mut out) };
         (status, take(out))
     })?;
@@ -210,6 +205,7 @@ pub fn parse_chat_output(req: &ParseRequest) -> Result<String> {
         let args_ptr = args_ptr;
         sync_log_level();
         let mut out: *mut c_char = std::ptr::null_mut();
+        // SAFETY: as in `format_chat`.
         let status = unsafe { lb_chat_parse(args_ptr.0, &mut out) };
         (status, take(out))
     })?;
@@ -229,6 +225,7 @@ pub fn verify_template(template_src: &str) -> std::result::Result<(), String> {
         let src_ptr = src_ptr;
         sync_log_level();
         let mut out: *mut c_char = std::ptr::null_mut();
+        // SAFETY: as in `format_chat`.
         let ok = unsafe { lb_chat_verify_template(src_ptr.0, &mut out) };
         (ok, take(out))
     })
@@ -254,6 +251,7 @@ pub fn turn_text(model: &Model) -> Result<String> {
         let (model_ptr, a_ptr, b_ptr) = ptrs;
         sync_log_level();
         let mut out: *mut c_char = std::ptr::null_mut();
+        // SAFETY: as in `format_chat`.
         let status = unsafe { lb_chat_turn_text(model_ptr.0, a_ptr.0, b_ptr.0, &mut out) };
         (status, take(out))
     })?;
