@@ -8,9 +8,10 @@
 // - Token ids, positions, sequence ids and branch handles are plain JavaScript numbers (integers).
 // - Every error thrown or rejected by this package is an `Error` with a stable `code`
 //   (see {@link ErrorCode} and {@link LlamaBranchError}).
-// - Synchronous methods that touch the context's state throw `ERR_CONTEXT_BUSY` while an
-//   asynchronous operation (decode, prefill, commit, tokenize, ...) on the same context is still
-//   pending: `await` it first.
+// - Operations on one context run in call order. A synchronous method that touches the context's
+//   state waits for the asynchronous operations queued before it (decode, prefill, commit, ...),
+//   blocking the event loop meanwhile, then runs: `b.commit(t); b.produce()` behaves as if
+//   `commit` had been synchronous. `await` the operation instead to keep the event loop free.
 
 /// <reference types="node" />
 
@@ -24,7 +25,7 @@
  * |---|---|
  * | `ERR_INVALID_ARG` | a wrong argument type or value (also napi-rs conversion failures) |
  * | `ERR_CONTEXT_DISPOSED` | the context was disposed |
- * | `ERR_CONTEXT_BUSY` | a sync call was made while an async operation on the context is pending |
+ * | `ERR_CONTEXT_BUSY` | a re-entrant call while the context's own state is borrowed (does not arise in ordinary use; sync calls wait for queued work) |
  * | `ERR_BRANCH_DISPOSED` | the branch was pruned, destroyed or released by `retainOnly` |
  * | `ERR_FOREIGN_BRANCH` | a branch of another context was passed to a `BranchStore` |
  * | `ERR_MODEL_NOT_FOUND` | `modelPath` does not name a file |
@@ -345,6 +346,12 @@ export declare class SessionContext {
    * e.g. roles that do not alternate); it never falls back to another prompt format.
    */
   formatChat(messages: string | readonly ChatMessage[], options?: FormatChatOptions | string): Promise<FormattedChatResult>;
+  /** {@link formatChat} on the calling thread (the template renders while JavaScript waits). */
+  formatChatSync(messages: string | readonly ChatMessage[], options?: FormatChatOptions | string): FormattedChatResult;
+  /** The module's {@link jsonSchemaToGrammar} as a member (it uses no context state). */
+  jsonSchemaToGrammar(schema: string | object): Promise<string>;
+  /** The module's {@link jsonSchemaToGrammarSync} as a member. */
+  jsonSchemaToGrammarSync(schema: string | object): string;
   /**
    * Splits model output into content, reasoning and tool calls with the parser `formatChat`
    * built. Pass `format` and the formatChat result (or at least its `parser` and
@@ -381,8 +388,7 @@ export declare class SessionContext {
    *   {@link createSampler} + {@link applySampler}, or a Branch with a grammar.
    *
    * Throws `ERR_NO_LOGITS` before any decode, `ERR_INVALID_ARG` for bad params,
-   * `ERR_GRAMMAR` if `logitBias` bans every token, `ERR_CONTEXT_BUSY` while an async operation is
-   * pending.
+   * `ERR_GRAMMAR` if `logitBias` bans every token. Runs after any queued operation.
    */
   sample(params?: SamplingParams | null): number;
 
@@ -397,7 +403,7 @@ export declare class SessionContext {
   /**
    * Masks `logits` in place: every token the grammar forbids in its current state becomes
    * `-Infinity`; allowed entries are unchanged. `logits` must be a Float32Array of length
-   * `vocabSize` (else `ERR_INVALID_ARG`). Needs an idle context (`ERR_CONTEXT_BUSY`).
+   * `vocabSize` (else `ERR_INVALID_ARG`). Runs after any queued operation.
    */
   applySampler(handle: number, logits: Float32Array): void;
   /**
@@ -456,8 +462,20 @@ export declare class SessionContext {
   hasPooling(): boolean;
 }
 
-/** Chat format id from {@link SessionContext.formatChat}, passed back to `parseChatOutput`
- * (llama.cpp's `common_chat_format`; treat it as opaque: values differ between llama.cpp versions). */
+/**
+ * llama.cpp's chat formats (`common_chat_format`) by name: the numbers
+ * {@link SessionContext.formatChat} reports as `format` and `parseChatOutput` takes. Built at load
+ * from the llama.cpp this package was compiled with; the list changes between llama.cpp
+ * versions (the reference's `GENERIC` no longer exists).
+ */
+export declare const ChatFormat: {
+  readonly CONTENT_ONLY: 0;
+  readonly PEG_SIMPLE: 1;
+  readonly PEG_NATIVE: 2;
+  readonly PEG_GEMMA4: 3;
+  readonly PEG_MINIMAX_M3: 4;
+};
+/** A chat format number (see the {@link ChatFormat} constants). */
 export type ChatFormat = number;
 
 /** Reasoning (thinking) extraction modes (llama.cpp's `common_reasoning_format`). */
@@ -594,6 +612,9 @@ export declare function withLogits<T>(ctx: SessionContext, fn: (logits: Float32A
  * is not JSON or a schema llama.cpp cannot convert, `ERR_INVALID_ARG` for other argument types.
  */
 export declare function jsonSchemaToGrammar(schema: string | object): Promise<string>;
+
+/** {@link jsonSchemaToGrammar} on the calling thread; throws the same coded errors. */
+export declare function jsonSchemaToGrammarSync(schema: string | object): string;
 
 /** Sets the process-wide llama.cpp log level (same effect as `LLAMA_BRANCH_LOG`). */
 export declare function setLogLevel(level: LogLevel): void;
@@ -743,7 +764,10 @@ export declare class Branch implements AsyncIterable<BranchToken> {
    * Root branch on sequence `seqId`, adopting the prefix the caller decoded there with
    * `ctx.decode(tokens, 0, seqId)`. `position` must be where that prefix ends
    * (`ctx.kvSeqPosMax(seqId) + 1`, or 0 for an empty sequence). Call {@link captureLogits} right
-   * after the raw decode to sample from it.
+   * after the raw decode to sample from it. On an empty sequence with `position > 0` the branch
+   * is created ahead of its prefix: copy it in with `ctx.kvSeqCopy(src, seqId)` (the copy must
+   * end at `position`) before decoding or forking from it (`ERR_INVALID_ARG` until then). A
+   * `seqId` of `nSeqMax` or more is `ERR_INVALID_ARG` saying which `nSeqMax` to create.
    * @param nBatch per-branch cap for {@link prefill} chunks, in [1, ctx.nBatch]. Default ctx.nBatch.
    * @param grammar GBNF grammar; overrides `params.grammar`.
    */
@@ -774,12 +798,19 @@ export declare class Branch implements AsyncIterable<BranchToken> {
    */
   fork(seqId?: number): Branch;
   /**
+   * {@link fork} (already synchronous; the name of the reference's later surface).
+   */
+  forkSync(seqId?: number): Branch;
+  /**
    * A child sharing only this branch's cells below `position` — a prefix of its tokens, e.g. a
    * shared system prompt — without copying them. Unless `position` is this branch's own, the
    * child has no logits snapshot (prefill at least one token before sampling), fresh
    * perplexities, and a fresh sampler chain and grammar built from this branch's parameters
    * (the parent's RNG, penalty window and grammar state describe tokens the child lacks).
-   * `position` must be in `[0, position]` of this branch.
+   * `position` must be in `[0, position]` of this branch. On a model with sliding-window
+   * attention (Gemma 3: 512 positions) a fork below the parent's own position is refused with
+   * `ERR_UNSUPPORTED` once the parent is past the window: llama.cpp may already have reused the
+   * cells the child would need. Keep a branch at the prefix (a prefix cache does) and fork that.
    */
   forkAt(position: number, seqId?: number): Branch;
   /** Copies the context's last logits row into this branch (after a raw `ctx.decode` for it). */
@@ -797,6 +828,8 @@ export declare class Branch implements AsyncIterable<BranchToken> {
   accept(token: number): void;
   /** {@link sample} plus the token's text and stop flag. */
   produce(): Produced;
+  /** {@link produce} (already synchronous; the name of the reference's later surface). */
+  produceSync(): Produced;
   /**
    * Accepts `token` and decodes it, refreshing the logits snapshot. All-or-nothing: on failure
    * the branch is unchanged. Rejects with `ERR_GRAMMAR_REJECTED`, `ERR_KV_FULL`, `ERR_ABORTED`, ...
@@ -833,6 +866,10 @@ export declare class Branch implements AsyncIterable<BranchToken> {
   prune(): Promise<void>;
   /** Frees this branch and all of its descendants. No-op when disposed. */
   pruneSubtree(): Promise<void>;
+  /** {@link prune} done before returning: waits for operations queued on the context, then frees. */
+  pruneSync(): void;
+  /** {@link pruneSubtree} done before returning (as {@link pruneSync}). */
+  pruneSubtreeSync(): void;
   /**
    * Frees the branch object but keeps its KV cells for raw `ctx` calls; returns the sequence id
    * (reserved until its cells are removed, e.g. `ctx.kvCacheRemove(seq, -1, -1)`), or undefined
@@ -890,8 +927,7 @@ export declare class BranchStore {
   produce(branches: readonly Branch[]): Produced[];
   /**
    * Keeps only `winner` (one `seq_keep` pass): every other branch of the context is freed and its
-   * wrapper becomes disposed. `winner` becomes a root. Throws `ERR_CONTEXT_BUSY` if an async
-   * operation is pending.
+   * wrapper becomes disposed. `winner` becomes a root. Runs in call order after queued operations.
    */
   retainOnly(winner: Branch): Promise<void>;
   /** Number of free sequence leases. */

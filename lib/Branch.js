@@ -55,6 +55,11 @@ class Branch {
     return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId));
   }
 
+  /** `fork()` (already synchronous; the name the reference's later surface uses). */
+  forkSync(seqId) {
+    return this.fork(seqId);
+  }
+
   /**
    * A child sharing only this branch's cells below `position` (a prefix of its tokens). Unless
    * `position` is this branch's own, the child has no logits snapshot yet (prefill it) and a
@@ -90,6 +95,11 @@ class Branch {
   /** Samples without writing KV or accepting: `{token, text, isStop}`. */
   produce() {
     return this._live()._branchProduce(this._handle);
+  }
+
+  /** `produce()` (already synchronous; the name the reference's later surface uses). */
+  produceSync() {
+    return this.produce();
   }
 
   /**
@@ -160,6 +170,16 @@ class Branch {
     return this._free('_branchPruneSubtree');
   }
 
+  /** `prune()` done before returning: waits for operations queued on the context, then frees. */
+  pruneSync() {
+    this._freeSync('_branchPruneSync');
+  }
+
+  /** `pruneSubtree()` done before returning (as `pruneSync`). */
+  pruneSubtreeSync() {
+    this._freeSync('_branchPruneSubtreeSync');
+  }
+
   /** Frees the branch but keeps its KV for raw `ctx` calls; returns the sequence id. */
   destroy() {
     if (this._disposed) return undefined;
@@ -185,6 +205,16 @@ class Branch {
         if (e.code !== 'ERR_BRANCH_DISPOSED' && e.code !== 'ERR_CONTEXT_DISPOSED') throw e;
       },
     );
+  }
+
+  _freeSync(method) {
+    if (this._disposed || this._ctx.disposed) {
+      this._disposed = true;
+      return;
+    }
+    const freed = this._ctx[method](this._handle);
+    this._disposed = true;
+    wrapFreed(this._ctx, freed);
   }
 
   _info() {

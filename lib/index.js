@@ -6,8 +6,10 @@ const { makeError } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { installDecodeSignal } = require('./cancel');
+const { jsonSchemaToGrammar, jsonSchemaToGrammarSync, installSchemaMethods } = require('./schema');
 
 installDecodeSignal(native.SessionContext);
+installSchemaMethods(native.SessionContext);
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType'];
 
@@ -41,26 +43,13 @@ function withLogits(ctx, fn) {
   return result;
 }
 
-/**
- * Converts a JSON schema (an object, or its JSON text) to a GBNF grammar on the libuv thread
- * pool. Rejects with ERR_GRAMMAR for invalid JSON or a schema llama.cpp cannot convert.
- */
-async function jsonSchemaToGrammar(schema) {
-  let text;
-  if (typeof schema === 'string') {
-    try {
-      JSON.parse(schema);
-    } catch (e) {
-      throw makeError('ERR_GRAMMAR', `jsonSchemaToGrammar: the schema is not valid JSON (${e.message})`);
-    }
-    text = schema;
-  } else if (schema !== null && typeof schema === 'object') {
-    text = JSON.stringify(schema);
-  } else {
-    throw makeError('ERR_INVALID_ARG', `jsonSchemaToGrammar(schema): expected a schema object or JSON text, got ${schema === null ? 'null' : typeof schema}`);
-  }
-  return native.jsonSchemaToGrammar(text);
+/** "peg-simple" → "PEG_SIMPLE": llama.cpp's chat format names as constant names. */
+function constantName(name) {
+  return name.toUpperCase().replace(/[^A-Z0-9]+/g, '_');
 }
+
+/** llama.cpp's chat formats by name: the numbers `formatChat` reports as `format`. */
+const ChatFormat = Object.freeze(Object.fromEntries(native._chatFormatNames().map((name, i) => [constantName(name), i])));
 
 module.exports = {
   createContext,
@@ -69,9 +58,11 @@ module.exports = {
   withLogits,
   SessionContext: native.SessionContext,
   jsonSchemaToGrammar,
+  jsonSchemaToGrammarSync,
   setLogLevel: native.setLogLevel,
   systemInfo: native.systemInfo,
   PoolingType: Object.freeze({ UNSPECIFIED: -1, NONE: 0, MEAN: 1, CLS: 2, LAST: 3, RANK: 4 }),
+  ChatFormat,
   ReasoningFormat: Object.freeze({ NONE: 0, AUTO: 1, DEEPSEEK_LEGACY: 2, DEEPSEEK: 3 }),
   GrammarTriggerType: Object.freeze({ TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 }),
 };

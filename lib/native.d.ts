@@ -123,6 +123,10 @@ export declare class SessionContext {
   _branchPrune(handle: number): Promise<number[]>
   /** Frees the branch and all its descendants, in call order (as `_branchPrune`). */
   _branchPruneSubtree(handle: number): Promise<number[]>
+  /** `_branchPrune` on the calling thread, after any queued operation; returns the freed handles. */
+  _branchPruneSync(handle: number): Array<number>
+  /** `_branchPruneSubtree` on the calling thread, after any queued operation. */
+  _branchPruneSubtreeSync(handle: number): Array<number>
   /**
    * Frees a branch whose JS object was garbage-collected without being freed, before the
    * context's next operation (see `Released`). Silent: there is nobody to tell, and a branch
@@ -153,6 +157,8 @@ export declare class SessionContext {
   _branchPrefill(handle: number, tokens: number[], cancel: CancelToken | undefined): Promise<void>
   /** Renders `messages` with the model's Jinja chat template (llama.cpp's chat layer). */
   formatChat(messages: string | readonly ChatMessage[], options?: FormatChatOptions | string): Promise<FormattedChatResult>
+  /** `formatChat` on the calling thread: the template renders while JS waits. */
+  formatChatSync(messages: string | readonly ChatMessage[], options?: FormatChatOptions | string): FormattedChatResult
   /** Parses model output in the given chat format into content, reasoning and tool calls. */
   parseChatOutput(output: string, format: number, options?: object | undefined | null): ParseChatOutputResult
   /** Whether `template` is a Jinja chat template llama.cpp can parse and render. */
@@ -283,6 +289,9 @@ export declare class SessionContext {
   getBosToken(): number | null
 }
 
+/** llama.cpp's chat format names in number order (lib/index.js builds `ChatFormat` from them). */
+export declare function _chatFormatNames(): Array<string>
+
 /**
  * Loads the model (shared with contexts on the same file) and creates a context, off the
  * main thread. Rejects with a coded error; never throws.
@@ -294,6 +303,9 @@ export declare function errorCodes(): Array<string>
 
 /** Converts a JSON schema (JSON text) to GBNF off the main thread. Rejects with a coded error. */
 export declare function jsonSchemaToGrammar(schema: string): Promise<string>
+
+/** Converts a JSON schema (JSON text) to GBNF on the calling thread (`jsonSchemaToGrammarSync`). */
+export declare function jsonSchemaToGrammarSync(schema: string): string
 
 export declare function setLogLevel(level: string): void
 

@@ -44,6 +44,9 @@ pub struct BranchState {
     last_sampled: Option<Token>,
     /// The KV cells this branch holds, for exact accounting (see `segments`).
     pub(super) runs: Vec<RunRef>,
+    /// Created at `position` on an empty sequence whose prefix the caller copies in later
+    /// (`ctx.kvSeqCopy(src, seq)`); nothing may decode or fork from it until then.
+    pub(super) awaits_prefix: bool,
 }
 
 impl BranchState {
@@ -72,7 +75,20 @@ impl BranchState {
             candidates: Vec::new(),
             last_sampled: None,
             runs,
+            awaits_prefix: false,
         }
+    }
+
+    /// `ERR_INVALID_ARG` saying the supported order while the prefix has not arrived.
+    pub(super) fn check_has_prefix(&self) -> Result<()> {
+        if self.awaits_prefix {
+            return Err(Error::invalid(format!(
+                "the branch on sequence {seq} was created at position {pos} on an empty sequence and its prefix has not arrived: copy it in first with ctx.kvSeqCopy(src, {seq}) (or decode the prefix into sequence {seq} before creating the branch)",
+                seq = self.seq,
+                pos = self.position
+            )));
+        }
+        Ok(())
     }
 
     /// A child at `position` with copies of this branch's state; `with_snapshot` says whether

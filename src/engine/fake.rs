@@ -21,6 +21,8 @@ pub struct FakeKv {
     n_vocab: i32,
     n_batch: u32,
     n_outputs_max: u32,
+    /// Sliding window the fake reports (it keeps every cell regardless).
+    pub n_swa: u32,
     cells: RefCell<Vec<Cell>>,
     rows: Vec<Vec<f32>>,
     row_of_batch_index: Vec<Option<usize>>,
@@ -36,6 +38,7 @@ impl FakeKv {
             n_vocab: 16,
             n_batch: n_ctx,
             n_outputs_max: n_seq_max.max(1) * 8,
+            n_swa: 0,
             cells: RefCell::new(Vec::new()),
             rows: Vec::new(),
             row_of_batch_index: Vec::new(),
@@ -102,6 +105,9 @@ impl KvBackend for FakeKv {
     }
     fn n_vocab(&self) -> i32 {
         self.n_vocab
+    }
+    fn n_swa(&self) -> u32 {
+        self.n_swa
     }
     fn seq_pos_max(&self, seq: SeqId) -> Pos {
         self.positions(seq).max().unwrap_or(-1)

@@ -15,6 +15,9 @@ pub trait KvBackend {
     fn n_outputs_max(&self) -> u32;
     /// Length of one logits row.
     fn n_vocab(&self) -> i32;
+    /// Sliding-window attention span (0 = none). llama.cpp may reuse a sequence's cells that
+    /// have left its window for other tokens, so they cannot be shared with a later fork.
+    fn n_swa(&self) -> u32;
     /// Highest position of `seq`, or -1 when it holds no cells.
     fn seq_pos_max(&self, seq: SeqId) -> Pos;
     /// Lowest position of `seq`, or -1 when it holds no cells.
@@ -54,6 +57,9 @@ impl KvBackend for Context {
     }
     fn n_vocab(&self) -> i32 {
         Context::n_vocab(self)
+    }
+    fn n_swa(&self) -> u32 {
+        self.model.n_swa()
     }
     fn seq_pos_max(&self, seq: SeqId) -> Pos {
         Context::seq_pos_max(self, seq)

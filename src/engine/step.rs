@@ -49,6 +49,7 @@ impl BranchStore {
         let mut runs = Vec::with_capacity(items.len());
         for (h, token) in items {
             let b = self.get_mut(*h)?;
+            b.check_has_prefix()?;
             if accept {
                 b.check_grammar(*token)?;
             }
@@ -105,6 +106,7 @@ impl BranchStore {
         let mut runs = Vec::with_capacity(items.len());
         for (h, tokens) in items {
             let b = self.get(*h)?;
+            b.check_has_prefix()?;
             runs.push(Run {
                 seq: b.seq,
                 start: b.position,

@@ -181,7 +181,9 @@ impl BranchStore {
         let seq = self.lease(kv, opts.seq)?;
         let pos_max = kv.seq_pos_max(seq);
         let expected = pos_max + 1;
-        if opts.position != expected {
+        // A named empty sequence may get its prefix after the branch (see `adopt_copy`).
+        let awaits_prefix = pos_max < 0 && opts.position > 0 && opts.seq.is_some();
+        if opts.position != expected && !awaits_prefix {
             self.leases.release(seq);
             return Err(if pos_max < 0 {
                 Error::invalid(format!(
@@ -194,7 +196,7 @@ impl BranchStore {
         }
         let mut runs = Vec::new();
         self.segments.append(&mut runs, kv.seq_extent(seq));
-        let state = BranchState::new(
+        let mut state = BranchState::new(
             seq,
             opts.position,
             n_batch,
@@ -202,6 +204,7 @@ impl BranchStore {
             kv.n_vocab() as usize,
             runs.clone(),
         );
+        state.awaits_prefix = awaits_prefix;
         self.insert(state).inspect_err(|_| {
             self.segments.release_all(&runs);
             self.leases.release(seq);
@@ -218,11 +221,22 @@ impl BranchStore {
         opts: ForkOptions,
     ) -> Result<Handle> {
         let p = self.get(parent)?;
+        p.check_has_prefix()?;
         let position = opts.position.unwrap_or(p.position);
-        let base = kv.seq_pos_min(p.seq).max(0);
+        // The parent's cells span [base, position): its runs count them exactly (llama.cpp's
+        // lowest position of a sequence is the sliding-window cache's, not the full cache's).
+        let held: i32 = p.runs.iter().map(|r| r.used as i32).sum();
+        let base = p.position - held;
         if position > p.position || (position < base && position != 0) {
             return Err(Error::invalid(format!(
                 "fork position {position} is outside the parent's cells [{base}, {}]",
+                p.position
+            )));
+        }
+        let n_swa = kv.n_swa();
+        if position < p.position && n_swa > 0 && p.position as u32 >= n_swa {
+            return Err(Error::Unsupported(format!(
+                "forkAt({position}): this model attends over a sliding window of {n_swa} positions, and the parent at position {} has let its cells older than its window go (llama.cpp may already have reused them), which a child at {position} still needs; fork at the parent's own position, or keep a branch at {position} (e.g. fork it there before it moves past the window)",
                 p.position
             )));
         }
@@ -254,6 +268,51 @@ impl BranchStore {
                 Err(e)
             }
         }
+    }
+
+    /// Gives a branch created ahead of its prefix (`awaits_prefix`) its cells: `src`'s cells in
+    /// `[p0, p1)` are tagged onto the branch's sequence, which must then end exactly where the
+    /// branch was created. Anything else is undone and refused.
+    pub fn adopt_copy(
+        &mut self,
+        kv: &impl KvBackend,
+        h: Handle,
+        src: SeqId,
+        p0: Pos,
+        p1: Pos,
+    ) -> Result<()> {
+        let b = self.get(h)?;
+        let (seq, position) = (b.seq, b.position);
+        if !b.awaits_prefix {
+            return Err(Error::invalid(format!(
+                "sequence {seq} is leased by a live branch; copying into it would desynchronise it. Use the branch API (fork/forkAt) or prune the branch first"
+            )));
+        }
+        kv.seq_rm(seq, -1, -1);
+        kv.seq_cp(src, seq, p0, p1);
+        let end = kv.seq_pos_max(seq) + 1;
+        if end != position {
+            kv.seq_rm(seq, -1, -1);
+            return Err(Error::invalid(format!(
+                "the copy into sequence {seq} ends at position {end}, but its branch was created at position {position}; copy the prefix [0, {position}) of the source"
+            )));
+        }
+        let cells = kv.seq_extent(seq);
+        let shared = match self.owner_of(src) {
+            Some(owner) => {
+                let owner_runs = self.get(owner)?.runs.clone();
+                self.segments.share_prefix(&owner_runs, cells)
+            }
+            None => {
+                let mut runs = Vec::new();
+                self.segments.append(&mut runs, cells);
+                runs
+            }
+        };
+        let b = self.get_mut(h)?;
+        b.runs = shared;
+        b.awaits_prefix = false;
+        Ok(())
     }
 
     /// Unlinks `h` from the tree, handing its children to its parent.
@@ -319,7 +378,8 @@ impl BranchStore {
 
     /// Keeps only `winner` (one `seq_keep` pass); every other branch is freed.
     pub fn retain_only(&mut self, kv: &impl KvBackend, winner: Handle) -> Result<Vec<Handle>> {
-        let seq = self.get(winner)?.seq;
+        let w = self.get(winner)?;
+        let (seq, held) = (w.seq, w.runs.iter().map(|r| r.used).sum::<u32>());
         kv.seq_keep(seq);
         let losers: Vec<Handle> = self
             .branches
@@ -334,7 +394,7 @@ impl BranchStore {
         self.leases.retain_only(seq);
         self.segments.clear();
         let mut runs = Vec::new();
-        self.segments.append(&mut runs, kv.seq_extent(seq));
+        self.segments.append(&mut runs, held);
         let w = self.get_mut(winner)?;
         w.parent = None;
         w.children.clear();

@@ -231,3 +231,90 @@ fn destroy_keeps_the_cells_until_raw_calls_remove_them() {
     assert_eq!(store.available(&kv), 2);
     assert_eq!(store.kv_pressure(&kv).cells_used, 0);
 }
+
+#[test]
+fn a_branch_created_ahead_of_its_prefix_adopts_a_copy_that_ends_where_it_starts() {
+    let (mut kv, mut store, pool) = setup(64, 3);
+    let r = root(&mut kv, &mut store, &[1, 2, 3, 4]);
+    let ahead = |store: &mut BranchStore, kv: &FakeKv, seq| {
+        store.create(
+            kv,
+            CreateOptions {
+                position: 4,
+                seq: Some(seq),
+                sampling: greedy(),
+                n_batch: None,
+            },
+        )
+    };
+    let b = ahead(&mut store, &kv, 1).unwrap();
+    let early = store
+        .prefill(&mut kv, &[(b, vec![5])], None, &|| false)
+        .unwrap_err();
+    assert!(early.to_string().contains("kvSeqCopy"), "{early}");
+    assert_eq!(
+        store
+            .fork(&kv, b, ForkOptions::default())
+            .unwrap_err()
+            .code(),
+        "ERR_INVALID_ARG"
+    );
+    let short = store.adopt_copy(&kv, b, 0, 0, 2).unwrap_err();
+    assert!(short.to_string().contains("ends at position 2"), "{short}");
+    assert_eq!(kv.seq_pos_max(1), -1, "a refused copy is undone");
+    store.adopt_copy(&kv, b, 0, -1, -1).unwrap();
+    assert_eq!(
+        store.kv_pressure(&kv).cells_used,
+        4,
+        "the adopted prefix is shared with its owner"
+    );
+    store
+        .prefill(&mut kv, &[(b, vec![5])], None, &|| false)
+        .unwrap();
+    step(&mut kv, &mut store, &pool, &[b, r]);
+    assert_consistent(&kv, &store);
+    let again = store.adopt_copy(&kv, b, 0, -1, -1).unwrap_err();
+    assert!(again.to_string().contains("leased"), "{again}");
+    let unnamed = store.create(
+        &kv,
+        CreateOptions {
+            position: 4,
+            seq: None,
+            sampling: greedy(),
+            n_batch: None,
+        },
+    );
+    assert!(unnamed
+        .unwrap_err()
+        .to_string()
+        .contains("position must be 0"));
+}
+
+#[test]
+fn on_a_sliding_window_model_fork_at_is_refused_once_the_parent_left_its_window() {
+    let (mut kv, mut store, _pool) = setup(64, 4);
+    kv.n_swa = 4;
+    let short = root(&mut kv, &mut store, &[1, 2, 3]);
+    let at = |position| ForkOptions {
+        position: Some(position),
+        sampling: Some(greedy()),
+        ..ForkOptions::default()
+    };
+    let ok = store.fork(&kv, short, at(1)).unwrap();
+    assert_eq!(
+        store.get(ok).unwrap().position,
+        1,
+        "nothing has left a 4-position window yet"
+    );
+    let long = root(&mut kv, &mut store, &[1, 2, 3, 4, 5, 6]);
+    let err = store.fork(&kv, long, at(2)).unwrap_err();
+    assert_eq!(err.code(), "ERR_UNSUPPORTED");
+    assert!(err.to_string().contains("sliding window of 4"), "{err}");
+    let full = store.fork(&kv, long, at(6)).unwrap();
+    assert_eq!(
+        store.get(full).unwrap().position,
+        6,
+        "at the parent's own position it is a fork"
+    );
+    assert_consistent(&kv, &store);
+}

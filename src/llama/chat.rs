@@ -49,6 +49,7 @@ extern "C" {
     ) -> c_int;
     fn lb_chat_parse(args: *const ParseArgs, out: *mut *mut c_char) -> c_int;
     fn lb_chat_verify_template(template_src: *const c_char, out: *mut *mut c_char) -> c_int;
+    fn lb_chat_format_names(out: *mut *mut c_char) -> c_int;
     fn lb_chat_turn_text(
         model: *const sys::llama_model,
         sentinel_a: *const c_char,
@@ -262,9 +263,28 @@ pub fn turn_text(model: &Model) -> Result<String> {
     }
 }
 
+/// llama.cpp's chat format names, indexed by the format number `formatChat` reports.
+pub fn format_names() -> Result<Vec<String>> {
+    let mut out: *mut c_char = std::ptr::null_mut();
+    // SAFETY: the shim catches every exception and hands back a malloc'd string we own.
+    let status = unsafe { lb_chat_format_names(&mut out) };
+    let text = take(out);
+    if status != LB_OK {
+        return Err(Error::Internal(format!("chat format names: {text}")));
+    }
+    Ok(text.lines().map(str::to_string).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn format_names_start_with_content_only() {
+        let names = format_names().unwrap();
+        assert!(names.len() >= 2);
+        assert_eq!(names[0], "Content-only");
+    }
 
     #[test]
     fn verify_template_accepts_jinja_and_reports_why_not() {

@@ -525,4 +525,23 @@ int lb_chat_turn_text(const llama_model * model, const char * sentinel_a, const 
     }
 }
 
+// The names of llama.cpp's chat formats, one per line in enum order (the numbers formatChat
+// reports and parseChatOutput takes).
+int lb_chat_format_names(char ** out) {
+    *out = nullptr;
+    try {
+        std::string names;
+        for (int i = 0; i < COMMON_CHAT_FORMAT_COUNT; i++) {
+            names += common_chat_format_name(static_cast<common_chat_format>(i));
+            names += '\n';
+        }
+        *out = dup_string(names);
+        return *out ? LB_OK : LB_INTERNAL;
+    } catch (const std::exception & e) {
+        return fail(out, LB_INTERNAL, e.what());
+    } catch (...) {
+        return fail(out, LB_INTERNAL, "unknown C++ exception in chat format names");
+    }
+}
+
 }  // extern "C"

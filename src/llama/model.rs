@@ -199,6 +199,12 @@ impl Model {
         unsafe { sys::llama_model_n_embd_out(self.as_ptr()) }
     }
 
+    /// Sliding-window attention span in positions (0 when the model has none).
+    pub fn n_swa(&self) -> u32 {
+        // SAFETY: reads the model's metadata.
+        unsafe { sys::llama_model_n_swa(self.as_ptr()) }.max(0) as u32
+    }
+
     /// Layers of the model's body (what `nGpuLayers` counts).
     pub fn n_layer(&self) -> i32 {
         // SAFETY: reads the model's metadata.

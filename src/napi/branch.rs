@@ -146,6 +146,22 @@ impl SessionContext {
         })
     }
 
+    /// `_branchPrune` on the calling thread, after any queued operation; returns the freed handles.
+    #[napi(js_name = "_branchPruneSync")]
+    pub fn _branch_prune_sync(&self, handle: f64) -> Result<Vec<f64>> {
+        let h = self.ids.from_js(handle).map_err(js)?;
+        let freed = self.sync("pruneSync", |e| e.store.prune(&e.ctx, h))?;
+        Ok(self.ids.to_js_all(&freed))
+    }
+
+    /// `_branchPruneSubtree` on the calling thread, after any queued operation.
+    #[napi(js_name = "_branchPruneSubtreeSync")]
+    pub fn _branch_prune_subtree_sync(&self, handle: f64) -> Result<Vec<f64>> {
+        let h = self.ids.from_js(handle).map_err(js)?;
+        let freed = self.sync("pruneSubtreeSync", |e| e.store.prune_subtree(&e.ctx, h))?;
+        Ok(self.ids.to_js_all(&freed))
+    }
+
     /// Frees a branch whose JS object was garbage-collected without being freed, before the
     /// context's next operation (see `Released`). Silent: there is nobody to tell, and a branch
     /// already freed is fine.

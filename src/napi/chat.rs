@@ -254,6 +254,12 @@ fn turn_separator(model: &Model) -> Result<Vec<Token>> {
         .ok_or_else(|| Error::Unsupported("Model has no EOT or EOS token".into()))
 }
 
+/// llama.cpp's chat format names in number order (lib/index.js builds `ChatFormat` from them).
+#[napi(js_name = "_chatFormatNames")]
+pub fn chat_format_names() -> super::convert::Result<Vec<String>> {
+    chat_ffi::format_names().map_err(js)
+}
+
 #[napi]
 impl SessionContext {
     /// Renders `messages` with the model's Jinja chat template (llama.cpp's chat layer).
@@ -276,6 +282,25 @@ impl SessionContext {
             let req = format_request(env, messages, options)?;
             Ok(move |_: &mut Engine| chat_ffi::format_chat(&model, &req).map(JsonText))
         })
+    }
+
+    /// `formatChat` on the calling thread: the template renders while JS waits.
+    #[napi(
+        js_name = "formatChatSync",
+        ts_args_type = "messages: string | readonly ChatMessage[], options?: FormatChatOptions | string",
+        ts_return_type = "FormattedChatResult"
+    )]
+    pub fn format_chat_sync(
+        &self,
+        env: Env,
+        messages: Unknown,
+        options: Option<Either<String, Object>>,
+    ) -> super::convert::Result<JsonText> {
+        self.live().map_err(js)?;
+        let req = format_request(&env, messages, options).map_err(js)?;
+        chat_ffi::format_chat(&self.model, &req)
+            .map(JsonText)
+            .map_err(js)
     }
 
     /// Parses model output in the given chat format into content, reasoning and tool calls.

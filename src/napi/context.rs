@@ -302,7 +302,7 @@ impl SessionContext {
         self.sampling.clear();
         self.trackers.clear();
         // Free now when nothing is in flight; otherwise the worker frees it after its last job.
-        if self.shared.pending.load(Ordering::Acquire) == 0 {
+        if self.shared.queued() == 0 {
             if let Ok(mut guard) = self.shared.engine.try_lock() {
                 guard.take();
             }

@@ -199,7 +199,11 @@ impl SessionContext {
             ))));
         }
         self.sync("kvSeqCopy", |e| {
-            ensure_unleased(e, dst, "kvSeqCopy into it")?;
+            // A branch created ahead of its prefix on `dst` receives it here (the reference's
+            // order: Branch.create(ctx, dst, n), then kvSeqCopy(src, dst)).
+            if let Some(h) = e.store.owner_of(dst) {
+                return e.store.adopt_copy(&e.ctx, h, src, p0, p1);
+            }
             e.ctx.seq_rm(dst, -1, -1);
             e.ctx.seq_cp(src, dst, p0, p1);
             Ok(())

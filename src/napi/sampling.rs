@@ -2,10 +2,9 @@
 //! `SamplingConfig` (napi params → config → chain), `ctx.sample(params)` with its persistent
 //! chain, grammar sampler handles and `jsonSchemaToGrammar`.
 //!
-//! Busy rule: calls that read or write the context's logits (`sample`, `applySampler`) go
-//! through `SessionContext::sync` and throw `ERR_CONTEXT_BUSY` while an async operation is
-//! pending. Grammar handles otherwise own no context state, so they work at any time, behind
-//! their own lock.
+//! Calls that read or write the context's logits (`sample`, `applySampler`) go through
+//! `SessionContext::sync`, so they run after any queued operation. Grammar handles otherwise own
+//! no context state, so they work at any time, behind their own lock.
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -348,11 +347,11 @@ impl SessionContext {
     #[napi]
     pub fn apply_sampler(&self, handle: f64, mut logits: Float32Array) -> Result<()> {
         self.check_vocab_row(logits.len(), "logits").map_err(js)?;
-        // The busy rule (see the module docs): a queued decode may rewrite a logits view.
+        // After any queued operation (see the module docs): a queued decode may rewrite a view.
         self.sync("applySampler", |_| Ok(()))?;
         self.with_grammar(handle, |grammar| {
-            // SAFETY: the array is alive for this call and only this thread touches it; the busy
-            // check above keeps the worker from writing a logits view of it meanwhile.
+            // SAFETY: the array is alive for this call and only this thread touches it; the
+            // context is idle (see above), so the worker is not writing a logits view of it.
             let data = unsafe { logits.as_mut() };
             let mut candidates = Vec::with_capacity(data.len());
             pick::all_candidates(data, &mut candidates);
@@ -399,6 +398,12 @@ impl SessionContext {
             .map(drop)
             .ok_or_else(|| js(unknown_handle(GRAMMAR, h, "createSampler")))
     }
+}
+
+/// Converts a JSON schema (JSON text) to GBNF on the calling thread (`jsonSchemaToGrammarSync`).
+#[napi(js_name = "jsonSchemaToGrammarSync")]
+pub fn json_schema_to_grammar_sync(schema: String) -> Result<String> {
+    run_guarded(|| llama::json_schema_to_grammar(&schema)).map_err(js)
 }
 
 /// Converts a JSON schema (JSON text) to GBNF off the main thread. Rejects with a coded error.

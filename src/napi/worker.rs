@@ -1,11 +1,12 @@
 //! Off-main-thread execution and ordering. Each context owns one worker thread that runs every
-//! operation that touches the context in call order (FIFO) — decodes, prunes, `retainOnly`,
-//! frees of garbage-collected branches — so operations on one context never reorder and never
-//! block the event loop. Results settle JS promises through napi deferreds; errors keep their
-//! stable `code`.
+//! queued operation on the context in call order (FIFO) — decodes, state loads, prunes,
+//! `retainOnly` — so operations on one context never reorder, and awaited code never blocks the
+//! event loop. A synchronous call that finds operations queued waits for them (in order, as if
+//! they had been synchronous too) and then runs on the JS thread. Results settle JS promises
+//! through napi deferreds; errors keep their stable `code`.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 
 use napi::bindgen_prelude::*;
 use napi::{Env, JsDeferred};
@@ -18,8 +19,10 @@ type Job = Box<dyn FnOnce() + Send>;
 /// Shared by the JS object, the worker thread and every queued job.
 pub struct Shared<E> {
     pub engine: Mutex<Option<E>>,
-    /// Jobs queued or running; synchronous calls refuse to run while it is non-zero.
-    pub pending: AtomicUsize,
+    /// Jobs queued or running.
+    queued: Mutex<usize>,
+    /// Signalled when `queued` drops to zero.
+    idle: Condvar,
     pub disposed: AtomicBool,
 }
 
@@ -27,15 +30,51 @@ impl<E> Default for Shared<E> {
     fn default() -> Self {
         Shared {
             engine: Mutex::new(None),
-            pending: AtomicUsize::new(0),
+            queued: Mutex::new(0),
+            idle: Condvar::new(),
             disposed: AtomicBool::new(false),
         }
     }
 }
 
+/// The count even if a thread panicked while holding it (it is a plain integer).
+fn count(m: &Mutex<usize>) -> MutexGuard<'_, usize> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl<E> Shared<E> {
-    /// Runs `f` on the engine now, on the calling (JS) thread. Refuses rather than blocks when an
-    /// asynchronous operation is still pending, so a sync call never sees half-applied state.
+    /// Jobs queued or running.
+    pub fn queued(&self) -> usize {
+        *count(&self.queued)
+    }
+
+    fn job_queued(&self) {
+        *count(&self.queued) += 1;
+    }
+
+    fn job_done(&self) {
+        let mut queued = count(&self.queued);
+        *queued -= 1;
+        if *queued == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Blocks until every job queued so far has run. Only the JS thread queues jobs, so while it
+    /// waits here nothing new is queued and the wait ends.
+    fn wait_idle(&self) {
+        let mut queued = count(&self.queued);
+        while *queued > 0 {
+            queued = self
+                .idle
+                .wait(queued)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// Runs `f` on the engine now, on the calling (JS) thread, after every operation queued
+    /// before it: a synchronous call waits for them (blocking the event loop meanwhile, as a
+    /// synchronous call must) rather than seeing half-applied state or failing.
     pub fn with_engine<T>(
         &self,
         what: &'static str,
@@ -44,9 +83,7 @@ impl<E> Shared<E> {
         if self.disposed.load(Ordering::Acquire) {
             return Err(Error::ContextDisposed);
         }
-        if self.pending.load(Ordering::Acquire) > 0 {
-            return Err(Error::ContextBusy(what));
-        }
+        self.wait_idle();
         let mut guard = self
             .engine
             .try_lock()
@@ -143,12 +180,12 @@ impl Worker {
             settle(Err(Error::ContextDisposed));
             return;
         }
-        shared.pending.fetch_add(1, Ordering::AcqRel);
+        shared.job_queued();
         let job_shared = shared.clone();
         let job: Job = Box::new(move || {
             let result = job_shared.run_job(work);
-            // Decrement before settling so the promise's continuation may call sync methods.
-            job_shared.pending.fetch_sub(1, Ordering::AcqRel);
+            // Counted done before settling, so the promise's continuation never waits on itself.
+            job_shared.job_done();
             settle(result);
         });
         if let Err(mpsc::SendError(job)) = sender.send(job) {
@@ -169,8 +206,8 @@ impl Worker {
         E: Send + 'static,
         T: Send + 'static,
     {
-        // Only the JS thread enqueues, so `pending == 0` cannot change under us here.
-        if self.sender.is_some() && shared.pending.load(Ordering::Acquire) == 0 {
+        // Only the JS thread enqueues, so an empty queue cannot fill up under us here.
+        if self.sender.is_some() && shared.queued() == 0 {
             settle(shared.run_job(work));
         } else {
             self.enqueue(shared, work, settle);
