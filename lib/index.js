@@ -6,6 +6,7 @@ const { makeError, finishError } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { installDecodeSignal } = require('./cancel');
+const { Scheduler } = require('./Scheduler');
 
 installDecodeSignal(native.SessionContext);
 
@@ -85,6 +86,7 @@ module.exports = {
   createContext,
   Branch,
   BranchStore,
+  Scheduler,
   withLogits,
   SessionContext: native.SessionContext,
   jsonSchemaToGrammar,
