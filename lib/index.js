@@ -7,6 +7,7 @@ const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { installDecodeSignal } = require('./cancel');
 const { Scheduler } = require('./Scheduler');
+const { createServer } = require('./server');
 
 installDecodeSignal(native.SessionContext);
 
@@ -87,6 +88,7 @@ module.exports = {
   Branch,
   BranchStore,
   Scheduler,
+  createServer,
   withLogits,
   SessionContext: native.SessionContext,
   jsonSchemaToGrammar,
