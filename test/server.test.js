@@ -147,11 +147,11 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
   });
 
   it('response_format json_schema: the content parses and has the schema\'s fields', async () => {
-    const schema = { type: 'object', properties: { city: { type: 'string', maxLength: 20 }, population: { type: 'integer' } }, required: ['city', 'population'], additionalProperties: false };
+    const schema = { type: 'object', properties: { city: { type: 'string', maxLength: 12 }, population: { type: 'integer', maximum: 100000000 } }, required: ['city', 'population'], additionalProperties: false };
     const r = await client.chat.completions.create({
       model,
       messages: [{ role: 'user', content: 'Give a city and its population as JSON.' }],
-      max_tokens: 48,
+      max_tokens: 40,
       response_format: { type: 'json_schema', json_schema: { name: 'city', schema } },
       ...GREEDY,
     });
@@ -170,11 +170,10 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
     const controller = new AbortController();
     const stream = await client.completions.create({ model, prompt: 'Write a long story about a dragon.', max_tokens: 400, stream: true, ...GREEDY }, { signal: controller.signal });
     let chunks = 0;
-    await assert.rejects(async () => {
-      for await (const _chunk of stream) {
-        if (++chunks === 3) controller.abort();
-      }
-    }, (e) => e.name === 'AbortError' || e.constructor.name === 'APIUserAbortError');
+    // the client's stream iterator ends quietly once its signal aborts
+    for await (const _chunk of stream) {
+      if (++chunks === 3) controller.abort();
+    }
     assert.equal(chunks, 3);
     const h = await waitFor(async () => {
       const s = await health();

@@ -77,7 +77,7 @@ describe('typings: index.d.ts matches the runtime surface', function () {
     assert.deepEqual([...declared.exports].sort(), runtime);
   });
 
-  for (const className of ['SessionContext', 'Branch', 'BranchStore']) {
+  for (const className of ['SessionContext', 'Branch', 'BranchStore', 'Scheduler']) {
     it(`${className}: declared members exist at runtime with the same kind, and vice versa`, function () {
       const Class = llama[className];
       assert.equal(typeof Class, 'function', `${className} is exported as a class`);
