@@ -12,7 +12,10 @@
  * plus time to first token of a lone request with a cold vs a cached system prompt, and the
  * decode step time at C = 16 against the total KV cells (16 unrelated prompts of 64..1000 tokens).
  *
- * Usage: node bench/serve.js [--c=1,4,8,16] [--reps=2]   (or npm run bench -- --serve)
+ * Usage: node bench/serve.js [--c=1,4,8,16] [--reps=2] [--threads=2] [--parts=concurrency,ttft,cells]
+ *        (or npm run bench -- --serve ...)
+ * (--threads=1 on an oversubscribed machine: llama.cpp's spinning thread barriers degrade badly
+ * when its threads lose their cores.)
  * Writes bench/results/serve-<timestamp>.json and prints the tables.
  */
 
@@ -28,8 +31,9 @@ const args = Object.fromEntries(process.argv.slice(2).map((a) => {
 const CS = args.c ? String(args.c).split(',').map(Number) : [1, 4, 8, 16];
 const REPS = Number(args.reps || 2);
 const NEW_TOKENS = 64;
-const THREADS = 2;
+const THREADS = Number(args.threads || 2);
 const CELL_PROMPTS = [64, 256, 512, 1000];
+const PARTS = new Set(String(args.parts || 'concurrency,ttft,cells').split(','));
 const MODEL = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : ensureModel();
 
 const now = () => performance.now();
@@ -163,7 +167,10 @@ async function stepTimeVsCells(ctx, params) {
       const tokens = ctx.tokenizeSync(`Log ${i + 1}. ${filler.repeat(Math.ceil(length / 20))}`, true);
       return tokens.slice(0, length);
     });
-    await Promise.all(prompts.map((tokens) => scheduler.generate({ tokens, maxTokens: 16, params })));
+    // long enough that the last prompt is prefilled while the first is still generating, so
+    // that 16 rows decode together for at least 16 steps
+    const maxTokens = Math.ceil((16 * length) / 512) + 16;
+    await Promise.all(prompts.map((tokens) => scheduler.generate({ tokens, maxTokens, params })));
     await scheduler.close();
     const full = steps.filter((s) => s.rows === 16 && s.prefillTokens === 0);
     rows.push({ promptTokens: length, cells: median(full.map((s) => s.cellsUsed)), stepMs: median(full.map((s) => s.decodeMs)), steps: full.length });
@@ -180,7 +187,7 @@ async function main() {
   await viaScheduler(ctx, warmup, params);
 
   const concurrency = [];
-  for (const c of CS) {
+  for (const c of PARTS.has('concurrency') ? CS : []) {
     const { messages } = workload(ctx, c);
     const reps = [];
     for (let r = 0; r < REPS; r++) {
@@ -208,9 +215,9 @@ async function main() {
     concurrency.push(row);
     log(`C=${c}: ${JSON.stringify(row)}`);
   }
-  const ttft = await ttftColdVsCached(ctx, params);
-  log(`TTFT cold ${ttft.coldMs.toFixed(0)} ms, cached ${ttft.cachedMs.toFixed(0)} ms`);
-  const cells = await stepTimeVsCells(ctx, params);
+  const ttft = PARTS.has('ttft') ? await ttftColdVsCached(ctx, params) : null;
+  if (ttft) log(`TTFT cold ${ttft.coldMs.toFixed(0)} ms, cached ${ttft.cachedMs.toFixed(0)} ms`);
+  const cells = PARTS.has('cells') ? await stepTimeVsCells(ctx, params) : [];
   ctx.dispose();
 
   const result = { date: new Date().toISOString(), system: systemInfo(), threads: THREADS, newTokens: NEW_TOKENS, reps: REPS, concurrency, ttft, cells, wallSeconds: (now() - started) / 1000 };
@@ -224,7 +231,7 @@ async function main() {
   for (const r of concurrency) {
     console.log(`| ${String(r.c).padStart(2)} | ${r.schedulerTps.toFixed(1)} | ${r.loopTps.toFixed(1)} | ${r.sequentialTps.toFixed(1)} | ${r.vsLoop.toFixed(2)} | ${r.vsSequential.toFixed(2)} | ${r.ttftP50.toFixed(0)} | ${r.ttftP95.toFixed(0)} | ${r.cachedPromptTokens} |`);
   }
-  console.log(`\nTTFT of a lone request: cold ${ttft.coldMs.toFixed(0)} ms, system prompt cached ${ttft.cachedMs.toFixed(0)} ms (ratio ${ttft.ratio.toFixed(2)})`);
+  if (ttft) console.log(`\nTTFT of a lone request: cold ${ttft.coldMs.toFixed(0)} ms, system prompt cached ${ttft.cachedMs.toFixed(0)} ms (ratio ${ttft.ratio.toFixed(2)})`);
   console.log('\n| prompt tokens × 16 | KV cells in use | decode ms/step (16 rows) |');
   console.log('|---:|---:|---:|');
   for (const r of cells) console.log(`| ${r.promptTokens} | ${r.cells} | ${r.stepMs.toFixed(1)} |`);

@@ -679,7 +679,7 @@ class Scheduler {
   }
 
   _finishChoice(job, choice, reason) {
-    const rest = reason === 'abort' ? '' : choice.matcher.flush();
+    const rest = choice.matcher.flush(); // the events' texts add up to the result's text
     choice.finishReason = reason;
     if (choice.branch && !choice.branch.disposed) {
       try {

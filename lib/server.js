@@ -113,7 +113,7 @@ function optionalNumber(body, name, check, what) {
 const isInt = (v) => Number.isInteger(v);
 
 /** The fields both endpoints share: sampling, n, stop, seed, response_format. */
-async function commonRequest(body, maxTokensDefault) {
+function commonRequest(body, maxTokensDefault) {
   const request = { params: {} };
   const temperature = optionalNumber(body, 'temperature', (v) => v >= 0 && v <= 2, 'a number in [0, 2]');
   if (temperature !== undefined) request.params.temperature = temperature;
@@ -217,12 +217,13 @@ function createApp({ scheduler, modelName, maxBodyBytes }) {
       throw new HttpError(404, `The model \`${body.model}\` does not exist; this server serves \`${modelName}\` (GET /v1/models)`, { param: 'model', code: 'model_not_found' });
     }
     const shape = ENDPOINTS[kind];
-    const request = await commonRequest(body, kind === 'completions' ? COMPLETIONS_DEFAULT_MAX_TOKENS : undefined);
+    const request = commonRequest(body, kind === 'completions' ? COMPLETIONS_DEFAULT_MAX_TOKENS : undefined);
     Object.assign(request, kind === 'chat' ? { messages: chatMessages(body) } : completionsPrompt(body));
     if (body.stream !== undefined && typeof body.stream !== 'boolean') throw badRequest('stream must be a boolean', 'stream');
 
     // The client going away (before the response is complete) aborts the generation.
     const controller = new AbortController();
+    res.on('error', () => {}); // a write racing the client's disconnect: the abort below handles it
     res.on('close', () => {
       if (!res.writableFinished) controller.abort(new Error('client disconnected'));
     });
