@@ -12,6 +12,7 @@
  * Ratios are the headline: absolute numbers move with machine load.
  *
  * Usage: node bench/run.js [--quick] [--n=1,2,4,8] [--steps=32] [--reps=3]
+ *        node bench/run.js --serve [--c=1,4,8,16] [--reps=2]   (bench/serve.js: the Scheduler)
  * Writes bench/results/bench-<timestamp>.json and bench/results/chart.svg (chart-partial.svg
  * when --quick, --n, --steps or --reps narrow the run); prints a table.
  */
@@ -291,7 +292,8 @@ async function main() {
 }
 
 if (require.main === module) {
-  main().catch((e) => {
+  // `npm run bench -- --serve` runs the serving benchmark (bench/serve.js) instead.
+  (args.serve ? require('./serve').main : main)().catch((e) => {
     console.error(e);
     process.exit(1);
   });

@@ -7,6 +7,8 @@ const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { installDecodeSignal } = require('./cancel');
 const { jsonSchemaToGrammar, jsonSchemaToGrammarSync, installSchemaMethods } = require('./schema');
+const { Scheduler } = require('./Scheduler');
+const { createServer } = require('./server');
 
 installDecodeSignal(native.SessionContext);
 installSchemaMethods(native.SessionContext);
@@ -55,6 +57,8 @@ module.exports = {
   createContext,
   Branch,
   BranchStore,
+  Scheduler,
+  createServer,
   withLogits,
   SessionContext: native.SessionContext,
   jsonSchemaToGrammar,

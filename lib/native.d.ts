@@ -171,6 +171,11 @@ export declare class SessionContext {
   get nBatch(): number
   get nSeqMax(): number
   get disposed(): boolean
+  /**
+   * The model's sliding-window attention span in positions (0 when it has none): `forkAt`
+   * below a branch's position is refused once the branch is past it.
+   */
+  get slidingWindow(): number
   get modelDescription(): string
   /** Frees the context. Idempotent. A running operation finishes first; queued ones reject. */
   dispose(): void

@@ -283,6 +283,14 @@ impl SessionContext {
         self.shared.disposed.load(Ordering::Acquire)
     }
 
+    /// The model's sliding-window attention span in positions (0 when it has none): `forkAt`
+    /// below a branch's position is refused once the branch is past it.
+    #[napi(getter)]
+    pub fn sliding_window(&self) -> Result<u32> {
+        self.live().map_err(js)?;
+        Ok(self.model.n_swa())
+    }
+
     #[napi(getter)]
     pub fn model_description(&self) -> Result<String> {
         self.live().map_err(js)?;
