@@ -19,8 +19,20 @@ fn build_chat_shim() {
             "DEP_LLAMA_ROOT is not set: llama-cpp-sys-2 did not export its build directory",
         ));
     let cache_file = root.join("build").join("CMakeCache.txt");
+    println!("cargo:rerun-if-changed={}", cache_file.display());
     let cache = fs::read_to_string(&cache_file)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", cache_file.display()));
+    // Every build has the RPC backend (.cargo/config.toml sets GGML_RPC=ON). The sys crate only
+    // configures CMake once per build directory, so a target directory whose llama.cpp was built
+    // before that setting keeps building without it: say how to fix it rather than ship an addon
+    // whose rpcServers / serveRpc report ERR_UNSUPPORTED.
+    assert!(
+        cache.lines().any(|l| l.starts_with("GGML_RPC:") && l.ends_with("=ON")),
+        "llama.cpp in {} was configured without GGML_RPC=ON (a target directory built by an \
+         older llama-branch). `npm run build` cleans it; with plain cargo run \
+         `cargo clean --release -p llama-cpp-sys-2` once.",
+        root.display()
+    );
     let src = cache
         .lines()
         .find_map(|l| l.strip_prefix("CMAKE_HOME_DIRECTORY:INTERNAL="))

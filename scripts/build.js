@@ -31,6 +31,7 @@ const {
   featureArgs,
   cpuArgs,
   cargoEnv,
+  cleanStaleLlamaBuild,
   cdylibName,
   addonPath,
   which,
@@ -253,6 +254,7 @@ async function main() {
 
   ensurePrerequisites();
 
+  cleanStaleLlamaBuild();
   const target = targetDir();
   const args = ['build', '--release', ...featureArgs(), ...cpuArgs()];
   log('building native addon (first build compiles llama.cpp: ~3-6 min on 2 cores) ...');

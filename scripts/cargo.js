@@ -12,7 +12,7 @@
  * Usage: node scripts/cargo.js <cargo args...>   e.g. node scripts/cargo.js test --release --lib
  */
 
-const { featureArgs, cpuArgs, cargoEnv, findCargo, run } = require('./env');
+const { featureArgs, cpuArgs, cargoEnv, cleanStaleLlamaBuild, findCargo, run } = require('./env');
 
 const args = process.argv.slice(2);
 if (args.length === 0) {
@@ -34,4 +34,5 @@ if (!findCargo()) {
   console.error('error: cargo not found; install Rust with rustup (https://rustup.rs)');
   process.exit(127);
 }
+if (COMPILING.has(args[0])) cleanStaleLlamaBuild();
 process.exitCode = run('cargo', cargoArgs, { env: cargoEnv() });

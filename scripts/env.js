@@ -114,6 +114,44 @@ function nativeCpuFile(target) {
 }
 
 /**
+ * llama.cpp build directories in this target dir configured before GGML_RPC=ON became part of
+ * every build (.cargo/config.toml). The sys crate runs CMake's configure step only once per build
+ * directory, so a new GGML_* setting never reaches an existing one; build.rs refuses such a build.
+ * Returns true when `cargo clean -p llama-cpp-sys-2` is needed (once; ccache makes it cheap).
+ */
+function staleLlamaBuild(target = targetDir()) {
+  for (const profile of ['release', 'debug']) {
+    const dir = path.join(target, profile, 'build');
+    let names = [];
+    try {
+      names = fs.readdirSync(dir).filter((n) => n.startsWith('llama-cpp-sys-2-'));
+    } catch {
+      continue;
+    }
+    for (const name of names) {
+      const cache = path.join(dir, name, 'out', 'build', 'CMakeCache.txt');
+      let text;
+      try {
+        text = fs.readFileSync(cache, 'utf8');
+      } catch {
+        continue;
+      }
+      if (!/^GGML_RPC:[A-Z]*=ON$/m.test(text)) return true;
+    }
+  }
+  return false;
+}
+
+/** Cleans a stale llama.cpp build (see staleLlamaBuild) before a compiling cargo call. */
+function cleanStaleLlamaBuild() {
+  if (!staleLlamaBuild()) return;
+  console.error('[llama-branch] llama.cpp in this target dir was built without GGML_RPC; cleaning it once (cargo clean -p llama-cpp-sys-2)');
+  for (const profile of [['--release'], []]) {
+    run('cargo', ['clean', ...profile, '-p', 'llama-cpp-sys-2'], { env: cargoEnv() });
+  }
+}
+
+/**
  * File name cargo gives the cdylib on the current platform.
  */
 function cdylibName() {
@@ -226,6 +264,8 @@ module.exports = {
   featureArgs,
   cpuArgs,
   cargoEnv,
+  staleLlamaBuild,
+  cleanStaleLlamaBuild,
   typeDefFolder,
   typeDefFile,
   cdylibName,
