@@ -11,6 +11,7 @@ const { parseArgs } = require('node:util');
 
 const COMMANDS = {
   serve: () => require('../lib/cli/serve'),
+  'rpc-server': () => require('../lib/cli/rpc-server'),
 };
 
 function help() {

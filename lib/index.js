@@ -13,7 +13,7 @@ const { createServer } = require('./server');
 installDecodeSignal(native.SessionContext);
 installSchemaMethods(native.SessionContext);
 
-const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType'];
+const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType', 'nGpuLayers', 'mainGpu'];
 
 /** Loads the model (shared between contexts on the same file) and creates a context, off the main thread. */
 async function createContext(options) {
@@ -33,7 +33,39 @@ async function createContext(options) {
     if (options[k] !== undefined && typeof options[k] !== 'boolean') throw makeError('ERR_INVALID_ARG', `options.${k} must be a boolean`);
   }
   if (options.logLevel !== undefined && typeof options.logLevel !== 'string') throw makeError('ERR_INVALID_ARG', 'options.logLevel must be a string');
+  if (options.splitMode !== undefined && typeof options.splitMode !== 'string') throw makeError('ERR_INVALID_ARG', "options.splitMode must be 'none', 'layer' or 'row'");
+  if (options.tensorSplit !== undefined && !(Array.isArray(options.tensorSplit) && options.tensorSplit.every((v) => typeof v === 'number'))) {
+    throw makeError('ERR_INVALID_ARG', 'options.tensorSplit must be an array of numbers');
+  }
+  for (const k of ['devices', 'rpcServers']) {
+    if (options[k] !== undefined && !(Array.isArray(options[k]) && options[k].every((v) => typeof v === 'string'))) {
+      throw makeError('ERR_INVALID_ARG', `options.${k} must be an array of strings`);
+    }
+  }
   return native.createContext({ ...options, modelPath });
+}
+
+/** Backend devices of this process and, with `rpcServers`, of each RPC server. */
+function listDevices(options) {
+  if (options !== undefined && (options === null || typeof options !== 'object')) throw makeError('ERR_INVALID_ARG', 'listDevices(options): expected an options object');
+  const rpcServers = options && options.rpcServers;
+  if (rpcServers !== undefined && !(Array.isArray(rpcServers) && rpcServers.every((v) => typeof v === 'string'))) {
+    throw makeError('ERR_INVALID_ARG', 'options.rpcServers must be an array of strings');
+  }
+  return native.listDevices(rpcServers ? { rpcServers } : undefined);
+}
+
+/** Runs llama.cpp's RPC server in this process until it exits (see README, "Multi-host (RPC)"). */
+function serveRpc(options) {
+  if (options === null || typeof options !== 'object') throw makeError('ERR_INVALID_ARG', 'serveRpc(options): expected an options object with a port');
+  const { host, port, threads, cacheDir, allowRemote } = options;
+  if (typeof port !== 'number') throw makeError('ERR_INVALID_ARG', 'options.port must be a number');
+  if (threads !== undefined && typeof threads !== 'number') throw makeError('ERR_INVALID_ARG', 'options.threads must be a number');
+  for (const [k, v] of [['host', host], ['cacheDir', cacheDir]]) {
+    if (v !== undefined && typeof v !== 'string') throw makeError('ERR_INVALID_ARG', `options.${k} must be a string`);
+  }
+  if (allowRemote !== undefined && typeof allowRemote !== 'boolean') throw makeError('ERR_INVALID_ARG', 'options.allowRemote must be a boolean');
+  return native.serveRpc({ host, port, threads, cacheDir, allowRemote });
 }
 
 /** Runs `fn(logits)` synchronously on the zero-copy view of the context's last logits row (see getLogits). */
@@ -65,6 +97,8 @@ module.exports = {
   jsonSchemaToGrammarSync,
   setLogLevel: native.setLogLevel,
   systemInfo: native.systemInfo,
+  listDevices,
+  serveRpc,
   PoolingType: Object.freeze({ UNSPECIFIED: -1, NONE: 0, MEAN: 1, CLS: 2, LAST: 3, RANK: 4 }),
   ChatFormat,
   ReasoningFormat: Object.freeze({ NONE: 0, AUTO: 1, DEEPSEEK_LEGACY: 2, DEEPSEEK: 3 }),

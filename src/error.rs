@@ -77,6 +77,15 @@ pub enum Error {
     #[error("internal error: {0}")]
     Internal(String),
 
+    #[error("RPC server unreachable: {0}")]
+    RpcUnreachable(String),
+
+    #[error("{0}")]
+    Device(String),
+
+    #[error("The context was lost: {0}. Its memory and one thread stay leaked until the process exits; create a new context (without the failed server)")]
+    ContextLost(String),
+
     #[error("Chat template error: {0}")]
     ChatTemplate(String),
 
@@ -133,6 +142,9 @@ codes! {
     State => "ERR_STATE",
     Unsupported => "ERR_UNSUPPORTED",
     Internal => "ERR_INTERNAL",
+    RpcUnreachable => "ERR_RPC_UNREACHABLE",
+    Device => "ERR_DEVICE",
+    ContextLost => "ERR_CONTEXT_LOST",
     ChatTemplate => "ERR_CHAT_TEMPLATE",
     ChatParse => "ERR_CHAT_PARSE",
 }

@@ -5,6 +5,7 @@
 pub mod branch;
 pub mod calibrate;
 pub mod decode;
+pub mod endpoint;
 pub mod handles;
 pub mod kv;
 pub mod leases;

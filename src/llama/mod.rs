@@ -7,6 +7,7 @@ mod backend;
 mod batch;
 pub mod chat;
 mod context;
+mod devices;
 mod model;
 mod sampler;
 
@@ -16,7 +17,11 @@ pub use context::{
     Context, ContextConfig, POOLING_NONE, POOLING_RANK, SEQ_FILE_MAGIC, SEQ_FILE_VERSION,
     SEQ_STATE_MAGIC,
 };
-pub use model::{Model, ModelParams};
+pub use devices::{
+    gguf_block_count, install_abort_hook, local_devices, rpc_add_server, rpc_available,
+    rpc_start_server, Device, DeviceInfo, DeviceKind,
+};
+pub use model::{Model, ModelParams, SplitMode};
 pub use sampler::{json_schema_to_grammar, Candidates, Sampler, TokenData};
 
 /// A token id (`llama_token`).

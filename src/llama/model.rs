@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 
 use llama_cpp_sys_2 as sys;
 
-use super::{init_backend, Token};
+use super::{init_backend, Device, Token};
 use crate::error::{Error, Result};
 
 pub struct Model {
@@ -24,8 +24,21 @@ unsafe impl Sync for Model {}
 /// How the weights are placed when a model loads.
 pub struct ModelParams {
     pub use_mmap: bool,
-    /// Layers to offload to a GPU backend (ignored when only the CPU exists).
+    /// Layers to offload to the non-CPU devices (ignored when there are none).
     pub n_gpu_layers: i32,
+    /// The devices to place layers on, in order; `None` = llama.cpp's default (every local GPU).
+    pub devices: Option<Vec<Device>>,
+    pub split_mode: SplitMode,
+    pub main_gpu: i32,
+    /// Fraction of the offloaded layers per device (same length as the device list), or empty.
+    pub tensor_split: Vec<f32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitMode {
+    None,
+    Layer,
+    Row,
 }
 
 impl Model {
@@ -41,7 +54,29 @@ impl Model {
             sys::LLAMA_LOAD_MODE_NONE
         };
         p.n_gpu_layers = params.n_gpu_layers;
-        // SAFETY: `c_path` is NUL-terminated and outlives the call; null means failure.
+        p.split_mode = match params.split_mode {
+            SplitMode::None => sys::LLAMA_SPLIT_MODE_NONE,
+            SplitMode::Layer => sys::LLAMA_SPLIT_MODE_LAYER,
+            SplitMode::Row => sys::LLAMA_SPLIT_MODE_ROW,
+        };
+        p.main_gpu = params.main_gpu;
+        // NULL-terminated, as llama_model_params.devices requires; lives until the load returns.
+        let mut devices: Vec<sys::ggml_backend_dev_t> = Vec::new();
+        if let Some(list) = &params.devices {
+            devices.extend(list.iter().map(|d| d.as_ptr()));
+            devices.push(std::ptr::null_mut());
+            p.devices = devices.as_mut_ptr();
+        }
+        // llama.cpp reads llama_max_devices() floats from tensor_split.
+        // SAFETY: a constant of the build.
+        let max_devices = unsafe { sys::llama_max_devices() };
+        let mut split = vec![0f32; max_devices.max(params.tensor_split.len())];
+        split[..params.tensor_split.len()].copy_from_slice(&params.tensor_split);
+        if !params.tensor_split.is_empty() {
+            p.tensor_split = split.as_ptr();
+        }
+        // SAFETY: `c_path` is NUL-terminated; `devices` and `split` outlive the call (llama.cpp
+        // copies both); null means failure.
         let ptr = unsafe { sys::llama_model_load_from_file(c_path.as_ptr(), p) };
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::ModelLoad(path.to_string()))?;
         // SAFETY: `ptr` is a live model; its vocabulary lives as long as it does.

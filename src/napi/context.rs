@@ -11,6 +11,7 @@ use napi::Env;
 use napi_derive::napi;
 
 use super::convert::{self, js, BranchIds, Result};
+use super::devices::OffloadInfo;
 use super::logits_view::LogitsView;
 use super::metrics::Trackers;
 use super::sampling::SamplingHandles;
@@ -115,6 +116,8 @@ pub struct SessionContext {
     pub(super) trackers: Trackers,
     /// Garbage-collected branches to free before the next operation (shared with the engine).
     pub(super) released: Released,
+    /// Where the model's layers were placed (`ctx.offload`).
+    pub(super) offload: OffloadInfo,
     /// Declared last so the weights outlive every sampler above when the object is collected.
     pub(super) model: Arc<Model>,
 }
@@ -126,6 +129,7 @@ impl SessionContext {
         info: ContextInfo,
         released: Released,
         model: Arc<Model>,
+        offload: OffloadInfo,
     ) -> SessionContext {
         SessionContext {
             shared,
@@ -137,6 +141,7 @@ impl SessionContext {
             sampling: SamplingHandles::default(),
             trackers: Trackers::default(),
             released,
+            offload,
             model,
         }
     }
@@ -159,7 +164,7 @@ impl SessionContext {
         if self.shared.disposed.load(Ordering::Acquire) {
             return Err(Error::ContextDisposed);
         }
-        Ok(())
+        self.shared.check_lost()
     }
 
     /// Queues work on the worker and returns its Promise. `prepare` checks the arguments on the
@@ -276,6 +281,20 @@ impl SessionContext {
     pub fn n_seq_max(&self) -> Result<u32> {
         self.live().map_err(js)?;
         Ok(self.info.n_seq_max)
+    }
+
+    /// Where the model's layers went: `{ layers, totalLayers, devices }` (layers on non-CPU
+    /// devices, out of the model's layers plus its output layer).
+    #[napi(getter)]
+    pub fn offload(&self) -> OffloadInfo {
+        self.offload.clone()
+    }
+
+    /// Whether the context was lost (an RPC server it uses died); every call then fails with
+    /// `ERR_CONTEXT_LOST`.
+    #[napi(getter)]
+    pub fn lost(&self) -> bool {
+        self.shared.check_lost().is_err()
     }
 
     #[napi(getter)]

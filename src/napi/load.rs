@@ -12,12 +12,13 @@ use napi_derive::napi;
 
 use super::context::{ContextInfo, Engine, Released, SessionContext};
 use super::convert::{js, opt_int, Arg, Result};
-use super::worker::{self, rejected, Shared, Worker};
+use super::devices::{self, resolve_placement, OffloadInfo, Placement, PlacementInput};
+use super::worker::{self, rejected, Losable, Shared, Worker};
 use crate::engine::calibrate;
 use crate::engine::pool::Pool;
 use crate::engine::store::BranchStore;
 use crate::error::Error;
-use crate::llama::{self, Context, ContextConfig, Model, ModelParams};
+use crate::llama::{self, Context, ContextConfig, Model};
 
 #[napi(object)]
 pub struct ContextOptions {
@@ -31,32 +32,50 @@ pub struct ContextOptions {
     pub use_mmap: Option<bool>,
     /// llama.cpp log level: "none" (default), "error", "warn", "info", "debug".
     pub log_level: Option<String>,
+    /// Layers offloaded to GPU / RPC devices (default: all when there is one, else 0).
+    pub n_gpu_layers: Option<f64>,
+    pub main_gpu: Option<f64>,
+    #[napi(ts_type = "'none' | 'layer' | 'row'")]
+    pub split_mode: Option<String>,
+    pub tensor_split: Option<Vec<f64>>,
+    /// Device names from `listDevices()` to place layers on, in order.
+    pub devices: Option<Vec<String>>,
+    /// RPC servers ("host:port") whose devices take layers.
+    pub rpc_servers: Option<Vec<String>>,
 }
 
 // ---------------------------------------------------------------------------------------------
 // Model sharing: contexts on the same file and load settings share one llama_model.
 
-type ModelKey = (String, bool);
+type ModelKey = (String, bool, String);
 
-fn acquire_model(path: &str, use_mmap: bool) -> crate::error::Result<Arc<Model>> {
-    static CACHE: OnceLock<Mutex<HashMap<ModelKey, Weak<Model>>>> = OnceLock::new();
+fn acquire_model(
+    path: &str,
+    use_mmap: bool,
+    placement: &Placement,
+) -> crate::error::Result<(Arc<Model>, OffloadInfo)> {
+    static CACHE: OnceLock<Mutex<HashMap<ModelKey, (Weak<Model>, OffloadInfo)>>> =
+        OnceLock::new();
     // Holding the lock across a load makes a second caller wait and then share the result.
     let mut cache = CACHE
         .get_or_init(Default::default)
         .lock()
         .map_err(|_| Error::Internal("model cache lock poisoned".into()))?;
-    let key = (path.to_string(), use_mmap);
-    if let Some(model) = cache.get(&key).and_then(Weak::upgrade) {
-        return Ok(model);
+    let key = (path.to_string(), use_mmap, placement.key());
+    if let Some((model, offload)) = cache
+        .get(&key)
+        .and_then(|(w, o)| w.upgrade().map(|m| (m, o.clone())))
+    {
+        return Ok((model, offload));
     }
-    let params = ModelParams {
-        use_mmap,
-        n_gpu_layers: 999,
-    };
+    let block_count = llama::gguf_block_count(path).ok_or_else(|| {
+        Error::ModelLoad(format!("{path} (no <arch>.block_count in the GGUF header)"))
+    })?;
+    let (params, offload) = placement.model_params(use_mmap, block_count)?;
     let model = Arc::new(Model::load(path, &params)?);
-    cache.retain(|_, w| w.strong_count() > 0);
-    cache.insert(key, Arc::downgrade(&model));
-    Ok(model)
+    cache.retain(|_, (w, _)| w.strong_count() > 0);
+    cache.insert(key, (Arc::downgrade(&model), offload.clone()));
+    Ok((model, offload))
 }
 
 fn check_model_file(path: &str) -> crate::error::Result<()> {
@@ -83,6 +102,7 @@ struct Resolved {
     use_mmap: bool,
     config: ContextConfig,
     log_level: Option<i32>,
+    placement: Placement,
 }
 
 fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
@@ -112,6 +132,14 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
         4,
     )? as i32;
     let log_level = o.log_level.as_deref().map(log_level_from).transpose()?;
+    let placement = resolve_placement(&PlacementInput {
+        n_gpu_layers: o.n_gpu_layers,
+        main_gpu: o.main_gpu,
+        split_mode: o.split_mode.as_deref(),
+        tensor_split: o.tensor_split.as_deref(),
+        devices: o.devices.as_deref(),
+        rpc_servers: o.rpc_servers.as_deref(),
+    })?;
     // Logits rows per decode never exceed the number of sequences (one per branch), except for
     // embedding contexts, which output every token. Sizing this by n_batch would reserve
     // n_batch × n_vocab floats of compute buffer (≈ 0.5 GB for a 262k vocabulary).
@@ -133,6 +161,7 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
             n_outputs_max,
         },
         log_level,
+        placement,
     })
 }
 
@@ -161,7 +190,7 @@ fn load_context(
     worker: Worker,
 ) -> crate::error::Result<SessionContext> {
     check_model_file(&resolved.path)?;
-    let model = acquire_model(&resolved.path, resolved.use_mmap)?;
+    let (model, offload) = acquire_model(&resolved.path, resolved.use_mmap, &resolved.placement)?;
     let mut ctx = Context::new(model.clone(), &resolved.config)?;
     let split_pairs = measure_pair_plan(&mut ctx, &resolved)?;
     let info = ContextInfo {
@@ -172,6 +201,7 @@ fn load_context(
         embeddings: resolved.config.embeddings,
         pooling: ctx.pooling_type(),
     };
+    let endpoints = resolved.placement.endpoints.clone();
     let pool = Pool::new(ctx.n_threads());
     let store = BranchStore::new(info.n_seq_max, split_pairs);
     let released = Released::default();
@@ -180,7 +210,11 @@ fn load_context(
         .lock()
         .map_err(|_| Error::Internal("lock poisoned".into()))? =
         Some(Engine::new(ctx, store, pool, released.clone()));
-    Ok(SessionContext::new(shared, worker, info, released, model))
+    let weak: Weak<dyn Losable> = Arc::downgrade(&shared) as Weak<dyn Losable>;
+    devices::watch(&endpoints, weak);
+    Ok(SessionContext::new(
+        shared, worker, info, released, model, offload,
+    ))
 }
 
 /// Loads the model (shared with contexts on the same file) and creates a context, off the
@@ -213,12 +247,32 @@ pub fn create_context<'env>(
     // The load runs on a short-lived loader thread. On success the session (which owns the
     // worker) travels to JS through the resolver; a failed load drops the worker, whose thread
     // then exits.
+    // The promise settles once: by the loader, or by the RPC watchdog if a server dies during
+    // the load (the loader thread then never returns; see napi/devices.rs).
+    type Settle = Box<dyn FnOnce(crate::error::Result<SessionContext>) + Send>;
+    let slot: Arc<Mutex<Option<Settle>>> = Arc::new(Mutex::new(Some(Box::new(settle))));
+    let lost_slot = slot.clone();
+    let on_lost = devices::OnLost::new(move |reason: &str| {
+        let settle = lost_slot.lock().ok().and_then(|mut s| s.take());
+        if let Some(settle) = settle {
+            settle(Err(Error::RpcUnreachable(format!(
+                "the model could not be loaded: {reason}"
+            ))));
+        }
+    });
+    devices::watch(
+        &resolved.placement.endpoints,
+        Arc::downgrade(&on_lost) as Weak<dyn Losable>,
+    );
     std::thread::Builder::new()
         .name("llama-branch-load".into())
         .spawn(move || {
-            settle(worker::run_guarded(|| {
-                load_context(resolved, shared, worker)
-            }));
+            let result = worker::run_guarded(|| load_context(resolved, shared, worker));
+            drop(on_lost);
+            let settle = slot.lock().ok().and_then(|mut s| s.take());
+            if let Some(settle) = settle {
+                settle(result);
+            }
         })
         .map_err(|e| {
             js(Error::Internal(format!(

@@ -8,6 +8,7 @@ pub mod cancel;
 pub mod chat;
 pub mod context;
 pub mod convert;
+pub mod devices;
 pub mod embeddings;
 pub mod load;
 pub mod logits_view;

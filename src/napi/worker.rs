@@ -5,8 +5,8 @@
 //! they had been synchronous too) and then runs on the JS thread. Results settle JS promises
 //! through napi deferreds; errors keep their stable `code`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use napi::bindgen_prelude::*;
 use napi::{Env, JsDeferred};
@@ -24,7 +24,16 @@ pub struct Shared<E> {
     /// Signalled when `queued` drops to zero.
     idle: Condvar,
     pub disposed: AtomicBool,
+    /// Set (once, with the reason) when the context is lost: a thread it depends on will never
+    /// come back (an RPC server died under a decode, see napi/devices.rs). Every later call fails
+    /// with `ERR_CONTEXT_LOST`; the job that was running is failed from outside.
+    lost: OnceLock<String>,
+    /// How to fail each queued or running job's promise from outside (used once, on loss).
+    pending: Mutex<Vec<(u64, Failer)>>,
+    next_job: AtomicU64,
 }
+
+type Failer = Box<dyn FnOnce(Error) + Send>;
 
 impl<E> Default for Shared<E> {
     fn default() -> Self {
@@ -33,7 +42,31 @@ impl<E> Default for Shared<E> {
             queued: Mutex::new(0),
             idle: Condvar::new(),
             disposed: AtomicBool::new(false),
+            lost: OnceLock::new(),
+            pending: Mutex::new(Vec::new()),
+            next_job: AtomicU64::new(0),
         }
+    }
+}
+
+/// A context that can be declared lost from another thread (see `Shared::lost`).
+pub trait Losable: Send + Sync {
+    fn mark_lost(&self, reason: &str);
+}
+
+impl<E: Send> Losable for Shared<E> {
+    /// Fails every queued or running job's promise with `ERR_CONTEXT_LOST` and wakes a
+    /// synchronous call waiting for them. The stuck worker keeps the engine (leaked).
+    fn mark_lost(&self, reason: &str) {
+        if self.lost.set(reason.to_string()).is_err() {
+            return;
+        }
+        let failers = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for (_, fail) in failers {
+            fail(Error::ContextLost(reason.to_string()));
+        }
+        let _queued = count(&self.queued);
+        self.idle.notify_all();
     }
 }
 
@@ -43,6 +76,14 @@ fn count(m: &Mutex<usize>) -> MutexGuard<'_, usize> {
 }
 
 impl<E> Shared<E> {
+    /// `ERR_CONTEXT_LOST` once the context is lost.
+    pub fn check_lost(&self) -> crate::error::Result<()> {
+        match self.lost.get() {
+            Some(reason) => Err(Error::ContextLost(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
     /// Jobs queued or running.
     pub fn queued(&self) -> usize {
         *count(&self.queued)
@@ -64,7 +105,7 @@ impl<E> Shared<E> {
     /// waits here nothing new is queued and the wait ends.
     fn wait_idle(&self) {
         let mut queued = count(&self.queued);
-        while *queued > 0 {
+        while *queued > 0 && self.lost.get().is_none() {
             queued = self
                 .idle
                 .wait(queued)
@@ -83,7 +124,9 @@ impl<E> Shared<E> {
         if self.disposed.load(Ordering::Acquire) {
             return Err(Error::ContextDisposed);
         }
+        self.check_lost()?;
         self.wait_idle();
+        self.check_lost()?;
         let mut guard = self
             .engine
             .try_lock()
@@ -100,6 +143,7 @@ impl<E> Shared<E> {
         if self.disposed.load(Ordering::Acquire) {
             return Err(Error::ContextDisposed);
         }
+        self.check_lost()?;
         let mut guard = self
             .engine
             .lock()
@@ -180,13 +224,43 @@ impl Worker {
             settle(Err(Error::ContextDisposed));
             return;
         }
+        if let Err(e) = shared.check_lost() {
+            settle(Err(e));
+            return;
+        }
         shared.job_queued();
+        // The promise settles once: by the job, or from outside if the context is lost first.
+        type Settle<T> = Box<dyn FnOnce(crate::error::Result<T>) + Send>;
+        let slot: Arc<Mutex<Option<Settle<T>>>> = Arc::new(Mutex::new(Some(Box::new(settle))));
+        let id = shared.next_job.fetch_add(1, Ordering::Relaxed);
+        let fail_slot = slot.clone();
+        shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((
+                id,
+                Box::new(move |e: Error| {
+                    let settle = fail_slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some(settle) = settle {
+                        settle(Err(e));
+                    }
+                }),
+            ));
         let job_shared = shared.clone();
         let job: Job = Box::new(move || {
             let result = job_shared.run_job(work);
+            job_shared
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(job, _)| *job != id);
             // Counted done before settling, so the promise's continuation never waits on itself.
             job_shared.job_done();
-            settle(result);
+            let settle = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(settle) = settle {
+                settle(result);
+            }
         });
         if let Err(mpsc::SendError(job)) = sender.send(job) {
             // The thread is gone (it only stops after `close`): run the job here so its result
