@@ -45,6 +45,9 @@
  * | `ERR_INTERNAL` | a bug in llama-branch (please report it) |
  * | `ERR_CHAT_TEMPLATE` | the chat template failed to parse or render (the message has the template's own error) |
  * | `ERR_CHAT_PARSE` | `parseChatOutput`: the output does not match the chat format's parser |
+ * | `ERR_RPC_UNREACHABLE` | an RPC server (`rpcServers`) does not accept connections, failed earlier in this process, or died while a model loaded onto it |
+ * | `ERR_DEVICE` | a device placement option does not fit the devices or the model: unknown device name, `nGpuLayers` above the model's layers + 1, `tensorSplit` of the wrong length, `mainGpu` out of range |
+ * | `ERR_CONTEXT_LOST` | an RPC server the context uses died: the context is unusable (its memory and a thread stay leaked until the process exits); create a new one |
  * | `ERR_NATIVE_LOAD` | the native addon could not be loaded (thrown by `require`) |
  * | `ERR_QUEUE_FULL` | {@link Scheduler.generate}: `maxQueue` requests are waiting already |
  * | `ERR_SCHEDULER_CLOSED` | {@link Scheduler.generate} after {@link Scheduler.close}, or a request still queued when it was called |
@@ -72,6 +75,9 @@ export type ErrorCode =
   | 'ERR_INTERNAL'
   | 'ERR_CHAT_TEMPLATE'
   | 'ERR_CHAT_PARSE'
+  | 'ERR_RPC_UNREACHABLE'
+  | 'ERR_DEVICE'
+  | 'ERR_CONTEXT_LOST'
   | 'ERR_NATIVE_LOAD'
   | 'ERR_QUEUE_FULL'
   | 'ERR_SCHEDULER_CLOSED';
@@ -152,6 +158,92 @@ export interface ContextOptions {
   useMmap?: boolean;
   /** Sets the (process-wide) llama.cpp log level before loading. Default: silent (`'none'`), or `LLAMA_BRANCH_LOG`. */
   logLevel?: LogLevel;
+  /**
+   * Layers placed on the GPU / RPC devices, counted from the output end: 0 to the model's layers
+   * + 1 (the output layer). Default: all of them when such a device takes part, else 0 (ignored
+   * when there is none). More than the model has: `ERR_DEVICE` (before anything loads).
+   */
+  nGpuLayers?: number;
+  /** Index (into the offload devices) of the device for `splitMode: 'none'` and row-split results. Default 0. */
+  mainGpu?: number;
+  /** How layers spread over several devices. Default `'layer'`. */
+  splitMode?: 'none' | 'layer' | 'row';
+  /**
+   * Relative share of the offloaded layers per device, one number per offload device in order
+   * (`ctx.offload.devices`), e.g. `[1, 3]`. Default: by free memory. A wrong length: `ERR_DEVICE`.
+   */
+  tensorSplit?: number[];
+  /**
+   * Names (from {@link listDevices}) of the GPU / RPC devices to place layers on, in order.
+   * Default: every local GPU, then the `rpcServers`' devices. Unknown names and the CPU: `ERR_DEVICE`.
+   */
+  devices?: string[];
+  /**
+   * llama.cpp RPC servers (`"host:port"`, IPv4 or a host name; started with
+   * `npx llama-branch rpc-server`) whose devices take layers. Each is parsed and probed before
+   * use: malformed → `ERR_INVALID_ARG`, not answering → `ERR_RPC_UNREACHABLE`. If a server dies
+   * later, contexts using it are lost (`ERR_CONTEXT_LOST`); see README "Multi-host (RPC)".
+   */
+  rpcServers?: string[];
+}
+
+/** A backend device, from {@link listDevices}. */
+export interface DeviceDescription {
+  /** The name `devices` takes, e.g. `'CPU'`, `'Vulkan0'`, `'RPC0'`. */
+  name: string;
+  /** For an RPC device: its server's `host:port`. */
+  description: string;
+  type: 'cpu' | 'gpu' | 'rpc';
+  /** Bytes (as the backend reports them; for the CPU and RPC CPU devices, the host's RAM). */
+  memoryFree: number;
+  memoryTotal: number;
+}
+
+export interface ListDevicesOptions {
+  /** Also list the devices of these RPC servers (probed first; same errors as in {@link ContextOptions.rpcServers}). */
+  rpcServers?: string[];
+}
+
+/**
+ * The backend devices of this process (CPU, GPUs) and, with `rpcServers`, each server's.
+ * Synchronous; with servers it waits for their answers (at most 15 s, then `ERR_RPC_UNREACHABLE`).
+ */
+export declare function listDevices(options?: ListDevicesOptions): DeviceDescription[];
+
+export interface ServeRpcOptions {
+  /** Address to bind. Default `'127.0.0.1'`; anything but loopback needs `allowRemote`. */
+  host?: string;
+  port: number;
+  /** CPU threads for the server's computations. Default: all cores. */
+  threads?: number;
+  /** Folder where the server caches tensors by hash, so clients reload faster. */
+  cacheDir?: string;
+  /** Allow a non-loopback `host`. The RPC protocol has NO authentication or encryption. */
+  allowRemote?: boolean;
+}
+
+export interface RpcServerInfo {
+  endpoint: string;
+  /** The local devices it serves (the GPUs, else the CPU). */
+  devices: string[];
+}
+
+/**
+ * Starts llama.cpp's RPC server on this process's devices, on a thread of its own. It serves
+ * until the process exits (it cannot be stopped) and does not keep Node's event loop alive. One
+ * client process at a time. Throws `ERR_INVALID_ARG` for a non-loopback host without
+ * `allowRemote`, or a port it cannot bind.
+ */
+export declare function serveRpc(options: ServeRpcOptions): RpcServerInfo;
+
+/** Where a context's layers went ({@link SessionContext.offload}). */
+export interface OffloadInfo {
+  /** Layers on GPU / RPC devices (the output layer counts as one, as in llama.cpp's log). */
+  layers: number;
+  /** The model's layers + 1. */
+  totalLayers: number;
+  /** The devices that took layers, in order (empty: CPU only). */
+  devices: string[];
 }
 
 /**
@@ -190,6 +282,10 @@ export declare class SessionContext {
   get nSeqMax(): number;
   /** True after {@link dispose}. Never throws. */
   get disposed(): boolean;
+  /** Where the model's layers went. */
+  get offload(): OffloadInfo;
+  /** True once an RPC server the context uses died: every call then fails with `ERR_CONTEXT_LOST`. */
+  get lost(): boolean;
   /** llama.cpp's one-line model description, e.g. `"gemma3 270M Q4_K - Medium"`. */
   get modelDescription(): string;
   /**

@@ -88,6 +88,23 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// Whether the endpoint actively refuses connections (nothing listens: a dead server), as
+    /// opposed to accepting them or letting them time out.
+    pub fn refuses(&self, timeout: Duration) -> bool {
+        let Ok(addrs) = self.addrs() else {
+            return true;
+        };
+        addrs.iter().all(|addr| {
+            matches!(
+                TcpStream::connect_timeout(addr, timeout),
+                Err(e) if e.kind() != std::io::ErrorKind::TimedOut
+                    && e.kind() != std::io::ErrorKind::WouldBlock
+            )
+        })
+    }
+}
+
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}", self.host, self.port)
@@ -142,11 +159,17 @@ mod tests {
             .probe(Duration::from_millis(500))
             .unwrap_err();
         assert_eq!(e.code(), "ERR_RPC_UNREACHABLE");
+        assert!(Endpoint::parse(&format!("127.0.0.1:{port}"))
+            .unwrap()
+            .refuses(Duration::from_millis(500)));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         Endpoint::parse(&format!("127.0.0.1:{port}"))
             .unwrap()
             .probe(Duration::from_millis(500))
             .unwrap();
+        assert!(!Endpoint::parse(&format!("127.0.0.1:{port}"))
+            .unwrap()
+            .refuses(Duration::from_millis(500)));
     }
 }

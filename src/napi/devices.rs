@@ -137,7 +137,12 @@ fn connect(endpoints: &[Endpoint]) -> crate::error::Result<Vec<Device>> {
                  process, or start the server on another port)"
             )));
         }
-        e.probe(PROBE_TIMEOUT)?;
+        // A server serves one client connection at a time, and a context of this process that
+        // uses it holds that connection: a probe would only wait in its (tiny) accept queue.
+        // ggml reuses the held connection, and a failure on it is caught by the abort hook.
+        if !connected(e) {
+            e.probe(PROBE_TIMEOUT)?;
+        }
         lock(added()).insert(e.clone());
         devices.extend(llama::rpc_add_server(&e.to_string())?);
     }
@@ -155,6 +160,13 @@ struct Watch {
 fn watches() -> &'static Mutex<Vec<Watch>> {
     static WATCHES: OnceLock<Mutex<Vec<Watch>>> = OnceLock::new();
     WATCHES.get_or_init(Default::default)
+}
+
+/// Whether a live context (or load) of this process uses `e`, and so holds ggml's connection.
+fn connected(e: &Endpoint) -> bool {
+    lock(watches())
+        .iter()
+        .any(|w| w.target.strong_count() > 0 && w.endpoints.contains(e))
 }
 
 /// Declares `target` lost when one of `endpoints` fails (for as long as `target` lives).
@@ -220,12 +232,23 @@ fn install_watchdog() {
 fn handle_failure(message: &str) {
     let message = message.trim();
     let in_use: Vec<Endpoint> = lock(added()).iter().cloned().collect();
-    // The message does not name the endpoint: the dead server is the one that no longer answers.
-    let mut failed: Vec<Endpoint> = in_use
-        .iter()
-        .filter(|e| e.probe(PROBE_TIMEOUT).is_err())
-        .cloned()
-        .collect();
+    // The message does not name the endpoint: the dead server is the one that refuses
+    // connections now. (A live server busy with our own connection lets a probe wait in its
+    // accept queue or time out: that is not a death.)
+    // A killed server's connections can close a moment before its listening socket: look again
+    // for up to a second before concluding that none refuses.
+    let mut failed: Vec<Endpoint> = Vec::new();
+    for _ in 0..10 {
+        failed = in_use
+            .iter()
+            .filter(|e| e.refuses(PROBE_TIMEOUT))
+            .cloned()
+            .collect();
+        if !failed.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     if failed.is_empty() {
         // Alive but answering garbage (or it restarted): which one is unknown, so all are.
         failed = in_use;
