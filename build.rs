@@ -27,7 +27,9 @@ fn build_chat_shim() {
     // before that setting keeps building without it: say how to fix it rather than ship an addon
     // whose rpcServers / serveRpc report ERR_UNSUPPORTED.
     assert!(
-        cache.lines().any(|l| l.starts_with("GGML_RPC:") && l.ends_with("=ON")),
+        cache
+            .lines()
+            .any(|l| l.starts_with("GGML_RPC:") && l.ends_with("=ON")),
         "llama.cpp in {} was configured without GGML_RPC=ON (a target directory built by an \
          older llama-branch). `npm run build` cleans it; with plain cargo run \
          `cargo clean --release -p llama-cpp-sys-2` once.",

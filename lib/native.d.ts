@@ -36,6 +36,23 @@ export interface ContextOptions {
   useMmap?: boolean
   /** llama.cpp log level: "none" (default), "error", "warn", "info", "debug". */
   logLevel?: string
+  /** Layers offloaded to GPU / RPC devices (default: all when there is one, else 0). */
+  nGpuLayers?: number
+  mainGpu?: number
+  splitMode?: 'none' | 'layer' | 'row'
+  tensorSplit?: Array<number>
+  /** Device names from `listDevices()` to place layers on, in order. */
+  devices?: Array<string>
+  /** RPC servers ("host:port") whose devices take layers. */
+  rpcServers?: Array<string>
+}
+
+export interface DeviceDescription {
+  name: string
+  description: string
+  type: 'cpu' | 'gpu' | 'rpc'
+  memoryFree: number
+  memoryTotal: number
 }
 
 export interface DryParams {
@@ -59,10 +76,24 @@ export interface KvPressureInfo {
   remaining: number
 }
 
+export interface ListDevicesOptions {
+  rpcServers?: Array<string>
+}
+
 export interface MirostatParams {
   mode?: number
   tau?: number
   eta?: number
+}
+
+/** What `ctx.offload` reports. */
+export interface OffloadInfo {
+  /** Layers placed on non-CPU devices (the output layer counts as one, as in llama.cpp's log). */
+  layers: number
+  /** The model's layers plus its output layer. */
+  totalLayers: number
+  /** The devices layers were placed on, in order (empty: CPU only). */
+  devices: Array<string>
 }
 
 export interface PenaltyParams {
@@ -78,6 +109,11 @@ export interface Produced {
   isStop: boolean
 }
 
+export interface RpcServerInfo {
+  endpoint: string
+  devices: Array<string>
+}
+
 export interface SamplingParams {
   temperature?: number
   topK?: number
@@ -88,6 +124,14 @@ export interface SamplingParams {
   penalties?: PenaltyParams
   advanced?: AdvancedSamplingParams
   logitBias?: Array<TokenBias>
+}
+
+export interface ServeRpcOptions {
+  host?: string
+  port: number
+  threads?: number
+  cacheDir?: string
+  allowRemote?: boolean
 }
 
 export interface TokenBias {
@@ -170,6 +214,16 @@ export declare class SessionContext {
   get nCtx(): number
   get nBatch(): number
   get nSeqMax(): number
+  /**
+   * Where the model's layers went: `{ layers, totalLayers, devices }` (layers on non-CPU
+   * devices, out of the model's layers plus its output layer).
+   */
+  get offload(): OffloadInfo
+  /**
+   * Whether the context was lost (an RPC server it uses died); every call then fails with
+   * `ERR_CONTEXT_LOST`.
+   */
+  get lost(): boolean
   get disposed(): boolean
   /**
    * The model's sliding-window attention span in positions (0 when it has none): `forkAt`
@@ -311,6 +365,21 @@ export declare function jsonSchemaToGrammar(schema: string): Promise<string>
 
 /** Converts a JSON schema (JSON text) to GBNF on the calling thread (`jsonSchemaToGrammarSync`). */
 export declare function jsonSchemaToGrammarSync(schema: string): string
+
+/**
+ * The backend devices of this process (CPU, GPUs) and, with `rpcServers`, those of each server
+ * (probed first; memory as the server reports it). Synchronous; with servers it waits for
+ * their answers (at most 15 s).
+ */
+export declare function listDevices(options?: ListDevicesOptions | undefined | null): Array<DeviceDescription>
+
+/**
+ * Runs llama.cpp's RPC server on this process's devices (its GPUs, else the CPU) on a thread of
+ * its own, for the rest of the process: it cannot be stopped, and it does not keep Node's event
+ * loop alive. The protocol has no authentication: anything but a loopback host needs
+ * `allowRemote: true`.
+ */
+export declare function serveRpc(options: ServeRpcOptions): RpcServerInfo
 
 export declare function setLogLevel(level: string): void
 

@@ -183,7 +183,9 @@ pub fn watch(endpoints: &[Endpoint], target: Weak<dyn Losable>) {
 }
 
 /// A one-shot action run when a watched load is lost (it fails the load's promise).
-pub struct OnLost(Mutex<Option<Box<dyn FnOnce(&str) + Send>>>);
+type LostAction = Box<dyn FnOnce(&str) + Send>;
+
+pub struct OnLost(Mutex<Option<LostAction>>);
 
 impl OnLost {
     pub fn new(f: impl FnOnce(&str) + Send + 'static) -> Arc<OnLost> {
@@ -255,10 +257,7 @@ fn handle_failure(message: &str) {
     }
     lock(dead()).extend(failed.iter().cloned());
     let names: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
-    let reason = format!(
-        "RPC server {} failed ({message})",
-        names.join(", ")
-    );
+    let reason = format!("RPC server {} failed ({message})", names.join(", "));
     let targets: Vec<Arc<dyn Losable>> = lock(watches())
         .iter()
         .filter(|w| w.endpoints.iter().any(|e| failed.contains(e)))
@@ -322,9 +321,7 @@ pub fn resolve_placement(p: &PlacementInput) -> crate::error::Result<Placement> 
                 ));
             }
             if !values.is_empty() && values.iter().sum::<f64>() <= 0.0 {
-                return Err(Error::Device(
-                    "tensorSplit must have a positive sum".into(),
-                ));
+                return Err(Error::Device("tensorSplit must have a positive sum".into()));
             }
             values.iter().map(|&v| v as f32).collect()
         }
@@ -482,10 +479,15 @@ impl Placement {
 /// their answers (at most 15 s).
 #[napi(js_name = "listDevices")]
 pub fn list_devices(options: Option<ListDevicesOptions>) -> Result<Vec<DeviceDescription>> {
-    let endpoints =
-        parse_endpoints(options.and_then(|o| o.rpc_servers).as_deref().unwrap_or(&[]))
-            .map_err(js)?;
-    let mut out: Vec<DeviceDescription> = llama::local_devices().into_iter().map(describe).collect();
+    let endpoints = parse_endpoints(
+        options
+            .and_then(|o| o.rpc_servers)
+            .as_deref()
+            .unwrap_or(&[]),
+    )
+    .map_err(js)?;
+    let mut out: Vec<DeviceDescription> =
+        llama::local_devices().into_iter().map(describe).collect();
     if endpoints.is_empty() {
         return Ok(out);
     }

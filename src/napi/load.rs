@@ -54,8 +54,8 @@ fn acquire_model(
     use_mmap: bool,
     placement: &Placement,
 ) -> crate::error::Result<(Arc<Model>, OffloadInfo)> {
-    static CACHE: OnceLock<Mutex<HashMap<ModelKey, (Weak<Model>, OffloadInfo)>>> =
-        OnceLock::new();
+    type Cache = HashMap<ModelKey, (Weak<Model>, OffloadInfo)>;
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
     // Holding the lock across a load makes a second caller wait and then share the result.
     let mut cache = CACHE
         .get_or_init(Default::default)

@@ -9,6 +9,8 @@ import {
   jsonSchemaToGrammar,
   setLogLevel,
   systemInfo,
+  listDevices,
+  serveRpc,
   PoolingType,
   SessionContext,
   ReasoningFormat,
@@ -74,8 +76,29 @@ async function main(): Promise<void> {
     poolingType: PoolingType.NONE,
     useMmap: true,
     logLevel: 'error',
+    nGpuLayers: 10,
+    mainGpu: 0,
+    splitMode: 'layer',
+    tensorSplit: [1, 3],
+    devices: ['Vulkan0'],
+    rpcServers: ['127.0.0.1:50052'],
   };
+  // @ts-expect-error splitMode is one of three names
+  const badSplit: ContextOptions = { modelPath: 'm.gguf', splitMode: 'diagonal' };
+  void badSplit;
+  for (const d of listDevices({ rpcServers: ['127.0.0.1:50052'] })) {
+    const kind: 'cpu' | 'gpu' | 'rpc' = d.type;
+    const bytes: number = d.memoryFree + d.memoryTotal;
+    void [kind, bytes, d.name, d.description];
+  }
+  const served: { endpoint: string; devices: string[] } = serveRpc({ port: 50052, host: '127.0.0.1', threads: 2, cacheDir: '/tmp/c', allowRemote: false });
+  void served;
   const ctx: SessionContext = await createContext(options);
+  const offloaded: number = ctx.offload.layers + ctx.offload.totalLayers;
+  const lost: boolean = ctx.lost;
+  void [offloaded, lost, ctx.offload.devices];
+  const lostCode: ErrorCode = 'ERR_CONTEXT_LOST';
+  void lostCode;
   const same: SessionContext = await llama.createContext({ modelPath: '/models/model.gguf' });
   same.dispose();
 
