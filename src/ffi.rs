@@ -5,7 +5,7 @@
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Once, OnceLock};
 
 use llama_cpp_sys_2 as sys;
 
@@ -68,17 +68,96 @@ pub fn init_backend() {
         }
         unsafe {
             sys::llama_log_set(Some(log_callback), std::ptr::null_mut());
+            #[cfg(feature = "dynamic-backends")]
+            load_backend_modules();
             sys::llama_backend_init();
         }
     });
 }
 
+/// Folder holding ggml's backend modules (`libggml-cpu-<variant>.so`, ...) in a
+/// `dynamic-backends` build: the folder of the loaded .node, which the JS loader tells the addon
+/// (`_setBackendDir`) before any llama.cpp call.
+static BACKEND_DIR: OnceLock<String> = OnceLock::new();
+
+/// Records where the backend modules are (the first call wins; a build without
+/// `dynamic-backends` has its CPU backend compiled in and ignores it), initialises the backend
+/// and returns the number of compute devices registered. 0 means no backend module loaded:
+/// nothing can run, and the loader reports it.
+pub fn init_backend_from_dir(dir: &str) -> usize {
+    let _ = BACKEND_DIR.set(dir.to_owned());
+    init_backend();
+    unsafe { sys::ggml_backend_dev_count() }
+}
+
+/// Loads the backend modules from `BACKEND_DIR`, each kind's best variant for this machine (the
+/// CPU variants score themselves against the CPU's features). `ggml_backend_load_all()` would
+/// search the build machine's OUT_DIR, node's own folder and the working directory instead.
+/// Without a folder from the loader (Rust tests), the build's backends folder is used.
+#[cfg(feature = "dynamic-backends")]
+unsafe fn load_backend_modules() {
+    let dir = BACKEND_DIR
+        .get()
+        .map(String::as_str)
+        .unwrap_or(env!("GGML_BACKENDS_DIR"));
+    if let Ok(dir) = CString::new(dir) {
+        sys::ggml_backend_load_all_from_path(dir.as_ptr());
+    }
+}
+
 pub fn system_info() -> String {
-    unsafe {
+    let info = unsafe {
         CStr::from_ptr(sys::llama_print_system_info())
             .to_string_lossy()
             .into_owned()
+    };
+    match cpu_variant() {
+        Some(variant) => format!("{info}CPU_VARIANT = {variant} | "),
+        None => info,
     }
+}
+
+/// The CPU backend variant ggml chose at run time ("haswell", "zen4", ...): the module that
+/// holds the CPU backend's registration record, whose file is libggml-cpu-<variant>.so. None in
+/// a build with the CPU backend compiled in (it targets the build machine's CPU).
+#[cfg(all(feature = "dynamic-backends", unix))]
+fn cpu_variant() -> Option<String> {
+    #[repr(C)]
+    struct DlInfo {
+        fname: *const c_char,
+        fbase: *mut c_void,
+        sname: *const c_char,
+        saddr: *mut c_void,
+    }
+    extern "C" {
+        fn dladdr(addr: *const c_void, info: *mut DlInfo) -> i32;
+    }
+    let reg = unsafe { sys::ggml_backend_reg_by_name(c"CPU".as_ptr()) };
+    if reg.is_null() {
+        return None;
+    }
+    let mut info = DlInfo {
+        fname: std::ptr::null(),
+        fbase: std::ptr::null_mut(),
+        sname: std::ptr::null(),
+        saddr: std::ptr::null_mut(),
+    };
+    if unsafe { dladdr(reg as *const c_void, &mut info) } == 0 || info.fname.is_null() {
+        return None;
+    }
+    let path = unsafe { CStr::from_ptr(info.fname) }.to_string_lossy();
+    let file = std::path::Path::new(&*path).file_stem()?.to_string_lossy();
+    Some(
+        file.strip_prefix("libggml-cpu-")
+            .or_else(|| file.strip_prefix("ggml-cpu-"))
+            .unwrap_or(&file)
+            .to_string(),
+    )
+}
+
+#[cfg(not(all(feature = "dynamic-backends", unix)))]
+fn cpu_variant() -> Option<String> {
+    None
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -416,6 +416,13 @@ pub fn system_info() -> String {
     ffi::system_info()
 }
 
+/// Called by the JS loader (lib/loader.js) right after loading the addon, with the folder of the
+/// .node: a prebuilt's backend modules sit there. Returns the number of compute devices.
+#[napi(js_name = "_setBackendDir")]
+pub fn set_backend_dir(dir: String) -> u32 {
+    ffi::init_backend_from_dir(&dir) as u32
+}
+
 #[derive(Clone, Copy)]
 struct ContextInfo {
     n_ctx: u32,
