@@ -44,7 +44,7 @@
  * | `ERR_INTERNAL` | a bug in llama-branch (please report it) |
  * | `ERR_CHAT_TEMPLATE` | the chat template failed to parse or render (the message has the template's own error) |
  * | `ERR_CHAT_PARSE` | `parseChatOutput`: the output does not match the chat format's parser |
- * | `ERR_NATIVE_LOAD` | the native addon could not be loaded (thrown by `require`) |
+ * | `ERR_NATIVE_LOAD` | no build of the native addon could be loaded, or it loaded no compute backend (thrown by `require`, `loadBinary`, and `createContext` with a `gpuVariant`) |
  */
 export type ErrorCode =
   | 'ERR_INVALID_ARG'
@@ -150,11 +150,47 @@ export interface ContextOptions {
 }
 
 /**
- * Loads the model (shared between contexts on the same file) and creates a llama.cpp context,
- * off the main thread. Rejects with `ERR_MODEL_NOT_FOUND`, `ERR_MODEL_LOAD`,
- * `ERR_CONTEXT_CREATE` or `ERR_INVALID_ARG`.
+ * Which build of the native addon to use. `'default'` (same as `'cpu'`): the normal resolution,
+ * i.e. `LLAMA_BRANCH_BINARY`, else a local source build, else the prebuilt platform package
+ * (whose CPU backend is chosen at run time for the CPU). `'cuda'` / `'vulkan'`: a local source
+ * build made with that cargo feature, else the platform package
+ * `llama-branch-<platform>-<variant>` (e.g. `llama-branch-linux-x64-gnu-vulkan`).
  */
-export declare function createContext(options: ContextOptions): Promise<SessionContext>;
+export type GpuVariant = 'default' | 'cpu' | 'cuda' | 'vulkan';
+
+/** The second argument of {@link createContext}. */
+export interface LoadOptions {
+  /** The build whose `createContext` is used. Default `'default'`. */
+  gpuVariant?: GpuVariant;
+}
+
+/** A loaded build of the native addon, as {@link loadBinary} returns it. */
+export interface NativeBinding {
+  /** That build's llama.cpp system line (see {@link systemInfo}). */
+  systemInfo(): string;
+  /** Sets the llama.cpp log level of that build. */
+  setLogLevel(level: LogLevel): void;
+  /** That build's context class; contexts it creates are `instanceof` this class. */
+  readonly SessionContext: typeof SessionContext;
+}
+
+/**
+ * Loads the model (shared between contexts on the same file) and creates a llama.cpp context,
+ * off the main thread, with the build `loadOptions.gpuVariant` selects (see {@link loadBinary}).
+ * Rejects with `ERR_MODEL_NOT_FOUND`, `ERR_MODEL_LOAD`, `ERR_CONTEXT_CREATE`, `ERR_INVALID_ARG`
+ * (also for malformed `loadOptions` or an unknown variant), or `ERR_NATIVE_LOAD` when no build
+ * of the requested variant loads.
+ */
+export declare function createContext(options: ContextOptions, loadOptions?: LoadOptions): Promise<SessionContext>;
+
+/**
+ * The native binding for `variant` (default: the one `require('llama-branch')` loaded), loaded
+ * once per process and file. Throws `ERR_NATIVE_LOAD` when no build of that variant loads (the
+ * message lists where it looked and how to get one), `ERR_INVALID_ARG` for an unknown variant.
+ * Only one prebuilt (shared-library) build can be active in a process: load a GPU variant's
+ * package in a process that has not loaded another prebuilt.
+ */
+export declare function loadBinary(variant?: GpuVariant): NativeBinding;
 
 /**
  * A llama.cpp context plus its branch store and worker thread. Created by {@link createContext}
@@ -598,7 +634,11 @@ export declare function jsonSchemaToGrammar(schema: string | object): Promise<st
 /** Sets the process-wide llama.cpp log level (same effect as `LLAMA_BRANCH_LOG`). */
 export declare function setLogLevel(level: LogLevel): void;
 
-/** llama.cpp's system info line: the CPU features and backends compiled in. */
+/**
+ * llama.cpp's system info line: the CPU features and backends in use. A prebuilt binary adds
+ * `CPU_VARIANT = <name> | `: the CPU backend module ggml chose at load time for this CPU
+ * (e.g. `haswell`, `icelake`, `zen4`); a source build has its CPU backend compiled in.
+ */
 export declare function systemInfo(): string;
 
 // -------------------------------------------------------------------------------------------------

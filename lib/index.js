@@ -2,17 +2,42 @@
 
 const { fileURLToPath } = require('node:url');
 const native = require('./native');
+const loader = require('./loader');
 const { makeError, finishError } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { installDecodeSignal } = require('./cancel');
 
-installDecodeSignal(native.SessionContext);
+loader.whenLoaded((binding) => installDecodeSignal(binding.SessionContext));
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType'];
 
-/** Loads the model (shared between contexts on the same file) and creates a context, off the main thread. */
-async function createContext(options) {
+/**
+ * The native binding for `variant` ('default' | 'cpu' | undefined: the normal resolution;
+ * 'cuda' | 'vulkan': that GPU build). See lib/loader.js for where each is looked for.
+ */
+function loadBinary(variant) {
+  return variant === undefined ? native : loader.loadBinary(variant);
+}
+
+/** The binding `loadOptions.gpuVariant` selects (the default binding without one). */
+function bindingFor(loadOptions) {
+  if (loadOptions === undefined || loadOptions === null) return native;
+  const where = 'createContext(options, loadOptions)';
+  if (typeof loadOptions !== 'object' || Array.isArray(loadOptions)) {
+    throw makeError('ERR_INVALID_ARG', `${where}: loadOptions must be an object such as { gpuVariant: 'vulkan' }, got ${Array.isArray(loadOptions) ? 'an array' : typeof loadOptions}`);
+  }
+  const unknown = Object.keys(loadOptions).filter((k) => k !== 'gpuVariant');
+  if (unknown.length) throw makeError('ERR_INVALID_ARG', `${where}: unknown loadOptions ${unknown.join(', ')}; the only one is gpuVariant`);
+  const variant = loader.normalizeVariant(loadOptions.gpuVariant, `${where}: loadOptions.gpuVariant`);
+  return variant ? loader.loadBinary(variant) : native;
+}
+
+/**
+ * Loads the model (shared between contexts on the same file) and creates a context, off the main
+ * thread, with the binding `loadOptions.gpuVariant` selects.
+ */
+async function createContext(options, loadOptions) {
   if (options === null || typeof options !== 'object') throw makeError('ERR_INVALID_ARG', 'createContext(options): expected an options object');
   let modelPath = options.modelPath;
   if (modelPath instanceof URL || (typeof modelPath === 'string' && modelPath.startsWith('file://'))) {
@@ -30,8 +55,9 @@ async function createContext(options) {
     if (options[k] !== undefined && typeof options[k] !== 'boolean') throw makeError('ERR_INVALID_ARG', `options.${k} must be a boolean`);
   }
   if (options.logLevel !== undefined && typeof options.logLevel !== 'string') throw makeError('ERR_INVALID_ARG', 'options.logLevel must be a string');
+  const binding = bindingFor(loadOptions);
   try {
-    return await native.createContext({ ...options, modelPath });
+    return await binding.createContext({ ...options, modelPath });
   } catch (e) {
     throw finishError(e);
   }
@@ -83,6 +109,7 @@ function wrapSync(fn) {
 
 module.exports = {
   createContext,
+  loadBinary,
   Branch,
   BranchStore,
   withLogits,

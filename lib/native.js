@@ -1,8 +1,8 @@
 'use strict';
 
-const path = require('node:path');
 const { finishNativeErrors } = require('./errors');
 const { installRawMethods } = require('./raw');
+const { loadBinary, whenLoaded } = require('./loader');
 
 /** Native methods that return a Promise (their argument errors become rejections). */
 const ASYNC_METHODS = new Set([
@@ -12,20 +12,11 @@ const ASYNC_METHODS = new Set([
   'clearAndReseed', 'kvCacheSave', 'kvCacheLoad', 'kvCacheWriteFile', 'kvCacheReadFile', '_decodeAndCapture',
 ]);
 
-/** Loads the addon built by `npm run build` (scripts/build.js) once per process. */
-function load() {
-  const file = process.env.LLAMA_BRANCH_BINARY || path.join(__dirname, '..', 'build', 'llama_branch.node');
-  let binding;
-  try {
-    binding = require(file);
-  } catch (e) {
-    const err = new Error(`llama-branch: cannot load the native addon at ${file} (${e.message}). Build it with \`npm run build\`.`);
-    err.code = 'ERR_NATIVE_LOAD';
-    throw err;
-  }
+// Every binding the loader loads (the default one below, GPU variants later) gets the same finish.
+whenLoaded((binding) => {
   finishNativeErrors(binding.SessionContext, ASYNC_METHODS);
   installRawMethods(binding.SessionContext);
-  return binding;
-}
+});
 
-module.exports = load();
+/** The default binding (lib/loader.js: LLAMA_BRANCH_BINARY, the source build, the platform package). */
+module.exports = loadBinary();
