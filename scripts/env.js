@@ -66,6 +66,11 @@ function cpuArgs() {
     process.exit(2);
   }
   const cpu = choice === 'portable' ? (process.arch === 'x64' ? 'x86-64-v3' : 'generic') : choice;
+  return targetCpuArgs(cpu);
+}
+
+/** Cargo arguments compiling the Rust code, and through the sys crate ggml, for rustc target-cpu `cpu`. */
+function targetCpuArgs(cpu) {
   return ['--config', `target.'cfg(all())'.rustflags=["-C", "target-cpu=${cpu}"]`];
 }
 
@@ -209,6 +214,7 @@ module.exports = {
   targetDir,
   featureArgs,
   cpuArgs,
+  targetCpuArgs,
   cargoEnv,
   cdylibName,
   addonPath,
