@@ -168,8 +168,6 @@ export interface LoadOptions {
 export interface NativeBinding {
   /** That build's llama.cpp system line (see {@link systemInfo}). */
   systemInfo(): string;
-  /** Sets the llama.cpp log level of that build. */
-  setLogLevel(level: LogLevel): void;
   /** That build's context class; contexts it creates are `instanceof` this class. */
   readonly SessionContext: typeof SessionContext;
 }

@@ -26,20 +26,25 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { repoRoot, targetDir, targetCpuArgs, cargoEnv, findCargo, which, formatDuration } = require('./env');
+const { repoRoot, targetDir, targetCpuArgs, findCargo, which, formatDuration } = require('./env');
 const { readDynamic } = require('./elf');
 const { platformKey, platformPackageName } = require('../lib/loader');
+
+/** Libraries every glibc Linux system has; a prebuilt may need nothing else from the system. */
+const GLIBC_SYSTEM_LIBS = ['libc.so.6', 'libm.so.6', 'libdl.so.2', 'libpthread.so.0', 'librt.so.1', 'libstdc++.so.6', 'libgcc_s.so.1'];
 
 /**
  * The platforms of the napi-rs convention. Each gets a folder npm/<key>/ with its package.json;
  * `cpuBaseline` is the rustc target-cpu of the prebuilt (the oldest CPU it must run on: ggml's
  * CPU backend variants add the faster instruction sets at run time); `libExt` the extension of
- * its shared libraries. Only linux-x64-gnu is built so far; packing the others needs a machine
- * of that platform and the shared-library collection for its binary format (ELF only so far).
+ * its shared libraries; `systemLibs` what the shipped files may need from the system (anything
+ * else fails the prebuild: a user's machine may lack it). Only linux-x64-gnu is built so far;
+ * packing the others needs a machine of that platform and the shared-library collection for its
+ * binary format (ELF only so far).
  */
 const TARGETS = {
-  'linux-x64-gnu': { os: 'linux', cpu: 'x64', libc: 'glibc', cpuBaseline: 'x86-64', libExt: '.so' },
-  'linux-arm64-gnu': { os: 'linux', cpu: 'arm64', libc: 'glibc', cpuBaseline: 'generic', libExt: '.so' },
+  'linux-x64-gnu': { os: 'linux', cpu: 'x64', libc: 'glibc', cpuBaseline: 'x86-64', libExt: '.so', systemLibs: [...GLIBC_SYSTEM_LIBS, 'ld-linux-x86-64.so.2'] },
+  'linux-arm64-gnu': { os: 'linux', cpu: 'arm64', libc: 'glibc', cpuBaseline: 'generic', libExt: '.so', systemLibs: [...GLIBC_SYSTEM_LIBS, 'ld-linux-aarch64.so.1'] },
   'darwin-arm64': { os: 'darwin', cpu: 'arm64', cpuBaseline: 'apple-m1', libExt: '.dylib' },
   'win32-x64-msvc': { os: 'win32', cpu: 'x64', cpuBaseline: 'x86-64', libExt: '.dll' },
 };
@@ -147,12 +152,59 @@ function runtimeFiles(addon, sysOutDir, libExt) {
   return { files: [...files].map(([name, from]) => ({ name, from })), system: [...system].sort() };
 }
 
+/** Orders dotted version strings numerically ("2.34" > "2.4"). */
+function compareVersions(a, b) {
+  const [x, y] = [a.split('.').map(Number), b.split('.').map(Number)];
+  for (let i = 0; i < Math.max(x.length, y.length); i++) {
+    if ((x[i] || 0) !== (y[i] || 0)) return (x[i] || 0) - (y[i] || 0);
+  }
+  return 0;
+}
+
+/**
+ * The newest glibc and libstdc++ symbol versions the shipped files need (what a user's system
+ * must provide), from `objdump -T`; null when objdump is missing.
+ */
+function requiredSymbolVersions(files) {
+  if (!which('objdump')) return null;
+  const newest = {};
+  for (const file of files) {
+    const res = spawnSync('objdump', ['-T', file], { encoding: 'utf8', maxBuffer: 64 * 2 ** 20 });
+    for (const [, lib, version] of (res.stdout || '').matchAll(/\b(GLIBC|GLIBCXX)_([0-9.]+)\b/g)) {
+      if (!newest[lib] || compareVersions(version, newest[lib]) > 0) newest[lib] = version;
+    }
+  }
+  return Object.entries(newest).map(([lib, v]) => `${lib}_${v}`).join(', ');
+}
+
 /** strip --strip-unneeded, in place; false when no strip tool is available. */
 function strip(file) {
   if (!which('strip')) return false;
   const res = spawnSync('strip', ['--strip-unneeded', file], { encoding: 'utf8' });
   if (res.status !== 0) die(`strip --strip-unneeded ${file} failed: ${res.stderr}`);
   return true;
+}
+
+/**
+ * The sys crate's build script hard-links llama.cpp's shared libraries into target/release and
+ * target/release/deps, symlinks included (libllama.so -> libllama.so.0, which is not linked
+ * there), and skips names that `exists()`, which is false for a dangling symlink: every later
+ * run of that build script (after a changed GGML_* variable or `cargo clean -p llama-cpp-sys-2`)
+ * then fails with "File exists". Removing the dangling links first avoids that.
+ */
+function removeDanglingLibLinks(target) {
+  for (const dir of ['release', path.join('release', 'deps'), path.join('release', 'examples')].map((d) => path.join(target, d))) {
+    let names;
+    try {
+      names = fs.readdirSync(dir);
+    } catch {
+      continue;
+    }
+    for (const name of names.filter((n) => /^lib.*\.(so|dylib)(\.|$)/.test(n))) {
+      const file = path.join(dir, name);
+      if (fs.lstatSync(file).isSymbolicLink() && !fs.existsSync(file)) fs.rmSync(file);
+    }
+  }
 }
 
 /** Fills npm/<key>/ with the addon and its runtime files; returns the shipped files. */
@@ -279,9 +331,15 @@ async function main() {
   if (!findCargo()) die('cargo not found; install Rust with rustup (https://rustup.rs)');
 
   const started = Date.now();
-  const env = { ...cargoEnv(), CARGO_TARGET_DIR: prebuildTargetDir() };
+  // The sys crate forwards CMAKE_* variables to llama.cpp's cmake. Without OpenSSL, common's
+  // HTTP client has no HTTPS (the addon never downloads), and libllama-common does not need
+  // libssl.so.3 / libcrypto.so.3, which many systems and slim containers lack. Whether the
+  // build machine has OpenSSL's headers must not change what the package needs.
+  // Not cargoEnv(): its ccache key file is for native builds only.
+  const env = { ...process.env, CARGO_TARGET_DIR: prebuildTargetDir(), CMAKE_DISABLE_FIND_PACKAGE_OpenSSL: 'ON' };
   const args = ['build', '--release', '--features', 'dynamic-backends', ...targetCpuArgs(target.cpuBaseline)];
   log(`cargo ${args.join(' ')}  (CARGO_TARGET_DIR=${env.CARGO_TARGET_DIR}; a cold build takes ~20 min on 2 cores)`);
+  removeDanglingLibLinks(env.CARGO_TARGET_DIR);
   const built = await cargoBuild(args, env);
   const buildTime = formatDuration(Date.now() - started);
   if (built.code !== 0) die(`cargo build failed (exit code ${built.code}) after ${buildTime}`);
@@ -289,6 +347,12 @@ async function main() {
   log(`built in ${buildTime}`);
 
   const runtime = runtimeFiles(built.addon, built.sysOutDir, target.libExt);
+  const unexpected = runtime.system.filter((lib) => !target.systemLibs.includes(lib));
+  if (unexpected.length) {
+    die(`the prebuilt would need ${unexpected.join(', ')} from the system, which users may not have. ` +
+      `Build without them, or add them to systemLibs of ${key} in scripts/prebuild.js if every target system has them. ` +
+      '(CMAKE_* settings are not tracked by the sys crate: after changing one, `cargo clean -p llama-cpp-sys-2` in the prebuild target directory.)');
+  }
   const shipped = stagePlatformPackage(key, built.addon, runtime);
   fs.mkdirSync(distDir, { recursive: true });
   const platformInfo = npmPack(path.join(repoRoot, 'npm', key));
@@ -299,6 +363,8 @@ async function main() {
   for (const f of shipped) console.log(`  ${f.name.padEnd(width)}  ${mib(f.size).padStart(9)}`);
   console.log(`  ${'total'.padEnd(width)}  ${mib(shipped.reduce((a, f) => a + f.size, 0)).padStart(9)}`);
   console.log(`  needs from the system: ${runtime.system.join(', ')}`);
+  const versions = requiredSymbolVersions(shipped.map((f) => path.join(repoRoot, 'npm', key, f.name)));
+  if (versions) console.log(`  newest symbol versions needed: ${versions}`);
   console.log('\ntarballs:');
   for (const info of [mainInfo, platformInfo]) {
     console.log(`  dist/${info.filename}  ${mib(info.size)} packed, ${mib(info.unpackedSize)} unpacked, ${info.entryCount} files`);

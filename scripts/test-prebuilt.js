@@ -7,7 +7,7 @@
  *
  *   1. dist/ holds both tarballs for this version, newer than every input of the build; if not,
  *      run scripts/prebuild.js (a cold machine pays the ~20 min build once);
- *   2. a scratch project, and a PATH holding only node and npm: cargo, cmake, cc, gcc, g++ and
+ *   2. a scratch project, and a PATH holding only node, npm and sh: cargo, cmake, cc, gcc, g++ and
  *      c++ are unreachable (checked), and HOME / CARGO_HOME point at empty folders so that the
  *      install script cannot find ~/.cargo/bin/cargo either. `npm install --offline` of both
  *      tarballs must finish in under 60 s, say that it used the prebuilt binary and leave no
@@ -81,7 +81,7 @@ function ensureTarballs() {
 }
 
 /**
- * An environment without a compiler: PATH is one folder with links to node and npm only; HOME,
+ * An environment without a compiler: PATH is one folder with node, npm and sh only; HOME,
  * CARGO_HOME, RUSTUP_HOME and the npm cache are empty scratch folders; no proxy, no registry.
  */
 function noCompilerEnv(dir) {
@@ -90,6 +90,8 @@ function noCompilerEnv(dir) {
   fs.mkdirSync(bin);
   fs.mkdirSync(home);
   fs.symlinkSync(process.execPath, path.join(bin, 'node'));
+  // npm runs lifecycle scripts through `sh` found on PATH.
+  fs.symlinkSync(fs.existsSync('/bin/sh') ? '/bin/sh' : '/usr/bin/sh', path.join(bin, 'sh'));
   fs.writeFileSync(path.join(bin, 'npm'), `#!/bin/sh\nexec "${process.execPath}" "${npmCli()}" "$@"\n`, { mode: 0o755 });
   const env = {};
   for (const [k, v] of Object.entries(process.env)) {

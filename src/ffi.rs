@@ -69,8 +69,15 @@ pub fn init_backend() {
         unsafe {
             sys::llama_log_set(Some(log_callback), std::ptr::null_mut());
             #[cfg(feature = "dynamic-backends")]
-            load_backend_modules();
-            sys::llama_backend_init();
+            let loaded = load_backend_modules();
+            #[cfg(not(feature = "dynamic-backends"))]
+            let loaded = true;
+            // With no backend registered, llama_backend_init() calls ggml_backend_load_all(),
+            // which loads modules from the build machine's OUT_DIR, node's folder or the working
+            // directory: never run code from there. The loader reports the 0 devices instead.
+            if loaded {
+                sys::llama_backend_init();
+            }
         }
     });
 }
@@ -91,18 +98,18 @@ pub fn init_backend_from_dir(dir: &str) -> usize {
 }
 
 /// Loads the backend modules from `BACKEND_DIR`, each kind's best variant for this machine (the
-/// CPU variants score themselves against the CPU's features). `ggml_backend_load_all()` would
-/// search the build machine's OUT_DIR, node's own folder and the working directory instead.
-/// Without a folder from the loader (Rust tests), the build's backends folder is used.
+/// CPU variants score themselves against the CPU's features), and says whether any registered.
+/// `ggml_backend_load_all()` would search the build machine's OUT_DIR, node's own folder and the
+/// working directory instead. Without a folder nothing loads.
 #[cfg(feature = "dynamic-backends")]
-unsafe fn load_backend_modules() {
-    let dir = BACKEND_DIR
+unsafe fn load_backend_modules() -> bool {
+    if let Some(dir) = BACKEND_DIR
         .get()
-        .map(String::as_str)
-        .unwrap_or(env!("GGML_BACKENDS_DIR"));
-    if let Ok(dir) = CString::new(dir) {
+        .and_then(|d| CString::new(d.as_str()).ok())
+    {
         sys::ggml_backend_load_all_from_path(dir.as_ptr());
     }
+    sys::ggml_backend_reg_count() > 0
 }
 
 pub fn system_info() -> String {
