@@ -30,12 +30,12 @@ fn find_shared_llama_next_to_addon() {
     }
 }
 
-/// Compiles src/chat_shim.cpp against the llama.cpp tree that llama-cpp-sys-2 built. That crate
+/// Compiles src/llama/chat_shim.cpp against the llama.cpp tree that llama-cpp-sys-2 built. That crate
 /// (`links = "llama"`) exports its OUT_DIR as DEP_LLAMA_ROOT; the cmake cache there records the
 /// llama.cpp source directory, whose common/ and vendor/ headers the shim needs. libllama-common
 /// itself is already linked by llama-cpp-sys-2 (its `common` feature).
 fn build_chat_shim() {
-    println!("cargo:rerun-if-changed=src/chat_shim.cpp");
+    println!("cargo:rerun-if-changed=src/llama/chat_shim.cpp");
     println!("cargo:rerun-if-env-changed=DEP_LLAMA_ROOT");
     let root =
         PathBuf::from(env::var("DEP_LLAMA_ROOT").expect(
@@ -55,7 +55,7 @@ fn build_chat_shim() {
         src.display()
     );
     let mut build = cc::Build::new();
-    build.cpp(true).file("src/chat_shim.cpp");
+    build.cpp(true).file("src/llama/chat_shim.cpp");
     // -isystem: the shim's own warnings stay visible, llama.cpp's headers' do not.
     for dir in [
         src.clone(),

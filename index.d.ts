@@ -8,9 +8,10 @@
 // - Token ids, positions, sequence ids and branch handles are plain JavaScript numbers (integers).
 // - Every error thrown or rejected by this package is an `Error` with a stable `code`
 //   (see {@link ErrorCode} and {@link LlamaBranchError}).
-// - Synchronous methods that touch the context's state throw `ERR_CONTEXT_BUSY` while an
-//   asynchronous operation (decode, prefill, commit, tokenize, ...) on the same context is still
-//   pending: `await` it first.
+// - Operations on one context run in call order. A synchronous method that touches the context's
+//   state waits for the asynchronous operations queued before it (decode, prefill, commit, ...),
+//   blocking the event loop meanwhile, then runs: `b.commit(t); b.produce()` behaves as if
+//   `commit` had been synchronous. `await` the operation instead to keep the event loop free.
 
 /// <reference types="node" />
 
@@ -24,7 +25,7 @@
  * |---|---|
  * | `ERR_INVALID_ARG` | a wrong argument type or value (also napi-rs conversion failures) |
  * | `ERR_CONTEXT_DISPOSED` | the context was disposed |
- * | `ERR_CONTEXT_BUSY` | a sync call was made while an async operation on the context is pending |
+ * | `ERR_CONTEXT_BUSY` | a re-entrant call while the context's own state is borrowed (does not arise in ordinary use; sync calls wait for queued work) |
  * | `ERR_BRANCH_DISPOSED` | the branch was pruned, destroyed or released by `retainOnly` |
  * | `ERR_FOREIGN_BRANCH` | a branch of another context was passed to a `BranchStore` |
  * | `ERR_MODEL_NOT_FOUND` | `modelPath` does not name a file |
@@ -45,6 +46,8 @@
  * | `ERR_CHAT_TEMPLATE` | the chat template failed to parse or render (the message has the template's own error) |
  * | `ERR_CHAT_PARSE` | `parseChatOutput`: the output does not match the chat format's parser |
  * | `ERR_NATIVE_LOAD` | no build of the native addon could be loaded, or it loaded no compute backend (thrown by `require`, `loadBinary`, and `createContext` with a `gpuVariant`) |
+ * | `ERR_QUEUE_FULL` | {@link Scheduler.generate}: `maxQueue` requests are waiting already |
+ * | `ERR_SCHEDULER_CLOSED` | {@link Scheduler.generate} after {@link Scheduler.close}, or a request still queued when it was called |
  */
 export type ErrorCode =
   | 'ERR_INVALID_ARG'
@@ -69,7 +72,9 @@ export type ErrorCode =
   | 'ERR_INTERNAL'
   | 'ERR_CHAT_TEMPLATE'
   | 'ERR_CHAT_PARSE'
-  | 'ERR_NATIVE_LOAD';
+  | 'ERR_NATIVE_LOAD'
+  | 'ERR_QUEUE_FULL'
+  | 'ERR_SCHEDULER_CLOSED';
 
 /**
  * The shape of every error this package throws or rejects with. Narrow a caught value with
@@ -221,6 +226,11 @@ export declare class SessionContext {
   get disposed(): boolean;
   /** llama.cpp's one-line model description, e.g. `"gemma3 270M Q4_K - Medium"`. */
   get modelDescription(): string;
+  /**
+   * The model's sliding-window attention span in positions (0 when it has none; Gemma 3: 512).
+   * {@link Branch.forkAt} below a branch's own position is refused once the branch is past it.
+   */
+  get slidingWindow(): number;
 
   /**
    * Frees the context. Idempotent. A running operation finishes first; queued ones reject with
@@ -379,6 +389,12 @@ export declare class SessionContext {
    * e.g. roles that do not alternate); it never falls back to another prompt format.
    */
   formatChat(messages: string | readonly ChatMessage[], options?: FormatChatOptions | string): Promise<FormattedChatResult>;
+  /** {@link formatChat} on the calling thread (the template renders while JavaScript waits). */
+  formatChatSync(messages: string | readonly ChatMessage[], options?: FormatChatOptions | string): FormattedChatResult;
+  /** The module's {@link jsonSchemaToGrammar} as a member (it uses no context state). */
+  jsonSchemaToGrammar(schema: string | object): Promise<string>;
+  /** The module's {@link jsonSchemaToGrammarSync} as a member. */
+  jsonSchemaToGrammarSync(schema: string | object): string;
   /**
    * Splits model output into content, reasoning and tool calls with the parser `formatChat`
    * built. Pass `format` and the formatChat result (or at least its `parser` and
@@ -415,8 +431,7 @@ export declare class SessionContext {
    *   {@link createSampler} + {@link applySampler}, or a Branch with a grammar.
    *
    * Throws `ERR_NO_LOGITS` before any decode, `ERR_INVALID_ARG` for bad params,
-   * `ERR_GRAMMAR` if `logitBias` bans every token, `ERR_CONTEXT_BUSY` while an async operation is
-   * pending.
+   * `ERR_GRAMMAR` if `logitBias` bans every token. Runs after any queued operation.
    */
   sample(params?: SamplingParams | null): number;
 
@@ -431,7 +446,7 @@ export declare class SessionContext {
   /**
    * Masks `logits` in place: every token the grammar forbids in its current state becomes
    * `-Infinity`; allowed entries are unchanged. `logits` must be a Float32Array of length
-   * `vocabSize` (else `ERR_INVALID_ARG`). Needs an idle context (`ERR_CONTEXT_BUSY`).
+   * `vocabSize` (else `ERR_INVALID_ARG`). Runs after any queued operation.
    */
   applySampler(handle: number, logits: Float32Array): void;
   /**
@@ -490,8 +505,20 @@ export declare class SessionContext {
   hasPooling(): boolean;
 }
 
-/** Chat format id from {@link SessionContext.formatChat}, passed back to `parseChatOutput`
- * (llama.cpp's `common_chat_format`; treat it as opaque: values differ between llama.cpp versions). */
+/**
+ * llama.cpp's chat formats (`common_chat_format`) by name: the numbers
+ * {@link SessionContext.formatChat} reports as `format` and `parseChatOutput` takes. Built at load
+ * from the llama.cpp this package was compiled with; the list changes between llama.cpp
+ * versions (the reference's `GENERIC` no longer exists).
+ */
+export declare const ChatFormat: {
+  readonly CONTENT_ONLY: 0;
+  readonly PEG_SIMPLE: 1;
+  readonly PEG_NATIVE: 2;
+  readonly PEG_GEMMA4: 3;
+  readonly PEG_MINIMAX_M3: 4;
+};
+/** A chat format number (see the {@link ChatFormat} constants). */
 export type ChatFormat = number;
 
 /** Reasoning (thinking) extraction modes (llama.cpp's `common_reasoning_format`). */
@@ -628,6 +655,9 @@ export declare function withLogits<T>(ctx: SessionContext, fn: (logits: Float32A
  * is not JSON or a schema llama.cpp cannot convert, `ERR_INVALID_ARG` for other argument types.
  */
 export declare function jsonSchemaToGrammar(schema: string | object): Promise<string>;
+
+/** {@link jsonSchemaToGrammar} on the calling thread; throws the same coded errors. */
+export declare function jsonSchemaToGrammarSync(schema: string | object): string;
 
 /** Sets the process-wide llama.cpp log level (same effect as `LLAMA_BRANCH_LOG`). */
 export declare function setLogLevel(level: LogLevel): void;
@@ -781,7 +811,10 @@ export declare class Branch implements AsyncIterable<BranchToken> {
    * Root branch on sequence `seqId`, adopting the prefix the caller decoded there with
    * `ctx.decode(tokens, 0, seqId)`. `position` must be where that prefix ends
    * (`ctx.kvSeqPosMax(seqId) + 1`, or 0 for an empty sequence). Call {@link captureLogits} right
-   * after the raw decode to sample from it.
+   * after the raw decode to sample from it. On an empty sequence with `position > 0` the branch
+   * is created ahead of its prefix: copy it in with `ctx.kvSeqCopy(src, seqId)` (the copy must
+   * end at `position`) before decoding or forking from it (`ERR_INVALID_ARG` until then). A
+   * `seqId` of `nSeqMax` or more is `ERR_INVALID_ARG` saying which `nSeqMax` to create.
    * @param nBatch per-branch cap for {@link prefill} chunks, in [1, ctx.nBatch]. Default ctx.nBatch.
    * @param grammar GBNF grammar; overrides `params.grammar`.
    */
@@ -811,6 +844,22 @@ export declare class Branch implements AsyncIterable<BranchToken> {
    * not inherited. `seqId` requests a specific free lease.
    */
   fork(seqId?: number): Branch;
+  /**
+   * {@link fork} (already synchronous; the name of the reference's later surface).
+   */
+  forkSync(seqId?: number): Branch;
+  /**
+   * A child sharing only this branch's cells below `position` — a prefix of its tokens, e.g. a
+   * shared system prompt — without copying them. Unless `position` is this branch's own, the
+   * child has no logits snapshot (prefill at least one token before sampling), fresh
+   * perplexities, and a fresh sampler chain and grammar built from this branch's parameters
+   * (the parent's RNG, penalty window and grammar state describe tokens the child lacks).
+   * `position` must be in `[0, position]` of this branch. On a model with sliding-window
+   * attention (Gemma 3: 512 positions) a fork below the parent's own position is refused with
+   * `ERR_UNSUPPORTED` once the parent is past the window: llama.cpp may already have reused the
+   * cells the child would need. Keep a branch at the prefix (a prefix cache does) and fork that.
+   */
+  forkAt(position: number, seqId?: number): Branch;
   /** Copies the context's last logits row into this branch (after a raw `ctx.decode` for it). */
   captureLogits(): void;
   /** A copy of this branch's logits snapshot (length `vocabSize`). Throws `ERR_NO_LOGITS` if none. */
@@ -826,6 +875,8 @@ export declare class Branch implements AsyncIterable<BranchToken> {
   accept(token: number): void;
   /** {@link sample} plus the token's text and stop flag. */
   produce(): Produced;
+  /** {@link produce} (already synchronous; the name of the reference's later surface). */
+  produceSync(): Produced;
   /**
    * Accepts `token` and decodes it, refreshing the logits snapshot. All-or-nothing: on failure
    * the branch is unchanged. Rejects with `ERR_GRAMMAR_REJECTED`, `ERR_KV_FULL`, `ERR_ABORTED`, ...
@@ -862,6 +913,10 @@ export declare class Branch implements AsyncIterable<BranchToken> {
   prune(): Promise<void>;
   /** Frees this branch and all of its descendants. No-op when disposed. */
   pruneSubtree(): Promise<void>;
+  /** {@link prune} done before returning: waits for operations queued on the context, then frees. */
+  pruneSync(): void;
+  /** {@link pruneSubtree} done before returning (as {@link pruneSync}). */
+  pruneSubtreeSync(): void;
   /**
    * Frees the branch object but keeps its KV cells for raw `ctx` calls; returns the sequence id
    * (reserved until its cells are removed, e.g. `ctx.kvCacheRemove(seq, -1, -1)`), or undefined
@@ -919,8 +974,7 @@ export declare class BranchStore {
   produce(branches: readonly Branch[]): Produced[];
   /**
    * Keeps only `winner` (one `seq_keep` pass): every other branch of the context is freed and its
-   * wrapper becomes disposed. `winner` becomes a root. Throws `ERR_CONTEXT_BUSY` if an async
-   * operation is pending.
+   * wrapper becomes disposed. `winner` becomes a root. Runs in call order after queued operations.
    */
   retainOnly(winner: Branch): Promise<void>;
   /** Number of free sequence leases. */
@@ -928,3 +982,203 @@ export declare class BranchStore {
   /** Exact KV usage (cells shared by forks counted once). */
   kvPressure(): KvPressure;
 }
+
+// -------------------------------------------------------------------------------------------------
+// Serving: the Scheduler (continuous batching, prefix cache) and the OpenAI-compatible server
+
+/** Why a choice ended: a stop string or end-of-generation token, `maxTokens`, or an abort. */
+export type FinishReason = 'stop' | 'length' | 'abort';
+
+/** Options of {@link Scheduler}. */
+export interface SchedulerOptions {
+  /**
+   * Prompt tokens prefilled per step, over all newcomers together (FIFO). Default 256. Bounds
+   * the extra latency a newcomer adds to every running request's step: one decode of at most
+   * this many tokens (about 0.25 s for 256 tokens of the 270M test model on 2 cores).
+   */
+  prefillChunk?: number;
+  /** Requests that may wait for room; one more rejects with `ERR_QUEUE_FULL`. Default 64. */
+  maxQueue?: number;
+  /** Requests admitted at once (the server's `--parallel`). Default: as many as leases and cells allow. */
+  maxRunning?: number;
+  /** `maxTokens` of requests that give none. Default 256. */
+  defaultMaxTokens?: number;
+  /** Called after every step (instrumentation, benchmarks). */
+  onStep?: (info: SchedulerStepInfo) => void;
+}
+
+/** What one scheduler step did (see {@link SchedulerOptions.onStep}). */
+export interface SchedulerStepInfo {
+  /** Choices advanced by this step's one `store.commit` (its decode's rows). */
+  rows: number;
+  /** Prompt tokens prefilled in this step (at most `prefillChunk`). */
+  prefillTokens: number;
+  prefillMs: number;
+  /** Time of the produce + commit for all running choices. */
+  decodeMs: number;
+  stepMs: number;
+  /** KV cells in use after the step (shared prefixes counted once). */
+  cellsUsed: number;
+  running: number;
+  queued: number;
+}
+
+/** A request for {@link Scheduler.generate}: exactly one of `prompt`, `tokens` or `messages`. */
+export interface GenerateRequest {
+  /** Text, tokenized with the model's BOS. */
+  prompt?: string;
+  /** Token ids, used as they are. */
+  tokens?: number[];
+  /** OpenAI-style messages, rendered with the model's chat template; leading system messages are cached as their own prefix. */
+  messages?: ChatMessage[];
+  /** Sampler of every choice (`seed` and `grammar` here work like the request's own). */
+  params?: SamplingParams;
+  /** Choices; the prompt is decoded once and forked `n` times. Default 1. */
+  n?: number;
+  /** New tokens per choice at most. Default `defaultMaxTokens` (256). */
+  maxTokens?: number;
+  /** Stop strings: the choice ends before the first one (it is not part of the text). */
+  stop?: string | string[];
+  /** GBNF grammar constraining every choice. */
+  grammar?: string;
+  /** A JSON schema (object or JSON text) constraining every choice (converted with {@link jsonSchemaToGrammar}). */
+  jsonSchema?: object | string;
+  /** Choice `i` samples with seed `(seed + i) mod 2^32`; absent or -1: a random base. */
+  seed?: number;
+  /** Aborting ends the request within one step: its choices finish with `'abort'`. */
+  signal?: AbortSignal;
+}
+
+/**
+ * One event of a generation. Every token produced gives `{choice, token, text}` (`text` may be
+ * `''` while it could be the start of a stop string); each choice then ends with one event
+ * whose `token` is null and whose `finishReason` is set (`text`: whatever was still held back).
+ */
+export interface GenerationEvent {
+  choice: number;
+  token: number | null;
+  text: string;
+  finishReason?: FinishReason;
+}
+
+/** One choice of a {@link GenerationResult}. */
+export interface GenerationChoice {
+  text: string;
+  /** The generated tokens (an end-of-generation token is not included). */
+  tokens: number[];
+  finishReason: FinishReason;
+  /** Model perplexity of the generated tokens; `Infinity` when there are none. */
+  perplexity: number;
+}
+
+/** Token counts of a request. */
+export interface GenerationUsage {
+  promptTokens: number;
+  /** Prompt tokens that came from the prefix cache instead of being prefilled. */
+  cachedPromptTokens: number;
+  completionTokens: number;
+}
+
+/** What a {@link Generation} resolves to. */
+export interface GenerationResult {
+  choices: GenerationChoice[];
+  usage: GenerationUsage;
+}
+
+/**
+ * What {@link Scheduler.generate} returns: awaitable for the {@link GenerationResult}, and an
+ * async iterable of {@link GenerationEvent}s (from the first event, whenever iteration starts).
+ * Errors reject the result and are thrown by the iterator.
+ */
+export interface Generation extends PromiseLike<GenerationResult>, AsyncIterable<GenerationEvent> {
+  catch<T = never>(onRejected?: ((reason: unknown) => T | PromiseLike<T>) | null): Promise<GenerationResult | T>;
+  finally(onFinally?: (() => void) | null): Promise<GenerationResult>;
+}
+
+/** What {@link Scheduler.stats} reports. */
+export interface SchedulerStats {
+  running: number;
+  queued: number;
+  /** Cached prompt prefixes (each holds one sequence lease). */
+  cachedPrefixes: number;
+  /** KV cells in use as of the last step. */
+  cellsUsed: number;
+  nCtx: number;
+  /** `cachedPromptTokens / promptTokens` over all started requests. */
+  hitRate: number;
+  steps: number;
+  promptTokens: number;
+  cachedPromptTokens: number;
+  prefilledTokens: number;
+  generatedTokens: number;
+  /** Cached prefixes evicted to make room. */
+  evictions: number;
+  /** Requests that finished (including aborted ones). */
+  completed: number;
+}
+
+/**
+ * Continuous batching over one context: independent {@link generate} calls share every step's
+ * decode (ONE `store.produce` + ONE `store.commit` for all running choices of all requests),
+ * newcomers' prompts are prefilled in chunks of `prefillChunk` tokens per step, finished prompts
+ * stay cached (radix tree over tokens, LRU eviction of unused ones when cells or leases run
+ * short), and requests that do not fit wait in a bounded FIFO queue.
+ *
+ * The scheduler must be the only user of `ctx` while it runs. Size the context for the load:
+ * `nSeqMax` ≥ running requests × (n + 1) plus cached prefixes, `nCtx` ≥ their prompts + n ×
+ * maxTokens each.
+ */
+export declare class Scheduler {
+  constructor(ctx: SessionContext, options?: SchedulerOptions);
+  /** Queues a request; see {@link Generation}. Never throws: errors reject the result. */
+  generate(request: GenerateRequest): Generation;
+  /** Counters and gauges (never busy). */
+  stats(): SchedulerStats;
+  /**
+   * Queued requests reject with `ERR_SCHEDULER_CLOSED`, running ones end with `'abort'`, then
+   * every cached prefix is freed. Idempotent. The context stays open.
+   */
+  close(): Promise<void>;
+}
+
+/** Options of {@link createServer}: `ctx` or `modelPath`. */
+export interface ServerOptions {
+  /** Serve on this context (the server does not dispose it). */
+  ctx?: SessionContext;
+  /** Or load this model (the server's context is disposed by {@link LlamaBranchServer.close}). */
+  modelPath?: string;
+  /** The model id of `/v1/models`; requests naming another model get 404. Default: the file name. */
+  modelName?: string;
+  /** Requests generating at once. Default 4. */
+  parallel?: number;
+  /** KV cells of a loaded context. Default 8192. */
+  nCtx?: number;
+  /** Sequences of a loaded context. Default `parallel` × 6 + 16 (n up to 4 per request plus cached prefixes). */
+  nSeqMax?: number;
+  /** Threads of a loaded context. Default: all cores. */
+  nThreads?: number;
+  /** Scheduler options (`maxRunning` defaults to `parallel`). */
+  scheduler?: SchedulerOptions;
+  /** Largest accepted request body, in bytes. Default 1 MiB. */
+  maxBodyBytes?: number;
+}
+
+/** An OpenAI-compatible HTTP server over a {@link Scheduler}; see the README's "Serving". */
+export interface LlamaBranchServer {
+  readonly ctx: SessionContext;
+  readonly scheduler: Scheduler;
+  readonly modelName: string;
+  /** The underlying node:http server. */
+  readonly http: import('node:http').Server;
+  /** Starts listening (default port 8080 on 127.0.0.1; port 0 = any free port). */
+  listen(port?: number, host?: string): Promise<{ host: string; port: number; url: string }>;
+  /** Stops listening, ends running requests, closes the scheduler (and disposes a loaded context). */
+  close(): Promise<void>;
+}
+
+/**
+ * Creates the OpenAI-compatible server (`POST /v1/completions`, `POST /v1/chat/completions`,
+ * `GET /v1/models`, `GET /health`) on a context or a model file. Rejects like
+ * {@link createContext} when loading fails, `ERR_INVALID_ARG` for bad options.
+ */
+export declare function createServer(options: ServerOptions): Promise<LlamaBranchServer>;

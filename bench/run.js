@@ -12,6 +12,7 @@
  * Ratios are the headline: absolute numbers move with machine load.
  *
  * Usage: node bench/run.js [--quick] [--n=1,2,4,8] [--steps=32] [--reps=3]
+ *        node bench/run.js --serve [--c=1,4,8,16] [--reps=2]   (bench/serve.js: the Scheduler)
  * Writes bench/results/bench-<timestamp>.json and bench/results/chart.svg (chart-partial.svg
  * when --quick, --n, --steps or --reps narrow the run); prints a table.
  *
@@ -394,7 +395,9 @@ async function comparePrebuilt() {
 }
 
 if (require.main === module) {
-  const entry = args['series-json'] ? seriesJson : COMPARE ? comparePrebuilt : main;
+  // `--serve` runs the serving benchmark (bench/serve.js); `--compare-prebuilt` the source build
+  // against the prebuilt package; `--series-json` is the child process of that comparison.
+  const entry = args.serve ? require('./serve').main : args['series-json'] ? seriesJson : COMPARE ? comparePrebuilt : main;
   entry().catch((e) => {
     console.error(e);
     process.exit(1);

@@ -1,7 +1,7 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const { nativeOf, track, wrapFreed, registerBranch, flushOrphans } = require('./context');
+const { nativeOf, wrapFreed, registerBranch } = require('./context');
 const { runCancellable, signalOf } = require('./cancel');
 
 function isNum(v) {
@@ -13,7 +13,11 @@ function isNum(v) {
  * snapshot and perplexity trackers. Create roots with `Branch.create`, siblings with `fork()`.
  */
 class Branch {
-  /** @private */
+  /**
+   * @private
+   * @param {import('./native').SessionContext} ctx
+   * @param {number} handle
+   */
   constructor(ctx, handle) {
     this._ctx = ctx;
     this._handle = handle;
@@ -35,21 +39,35 @@ class Branch {
     if (params != null && typeof params !== 'object') throw makeError('ERR_INVALID_ARG', 'params must be a SamplingParams object');
     if (grammar != null && typeof grammar !== 'string') throw makeError('ERR_INVALID_ARG', 'grammar must be a GBNF string');
     const p = grammar ? { ...(params || {}), grammar } : params || undefined;
-    flushOrphans(ctx);
     const handle = native._branchCreate(position, p, nBatch == null ? undefined : nBatch, seqId);
     return new Branch(ctx, handle);
   }
 
   _live() {
-    if (this._disposed) throw makeError('ERR_BRANCH_DISPOSED', 'Branch has been disposed (pruned, destroyed or released by retainOnly); use a live branch');
-    return nativeOf(this._ctx);
+    const native = nativeOf(this._ctx);
+    // Freed here, possibly still queued natively: the native side gives the error and message.
+    if (this._disposed) native._throwCoded('ERR_BRANCH_DISPOSED');
+    return native;
   }
 
   /** A child sharing this branch's KV prefix (no copy). `seqId` picks a specific free lease. */
   fork(seqId) {
-    const native = this._live();
-    flushOrphans(this._ctx);
-    return new Branch(this._ctx, native._branchFork(this._handle, seqId));
+    return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId));
+  }
+
+  /** `fork()` (already synchronous; the name the reference's later surface uses). */
+  forkSync(seqId) {
+    return this.fork(seqId);
+  }
+
+  /**
+   * A child sharing only this branch's cells below `position` (a prefix of its tokens). Unless
+   * `position` is this branch's own, the child has no logits snapshot yet (prefill it) and a
+   * fresh sampler chain built from this branch's parameters.
+   */
+  forkAt(position, seqId) {
+    if (typeof position !== 'number') throw makeError('ERR_INVALID_ARG', 'forkAt(position, seqId?): position must be a number');
+    return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId, position));
   }
 
   captureLogits() {
@@ -79,13 +97,18 @@ class Branch {
     return this._live()._branchProduce(this._handle);
   }
 
+  /** `produce()` (already synchronous; the name the reference's later surface uses). */
+  produceSync() {
+    return this.produce();
+  }
+
   /**
    * Accepts `token` (sampler, grammar, perplexity) and decodes it; all-or-nothing.
    * `options.signal` (an AbortSignal) cancels it with ERR_ABORTED.
    */
   async commit(token, options) {
     const native = this._live();
-    return track(this._ctx, runCancellable(options, 'commit', (cancel) => native._storeCommit([this._handle], [token], cancel)));
+    return runCancellable(options, 'commit', (cancel) => native._storeCommit([this._handle], [token], cancel));
   }
 
   /** Decodes tokens the model did not sample (user turns, tool output); no accept. Cancellable. */
@@ -96,13 +119,13 @@ class Branch {
       const signal = signalOf(options, 'prefill');
       return runCancellable({ signal }, 'prefill', () => Promise.resolve());
     }
-    return track(this._ctx, runCancellable(options, 'prefill', (cancel) => native._branchPrefill(this._handle, tokens, cancel)));
+    return runCancellable(options, 'prefill', (cancel) => native._branchPrefill(this._handle, tokens, cancel));
   }
 
   /** Decodes one token without accepting it. Cancellable like `commit`. */
   async decodeAndCaptureOne(token, options) {
     const native = this._live();
-    return track(this._ctx, runCancellable(options, 'decodeAndCaptureOne', (cancel) => native._branchDecodeAndCaptureOne(this._handle, token, cancel)));
+    return runCancellable(options, 'decodeAndCaptureOne', (cancel) => native._branchDecodeAndCaptureOne(this._handle, token, cancel));
   }
 
   /** Per-branch dynamic biases `[{token, bias}]` (bias -Infinity bans); not inherited by forks. */
@@ -147,6 +170,16 @@ class Branch {
     return this._free('_branchPruneSubtree');
   }
 
+  /** `prune()` done before returning: waits for operations queued on the context, then frees. */
+  pruneSync() {
+    this._freeSync('_branchPruneSync');
+  }
+
+  /** `pruneSubtree()` done before returning (as `pruneSync`). */
+  pruneSubtreeSync() {
+    this._freeSync('_branchPruneSubtreeSync');
+  }
+
   /** Frees the branch but keeps its KV for raw `ctx` calls; returns the sequence id. */
   destroy() {
     if (this._disposed) return undefined;
@@ -156,37 +189,32 @@ class Branch {
   }
 
   /**
-   * Marks the wrapper disposed at once; the native free runs now, or after the async operations
-   * queued before it (retrying while later ones keep the context busy).
+   * Marks the wrapper disposed at once; the native side frees the branch in call order (now,
+   * when nothing is queued on the context) and reports every handle it freed.
    */
   _free(method) {
     if (this._disposed) return Promise.resolve();
     const ctx = this._ctx;
-    if (ctx && ctx.disposed) {
-      // dispose() already freed every branch of the context: freeing one is a no-op
-      this._disposed = true;
-      return Promise.resolve();
-    }
-    const native = nativeOf(ctx);
     this._disposed = true;
-    const attempt = () => {
-      if (ctx.disposed) return undefined;
-      if (native._pending === 0) {
-        try {
-          wrapFreed(ctx, native[method](this._handle));
-          return undefined;
-        } catch (e) {
-          if (e.code === 'ERR_BRANCH_DISPOSED') return undefined;
-          if (e.code !== 'ERR_CONTEXT_BUSY') throw e;
-        }
-      }
-      return track(ctx, null).then(attempt);
-    };
-    try {
-      return Promise.resolve(attempt());
-    } catch (e) {
-      return Promise.reject(e);
+    if (ctx.disposed) return Promise.resolve(); // dispose() already freed every branch
+    return ctx[method](this._handle).then(
+      (freed) => {
+        wrapFreed(ctx, freed);
+      },
+      (e) => {
+        if (e.code !== 'ERR_BRANCH_DISPOSED' && e.code !== 'ERR_CONTEXT_DISPOSED') throw e;
+      },
+    );
+  }
+
+  _freeSync(method) {
+    if (this._disposed || this._ctx.disposed) {
+      this._disposed = true;
+      return;
     }
+    const freed = this._ctx[method](this._handle);
+    this._disposed = true;
+    wrapFreed(this._ctx, freed);
   }
 
   _info() {

@@ -2,20 +2,20 @@
 
 const { makeError } = require('./errors');
 const { Branch } = require('./Branch');
-const { nativeOf, track, wrapFreed, flushOrphans } = require('./context');
+const { nativeOf, wrapFreed } = require('./context');
 const { runCancellable, signalOf } = require('./cancel');
 
 /** Batched operations over many branches of one context: one `llama_decode` per step. */
 class BranchStore {
+  /** @param {import('./native').SessionContext} ctx */
   constructor(ctx) {
-    nativeOf(ctx);
-    this._ctx = ctx;
+    this._ctx = nativeOf(ctx);
   }
 
+  /** The branch's handle; the native side tells a foreign or freed branch apart. */
   _branch(b, where) {
     if (!(b instanceof Branch)) throw makeError('ERR_INVALID_ARG', `${where}: expected a Branch`);
-    if (b._ctx !== this._ctx) throw makeError('ERR_FOREIGN_BRANCH', `${where}: the branch belongs to another context`);
-    if (b._disposed) throw makeError('ERR_BRANCH_DISPOSED', `${where}: branch is disposed`);
+    if (b._disposed && b._ctx === this._ctx) b._live(); // throws ERR_BRANCH_DISPOSED
     return b._handle;
   }
 
@@ -40,8 +40,7 @@ class BranchStore {
     const signal = signalOf(options, 'BranchStore.commit');
     if (handles.length === 0) return runCancellable({ signal }, 'BranchStore.commit', () => Promise.resolve());
     const native = nativeOf(this._ctx);
-    flushOrphans(this._ctx);
-    return track(this._ctx, runCancellable({ signal }, 'BranchStore.commit', (cancel) => native._storeCommit(handles, values, cancel)));
+    return runCancellable({ signal }, 'BranchStore.commit', (cancel) => native._storeCommit(handles, values, cancel));
   }
 
   /** `[[branch, tokens[]], ...]`: runs bin-packed into nBatch-sized decodes; no accept. Cancellable like `commit`. */
@@ -53,8 +52,7 @@ class BranchStore {
     const signal = signalOf(options, 'BranchStore.prefill');
     if (handles.length === 0) return runCancellable({ signal }, 'BranchStore.prefill', () => Promise.resolve());
     const native = nativeOf(this._ctx);
-    flushOrphans(this._ctx);
-    return track(this._ctx, runCancellable({ signal }, 'BranchStore.prefill', (cancel) => native._storePrefill(handles, values, cancel)));
+    return runCancellable({ signal }, 'BranchStore.prefill', (cancel) => native._storePrefill(handles, values, cancel));
   }
 
   /** Samples every branch in one native call: `[{token, text, isStop}, ...]`. */
@@ -64,13 +62,10 @@ class BranchStore {
     return nativeOf(this._ctx)._storeProduce(handles);
   }
 
-  /** Keeps only `winner`; every other branch on the context is freed (one seq_keep pass). */
+  /** Keeps only `winner`; every other branch on the context is freed (one seq_keep pass), in call order. */
   async retainOnly(winner) {
     const h = this._branch(winner, 'BranchStore.retainOnly');
-    const native = nativeOf(this._ctx);
-    // Let queued operations finish first, so this runs in call order.
-    while (native._pending !== 0) await track(this._ctx, null);
-    wrapFreed(this._ctx, native._storeRetainOnly(h));
+    wrapFreed(this._ctx, await nativeOf(this._ctx)._storeRetainOnly(h));
   }
 
   /** Free sequence leases. */

@@ -1,76 +1,91 @@
 'use strict';
 
 /**
- * The one place native errors are finished for JavaScript. Rust encodes each error as
- * `[ERR_CODE] message` (napi-rs fixes the native error type); here the code moves to
- * `error.code`. napi-rs's own argument-conversion failures (wrong JS types) become
- * `ERR_INVALID_ARG`.
+ * Errors in JavaScript. Native errors arrive with their stable `code` already set (Rust defines
+ * every code and message, src/error.rs). This file holds the two things JS adds:
+ *
+ * - `makeError` for argument-shape checks that only JS can make (e.g. "expected a Branch")
+ *   before anything reaches native code;
+ * - the one shim for napi-rs's own argument conversion: napi-rs converts arguments in generated
+ *   code before our Rust runs and throws with its status name as `code` ('InvalidArg',
+ *   'NumberExpected', ...). `finishNativeErrors` renames those to ERR_INVALID_ARG, keeping the
+ *   original as `cause`. Methods that return a Promise take their arguments unconverted in
+ *   Rust and reject instead, so they never throw here.
  */
 
-const CODE_PREFIX = /^\[(ERR_[A-Z_]+)\] ([\s\S]*)$/;
-
+/**
+ * @param {string} code
+ * @param {string} message
+ * @returns {Error & { code: string }}
+ */
 function makeError(code, message, Ctor = Error) {
-  const err = new Ctor(message);
+  const err = /** @type {Error & { code: string }} */ (new Ctor(message));
   err.code = code;
   return err;
 }
 
-function finishError(err, where) {
-  if (!(err instanceof Error)) return err;
-  const m = CODE_PREFIX.exec(err.message);
-  if (m) {
-    err.code = m[1];
-    err.message = m[2];
-    if (typeof err.stack === 'string') err.stack = err.stack.replace(m[0].split('\n')[0], `${m[2].split('\n')[0]}`);
-  } else if (typeof err.code !== 'string' || !err.code.startsWith('ERR_')) {
-    // Status names such as InvalidArg, NumberExpected, StringExpected, ObjectExpected.
-    const method = where ? ` to ${where.replace(/^_/, '')}()` : '';
-    err.message = `Invalid argument${method}: ${err.message}; check the argument types against index.d.ts`;
-    err.code = 'ERR_INVALID_ARG';
-  }
-  return err;
-}
-
-function isThenable(v) {
-  return v !== null && (typeof v === 'object' || typeof v === 'function') && typeof v.then === 'function';
+function isOurCode(code) {
+  return typeof code === 'string' && code.startsWith('ERR_');
 }
 
 /**
- * Wraps every method and getter of a native class so its errors are finished once, here.
- * Methods named in `asyncMethods` return a Promise, so their argument errors reject it
- * instead of throwing synchronously.
+ * A napi-rs conversion error as ERR_INVALID_ARG; our own coded errors pass through.
+ * @param {any} err
+ * @param {string} [where]
  */
-function finishNativeErrors(Class, asyncMethods = new Set()) {
+function finishError(err, where) {
+  if (!(err instanceof Error) || isOurCode(/** @type {any} */ (err).code)) return err;
+  const method = where ? ` to ${where.replace(/^_/, '')}()` : '';
+  const finished = makeError('ERR_INVALID_ARG', `Invalid argument${method}: ${err.message}; check the argument types against index.d.ts`);
+  finished.cause = err;
+  return finished;
+}
+
+/**
+ * `fn` with a conversion error thrown by napi-rs finished.
+ * @template {(...args: any[]) => any} F
+ * @param {F} fn
+ * @param {string} name
+ * @returns {F}
+ */
+function finishThrows(fn, name) {
+  return /** @type {F} */ (
+    /** @this {any} */
+    function (...args) {
+      try {
+        return fn.apply(this, args);
+      } catch (e) {
+        throw finishError(e, name);
+      }
+    }
+  );
+}
+
+/**
+ * Finishes napi-rs conversion errors on every module function (camelCase exports) and every
+ * method of every native class (the capitalised exports) of the binding.
+ * @param {Record<string, any>} binding
+ */
+function finishNativeErrors(binding) {
+  for (const [name, value] of Object.entries(binding)) {
+    if (typeof value !== 'function') continue;
+    if (/^[A-Z]/.test(name)) finishClassMethods(value);
+    else binding[name] = finishThrows(value, name);
+  }
+}
+
+/**
+ * Wraps every method of a native class so a conversion error thrown by napi-rs is finished.
+ * @param {Function} Class
+ */
+function finishClassMethods(Class) {
   const proto = Class.prototype;
   for (const name of Object.getOwnPropertyNames(proto)) {
-    if (name === 'constructor') continue;
     const desc = Object.getOwnPropertyDescriptor(proto, name);
-    if (typeof desc.value === 'function') {
-      const fn = desc.value;
-      desc.value = function (...args) {
-        let result;
-        try {
-          result = fn.apply(this, args);
-        } catch (e) {
-          if (asyncMethods.has(name)) return Promise.reject(finishError(e, name));
-          throw finishError(e, name);
-        }
-        return isThenable(result) ? result.then(undefined, (e) => { throw finishError(e, name); }) : result;
-      };
-    } else if (typeof desc.get === 'function') {
-      const get = desc.get;
-      desc.get = function () {
-        try {
-          return get.call(this);
-        } catch (e) {
-          throw finishError(e, name);
-        }
-      };
-    } else {
-      continue;
-    }
+    if (name === 'constructor' || typeof desc.value !== 'function') continue;
+    desc.value = finishThrows(desc.value, name);
     Object.defineProperty(proto, name, desc);
   }
 }
 
-module.exports = { makeError, finishError, finishNativeErrors, isThenable };
+module.exports = { makeError, finishError, finishNativeErrors };

@@ -3,12 +3,18 @@
 const { fileURLToPath } = require('node:url');
 const native = require('./native');
 const loader = require('./loader');
-const { makeError, finishError } = require('./errors');
+const { makeError } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { installDecodeSignal } = require('./cancel');
+const { jsonSchemaToGrammar, jsonSchemaToGrammarSync, installSchemaMethods } = require('./schema');
+const { Scheduler } = require('./Scheduler');
+const { createServer } = require('./server');
 
-loader.whenLoaded((binding) => installDecodeSignal(binding.SessionContext));
+loader.whenLoaded((binding) => {
+  installDecodeSignal(binding.SessionContext);
+  installSchemaMethods(binding.SessionContext);
+});
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType'];
 
@@ -47,7 +53,6 @@ async function createContext(options, loadOptions) {
       throw makeError('ERR_INVALID_ARG', `options.modelPath is not a valid file URL: ${e.message}`);
     }
   }
-  if (typeof modelPath !== 'string' || modelPath === '') throw makeError('ERR_INVALID_ARG', 'options.modelPath is required (a path to a .gguf file)');
   for (const k of NUMBER_OPTIONS) {
     if (options[k] !== undefined && typeof options[k] !== 'number') throw makeError('ERR_INVALID_ARG', `options.${k} must be a number, got ${typeof options[k]}`);
   }
@@ -55,12 +60,7 @@ async function createContext(options, loadOptions) {
     if (options[k] !== undefined && typeof options[k] !== 'boolean') throw makeError('ERR_INVALID_ARG', `options.${k} must be a boolean`);
   }
   if (options.logLevel !== undefined && typeof options.logLevel !== 'string') throw makeError('ERR_INVALID_ARG', 'options.logLevel must be a string');
-  const binding = bindingFor(loadOptions);
-  try {
-    return await binding.createContext({ ...options, modelPath });
-  } catch (e) {
-    throw finishError(e);
-  }
+  return bindingFor(loadOptions).createContext({ ...options, modelPath });
 }
 
 /** Runs `fn(logits)` synchronously on the zero-copy view of the context's last logits row (see getLogits). */
@@ -72,52 +72,29 @@ function withLogits(ctx, fn) {
   return result;
 }
 
-/**
- * Converts a JSON schema (an object, or its JSON text) to a GBNF grammar on the libuv thread
- * pool. Rejects with ERR_GRAMMAR for invalid JSON or a schema llama.cpp cannot convert.
- */
-async function jsonSchemaToGrammar(schema) {
-  let text;
-  if (typeof schema === 'string') {
-    try {
-      JSON.parse(schema);
-    } catch (e) {
-      throw makeError('ERR_GRAMMAR', `jsonSchemaToGrammar: the schema is not valid JSON (${e.message})`);
-    }
-    text = schema;
-  } else if (schema !== null && typeof schema === 'object') {
-    text = JSON.stringify(schema);
-  } else {
-    throw makeError('ERR_INVALID_ARG', `jsonSchemaToGrammar(schema): expected a schema object or JSON text, got ${schema === null ? 'null' : typeof schema}`);
-  }
-  try {
-    return await native.jsonSchemaToGrammar(text);
-  } catch (e) {
-    throw finishError(e);
-  }
+/** "peg-simple" → "PEG_SIMPLE": llama.cpp's chat format names as constant names. */
+function constantName(name) {
+  return name.toUpperCase().replace(/[^A-Z0-9]+/g, '_');
 }
 
-function wrapSync(fn) {
-  return (...args) => {
-    try {
-      return fn(...args);
-    } catch (e) {
-      throw finishError(e);
-    }
-  };
-}
+/** llama.cpp's chat formats by name: the numbers `formatChat` reports as `format`. */
+const ChatFormat = Object.freeze(Object.fromEntries(native._chatFormatNames().map((name, i) => [constantName(name), i])));
 
 module.exports = {
   createContext,
   loadBinary,
   Branch,
   BranchStore,
+  Scheduler,
+  createServer,
   withLogits,
   SessionContext: native.SessionContext,
   jsonSchemaToGrammar,
-  setLogLevel: wrapSync(native.setLogLevel),
-  systemInfo: wrapSync(native.systemInfo),
+  jsonSchemaToGrammarSync,
+  setLogLevel: native.setLogLevel,
+  systemInfo: native.systemInfo,
   PoolingType: Object.freeze({ UNSPECIFIED: -1, NONE: 0, MEAN: 1, CLS: 2, LAST: 3, RANK: 4 }),
+  ChatFormat,
   ReasoningFormat: Object.freeze({ NONE: 0, AUTO: 1, DEEPSEEK_LEGACY: 2, DEEPSEEK: 3 }),
   GrammarTriggerType: Object.freeze({ TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 }),
 };

@@ -48,7 +48,7 @@ function platformKey(platform = process.platform, arch = process.arch) {
 /** True on a musl libc (Alpine): glibc reports its version in the process report, musl does not. */
 function isMusl() {
   try {
-    const header = process.report && process.report.getReport().header;
+    const header = process.report && /** @type {{ header?: { glibcVersionRuntime?: string } }} */ (process.report.getReport()).header;
     return !(header && header.glibcVersionRuntime);
   } catch {
     return false;

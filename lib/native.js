@@ -4,17 +4,9 @@ const { finishNativeErrors } = require('./errors');
 const { installRawMethods } = require('./raw');
 const { loadBinary, whenLoaded } = require('./loader');
 
-/** Native methods that return a Promise (their argument errors become rejections). */
-const ASYNC_METHODS = new Set([
-  'tokenize', 'detokenize', 'decode', 'kvCacheClear', 'kvCacheRemove', 'encode',
-  '_branchDecodeAndCaptureOne', '_branchPrefill', '_storeCommit', '_storePrefill', '_benchRawGenerate',
-  'formatChat', 'validateChatTemplate',
-  'clearAndReseed', 'kvCacheSave', 'kvCacheLoad', 'kvCacheWriteFile', 'kvCacheReadFile', '_decodeAndCapture',
-]);
-
 // Every binding the loader loads (the default one below, GPU variants later) gets the same finish.
 whenLoaded((binding) => {
-  finishNativeErrors(binding.SessionContext, ASYNC_METHODS);
+  finishNativeErrors(binding);
   installRawMethods(binding.SessionContext);
 });
 

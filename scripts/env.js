@@ -75,13 +75,15 @@ function targetCpuArgs(cpu) {
 }
 
 /**
- * Environment for cargo child processes: the caller's environment plus the
- * resolved CARGO_TARGET_DIR. RUSTFLAGS is deliberately left untouched (and
- * never set here): it would replace the target-cpu flags from
- * .cargo/config.toml and force a full llama.cpp rebuild.
+ * Environment for cargo child processes: the caller's environment plus the resolved
+ * CARGO_TARGET_DIR and the folder for the native typings (the same value for every cargo call,
+ * or cargo would rerun the build script each time). RUSTFLAGS is deliberately left untouched
+ * (and never set here): it would replace the target-cpu flags from .cargo/config.toml and
+ * force a full llama.cpp rebuild.
  */
 function cargoEnv() {
-  const env = { ...process.env, CARGO_TARGET_DIR: targetDir() };
+  const env = { ...process.env, CARGO_TARGET_DIR: targetDir(), NAPI_TYPE_DEF_TMP_FOLDER: typeDefFolder() };
+  fs.mkdirSync(env.NAPI_TYPE_DEF_TMP_FOLDER, { recursive: true });
   const cpuFile = nativeCpuFile(env.CARGO_TARGET_DIR);
   if (cpuFile) env.CCACHE_EXTRAFILES = [env.CCACHE_EXTRAFILES, cpuFile].filter(Boolean).join(path.delimiter);
   return env;
@@ -128,6 +130,20 @@ function cdylibName() {
     default:
       return 'libllama_branch.so';
   }
+}
+
+/**
+ * Where napi-derive records the TypeScript signatures of the #[napi] items while the crate
+ * compiles (NAPI_TYPE_DEF_TMP_FOLDER, set by build.js): one folder per checkout, since the
+ * cargo target dir is shared between checkouts. scripts/native-typings.js reads it.
+ */
+function typeDefFolder() {
+  const key = require('node:crypto').createHash('sha256').update(repoRoot).digest('hex').slice(0, 12);
+  return path.join(targetDir(), 'napi-typedefs', key);
+}
+
+function typeDefFile() {
+  return path.join(typeDefFolder(), 'llama-branch');
 }
 
 /** Where build.js puts the loadable addon. */
@@ -216,6 +232,8 @@ module.exports = {
   cpuArgs,
   targetCpuArgs,
   cargoEnv,
+  typeDefFolder,
+  typeDefFile,
   cdylibName,
   addonPath,
   which,

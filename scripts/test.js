@@ -3,23 +3,26 @@
 
 /**
  * The one test command (`npm test`). Runs, in order, stopping at the first failure:
- *   1. fetch the default model (scripts/fetch-model.js; no-op when cached or LLAMA_TEST_MODEL is set)
- *   2. build the addon (scripts/build.js; cheap when up to date)
- *   3. Rust unit tests: cargo test --release --lib (shared CARGO_TARGET_DIR, same features)
- *   4. JS tests: mocha (configuration in .mocharc.json)
- *   5. examples smoke test: node test/examples.js        (if present)
- *   6. type-check the declarations: tsc -p test/types     (if present)
- *   7. packaging: npm pack, install the tarball into a scratch project (builds the addon there
- *      with the shared cargo target dir), require it and generate (scripts/test-pack.js; ~1-2 min;
+ *   1. build the addon (scripts/build.js; cheap when up to date)
+ *   2. first tier, no model, seconds once built:
+ *        Rust unit tests (cargo test --release --lib: the store and the decode engine over an
+ *        in-memory KV backend, planning, sampling, metrics, conversions);
+ *        JS unit tests of lib/ (mocha test/unit);
+ *        the typed native contract: lib/native.d.ts matches the Rust #[napi] signatures, lib/
+ *        type-checks against it (tsc -p lib), index.d.ts's option/result fields match the Rust
+ *        DTOs (test/types/contract.ts, with the public usage check, tsc -p test/types)
+ *   3. fetch the default model (scripts/fetch-model.js; no-op when cached or LLAMA_TEST_MODEL is set)
+ *   4. second tier, on the real model: mocha integration tests (test/*.test.js), every example
+ *      (node test/examples.js), and packaging: npm pack, install the tarball into a scratch
+ *      project, build, require it and generate (scripts/test-pack.js; ~1-2 min;
  *      LLAMA_BRANCH_SKIP_PACK_TEST=1 skips it and says so)
  *   8. prebuilt: install the two tarballs of `npm run prebuild` into a scratch project with no
  *      compiler and no network, require it and generate (scripts/test-prebuilt.js; runs the
  *      prebuild first when dist/ is stale: ~20 min on a cold machine, seconds otherwise;
  *      LLAMA_BRANCH_SKIP_PREBUILT_TEST=1 skips it and says so)
  *
- * After step 1, LLAMA_TEST_MODEL is exported to the later steps (pointing at
- * the fetched model) unless it was already set, so Rust tests, JS tests and
- * examples all use the same file without re-deriving its location.
+ * After step 3, LLAMA_TEST_MODEL is exported to the later steps (pointing at the fetched model)
+ * unless it was already set, so JS tests and examples all use the same file.
  *
  * Exits with the failing step's exit code, or 0 when everything passed.
  */
@@ -49,7 +52,47 @@ function devTool(...p) {
  * Each step: a name for the header, an optional `skip()` returning a reason
  * to skip, and `run()` returning an exit code.
  */
+function tsc(project) {
+  const bin = devTool('typescript', 'bin', 'tsc');
+  if (!bin) {
+    console.error('error: typescript is not installed; run `npm install` first');
+    return 1;
+  }
+  return run(node, [bin, '-p', script(...project)]);
+}
+
+function mocha(...args) {
+  const bin = devTool('mocha', 'bin', 'mocha.js');
+  if (!bin) {
+    console.error('error: mocha is not installed; run `npm install` first');
+    return 1;
+  }
+  return run(node, [bin, ...args]);
+}
+
 const steps = [
+  {
+    name: 'build native addon',
+    run: () => run(node, [script('scripts', 'build.js')]),
+  },
+  {
+    name: 'tier 1: rust unit tests (cargo test --release --lib)',
+    run: () => {
+      if (!findCargo()) {
+        console.error('error: cargo not found; install Rust with rustup (https://rustup.rs)');
+        return 127;
+      }
+      return run('cargo', ['test', '--release', '--lib', ...featureArgs(), ...cpuArgs()], { env: cargoEnv() });
+    },
+  },
+  {
+    name: 'tier 1: js unit tests, no model (mocha test/unit)',
+    run: () => mocha('--no-config', '--node-option', 'expose-gc', script('test', 'unit')),
+  },
+  {
+    name: 'tier 1: native contract (lib/native.d.ts current, tsc -p lib, tsc -p test/types)',
+    run: () => run(node, [script('scripts', 'native-typings.js'), '--check']) || tsc(['lib']) || tsc(['test', 'types']),
+  },
   {
     name: 'fetch model',
     run: () => {
@@ -61,50 +104,15 @@ const steps = [
     },
   },
   {
-    name: 'build native addon',
-    run: () => run(node, [script('scripts', 'build.js')]),
+    name: 'tier 2: integration tests on the model (mocha)',
+    run: () => mocha(),
   },
   {
-    name: 'rust tests (cargo test --release --lib)',
-    run: () => {
-      if (!findCargo()) {
-        console.error('error: cargo not found; install Rust with rustup (https://rustup.rs)');
-        return 127;
-      }
-      return run('cargo', ['test', '--release', '--lib', ...featureArgs(), ...cpuArgs()], { env: cargoEnv() });
-    },
-  },
-  {
-    name: 'js tests (mocha)',
-    run: () => {
-      const mocha = devTool('mocha', 'bin', 'mocha.js');
-      if (!mocha) {
-        console.error('error: mocha is not installed; run `npm install` first');
-        return 1;
-      }
-      return run(node, [mocha]);
-    },
-  },
-  {
-    name: 'examples (node test/examples.js)',
-    skip: () => (fs.existsSync(script('test', 'examples.js')) ? null : 'test/examples.js not present'),
+    name: 'tier 2: examples (node test/examples.js)',
     run: () => run(node, [script('test', 'examples.js')]),
   },
   {
-    name: 'type declarations (tsc -p test/types/tsconfig.json)',
-    skip: () =>
-      fs.existsSync(script('test', 'types', 'tsconfig.json')) ? null : 'test/types/tsconfig.json not present',
-    run: () => {
-      const tsc = devTool('typescript', 'bin', 'tsc');
-      if (!tsc) {
-        console.error('error: typescript is not installed; run `npm install` first');
-        return 1;
-      }
-      return run(node, [tsc, '-p', script('test', 'types', 'tsconfig.json')]);
-    },
-  },
-  {
-    name: 'package (node scripts/test-pack.js)',
+    name: 'tier 2: package (node scripts/test-pack.js)',
     skip: () => (process.env.LLAMA_BRANCH_SKIP_PACK_TEST === '1' ? 'LLAMA_BRANCH_SKIP_PACK_TEST=1' : null),
     run: () => run(node, [script('scripts', 'test-pack.js')]),
   },

@@ -1,5 +1,6 @@
 //! The one error type of the addon. Every failure a user can cause maps to a variant with a
-//! stable `code` (the JS `error.code`) and a message that says what to do next.
+//! stable `code` (the JS `error.code`, for thrown errors and rejections alike) and a message that
+//! says what to do next. Codes and messages are defined here and nowhere else.
 
 use thiserror::Error;
 
@@ -19,8 +20,8 @@ pub enum Error {
     )]
     BranchDisposed,
 
-    #[error("Branch handle {0} does not belong to this context")]
-    ForeignBranch(u32),
+    #[error("{0}: the branch belongs to another context; pass branches of this store's context")]
+    ForeignBranch(String),
 
     #[error("Model file not found: {0}")]
     ModelNotFound(String),
@@ -83,36 +84,60 @@ pub enum Error {
     ChatParse(String),
 }
 
-impl Error {
-    /// The stable code JS callers can switch on.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Error::InvalidArgument(_) => "ERR_INVALID_ARG",
-            Error::ContextDisposed => "ERR_CONTEXT_DISPOSED",
-            Error::ContextBusy(_) => "ERR_CONTEXT_BUSY",
-            Error::BranchDisposed => "ERR_BRANCH_DISPOSED",
-            Error::ForeignBranch(_) => "ERR_FOREIGN_BRANCH",
-            Error::ModelNotFound(_) => "ERR_MODEL_NOT_FOUND",
-            Error::ModelLoad(_) => "ERR_MODEL_LOAD",
-            Error::ContextCreate(_) => "ERR_CONTEXT_CREATE",
-            Error::TokenOutOfRange { .. } | Error::TokenNotInteger(..) => "ERR_TOKEN_OUT_OF_RANGE",
-            Error::NoFreeSequence { .. } => "ERR_NO_FREE_SEQUENCE",
-            Error::KvFull(_) => "ERR_KV_FULL",
-            Error::Decode { .. } => "ERR_DECODE",
-            Error::Aborted => "ERR_ABORTED",
-            Error::NoLogits => "ERR_NO_LOGITS",
-            Error::NoOutput(_) => "ERR_NO_LOGITS",
-            Error::Grammar(_) => "ERR_GRAMMAR",
-            Error::GrammarRejected(_) => "ERR_GRAMMAR_REJECTED",
-            Error::Tokenize(_) => "ERR_TOKENIZE",
-            Error::State(_) => "ERR_STATE",
-            Error::Unsupported(_) => "ERR_UNSUPPORTED",
-            Error::Internal(_) => "ERR_INTERNAL",
-            Error::ChatTemplate(_) => "ERR_CHAT_TEMPLATE",
-            Error::ChatParse(_) => "ERR_CHAT_PARSE",
-        }
-    }
+/// Defines `Error::code` and `Error::codes` from one table, so the list JS checks its typings
+/// against can never miss a variant.
+macro_rules! codes {
+    ($($variant:ident => $code:literal,)+) => {
+        impl Error {
+            /// The stable code JS callers can switch on.
+            pub fn code(&self) -> &'static str {
+                match self {
+                    $(Error::$variant { .. } => $code,)+
+                }
+            }
 
+            /// Every code once, in declaration order (several variants may share one).
+            pub fn codes() -> Vec<&'static str> {
+                let mut codes: Vec<&'static str> = Vec::new();
+                for code in [$($code),+] {
+                    if !codes.contains(&code) {
+                        codes.push(code);
+                    }
+                }
+                codes
+            }
+        }
+    };
+}
+
+codes! {
+    InvalidArgument => "ERR_INVALID_ARG",
+    ContextDisposed => "ERR_CONTEXT_DISPOSED",
+    ContextBusy => "ERR_CONTEXT_BUSY",
+    BranchDisposed => "ERR_BRANCH_DISPOSED",
+    ForeignBranch => "ERR_FOREIGN_BRANCH",
+    ModelNotFound => "ERR_MODEL_NOT_FOUND",
+    ModelLoad => "ERR_MODEL_LOAD",
+    ContextCreate => "ERR_CONTEXT_CREATE",
+    TokenOutOfRange => "ERR_TOKEN_OUT_OF_RANGE",
+    TokenNotInteger => "ERR_TOKEN_OUT_OF_RANGE",
+    NoFreeSequence => "ERR_NO_FREE_SEQUENCE",
+    KvFull => "ERR_KV_FULL",
+    Decode => "ERR_DECODE",
+    Aborted => "ERR_ABORTED",
+    NoLogits => "ERR_NO_LOGITS",
+    NoOutput => "ERR_NO_LOGITS",
+    Grammar => "ERR_GRAMMAR",
+    GrammarRejected => "ERR_GRAMMAR_REJECTED",
+    Tokenize => "ERR_TOKENIZE",
+    State => "ERR_STATE",
+    Unsupported => "ERR_UNSUPPORTED",
+    Internal => "ERR_INTERNAL",
+    ChatTemplate => "ERR_CHAT_TEMPLATE",
+    ChatParse => "ERR_CHAT_PARSE",
+}
+
+impl Error {
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
     }

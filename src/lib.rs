@@ -1,21 +1,9 @@
-//! llama-branch: branched inference for Node.js on llama.cpp.
-//!
-//! Layers, bottom up: `ffi` (the only unsafe llama.cpp code), pure bookkeeping (`handles`,
-//! `leases`, `plan`, `metrics`, `sampling`), the `store` of branches, and the napi boundary
-//! (`worker` for off-thread execution, `session` for the JS class).
+//! llama-branch: branched inference for Node.js on llama.cpp. Three layers, bottom up (see
+//! ARCHITECTURE.md): `llama` (the only code that calls llama.cpp), `engine` (plain Rust: the
+//! store, leases, KV accounting, the one decode engine, sampling, metrics) and `napi` (the JS
+//! surface, one file per domain). `error` is the one error type all three share.
 
-pub mod cancel;
-pub mod chat_ffi;
+pub mod engine;
 pub mod error;
-pub mod ffi;
-pub mod handles;
-pub mod leases;
-pub mod logits_view;
-pub mod metrics;
-pub mod parallel;
-pub mod plan;
-pub mod profile;
-pub mod sampling;
-pub mod session;
-pub mod store;
-pub mod worker;
+pub mod llama;
+pub mod napi;

@@ -44,16 +44,6 @@ async function expectFailure(call, code, pattern) {
   return caught;
 }
 
-/** Runs `fn` with the context busy: an unawaited prefill is pending on it. */
-async function whileBusy(fn) {
-  const pending = env.root.prefill([236761, 236761, 236761]);
-  try {
-    return fn();
-  } finally {
-    await pending;
-  }
-}
-
 /** A normal generation: fork, a few batched greedy steps, KV consistent, fork pruned. */
 async function assertGenerates() {
   const { ctx, store, root } = env;
@@ -190,8 +180,6 @@ const GROUPS = [
       ['modelSurprisal with a plain array as logits', 'ERR_INVALID_ARG', () => env.ctx.modelSurprisal(5, 'nats', [1, 2, 3]), /modelSurprisal/],
       ['modelSurprisal of token -5', 'ERR_TOKEN_OUT_OF_RANGE', () => env.ctx.modelSurprisal(-5)],
       ['withLogits with an async callback', 'ERR_INVALID_ARG', () => withLogits(env.ctx, async () => 1), /synchronous/],
-      ['a sync call while a prefill is pending', 'ERR_CONTEXT_BUSY', () => whileBusy(() => env.ctx.getLogits()), /await/],
-      ['produce while a prefill is pending', 'ERR_CONTEXT_BUSY', () => whileBusy(() => env.root.produce()), /await/],
     ],
   },
   {
@@ -405,7 +393,6 @@ const GROUPS = [
       ['ctx.sample with temperature NaN', 'ERR_INVALID_ARG', () => env.ctx.sample({ temperature: Number.NaN }), /temperature/],
       ['ctx.sample with topP 2', 'ERR_INVALID_ARG', () => env.ctx.sample({ topP: 2 }), /topP/],
       ['ctx.sample(42)', 'ERR_INVALID_ARG', () => env.ctx.sample(42)],
-      ['ctx.sample while busy', 'ERR_CONTEXT_BUSY', () => whileBusy(() => env.ctx.sample({ temperature: 0 }))],
       ['createSampler of an unclosed character class', 'ERR_GRAMMAR', () => env.ctx.createSampler('root ::= ['), /grammar/i],
       ['createSampler(42)', 'ERR_INVALID_ARG', () => env.ctx.createSampler(42)],
       ['applySampler with a 100-float array', 'ERR_INVALID_ARG', () => env.ctx.applySampler(env.grammarHandle, new Float32Array(100)), /vocabSize/],

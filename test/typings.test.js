@@ -77,7 +77,7 @@ describe('typings: index.d.ts matches the runtime surface', function () {
     assert.deepEqual([...declared.exports].sort(), runtime);
   });
 
-  for (const className of ['SessionContext', 'Branch', 'BranchStore']) {
+  for (const className of ['SessionContext', 'Branch', 'BranchStore', 'Scheduler']) {
     it(`${className}: declared members exist at runtime with the same kind, and vice versa`, function () {
       const Class = llama[className];
       assert.equal(typeof Class, 'function', `${className} is exported as a class`);
@@ -94,6 +94,42 @@ describe('typings: index.d.ts matches the runtime surface', function () {
     assert.ok(Object.keys(declared.consts).includes('PoolingType'));
     for (const [name, keys] of Object.entries(declared.consts)) {
       assert.deepEqual([...keys].sort(), Object.keys(llama[name]).sort(), name);
+    }
+  });
+
+  it('the ErrorCode union lists exactly the codes the addon defines (src/error.rs)', function () {
+    const source = ts.createSourceFile(DTS, fs.readFileSync(DTS, 'utf8'), ts.ScriptTarget.Latest, true);
+    const alias = source.statements.find((s) => ts.isTypeAliasDeclaration(s) && s.name.text === 'ErrorCode');
+    assert.ok(alias && ts.isUnionTypeNode(alias.type), 'ErrorCode is a union of string literals');
+    const declaredCodes = alias.type.types.map((t) => t.literal.text);
+    // Codes made in JavaScript, outside the addon: loading the addon itself, and the
+    // Scheduler's own (lib/scheduler/errors.js, their one definition).
+    const jsOnly = ['ERR_NATIVE_LOAD', ...Object.values(require('../lib/scheduler/errors').SchedulerErrorCode)];
+    const native = require('../lib/native');
+    assert.deepEqual([...declaredCodes].sort(), [...native.errorCodes(), ...jsOnly].sort());
+  });
+
+  it('promise-returning native methods reject bad arguments instead of throwing', async function () {
+    // The native signatures are generated from the Rust (lib/native.d.ts); every method that
+    // returns a Promise must turn any argument error into a rejection with a code.
+    const { SessionContext } = require('../lib/native');
+    const text = fs.readFileSync(path.join(__dirname, '..', 'lib', 'native.d.ts'), 'utf8');
+    const klass = text.slice(text.indexOf('export declare class SessionContext'));
+    const asyncMethods = [...klass.matchAll(/^ {2}(\w+)\(.*\): Promise</gm)].map((m) => m[1]);
+    assert.ok(asyncMethods.length >= 15, `found ${asyncMethods.length} promise-returning methods`);
+    const ctx = await require('./helpers').open({ nSeqMax: 2, nCtx: 256 });
+    try {
+      for (const name of asyncMethods) {
+        let result;
+        assert.doesNotThrow(() => {
+          result = SessionContext.prototype[name].call(ctx, 'bad', { not: 'valid' }, Symbol('x'), 'bad', 'bad');
+        }, `${name} threw instead of rejecting`);
+        assert.ok(result && typeof result.then === 'function', `${name} returns a Promise`);
+        const err = await result.then(() => null, (e) => e);
+        if (err) assert.match(String(err.code), /^ERR_/, `${name}: ${err.message}`);
+      }
+    } finally {
+      ctx.dispose();
     }
   });
 

@@ -14,6 +14,8 @@ import {
   SessionContext,
   ReasoningFormat,
   GrammarTriggerType,
+  Scheduler,
+  createServer,
 } from '../../index';
 import type {
   ContextOptions,
@@ -31,6 +33,18 @@ import type {
   GpuVariant,
   LoadOptions,
   NativeBinding,
+  SchedulerOptions,
+  SchedulerStepInfo,
+  GenerateRequest,
+  Generation,
+  GenerationEvent,
+  GenerationResult,
+  GenerationChoice,
+  GenerationUsage,
+  FinishReason,
+  SchedulerStats,
+  ServerOptions,
+  LlamaBranchServer,
 } from '../../index';
 import llama = require('../../index');
 
@@ -359,3 +373,60 @@ async function rawKvUsage(ctx: SessionContext): Promise<void> {
 }
 
 void rawKvUsage;
+
+// Serving: the Scheduler (continuous batching, prefix cache) and the OpenAI-compatible server.
+async function servingUsage(ctx: SessionContext): Promise<void> {
+  const options: SchedulerOptions = {
+    prefillChunk: 128,
+    maxQueue: 8,
+    maxRunning: 4,
+    defaultMaxTokens: 64,
+    onStep: (info: SchedulerStepInfo) => void [info.rows, info.prefillTokens, info.prefillMs, info.decodeMs, info.stepMs, info.cellsUsed, info.running, info.queued],
+  };
+  const scheduler = new Scheduler(ctx, options);
+  const controller = new AbortController();
+  const request: GenerateRequest = {
+    messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hi' }],
+    params: { temperature: 0.7, topP: 0.9 },
+    n: 2,
+    maxTokens: 32,
+    stop: ['\n\n'],
+    jsonSchema: { type: 'object' },
+    seed: 1,
+    signal: controller.signal,
+  };
+  const generation: Generation = scheduler.generate(request);
+  for await (const event of generation) {
+    const e: GenerationEvent = event;
+    const token: number | null = e.token;
+    const reason: FinishReason | undefined = e.finishReason;
+    void [e.choice, e.text, token, reason];
+  }
+  const result: GenerationResult = await generation;
+  const choice: GenerationChoice = result.choices[0];
+  const usage: GenerationUsage = result.usage;
+  const numbers: number[] = [choice.perplexity, ...choice.tokens, usage.promptTokens, usage.cachedPromptTokens, usage.completionTokens];
+  const finish: 'stop' | 'length' | 'abort' = choice.finishReason;
+  await scheduler.generate({ prompt: 'Once', grammar: 'root ::= "a"' });
+  await scheduler.generate({ tokens: [1, 2, 3], stop: 'x' }).catch((e) => (e as LlamaBranchError).code === 'ERR_QUEUE_FULL');
+  const stats: SchedulerStats = scheduler.stats();
+  const gauges: number[] = [stats.running, stats.queued, stats.cachedPrefixes, stats.cellsUsed, stats.nCtx, stats.hitRate, stats.steps, stats.promptTokens, stats.cachedPromptTokens, stats.prefilledTokens, stats.generatedTokens, stats.evictions, stats.completed];
+  await scheduler.close();
+  const closedCode: ErrorCode = 'ERR_SCHEDULER_CLOSED';
+  // @ts-expect-error: finishReason is one of three strings
+  const wrong: FinishReason = 'eos';
+  // @ts-expect-error: n is a number
+  scheduler.generate({ prompt: 'x', n: '2' });
+
+  const serverOptions: ServerOptions = { ctx, modelName: 'gemma', parallel: 2, maxBodyBytes: 1 << 16, scheduler: { prefillChunk: 64 } };
+  const server: LlamaBranchServer = await createServer(serverOptions);
+  const loaded = await llama.createServer({ modelPath: '/models/model.gguf', nCtx: 4096, nSeqMax: 32, nThreads: 2 });
+  const address: { host: string; port: number; url: string } = await server.listen(0, '127.0.0.1');
+  const parts: [SessionContext, Scheduler, string, number] = [server.ctx, server.scheduler, server.modelName, address.port];
+  server.http.close();
+  await server.close();
+  await loaded.close();
+  void [numbers, finish, gauges, closedCode, wrong, parts];
+}
+
+void servingUsage;

@@ -1,0 +1,226 @@
+//! `BranchState`: one line of generation as the store keeps it — its lease, position and place
+//! in the tree, its sampler chain and grammar, its logits snapshot and its perplexities.
+
+use super::handles::Handle;
+use super::metrics::{self, Base, Perplexity};
+use super::sampling::{pick, Chain, SamplingConfig};
+use super::segments::RunRef;
+use crate::error::{Error, Result};
+use crate::llama::{Pos, Sampler, SeqId, Token, TokenData};
+
+/// What a branch samples with: its chain and, optionally, a grammar.
+pub struct BranchSampling {
+    pub chain: Chain,
+    pub grammar: Option<Sampler>,
+}
+
+impl BranchSampling {
+    pub fn try_clone(&self) -> Result<BranchSampling> {
+        Ok(BranchSampling {
+            chain: self.chain.try_clone()?,
+            grammar: self.grammar.as_ref().map(Sampler::try_clone).transpose()?,
+        })
+    }
+}
+
+pub struct BranchState {
+    pub seq: SeqId,
+    /// The next position to write: its sequence ends at `position - 1`.
+    pub position: Pos,
+    pub fork_head: Pos,
+    pub parent: Option<Handle>,
+    pub children: Vec<Handle>,
+    /// Chunk size of this branch's own prefills.
+    pub n_batch: u32,
+    pub model_ppl: Perplexity,
+    pub sampling_ppl: Perplexity,
+    pub(super) sampling: BranchSampling,
+    pub(super) steer: Vec<(Token, f32)>,
+    logits: Vec<f32>,
+    /// Receives a new logits row during a decode; swapped in only when the whole call succeeds.
+    pending_logits: Vec<f32>,
+    has_logits: bool,
+    candidates: Vec<TokenData>,
+    last_sampled: Option<Token>,
+    /// The KV cells this branch holds, for exact accounting (see `segments`).
+    pub(super) runs: Vec<RunRef>,
+    /// Created at `position` on an empty sequence whose prefix the caller copies in later
+    /// (`ctx.kvSeqCopy(src, seq)`); nothing may decode or fork from it until then.
+    pub(super) awaits_prefix: bool,
+}
+
+impl BranchState {
+    pub(super) fn new(
+        seq: SeqId,
+        position: Pos,
+        n_batch: u32,
+        sampling: BranchSampling,
+        n_vocab: usize,
+        runs: Vec<RunRef>,
+    ) -> BranchState {
+        BranchState {
+            seq,
+            position,
+            fork_head: 0,
+            parent: None,
+            children: Vec::new(),
+            n_batch,
+            model_ppl: Perplexity::default(),
+            sampling_ppl: Perplexity::default(),
+            sampling,
+            steer: Vec::new(),
+            logits: vec![0.0; n_vocab],
+            pending_logits: Vec::new(),
+            has_logits: false,
+            candidates: Vec::new(),
+            last_sampled: None,
+            runs,
+            awaits_prefix: false,
+        }
+    }
+
+    /// `ERR_INVALID_ARG` saying the supported order while the prefix has not arrived.
+    pub(super) fn check_has_prefix(&self) -> Result<()> {
+        if self.awaits_prefix {
+            return Err(Error::invalid(format!(
+                "the branch on sequence {seq} was created at position {pos} on an empty sequence and its prefix has not arrived: copy it in first with ctx.kvSeqCopy(src, {seq}) (or decode the prefix into sequence {seq} before creating the branch)",
+                seq = self.seq,
+                pos = self.position
+            )));
+        }
+        Ok(())
+    }
+
+    /// A child at `position` with copies of this branch's state; `with_snapshot` says whether
+    /// the child continues exactly where this branch is (logits and perplexities carry over) or
+    /// at an earlier position (no logits: they describe a token the child does not have).
+    pub(super) fn fork(
+        &self,
+        seq: SeqId,
+        position: Pos,
+        sampling: BranchSampling,
+        runs: Vec<RunRef>,
+        parent: Handle,
+    ) -> BranchState {
+        let at_end = position == self.position;
+        let mut child = BranchState::new(seq, position, self.n_batch, sampling, 0, runs);
+        child.fork_head = position;
+        child.parent = Some(parent);
+        if at_end {
+            child.logits = self.logits.clone();
+            child.has_logits = self.has_logits;
+            child.model_ppl = self.model_ppl;
+            child.sampling_ppl = self.sampling_ppl;
+        } else {
+            child.logits = vec![0.0; self.logits.len()];
+        }
+        child
+    }
+
+    pub fn has_logits(&self) -> bool {
+        self.has_logits
+    }
+
+    pub fn logits(&self) -> Result<&[f32]> {
+        if self.has_logits {
+            Ok(&self.logits)
+        } else {
+            Err(Error::NoLogits)
+        }
+    }
+
+    pub fn is_stochastic(&self) -> bool {
+        self.sampling.chain.is_stochastic()
+    }
+
+    pub fn has_grammar(&self) -> bool {
+        self.sampling.grammar.is_some()
+    }
+
+    pub fn config(&self) -> &SamplingConfig {
+        self.sampling.chain.config()
+    }
+
+    /// Samples from the snapshot (no KV write, no accept). `Ok(None)`: every token is masked.
+    /// `scratch` receives the biased copy when there are biases.
+    pub(super) fn sample(&mut self, scratch: &mut Vec<f32>) -> Result<Option<Token>> {
+        if !self.has_logits {
+            return Err(Error::NoLogits);
+        }
+        let static_bias = self.sampling.chain.config().logit_bias.as_slice();
+        let logits = pick::biased(&self.logits, &[static_bias, &self.steer], scratch);
+        self.last_sampled = pick::sample(
+            &mut self.sampling.chain,
+            self.sampling.grammar.as_mut(),
+            logits,
+            &mut self.candidates,
+        );
+        Ok(self.last_sampled)
+    }
+
+    /// `ERR_GRAMMAR_REJECTED` when the grammar forbids `token` in its current state; nothing
+    /// changes either way.
+    pub(super) fn check_grammar(&mut self, token: Token) -> Result<()> {
+        let logit = if self.has_logits {
+            self.logits[token as usize]
+        } else {
+            0.0
+        };
+        let allowed = match self.sampling.grammar.as_mut() {
+            Some(g) => pick::grammar_allows(g, token, logit),
+            None => true,
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(Error::GrammarRejected(token))
+        }
+    }
+
+    /// Model surprisal (nats) of `token` under the snapshot; infinite (not counted) without one.
+    pub(super) fn surprisal_of(&self, token: Token) -> f64 {
+        if self.has_logits {
+            metrics::surprisal(&self.logits, token as usize, Base::Nats)
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// Advances the grammar and the penalty window and records both perplexities. Call only
+    /// after `check_grammar` passed for `token`: it cannot fail then.
+    pub(super) fn apply_accept(&mut self, token: Token, model_surprisal: f64) {
+        if let Some(g) = self.sampling.grammar.as_mut() {
+            let accepted = g.accept(token);
+            debug_assert!(accepted.is_ok(), "grammar refused a token it allowed");
+        }
+        self.sampling.chain.accept(token);
+        self.model_ppl.add(model_surprisal);
+        if self.last_sampled == Some(token) && !self.candidates.is_empty() {
+            let logits: Vec<f32> = self.candidates.iter().map(|c| c.logit).collect();
+            if let Some(i) = self.candidates.iter().position(|c| c.id == token) {
+                self.sampling_ppl
+                    .add(metrics::surprisal(&logits, i, Base::Nats));
+            }
+        }
+        self.last_sampled = None;
+    }
+
+    /// Stores a new logits row from a decode in progress (not visible until `commit_pending`).
+    pub(super) fn set_pending(&mut self, row: &[f32]) {
+        self.pending_logits.clear();
+        self.pending_logits.extend_from_slice(row);
+    }
+
+    /// Makes the pending row the snapshot, after the whole call succeeded.
+    pub(super) fn commit_pending(&mut self) {
+        std::mem::swap(&mut self.logits, &mut self.pending_logits);
+        self.has_logits = true;
+    }
+
+    /// Copies a logits row into the snapshot directly (after a raw decode).
+    pub(super) fn capture(&mut self, row: &[f32]) {
+        self.logits.clear();
+        self.logits.extend_from_slice(row);
+        self.has_logits = true;
+    }
+}

@@ -1,0 +1,27 @@
+//! The engine: plain Rust between the llama.cpp layer and the napi surface. It owns every
+//! rule about branches — leases, the branch tree, exact KV accounting, decode planning and the
+//! one decode engine, sampling, metrics — and is unit-tested without a model (`fake`).
+
+pub mod branch;
+pub mod calibrate;
+pub mod decode;
+pub mod handles;
+pub mod kv;
+pub mod leases;
+pub mod metrics;
+pub mod plan;
+pub mod pool;
+pub mod profile;
+pub mod sampling;
+pub mod segments;
+pub mod state_file;
+pub mod step;
+pub mod store;
+
+#[cfg(test)]
+pub mod fake;
+#[cfg(test)]
+mod store_tests;
+
+pub use kv::KvBackend;
+pub use store::BranchStore;

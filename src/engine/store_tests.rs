@@ -1,0 +1,320 @@
+//! The store over the in-memory KV backend: leases, the branch tree, exact KV accounting and
+//! all-or-nothing decodes, without a model.
+
+use super::branch::BranchSampling;
+use super::fake::FakeKv;
+use super::handles::Handle;
+use super::kv::KvBackend;
+use super::pool::Pool;
+use super::sampling::Chain;
+use super::store::{BranchStore, CreateOptions, ForkOptions};
+use crate::error::Error;
+use crate::llama::Token;
+
+const N_VOCAB: i32 = 16;
+
+fn greedy() -> BranchSampling {
+    BranchSampling {
+        chain: Chain::greedy(N_VOCAB).unwrap(),
+        grammar: None,
+    }
+}
+
+fn setup(n_ctx: u32, n_seq: u32) -> (FakeKv, BranchStore, Pool) {
+    (
+        FakeKv::new(n_ctx, n_seq),
+        BranchStore::new(n_seq, false),
+        Pool::new(2),
+    )
+}
+
+fn root(kv: &mut FakeKv, store: &mut BranchStore, prompt: &[Token]) -> Handle {
+    let h = store
+        .create(
+            kv,
+            CreateOptions {
+                position: 0,
+                seq: None,
+                sampling: greedy(),
+                n_batch: None,
+            },
+        )
+        .unwrap();
+    store
+        .prefill(kv, &[(h, prompt.to_vec())], None, &|| false)
+        .unwrap();
+    h
+}
+
+/// The store's accounting equals the cells the backend really holds, and every branch's
+/// position is its sequence's end.
+fn assert_consistent(kv: &FakeKv, store: &BranchStore) {
+    assert_eq!(
+        store.kv_pressure(kv).cells_used,
+        kv.cells_used(),
+        "accounting"
+    );
+    for h in store.live_handles() {
+        let b = store.get(h).unwrap();
+        assert_eq!(kv.seq_pos_max(b.seq), b.position - 1, "branch {h} position");
+    }
+}
+
+fn step(kv: &mut FakeKv, store: &mut BranchStore, pool: &Pool, branches: &[Handle]) {
+    let items: Vec<(Handle, Token)> = branches
+        .iter()
+        .map(|&h| (h, store.sample(h).unwrap().unwrap()))
+        .collect();
+    store.commit(kv, pool, &items, true, &|| false).unwrap();
+}
+
+#[test]
+fn forks_share_cells_and_accounting_stays_exact_through_any_prune_order() {
+    let (mut kv, mut store, pool) = setup(256, 6);
+    let r = root(&mut kv, &mut store, &[1, 2, 3, 4, 5]);
+    let kids: Vec<Handle> = (0..3)
+        .map(|_| store.fork(&kv, r, ForkOptions::default()).unwrap())
+        .collect();
+    assert_eq!(store.kv_pressure(&kv).cells_used, 5, "forks copy nothing");
+    for _ in 0..4 {
+        step(&mut kv, &mut store, &pool, &kids);
+        assert_consistent(&kv, &store);
+    }
+    let grandchild = store.fork(&kv, kids[1], ForkOptions::default()).unwrap();
+    step(&mut kv, &mut store, &pool, &[grandchild, r]);
+    assert_consistent(&kv, &store);
+    assert_eq!(store.get(kids[1]).unwrap().children, vec![grandchild]);
+    store.prune(&kv, r).unwrap();
+    assert_consistent(&kv, &store);
+    assert_eq!(
+        store.get(kids[0]).unwrap().parent,
+        None,
+        "children of a pruned root become roots"
+    );
+    store.prune_subtree(&kv, kids[1]).unwrap();
+    assert!(!store.is_live(grandchild));
+    assert_consistent(&kv, &store);
+    store.retain_only(&kv, kids[2]).unwrap();
+    assert_eq!(store.live_handles(), vec![kids[2]]);
+    assert_consistent(&kv, &store);
+    assert_eq!(store.available(&kv), 5);
+}
+
+#[test]
+fn fork_at_shares_only_the_prefix_and_starts_without_logits() {
+    let (mut kv, mut store, pool) = setup(256, 4);
+    let r = root(&mut kv, &mut store, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    let opts = ForkOptions {
+        position: Some(3),
+        sampling: Some(greedy()),
+        ..ForkOptions::default()
+    };
+    let c = store.fork(&kv, r, opts).unwrap();
+    let child = store.get(c).unwrap();
+    assert_eq!((child.position, child.has_logits()), (3, false));
+    assert_eq!(kv.seq_pos_max(child.seq), 2);
+    assert_eq!(store.sample(c).unwrap_err(), Error::NoLogits);
+    assert_consistent(&kv, &store);
+    store
+        .prefill(&mut kv, &[(c, vec![9, 9])], None, &|| false)
+        .unwrap();
+    step(&mut kv, &mut store, &pool, &[c, r]);
+    assert_consistent(&kv, &store);
+    assert_eq!(store.kv_pressure(&kv).cells_used, 8 + 1 + 2 + 1);
+    store.prune(&kv, r).unwrap();
+    assert_eq!(
+        store.kv_pressure(&kv).cells_used,
+        3 + 2 + 1,
+        "the child keeps only its prefix"
+    );
+    assert_consistent(&kv, &store);
+    let bad = ForkOptions {
+        position: Some(99),
+        ..ForkOptions::default()
+    };
+    assert_eq!(
+        store.fork(&kv, c, bad).unwrap_err().code(),
+        "ERR_INVALID_ARG"
+    );
+}
+
+#[test]
+fn a_failed_commit_or_prefill_changes_nothing_anywhere() {
+    let (mut kv, mut store, pool) = setup(1024, 4);
+    let r = root(&mut kv, &mut store, &[1, 2, 3]);
+    let a = store.fork(&kv, r, ForkOptions::default()).unwrap();
+    let b = store.fork(&kv, r, ForkOptions::default()).unwrap();
+    step(&mut kv, &mut store, &pool, &[a, b]);
+    let cells = kv.snapshot();
+    let state = |s: &BranchStore, h: Handle| {
+        let b = s.get(h).unwrap();
+        (
+            b.position,
+            b.logits().unwrap().to_vec(),
+            b.model_ppl.count(),
+        )
+    };
+    let before: Vec<_> = [r, a, b].iter().map(|&h| state(&store, h)).collect();
+    for fail_at in 0..3 {
+        kv.fail_decode_after(fail_at);
+        // Three runs of 200 tokens with nBatch 256: three decodes, the n-th one fails.
+        let runs = vec![(r, vec![5; 200]), (a, vec![6; 200]), (b, vec![7; 200])];
+        let err = store
+            .prefill(&mut kv, &runs, Some(256), &|| false)
+            .unwrap_err();
+        assert_eq!(err.code(), "ERR_DECODE");
+        assert_eq!(kv.snapshot(), cells, "prefill failing at decode {fail_at}");
+    }
+    kv.fail_decode_after(0);
+    let items = [(a, 4), (b, 5)];
+    assert_eq!(
+        store
+            .commit(&mut kv, &pool, &items, true, &|| false)
+            .unwrap_err()
+            .code(),
+        "ERR_DECODE"
+    );
+    let cancelled = store
+        .commit(&mut kv, &pool, &items, true, &|| true)
+        .unwrap_err();
+    assert_eq!(cancelled, Error::Aborted);
+    let after: Vec<_> = [r, a, b].iter().map(|&h| state(&store, h)).collect();
+    assert_eq!(after, before);
+    assert_eq!(kv.snapshot(), cells);
+    assert_consistent(&kv, &store);
+}
+
+#[test]
+fn leases_run_out_and_come_back_and_a_full_cache_is_refused_before_decoding() {
+    let (mut kv, mut store, pool) = setup(16, 2);
+    let r = root(&mut kv, &mut store, &[1; 10]);
+    let c = store.fork(&kv, r, ForkOptions::default()).unwrap();
+    let third = store.fork(&kv, r, ForkOptions::default()).unwrap_err();
+    assert_eq!(third, Error::NoFreeSequence { n_seq_max: 2 });
+    let long = store
+        .prefill(&mut kv, &[(c, vec![2; 7])], None, &|| false)
+        .unwrap_err();
+    assert_eq!(long.code(), "ERR_KV_FULL");
+    assert_eq!(kv.decode_sizes().len(), 1, "refused before any decode");
+    store.prune(&kv, c).unwrap();
+    assert_eq!(store.available(&kv), 1);
+    let again = store.fork(&kv, r, ForkOptions::default()).unwrap();
+    step(&mut kv, &mut store, &pool, &[again]);
+    assert_consistent(&kv, &store);
+}
+
+#[test]
+fn a_branch_named_twice_or_stale_is_refused() {
+    let (mut kv, mut store, pool) = setup(64, 2);
+    let r = root(&mut kv, &mut store, &[1, 2]);
+    let twice = store.commit(&mut kv, &pool, &[(r, 1), (r, 2)], true, &|| false);
+    assert_eq!(twice.unwrap_err().code(), "ERR_INVALID_ARG");
+    store.prune(&kv, r).unwrap();
+    assert_eq!(
+        store
+            .commit(&mut kv, &pool, &[(r, 1)], true, &|| false)
+            .unwrap_err(),
+        Error::BranchDisposed
+    );
+    assert_eq!(store.prune(&kv, r).unwrap_err(), Error::BranchDisposed);
+    assert_eq!(kv.cells_used(), 0);
+}
+
+#[test]
+fn destroy_keeps_the_cells_until_raw_calls_remove_them() {
+    let (mut kv, mut store, _pool) = setup(64, 2);
+    let r = root(&mut kv, &mut store, &[1, 2, 3]);
+    let seq = store.destroy(r).unwrap();
+    assert_eq!(store.available(&kv), 1, "the sequence stays reserved");
+    assert_eq!(store.kv_pressure(&kv).cells_used, 3);
+    kv.seq_rm(seq, -1, -1);
+    assert_eq!(store.available(&kv), 2);
+    assert_eq!(store.kv_pressure(&kv).cells_used, 0);
+}
+
+#[test]
+fn a_branch_created_ahead_of_its_prefix_adopts_a_copy_that_ends_where_it_starts() {
+    let (mut kv, mut store, pool) = setup(64, 3);
+    let r = root(&mut kv, &mut store, &[1, 2, 3, 4]);
+    let ahead = |store: &mut BranchStore, kv: &FakeKv, seq| {
+        store.create(
+            kv,
+            CreateOptions {
+                position: 4,
+                seq: Some(seq),
+                sampling: greedy(),
+                n_batch: None,
+            },
+        )
+    };
+    let b = ahead(&mut store, &kv, 1).unwrap();
+    let early = store
+        .prefill(&mut kv, &[(b, vec![5])], None, &|| false)
+        .unwrap_err();
+    assert!(early.to_string().contains("kvSeqCopy"), "{early}");
+    assert_eq!(
+        store
+            .fork(&kv, b, ForkOptions::default())
+            .unwrap_err()
+            .code(),
+        "ERR_INVALID_ARG"
+    );
+    let short = store.adopt_copy(&kv, b, 0, 0, 2).unwrap_err();
+    assert!(short.to_string().contains("ends at position 2"), "{short}");
+    assert_eq!(kv.seq_pos_max(1), -1, "a refused copy is undone");
+    store.adopt_copy(&kv, b, 0, -1, -1).unwrap();
+    assert_eq!(
+        store.kv_pressure(&kv).cells_used,
+        4,
+        "the adopted prefix is shared with its owner"
+    );
+    store
+        .prefill(&mut kv, &[(b, vec![5])], None, &|| false)
+        .unwrap();
+    step(&mut kv, &mut store, &pool, &[b, r]);
+    assert_consistent(&kv, &store);
+    let again = store.adopt_copy(&kv, b, 0, -1, -1).unwrap_err();
+    assert!(again.to_string().contains("leased"), "{again}");
+    let unnamed = store.create(
+        &kv,
+        CreateOptions {
+            position: 4,
+            seq: None,
+            sampling: greedy(),
+            n_batch: None,
+        },
+    );
+    assert!(unnamed
+        .unwrap_err()
+        .to_string()
+        .contains("position must be 0"));
+}
+
+#[test]
+fn on_a_sliding_window_model_fork_at_is_refused_once_the_parent_left_its_window() {
+    let (mut kv, mut store, _pool) = setup(64, 4);
+    kv.n_swa = 4;
+    let short = root(&mut kv, &mut store, &[1, 2, 3]);
+    let at = |position| ForkOptions {
+        position: Some(position),
+        sampling: Some(greedy()),
+        ..ForkOptions::default()
+    };
+    let ok = store.fork(&kv, short, at(1)).unwrap();
+    assert_eq!(
+        store.get(ok).unwrap().position,
+        1,
+        "nothing has left a 4-position window yet"
+    );
+    let long = root(&mut kv, &mut store, &[1, 2, 3, 4, 5, 6]);
+    let err = store.fork(&kv, long, at(2)).unwrap_err();
+    assert_eq!(err.code(), "ERR_UNSUPPORTED");
+    assert!(err.to_string().contains("sliding window of 4"), "{err}");
+    let full = store.fork(&kv, long, at(6)).unwrap();
+    assert_eq!(
+        store.get(full).unwrap().position,
+        6,
+        "at the parent's own position it is a fork"
+    );
+    assert_consistent(&kv, &store);
+}

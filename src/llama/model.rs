@@ -1,0 +1,236 @@
+//! `Model`: an owned `llama_model` and its vocabulary (tokenizer, special tokens, metadata).
+
+use std::ffi::{CStr, CString};
+use std::ptr::NonNull;
+
+use llama_cpp_sys_2 as sys;
+
+use super::{init_backend, Token};
+use crate::error::{Error, Result};
+
+pub struct Model {
+    ptr: NonNull<sys::llama_model>,
+    vocab: NonNull<sys::llama_vocab>,
+    pub n_vocab: i32,
+}
+
+// SAFETY: the weights and vocabulary are immutable after load. llama.cpp reads them from any
+// number of contexts and threads at once (tokenization and piece lookup are documented as
+// thread-safe); nothing here mutates the model after `load` returns.
+unsafe impl Send for Model {}
+// SAFETY: see `Send`: every method takes `&self` and only reads.
+unsafe impl Sync for Model {}
+
+/// How the weights are placed when a model loads.
+pub struct ModelParams {
+    pub use_mmap: bool,
+    /// Layers to offload to a GPU backend (ignored when only the CPU exists).
+    pub n_gpu_layers: i32,
+}
+
+impl Model {
+    pub fn load(path: &str, params: &ModelParams) -> Result<Model> {
+        init_backend();
+        let c_path = CString::new(path)
+            .map_err(|_| Error::invalid("modelPath must not contain NUL bytes"))?;
+        // SAFETY: returns a plain struct of defaults.
+        let mut p = unsafe { sys::llama_model_default_params() };
+        p.load_mode = if params.use_mmap {
+            sys::LLAMA_LOAD_MODE_MMAP
+        } else {
+            sys::LLAMA_LOAD_MODE_NONE
+        };
+        p.n_gpu_layers = params.n_gpu_layers;
+        // SAFETY: `c_path` is NUL-terminated and outlives the call; null means failure.
+        let ptr = unsafe { sys::llama_model_load_from_file(c_path.as_ptr(), p) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::ModelLoad(path.to_string()))?;
+        // SAFETY: `ptr` is a live model; its vocabulary lives as long as it does.
+        let vocab = unsafe { sys::llama_model_get_vocab(ptr.as_ptr()) };
+        let vocab = NonNull::new(vocab.cast_mut())
+            .ok_or_else(|| Error::ModelLoad(format!("{path} (the model has no vocabulary)")))?;
+        // SAFETY: `vocab` is live (see above).
+        let n_vocab = unsafe { sys::llama_vocab_n_tokens(vocab.as_ptr()) };
+        Ok(Model {
+            ptr,
+            vocab,
+            n_vocab,
+        })
+    }
+
+    pub(super) fn as_ptr(&self) -> *mut sys::llama_model {
+        self.ptr.as_ptr()
+    }
+
+    pub(super) fn vocab(&self) -> *const sys::llama_vocab {
+        self.vocab.as_ptr()
+    }
+
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<Token>> {
+        let len = i32::try_from(text.len())
+            .map_err(|_| Error::Tokenize("text is too long to tokenize (over 2 GiB)".into()))?;
+        let run = |out: &mut Vec<Token>| {
+            // SAFETY: `text` is valid for `len` bytes (not necessarily NUL-terminated, which
+            // llama_tokenize does not need) and `out` for `out.len()` tokens.
+            unsafe {
+                sys::llama_tokenize(
+                    self.vocab(),
+                    text.as_ptr().cast(),
+                    len,
+                    out.as_mut_ptr(),
+                    out.len() as i32,
+                    add_special,
+                    parse_special,
+                )
+            }
+        };
+        let mut out = vec![0 as Token; text.len() + 2];
+        let mut n = run(&mut out);
+        if n < 0 {
+            // Negative = the number of tokens needed.
+            out.resize((-n) as usize, 0);
+            n = run(&mut out);
+        }
+        if n < 0 {
+            return Err(Error::Tokenize(format!("llama_tokenize failed ({n})")));
+        }
+        out.truncate(n as usize);
+        Ok(out)
+    }
+
+    /// Raw bytes of one token's piece (may be a partial UTF-8 sequence). `token` must be in
+    /// `[0, n_vocab)`: callers validate ids where they enter from JS.
+    pub fn token_bytes(&self, token: Token, special: bool) -> Vec<u8> {
+        debug_assert!(token >= 0 && token < self.n_vocab);
+        let mut buf = vec![0u8; 64];
+        loop {
+            // SAFETY: `buf` is writable for `buf.len()` bytes; the id is in range (above).
+            let n = unsafe {
+                sys::llama_token_to_piece(
+                    self.vocab(),
+                    token,
+                    buf.as_mut_ptr().cast(),
+                    buf.len() as i32,
+                    0,
+                    special,
+                )
+            };
+            if n >= 0 {
+                buf.truncate(n as usize);
+                return buf;
+            }
+            buf.resize((-n) as usize, 0);
+        }
+    }
+
+    pub fn token_to_text(&self, token: Token) -> String {
+        String::from_utf8_lossy(&self.token_bytes(token, true)).into_owned()
+    }
+
+    /// Text of `tokens` (ids in range, as for `token_bytes`).
+    pub fn detokenize(&self, tokens: &[Token]) -> String {
+        if tokens.is_empty() {
+            return String::new();
+        }
+        let mut buf = vec![0u8; tokens.len() * 8 + 16];
+        loop {
+            // SAFETY: `tokens` and `buf` are valid for the lengths passed.
+            let n = unsafe {
+                sys::llama_detokenize(
+                    self.vocab(),
+                    tokens.as_ptr(),
+                    tokens.len() as i32,
+                    buf.as_mut_ptr().cast(),
+                    buf.len() as i32,
+                    false,
+                    true,
+                )
+            };
+            if n >= 0 {
+                buf.truncate(n as usize);
+                return String::from_utf8_lossy(&buf).into_owned();
+            }
+            buf.resize((-n) as usize, 0);
+        }
+    }
+
+    pub fn is_eog(&self, token: Token) -> bool {
+        // SAFETY: a vocabulary lookup of an id checked to be in range.
+        token >= 0
+            && token < self.n_vocab
+            && unsafe { sys::llama_vocab_is_eog(self.vocab(), token) }
+    }
+
+    /// End-of-turn token, falling back to end-of-sequence.
+    pub fn eog_token(&self) -> Option<Token> {
+        // SAFETY: plain vocabulary queries (-1 when the model has no such token).
+        let (eot, eos) = unsafe {
+            (
+                sys::llama_vocab_eot(self.vocab()),
+                sys::llama_vocab_eos(self.vocab()),
+            )
+        };
+        [eot, eos].into_iter().find(|&t| t >= 0)
+    }
+
+    pub fn bos_token(&self) -> Option<Token> {
+        // SAFETY: plain vocabulary query (-1 when the model has none).
+        let bos = unsafe { sys::llama_vocab_bos(self.vocab()) };
+        (bos >= 0).then_some(bos)
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        // SAFETY: reads the model's metadata.
+        unsafe { sys::llama_model_size(self.as_ptr()) }
+    }
+
+    pub fn n_embd(&self) -> i32 {
+        // SAFETY: reads the model's metadata.
+        unsafe { sys::llama_model_n_embd(self.as_ptr()) }
+    }
+
+    /// Width of the embeddings llama.cpp returns (usually `n_embd`).
+    pub fn n_embd_out(&self) -> i32 {
+        // SAFETY: reads the model's metadata.
+        unsafe { sys::llama_model_n_embd_out(self.as_ptr()) }
+    }
+
+    /// Sliding-window attention span in positions (0 when the model has none).
+    pub fn n_swa(&self) -> u32 {
+        // SAFETY: reads the model's metadata.
+        unsafe { sys::llama_model_n_swa(self.as_ptr()) }.max(0) as u32
+    }
+
+    /// Layers of the model's body (what `nGpuLayers` counts).
+    pub fn n_layer(&self) -> i32 {
+        // SAFETY: reads the model's metadata.
+        unsafe { sys::llama_model_n_layer(self.as_ptr()) }
+    }
+
+    pub fn description(&self) -> String {
+        let mut buf = vec![0u8; 256];
+        // SAFETY: writes at most `buf.len()` bytes (NUL included) and returns the length.
+        let n = unsafe { sys::llama_model_desc(self.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        buf.truncate(n.clamp(0, buf.len() as i32 - 1) as usize);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// The chat template stored in the GGUF, if any.
+    pub fn chat_template(&self) -> Option<String> {
+        // SAFETY: returns a NUL-terminated string owned by the model, or null.
+        let p = unsafe { sys::llama_model_chat_template(self.as_ptr(), std::ptr::null()) };
+        // SAFETY: non-null, NUL-terminated and alive as long as `self`; copied at once.
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: every context using the weights holds an `Arc<Model>`, so none is left.
+        unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+    }
+}

@@ -1,0 +1,344 @@
+//! The `SessionContext` class: the per-context engine behind its worker, how members reach it
+//! (synchronously on the JS thread, or queued in call order), lifecycle and properties. The
+//! context is created in load.rs; every other JS domain adds its members in its own file.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use napi::bindgen_prelude::*;
+use napi::Env;
+use napi_derive::napi;
+
+use super::convert::{self, js, BranchIds, Result};
+use super::logits_view::LogitsView;
+use super::metrics::Trackers;
+use super::sampling::SamplingHandles;
+use super::worker::{self, rejected, Shared, Worker};
+use crate::engine::decode::{decode_runs, Run, RunOutput};
+use crate::engine::pool::Pool;
+use crate::engine::store::BranchStore;
+use crate::error::Error;
+use crate::llama::{Batch, Context, Model, Token};
+
+/// What the worker owns: the llama.cpp context, its branches and its thread pool.
+pub struct Engine {
+    pub ctx: Context,
+    pub store: BranchStore,
+    pub pool: Pool,
+    /// Scratch for raw decodes (branch decodes use the store's).
+    batch: Batch,
+    /// Branches whose JS objects were garbage-collected while the context was busy.
+    released: Released,
+}
+
+/// Handles of garbage-collected branches waiting to be freed: the JS finalizer may run at any
+/// time, but the free must not run in the middle of a queued operation or make a later
+/// synchronous call busy, so it is recorded here and done before the next operation starts.
+pub type Released = Arc<Mutex<Vec<crate::engine::handles::Handle>>>;
+
+impl Engine {
+    pub(super) fn new(ctx: Context, store: BranchStore, pool: Pool, released: Released) -> Engine {
+        Engine {
+            ctx,
+            store,
+            pool,
+            batch: Batch::default(),
+            released,
+        }
+    }
+
+    /// Frees the branches garbage-collected since the last operation (see `Released`).
+    fn free_released(&mut self) {
+        let handles = match self.released.lock() {
+            Ok(mut list) => std::mem::take(&mut *list),
+            Err(_) => return,
+        };
+        for h in handles {
+            if self.store.is_live(h) {
+                // A branch the store still holds can always be pruned; nothing to report.
+                let _ = self.store.prune(&self.ctx, h);
+            }
+        }
+    }
+
+    /// A raw decode (sequences no branch leases) through the one decode engine, with the
+    /// context's limits and plan.
+    pub fn decode(
+        &mut self,
+        runs: &[Run],
+        cancel: &dyn Fn() -> bool,
+        on_outputs: &mut dyn FnMut(&Context, &[RunOutput]) -> crate::error::Result<()>,
+    ) -> crate::error::Result<()> {
+        let limits = self.store.limits(&self.ctx);
+        decode_runs(
+            &mut self.ctx,
+            &mut self.batch,
+            runs,
+            limits,
+            cancel,
+            on_outputs,
+        )
+    }
+}
+
+/// Context ids tag branch handles (see `BranchIds`).
+fn next_context_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed) % (convert::MAX_CONTEXT_ID - 1) + 1
+}
+
+#[derive(Clone, Copy)]
+pub struct ContextInfo {
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    pub n_seq_max: u32,
+    pub n_vocab: i32,
+    pub embeddings: bool,
+    /// `llama_pooling_type` of the context (fixed at creation).
+    pub pooling: i32,
+}
+
+#[napi]
+pub struct SessionContext {
+    pub(super) shared: Arc<Shared<Engine>>,
+    worker: Option<Worker>,
+    pub(super) info: ContextInfo,
+    pub(super) ids: BranchIds,
+    /// getTurnSeparator(), computed on first use.
+    pub(super) turn_separator: OnceLock<Vec<Token>>,
+    /// The zero-copy view handed out by `getLogits()` (JS thread only).
+    pub(super) logits_view: RefCell<LogitsView>,
+    /// `ctx.sample()`'s chain and the grammar sampler handles (napi/sampling.rs).
+    pub(super) sampling: SamplingHandles,
+    /// Perplexity tracker handles (napi/metrics.rs).
+    pub(super) trackers: Trackers,
+    /// Garbage-collected branches to free before the next operation (shared with the engine).
+    pub(super) released: Released,
+    /// Declared last so the weights outlive every sampler above when the object is collected.
+    pub(super) model: Arc<Model>,
+}
+
+impl SessionContext {
+    pub(super) fn new(
+        shared: Arc<Shared<Engine>>,
+        worker: Worker,
+        info: ContextInfo,
+        released: Released,
+        model: Arc<Model>,
+    ) -> SessionContext {
+        SessionContext {
+            shared,
+            worker: Some(worker),
+            info,
+            ids: BranchIds::new(next_context_id()),
+            turn_separator: OnceLock::new(),
+            logits_view: Default::default(),
+            sampling: SamplingHandles::default(),
+            trackers: Trackers::default(),
+            released,
+            model,
+        }
+    }
+
+    /// Runs `f` on the engine now, on the JS thread (see `Shared::with_engine`).
+    pub(super) fn sync<T>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&mut Engine) -> crate::error::Result<T>,
+    ) -> Result<T> {
+        self.shared
+            .with_engine(what, |e| {
+                e.free_released();
+                f(e)
+            })
+            .map_err(js)
+    }
+
+    pub(super) fn live(&self) -> crate::error::Result<()> {
+        if self.shared.disposed.load(Ordering::Acquire) {
+            return Err(Error::ContextDisposed);
+        }
+        Ok(())
+    }
+
+    /// Queues work on the worker and returns its Promise. `prepare` checks the arguments on the
+    /// JS thread and returns the job; its error rejects the Promise (never a throw). Any
+    /// outstanding `getLogits()` view is revoked first, since the job may rewrite the logits.
+    pub(super) fn spawn<'env, T, W>(
+        &self,
+        env: &'env Env,
+        prepare: impl FnOnce() -> crate::error::Result<W>,
+    ) -> Result<Object<'env>>
+    where
+        T: ToNapiValue + Send + 'static,
+        W: FnOnce(&mut Engine) -> crate::error::Result<T> + Send + 'static,
+    {
+        self.revoke_logits_view(env);
+        self.spawn_keeping_logits(env, prepare)
+    }
+
+    /// `spawn` for jobs that never touch the context's logits (tokenizer work, state reads).
+    pub(super) fn spawn_keeping_logits<'env, T, W>(
+        &self,
+        env: &'env Env,
+        prepare: impl FnOnce() -> crate::error::Result<W>,
+    ) -> Result<Object<'env>>
+    where
+        T: ToNapiValue + Send + 'static,
+        W: FnOnce(&mut Engine) -> crate::error::Result<T> + Send + 'static,
+    {
+        let work = match self.live().and_then(|_| prepare()) {
+            Ok(work) => work,
+            Err(e) => return rejected::<T>(env, e),
+        };
+        match &self.worker {
+            Some(w) => w.submit(env, &self.shared, |e: &mut Engine| {
+                e.free_released();
+                work(e)
+            }),
+            None => rejected::<T>(env, Error::ContextDisposed),
+        }
+    }
+
+    /// Frees branches in call order: now, on the JS thread, when no operation is queued (the
+    /// same place in the order the worker would give it), otherwise after the queued ones. The
+    /// Promise resolves with the freed handles; `prepare` works as in `spawn`.
+    pub(super) fn free_in_order<'env, W>(
+        &self,
+        env: &'env Env,
+        prepare: impl FnOnce() -> crate::error::Result<W>,
+    ) -> Result<Object<'env>>
+    where
+        W: FnOnce(&mut Engine) -> crate::error::Result<Vec<f64>> + Send + 'static,
+    {
+        let work = match self.live().and_then(|_| prepare()) {
+            Ok(work) => work,
+            Err(e) => return rejected::<Vec<f64>>(env, e),
+        };
+        let (settle, promise) = worker::deferred::<Vec<f64>>(env)?;
+        match &self.worker {
+            Some(w) => w.run_now_or_enqueue(
+                &self.shared,
+                |e: &mut Engine| {
+                    e.free_released();
+                    work(e)
+                },
+                settle,
+            ),
+            None => settle(Err(Error::ContextDisposed)),
+        }
+        Ok(promise)
+    }
+
+    pub(super) fn revoke_logits_view(&self, env: &Env) {
+        if let Ok(mut view) = self.logits_view.try_borrow_mut() {
+            view.revoke(env);
+        }
+    }
+
+    pub(super) fn tokens(&self, values: &[f64]) -> crate::error::Result<Vec<Token>> {
+        convert::tokens_from(values, self.info.n_vocab)
+    }
+
+    pub(super) fn token(&self, v: f64) -> crate::error::Result<Token> {
+        crate::engine::sampling::config::token(v, self.info.n_vocab, "")
+    }
+}
+
+#[napi]
+impl SessionContext {
+    #[napi(getter)]
+    pub fn vocab_size(&self) -> Result<i32> {
+        self.live().map_err(js)?;
+        Ok(self.info.n_vocab)
+    }
+
+    #[napi(getter)]
+    pub fn memory_size(&self) -> Result<f64> {
+        self.live().map_err(js)?;
+        Ok(self.model.size_bytes() as f64)
+    }
+
+    #[napi(getter)]
+    pub fn n_ctx(&self) -> Result<u32> {
+        self.live().map_err(js)?;
+        Ok(self.info.n_ctx)
+    }
+
+    #[napi(getter)]
+    pub fn n_batch(&self) -> Result<u32> {
+        self.live().map_err(js)?;
+        Ok(self.info.n_batch)
+    }
+
+    #[napi(getter)]
+    pub fn n_seq_max(&self) -> Result<u32> {
+        self.live().map_err(js)?;
+        Ok(self.info.n_seq_max)
+    }
+
+    #[napi(getter)]
+    pub fn disposed(&self) -> bool {
+        self.shared.disposed.load(Ordering::Acquire)
+    }
+
+    /// The model's sliding-window attention span in positions (0 when it has none): `forkAt`
+    /// below a branch's position is refused once the branch is past it.
+    #[napi(getter)]
+    pub fn sliding_window(&self) -> Result<u32> {
+        self.live().map_err(js)?;
+        Ok(self.model.n_swa())
+    }
+
+    #[napi(getter)]
+    pub fn model_description(&self) -> Result<String> {
+        self.live().map_err(js)?;
+        Ok(self.model.description())
+    }
+
+    /// Frees the context. Idempotent. A running operation finishes first; queued ones reject.
+    #[napi]
+    pub fn dispose(&mut self, env: &Env) {
+        if self.shared.disposed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.revoke_logits_view(env);
+        if let Some(mut w) = self.worker.take() {
+            w.close();
+        }
+        self.sampling.clear();
+        self.trackers.clear();
+        // Free now when nothing is in flight; otherwise the worker frees it after its last job.
+        if self.shared.queued() == 0 {
+            if let Ok(mut guard) = self.shared.engine.try_lock() {
+                guard.take();
+            }
+        }
+    }
+
+    /// Whether pairs of single-token branches decode as two 1-row batches on this machine
+    /// (measured when the context was created).
+    #[napi(getter, js_name = "_splitPairs")]
+    pub fn _split_pairs(&self) -> Result<bool> {
+        self.sync("_splitPairs", |e| Ok(e.store.split_pairs()))
+    }
+
+    /// Throws the error `code` names, with the message defined in `error.rs`: for the few checks
+    /// lib/ makes before reaching native code (a wrapper already disposed), so that JS never
+    /// repeats a message.
+    #[napi(js_name = "_throwCoded")]
+    pub fn _throw_coded(&self, code: String) -> Result<()> {
+        let error = match code.as_str() {
+            "ERR_BRANCH_DISPOSED" => Error::BranchDisposed,
+            "ERR_CONTEXT_DISPOSED" => Error::ContextDisposed,
+            other => Error::Internal(format!("_throwCoded does not know {other}")),
+        };
+        Err(js(error))
+    }
+
+    #[napi(getter, js_name = "_embeddings")]
+    pub fn _embeddings(&self) -> bool {
+        self.info.embeddings
+    }
+}

@@ -1,0 +1,253 @@
+//! `createContext` and the module-level functions: option resolution, model loading (models
+//! are shared between contexts on the same file), the calibration of machine-dependent plans,
+//! logging and system info.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use napi::bindgen_prelude::*;
+use napi::Env;
+use napi_derive::napi;
+
+use super::context::{ContextInfo, Engine, Released, SessionContext};
+use super::convert::{js, opt_int, Arg, Result};
+use super::worker::{self, rejected, Shared, Worker};
+use crate::engine::calibrate;
+use crate::engine::pool::Pool;
+use crate::engine::store::BranchStore;
+use crate::error::Error;
+use crate::llama::{self, Context, ContextConfig, Model, ModelParams};
+
+#[napi(object)]
+pub struct ContextOptions {
+    pub model_path: String,
+    pub n_ctx: Option<f64>,
+    pub n_batch: Option<f64>,
+    pub n_threads: Option<f64>,
+    pub n_seq_max: Option<f64>,
+    pub embeddings: Option<bool>,
+    pub pooling_type: Option<f64>,
+    pub use_mmap: Option<bool>,
+    /// llama.cpp log level: "none" (default), "error", "warn", "info", "debug".
+    pub log_level: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model sharing: contexts on the same file and load settings share one llama_model.
+
+type ModelKey = (String, bool);
+
+fn acquire_model(path: &str, use_mmap: bool) -> crate::error::Result<Arc<Model>> {
+    static CACHE: OnceLock<Mutex<HashMap<ModelKey, Weak<Model>>>> = OnceLock::new();
+    // Holding the lock across a load makes a second caller wait and then share the result.
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| Error::Internal("model cache lock poisoned".into()))?;
+    let key = (path.to_string(), use_mmap);
+    if let Some(model) = cache.get(&key).and_then(Weak::upgrade) {
+        return Ok(model);
+    }
+    let params = ModelParams {
+        use_mmap,
+        n_gpu_layers: 999,
+    };
+    let model = Arc::new(Model::load(path, &params)?);
+    cache.retain(|_, w| w.strong_count() > 0);
+    cache.insert(key, Arc::downgrade(&model));
+    Ok(model)
+}
+
+fn check_model_file(path: &str) -> crate::error::Result<()> {
+    use std::io::Read;
+    let p = Path::new(path);
+    if !p.is_file() {
+        return Err(Error::ModelNotFound(path.to_string()));
+    }
+    let mut magic = [0u8; 4];
+    let ok = std::fs::File::open(p)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok();
+    if !ok || &magic != b"GGUF" {
+        return Err(Error::ModelLoad(format!(
+            "{path} (the file does not start with the GGUF magic bytes)"
+        )));
+    }
+    Ok(())
+}
+
+/// `ContextOptions` resolved and validated.
+struct Resolved {
+    path: String,
+    use_mmap: bool,
+    config: ContextConfig,
+    log_level: Option<i32>,
+}
+
+fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
+    let path = o
+        .model_path
+        .strip_prefix("file://")
+        .unwrap_or(&o.model_path)
+        .to_string();
+    if path.is_empty() {
+        return Err(Error::invalid(
+            "options.modelPath is required (a path to a .gguf file)",
+        ));
+    }
+    let n_ctx = opt_int("nCtx", o.n_ctx, 2048, 16, 1 << 24)? as u32;
+    let n_batch = opt_int("nBatch", o.n_batch, 512, 1, 1 << 20)? as u32;
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as i64;
+    let n_threads = opt_int("nThreads", o.n_threads, cores, 1, 1024)? as i32;
+    let n_seq_max = opt_int("nSeqMax", o.n_seq_max, 1, 1, 256)? as u32;
+    let embeddings = o.embeddings.unwrap_or(false);
+    let pooling_type = opt_int(
+        "poolingType",
+        o.pooling_type,
+        if embeddings { 1 } else { 0 },
+        -1,
+        4,
+    )? as i32;
+    let log_level = o.log_level.as_deref().map(log_level_from).transpose()?;
+    // Logits rows per decode never exceed the number of sequences (one per branch), except for
+    // embedding contexts, which output every token. Sizing this by n_batch would reserve
+    // n_batch × n_vocab floats of compute buffer (≈ 0.5 GB for a 262k vocabulary).
+    let n_outputs_max = if embeddings {
+        n_batch
+    } else {
+        n_seq_max.max(1)
+    };
+    Ok(Resolved {
+        path,
+        use_mmap: o.use_mmap.unwrap_or(true),
+        config: ContextConfig {
+            n_ctx,
+            n_batch,
+            n_seq_max,
+            n_threads,
+            embeddings,
+            pooling_type,
+            n_outputs_max,
+        },
+        log_level,
+    })
+}
+
+fn log_level_from(level: &str) -> crate::error::Result<i32> {
+    llama::parse_log_level(level).ok_or_else(|| {
+        Error::invalid(format!(
+            "logLevel must be one of none, error, warn, info, debug; got \"{level}\""
+        ))
+    })
+}
+
+/// Whether pairs of single-token branches decode faster as two 1-row batches with this model,
+/// thread count and device: measured on the new context's empty sequences, once per process.
+fn measure_pair_plan(ctx: &mut Context, r: &Resolved) -> crate::error::Result<bool> {
+    if r.config.n_seq_max < 2 || r.config.embeddings {
+        return Ok(false);
+    }
+    let key = format!("{}|{}|{}", r.path, r.use_mmap, r.config.n_threads);
+    let token = ctx.model.bos_token().unwrap_or(0);
+    calibrate::cached(&key, || calibrate::pair_split_is_faster(ctx, token))
+}
+
+fn load_context(
+    resolved: Resolved,
+    shared: Arc<Shared<Engine>>,
+    worker: Worker,
+) -> crate::error::Result<SessionContext> {
+    check_model_file(&resolved.path)?;
+    let model = acquire_model(&resolved.path, resolved.use_mmap)?;
+    let mut ctx = Context::new(model.clone(), &resolved.config)?;
+    let split_pairs = measure_pair_plan(&mut ctx, &resolved)?;
+    let info = ContextInfo {
+        n_ctx: ctx.n_ctx(),
+        n_batch: ctx.n_batch(),
+        n_seq_max: ctx.n_seq_max(),
+        n_vocab: model.n_vocab,
+        embeddings: resolved.config.embeddings,
+        pooling: ctx.pooling_type(),
+    };
+    let pool = Pool::new(ctx.n_threads());
+    let store = BranchStore::new(info.n_seq_max, split_pairs);
+    let released = Released::default();
+    *shared
+        .engine
+        .lock()
+        .map_err(|_| Error::Internal("lock poisoned".into()))? =
+        Some(Engine::new(ctx, store, pool, released.clone()));
+    Ok(SessionContext::new(shared, worker, info, released, model))
+}
+
+/// Loads the model (shared with contexts on the same file) and creates a context, off the
+/// main thread. Rejects with a coded error; never throws.
+#[napi(js_name = "createContext", ts_return_type = "Promise<SessionContext>")]
+pub fn create_context<'env>(
+    env: &'env Env,
+    #[napi(ts_arg_type = "ContextOptions")] options: Arg<ContextOptions>,
+) -> Result<Object<'env>> {
+    let resolved = options
+        .get(
+            "createContext: options",
+            "a ContextOptions object with a string modelPath",
+        )
+        .and_then(|o| resolve_options(&o));
+    let resolved = match resolved {
+        Ok(r) => r,
+        Err(e) => return rejected::<SessionContext>(env, e),
+    };
+    if let Some(level) = resolved.log_level {
+        llama::set_log_threshold(level);
+    }
+    let (settle, promise) = worker::deferred::<SessionContext>(env)?;
+    let shared: Arc<Shared<Engine>> = Arc::new(Shared::default());
+    let worker = Worker::spawn(shared.clone(), "llama-branch-ctx".into()).map_err(|e| {
+        js(Error::Internal(format!(
+            "cannot start the worker thread: {e}"
+        )))
+    })?;
+    // The load runs on a short-lived loader thread. On success the session (which owns the
+    // worker) travels to JS through the resolver; a failed load drops the worker, whose thread
+    // then exits.
+    std::thread::Builder::new()
+        .name("llama-branch-load".into())
+        .spawn(move || {
+            settle(worker::run_guarded(|| {
+                load_context(resolved, shared, worker)
+            }));
+        })
+        .map_err(|e| {
+            js(Error::Internal(format!(
+                "cannot start the loader thread: {e}"
+            )))
+        })?;
+    Ok(promise)
+}
+
+#[napi(js_name = "setLogLevel")]
+pub fn set_log_level(level: String) -> Result<()> {
+    llama::set_log_threshold(log_level_from(&level).map_err(js)?);
+    Ok(())
+}
+
+#[napi(js_name = "systemInfo")]
+pub fn system_info() -> String {
+    llama::system_info()
+}
+
+/// Called by the JS loader (lib/loader.js) right after loading the addon, with the folder of the
+/// .node: a prebuilt's backend modules sit there. Returns the number of compute devices.
+#[napi(js_name = "_setBackendDir")]
+pub fn set_backend_dir(dir: String) -> u32 {
+    llama::init_backend_from_dir(&dir) as u32
+}
+
+/// Every error `code` the addon can produce (for tooling and the typings test).
+#[napi(js_name = "errorCodes")]
+pub fn error_codes() -> Vec<&'static str> {
+    Error::codes()
+}

@@ -1,0 +1,20 @@
+//! The napi surface: one file per JS domain, each adding members to `SessionContext` (or module
+//! functions), converting JS values at the boundary and calling the engine. lib/ wraps the
+//! `_`-prefixed members; the rest are public.
+
+pub mod bench;
+pub mod branch;
+pub mod cancel;
+pub mod chat;
+pub mod context;
+pub mod convert;
+pub mod embeddings;
+pub mod load;
+pub mod logits_view;
+pub mod metrics;
+pub mod raw;
+pub mod sampling;
+pub mod state;
+pub mod store;
+pub mod tokenizer;
+pub mod worker;

@@ -1,0 +1,225 @@
+//! Per-sequence state on `SessionContext`: save/load of one sequence's KV cells, in memory and
+//! in files. Lease rule (as for raw decodes): reading a sequence's state works on any sequence;
+//! loading into one refuses a sequence leased by a live branch (its position must keep
+//! mirroring its KV).
+
+use napi::bindgen_prelude::*;
+use napi::Env;
+use napi_derive::napi;
+
+use super::context::{Engine, SessionContext};
+use super::convert::{seq_from, Arg, Result};
+use super::raw::ensure_unleased;
+use crate::engine::state_file::{parse_state_file, state_file_bytes};
+use crate::error::Error;
+use crate::llama::{self, SeqId};
+
+/// Replaces the cells of `seq` by running `load`; on any failure the sequence gets its previous
+/// cells back (llama.cpp's loaders empty the destination before they validate the data).
+fn load_atomically<T>(
+    ctx: &llama::Context,
+    seq: SeqId,
+    load: impl FnOnce(&llama::Context) -> crate::error::Result<T>,
+) -> crate::error::Result<T> {
+    let backup = if ctx.seq_pos_max(seq) >= 0 {
+        Some(ctx.seq_state(seq)?)
+    } else {
+        None
+    };
+    ctx.seq_rm(seq, -1, -1);
+    let result = load(ctx).and_then(|value| {
+        let (min, max) = (ctx.seq_pos_min(seq), ctx.seq_pos_max(seq));
+        if max >= 0 && (min < 0 || max >= ctx.n_ctx() as i32) {
+            return Err(Error::State(format!(
+                "the loaded state holds positions {min}..{max}, outside this context's [0, nCtx = {})",
+                ctx.n_ctx()
+            )));
+        }
+        Ok(value)
+    });
+    if result.is_err() {
+        ctx.seq_rm(seq, -1, -1);
+        if let Some(previous) = backup {
+            ctx.set_seq_state(seq, &previous);
+        }
+    }
+    result
+}
+
+fn ensure_not_empty(engine: &Engine, seq: SeqId) -> crate::error::Result<()> {
+    if engine.ctx.seq_pos_max(seq) < 0 {
+        return Err(Error::invalid(format!(
+            "sequence {seq} is empty: there is no state to save; decode into it first"
+        )));
+    }
+    Ok(())
+}
+
+fn check_path(path: &str) -> crate::error::Result<()> {
+    if path.is_empty() {
+        return Err(Error::invalid("path must be a non-empty file path"));
+    }
+    Ok(())
+}
+
+/// Loads a `kvCacheSave` buffer into `seq` (inside [`load_atomically`]).
+fn load_state(
+    ctx: &llama::Context,
+    seq: SeqId,
+    data: &[u8],
+    what: &str,
+) -> crate::error::Result<()> {
+    let read = ctx.set_seq_state(seq, data);
+    if read == 0 {
+        return Err(Error::State(format!(
+            "{what}: llama.cpp rejected the state: it is truncated, corrupt, from another model or context configuration, or too large for the free KV cells; sequence {seq} is unchanged"
+        )));
+    }
+    if read != data.len() {
+        return Err(Error::State(format!(
+            "{what}: the state has {} unexpected trailing bytes; sequence {seq} is unchanged",
+            data.len() - read
+        )));
+    }
+    Ok(())
+}
+
+fn read_file(path: &str) -> crate::error::Result<Vec<u8>> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| Error::invalid(format!("cannot open the state file {path}: {e}")))?;
+    if !meta.is_file() {
+        return Err(Error::invalid(format!(
+            "cannot open the state file {path}: not a regular file"
+        )));
+    }
+    std::fs::read(path)
+        .map_err(|e| Error::invalid(format!("cannot open the state file {path}: {e}")))
+}
+
+#[napi(object)]
+pub struct KvFileContents {
+    /// The tokens stored next to the state by `kvCacheWriteFile`.
+    pub tokens: Vec<i32>,
+    /// Size of the file read, in bytes.
+    pub bytes_read: f64,
+}
+
+#[napi]
+impl SessionContext {
+    /// The state of one sequence (its KV cells) as a Buffer for `kvCacheLoad`.
+    #[napi(ts_args_type = "seqId?: number", ts_return_type = "Promise<Buffer>")]
+    pub fn kv_cache_save<'env>(
+        &self,
+        env: &'env Env,
+        seq_id: Arg<Option<f64>>,
+    ) -> Result<Object<'env>> {
+        self.spawn_keeping_logits(env, || {
+            let seq = seq_from(
+                seq_id
+                    .get("kvCacheSave: seqId", "a sequence id")?
+                    .unwrap_or(0.0),
+                self.info.n_seq_max,
+            )?;
+            Ok(move |e: &mut Engine| {
+                ensure_not_empty(e, seq)?;
+                Ok(Buffer::from(e.ctx.seq_state(seq)?))
+            })
+        })
+    }
+
+    /// Replaces sequence `seqId`'s cells with a state from `kvCacheSave`.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn kv_cache_load<'env>(
+        &self,
+        env: &'env Env,
+        #[napi(ts_arg_type = "number")] seq_id: Arg<f64>,
+        #[napi(ts_arg_type = "Buffer | Uint8Array")] state: Arg<Buffer>,
+    ) -> Result<Object<'env>> {
+        self.spawn(env, || {
+            let seq = seq_from(seq_id.get("kvCacheLoad: seqId", "a sequence id")?, self.info.n_seq_max)?;
+            let data = state.get("kvCacheLoad: state", "a Buffer from kvCacheSave")?.to_vec();
+            if data.is_empty() {
+                return Err(Error::invalid(
+                    "kvCacheLoad: the state buffer is empty; pass a Buffer from kvCacheSave",
+                ));
+            }
+            if data.len() < 8 || data[..4] != llama::SEQ_STATE_MAGIC.to_le_bytes() {
+                return Err(Error::State(
+                    "kvCacheLoad: the buffer is not a sequence state from kvCacheSave (wrong header)"
+                        .into(),
+                ));
+            }
+            Ok(move |e: &mut Engine| {
+                ensure_unleased(e, seq, "kvCacheLoad")?;
+                load_atomically(&e.ctx, seq, |ctx| load_state(ctx, seq, &data, "kvCacheLoad"))
+            })
+        })
+    }
+
+    /// Writes sequence `seqId`'s state and `tokens` to `path`; resolves the bytes written.
+    #[napi(ts_return_type = "Promise<number>")]
+    pub fn kv_cache_write_file<'env>(
+        &self,
+        env: &'env Env,
+        #[napi(ts_arg_type = "number")] seq_id: Arg<f64>,
+        #[napi(ts_arg_type = "string")] path: Arg<String>,
+        #[napi(ts_arg_type = "number[]")] tokens: Arg<Vec<f64>>,
+    ) -> Result<Object<'env>> {
+        self.spawn_keeping_logits(env, || {
+            let seq = seq_from(
+                seq_id.get("kvCacheWriteFile: seqId", "a sequence id")?,
+                self.info.n_seq_max,
+            )?;
+            let path = path.get("kvCacheWriteFile: path", "a file path")?;
+            check_path(&path)?;
+            let tokens =
+                self.tokens(&tokens.get("kvCacheWriteFile: tokens", "an array of token ids")?)?;
+            if tokens.len() > self.info.n_ctx as usize {
+                return Err(Error::invalid(format!(
+                    "kvCacheWriteFile: {} tokens exceed nCtx = {}",
+                    tokens.len(),
+                    self.info.n_ctx
+                )));
+            }
+            Ok(move |e: &mut Engine| {
+                ensure_not_empty(e, seq)?;
+                let bytes = state_file_bytes(&tokens, &e.ctx.seq_state(seq)?);
+                std::fs::write(&path, &bytes).map_err(|err| {
+                    Error::invalid(format!("cannot write the state file {path}: {err}"))
+                })?;
+                Ok(bytes.len() as f64)
+            })
+        })
+    }
+
+    /// Loads a `kvCacheWriteFile` file into sequence `seqId`; resolves `{tokens, bytesRead}`.
+    #[napi(ts_return_type = "Promise<KvFileContents>")]
+    pub fn kv_cache_read_file<'env>(
+        &self,
+        env: &'env Env,
+        #[napi(ts_arg_type = "number")] seq_id: Arg<f64>,
+        #[napi(ts_arg_type = "string")] path: Arg<String>,
+    ) -> Result<Object<'env>> {
+        let (n_ctx, n_vocab) = (self.info.n_ctx, self.info.n_vocab);
+        self.spawn(env, || {
+            let seq = seq_from(
+                seq_id.get("kvCacheReadFile: seqId", "a sequence id")?,
+                self.info.n_seq_max,
+            )?;
+            let path = path.get("kvCacheReadFile: path", "a file path")?;
+            check_path(&path)?;
+            Ok(move |e: &mut Engine| {
+                ensure_unleased(e, seq, "kvCacheReadFile")?;
+                let bytes = read_file(&path)?;
+                let (tokens, state) = parse_state_file(&path, &bytes, seq, n_ctx, n_vocab)?;
+                load_atomically(&e.ctx, seq, |ctx| {
+                    load_state(ctx, seq, &state, &format!("kvCacheReadFile({path})"))
+                })?;
+                Ok(KvFileContents {
+                    tokens,
+                    bytes_read: bytes.len() as f64,
+                })
+            })
+        })
+    }
+}

@@ -1,0 +1,148 @@
+//! The store members of `SessionContext` behind lib/BranchStore.js: batched produce, commit and
+//! prefill, retainOnly, leases and KV pressure.
+
+use napi::bindgen_prelude::*;
+use napi::Env;
+use napi_derive::napi;
+
+use super::branch::Produced;
+use super::cancel::{run_cancellable, CancelArg};
+use super::context::{Engine, SessionContext};
+use super::convert::{js, Arg, Result};
+use crate::error::Error;
+
+#[napi(object)]
+pub struct KvPressureInfo {
+    pub n_ctx: u32,
+    pub cells_used: u32,
+    pub remaining: u32,
+}
+
+#[napi]
+impl SessionContext {
+    /// Samples several branches in one native call.
+    #[napi(js_name = "_storeProduce")]
+    pub fn _store_produce(&self, handles: Vec<f64>) -> Result<Vec<Produced>> {
+        let handles = self.ids.from_js_all(&handles).map_err(js)?;
+        let sampled = self.sync("store.produce", |e| {
+            Ok(e.store.sample_many(&handles, &e.pool))
+        })?;
+        handles
+            .iter()
+            .zip(sampled)
+            .map(|(&h, sampled)| {
+                let token = sampled.map_err(js)?.ok_or_else(|| {
+                    js(Error::Grammar(format!(
+                        "branch {}: every candidate is masked (grammar, bias or steer)",
+                        self.ids.to_js(h)
+                    )))
+                })?;
+                Ok(self.produced(token))
+            })
+            .collect()
+    }
+
+    /// One token per branch: each is accepted into its branch, then ONE decode for all.
+    #[napi(js_name = "_storeCommit", ts_return_type = "Promise<void>")]
+    pub fn _store_commit<'env>(
+        &self,
+        env: &'env Env,
+        #[napi(ts_arg_type = "number[]")] handles: Arg<Vec<f64>>,
+        #[napi(ts_arg_type = "number[]")] tokens: Arg<Vec<f64>>,
+        #[napi(ts_arg_type = "CancelToken | undefined")] cancel: CancelArg,
+    ) -> Result<Object<'env>> {
+        self.spawn(env, || {
+            let flag = cancel.get("_storeCommit")?;
+            let handles = self.ids.from_js_all(
+                &handles.get("_storeCommit: handles", "an array of branch handles")?,
+            )?;
+            let tokens =
+                self.tokens(&tokens.get("_storeCommit: tokens", "an array of token ids")?)?;
+            if handles.len() != tokens.len() {
+                return Err(Error::invalid(
+                    "handles and tokens must have the same length",
+                ));
+            }
+            let items: Vec<_> = handles.into_iter().zip(tokens).collect();
+            Ok(move |e: &mut Engine| {
+                run_cancellable(e, flag, |e, cancel| {
+                    e.store.commit(&mut e.ctx, &e.pool, &items, true, cancel)
+                })
+            })
+        })
+    }
+
+    /// Token runs for several branches, bin-packed into nBatch-sized decodes; no accept.
+    #[napi(js_name = "_storePrefill", ts_return_type = "Promise<void>")]
+    pub fn _store_prefill<'env>(
+        &self,
+        env: &'env Env,
+        #[napi(ts_arg_type = "number[]")] handles: Arg<Vec<f64>>,
+        #[napi(ts_arg_type = "number[][]")] token_arrays: Arg<Vec<Vec<f64>>>,
+        #[napi(ts_arg_type = "CancelToken | undefined")] cancel: CancelArg,
+    ) -> Result<Object<'env>> {
+        self.spawn(env, || {
+            let flag = cancel.get("_storePrefill")?;
+            let handles = self.ids.from_js_all(
+                &handles.get("_storePrefill: handles", "an array of branch handles")?,
+            )?;
+            let arrays =
+                token_arrays.get("_storePrefill: tokens", "an array of token-id arrays")?;
+            if handles.len() != arrays.len() {
+                return Err(Error::invalid(
+                    "handles and token arrays must have the same length",
+                ));
+            }
+            let items = handles
+                .into_iter()
+                .zip(arrays)
+                .map(|(h, t)| Ok((h, self.tokens(&t)?)))
+                .collect::<crate::error::Result<Vec<_>>>()?;
+            Ok(move |e: &mut Engine| {
+                run_cancellable(e, flag, |e, cancel| {
+                    e.store.prefill(&mut e.ctx, &items, None, cancel)
+                })
+            })
+        })
+    }
+
+    /// Keeps only `winner` (one `seq_keep` pass), in call order; resolves the freed handles.
+    #[napi(js_name = "_storeRetainOnly", ts_return_type = "Promise<number[]>")]
+    pub fn _store_retain_only<'env>(
+        &self,
+        env: &'env Env,
+        #[napi(ts_arg_type = "number")] handle: Arg<f64>,
+    ) -> Result<Object<'env>> {
+        let ids = self.ids;
+        self.free_in_order(env, || {
+            let h = ids.from_js(handle.get("_storeRetainOnly: handle", "a branch handle")?)?;
+            Ok(move |e: &mut Engine| Ok(ids.to_js_all(&e.store.retain_only(&e.ctx, h)?)))
+        })
+    }
+
+    #[napi(js_name = "_storeAvailable")]
+    pub fn _store_available(&self) -> Result<u32> {
+        self.sync("available", |e| Ok(e.store.available(&e.ctx)))
+    }
+
+    #[napi(js_name = "_storeKvPressure")]
+    pub fn _store_kv_pressure(&self) -> Result<KvPressureInfo> {
+        self.sync("kvPressure", |e| {
+            let p = e.store.kv_pressure(&e.ctx);
+            Ok(KvPressureInfo {
+                n_ctx: p.n_ctx,
+                cells_used: p.cells_used,
+                remaining: p.remaining,
+            })
+        })
+    }
+
+    #[napi(js_name = "_storeLiveHandles")]
+    pub fn _store_live_handles(&self) -> Result<Vec<f64>> {
+        let ids = self.ids;
+        self.sync(
+            "liveHandles",
+            |e| Ok(ids.to_js_all(&e.store.live_handles())),
+        )
+    }
+}

@@ -1,0 +1,81 @@
+'use strict';
+
+// Programs written in the reference's call patterns (test/compat/*.js, our own code) run
+// unchanged as child processes; each prints one JSON object whose contents are checked here.
+
+const assert = require('node:assert/strict');
+const path = require('node:path');
+const { execFile } = require('node:child_process');
+const { MODEL } = require('./helpers');
+
+function runProgram(name) {
+  return new Promise((resolve, reject) => {
+    execFile(process.execPath, [path.join(__dirname, 'compat', name)], { env: { ...process.env, LLAMA_TEST_MODEL: MODEL }, timeout: 240000 }, (err, stdout, stderr) => {
+      if (err) return reject(new Error(`${name} failed: ${err.message}\n${stderr}`));
+      const line = stdout.trim().split('\n').pop();
+      resolve(JSON.parse(line));
+    });
+  });
+}
+
+describe('compatibility: programs in the reference style run unchanged', function () {
+  this.timeout(300000);
+
+  it('un-awaited commits, store.commit, prune and retainOnly followed by sync calls', async function () {
+    const r = await runProgram('unawaited.js');
+    assert.ok(r.text.trim().length > 0, 'generated text');
+    assert.equal(r.afterLoop, r.promptLength + 6, 'the position read after un-awaited commits counts all of them');
+    assert.deepEqual(r.positions, [r.afterLoop + 1, r.afterLoop + 1], 'store.commit ran before the getters');
+    assert.equal(r.refork, 1, 'the un-awaited prune freed sequence 1 before the next fork');
+    assert.deepEqual(r.survivors, { root: false, again: true, available: 3 });
+    assert.equal(r.kv, r.afterLoop, 'the KV of sequence 0 ends where the root is');
+  });
+
+  it('ctx.jsonSchemaToGrammar and the sync twins', async function () {
+    const r = await runProgram('sync-twins.js');
+    assert.equal(r.sameGrammar, true);
+    assert.equal(r.promptHasUser, true);
+    assert.equal(typeof JSON.parse(r.json).answer, 'number', `grammar-constrained output: ${r.json}`);
+    assert.equal(r.afterPruneSync, true);
+    assert.equal(r.childDisposed, true);
+    assert.equal(r.spareLive, true);
+    assert.equal(r.liveLeases, 2, 'root and spare hold leases; the pruned subtree released its own');
+  });
+
+  it('explicit sequence ids: an id past nSeqMax names the option to raise', async function () {
+    const r = await runProgram('seq-ids.js');
+    assert.equal(r.refused.code, 'ERR_INVALID_ARG');
+    assert.match(r.refused.message, /nSeqMax/);
+    assert.match(r.refused.message, /larger nSeqMax|nSeqMax = 1/);
+    assert.deepEqual(r.forks, [1, 2]);
+  });
+
+  it('best-of-N with a baseline created before its prefix is copied in', async function () {
+    const r = await runProgram('best-of-n.js');
+    assert.ok(r.baseline.text.trim().length > 0, 'the baseline generated');
+    assert.ok(r.baseline.ppl >= 1 && r.baseline.ppl < 1000, `baseline perplexity ${r.baseline.ppl}`);
+    assert.equal(r.candidates.length, 3);
+    for (const c of r.candidates) {
+      assert.ok(c.text.length > 0);
+      assert.ok(c.ppl >= 1 && c.ppl < 1000, `candidate perplexity ${c.ppl}`);
+    }
+    assert.equal(r.best.ppl, Math.min(...r.candidates.map((c) => c.ppl)));
+  });
+
+  it('speculative decoding with un-awaited draft commits', async function () {
+    const r = await runProgram('speculative.js');
+    assert.ok(r.drafted > 0);
+    assert.ok(r.accepted <= r.drafted);
+    assert.ok(r.text.trim().length > 0);
+    assert.ok(r.position > r.promptLength, 'the main branch advanced');
+    assert.ok(Number.isFinite(r.ppl));
+  });
+
+  it('a steer loop: a banned token never comes back until the steer is cleared', async function () {
+    const r = await runProgram('steer.js');
+    assert.equal(r.steered.length, 5);
+    assert.ok(!r.steered.includes(r.unsteered), 'the banned token was never produced');
+    assert.equal(r.position, r.promptLength + 5);
+    assert.ok(r.text.trim().length > 0);
+  });
+});
