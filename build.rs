@@ -5,6 +5,29 @@ use std::path::PathBuf;
 fn main() {
     napi_build::setup();
     build_chat_shim();
+    find_shared_llama_next_to_addon();
+}
+
+/// With the `dynamic-backends` feature llama.cpp is a set of shared libraries (libllama,
+/// libggml, libggml-base, libllama-common) that ship in the same folder as the .node
+/// (scripts/prebuild.js), so the addon's search path for them is its own folder. On Linux it is
+/// written as DT_RPATH rather than DT_RUNPATH: a RUNPATH only applies to the .node's direct
+/// dependencies, an RPATH also to theirs (libllama needs libggml, found through the .node's
+/// RPATH because the .node loaded libllama). Windows needs nothing: the loader looks for a DLL's
+/// dependencies in the folder of the DLL that is loaded with an absolute path.
+fn find_shared_llama_next_to_addon() {
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_DYNAMIC_BACKENDS");
+    if env::var_os("CARGO_FEATURE_DYNAMIC_BACKENDS").is_none() {
+        return;
+    }
+    match env::var("CARGO_CFG_TARGET_OS").as_deref() {
+        Ok("linux") => {
+            println!("cargo:rustc-cdylib-link-arg=-Wl,--disable-new-dtags");
+            println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,$ORIGIN");
+        }
+        Ok("macos") => println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,@loader_path"),
+        _ => {}
+    }
 }
 
 /// Compiles src/llama/chat_shim.cpp against the llama.cpp tree that llama-cpp-sys-2 built. That crate

@@ -48,7 +48,7 @@
  * | `ERR_RPC_UNREACHABLE` | an RPC server (`rpcServers`) does not accept connections, failed earlier in this process, or died while a model loaded onto it |
  * | `ERR_DEVICE` | a device placement option does not fit the devices or the model: unknown device name, `nGpuLayers` above the model's layers + 1, `tensorSplit` of the wrong length, `mainGpu` out of range |
  * | `ERR_CONTEXT_LOST` | an RPC server the context uses died: the context is unusable (its memory and a thread stay leaked until the process exits); create a new one |
- * | `ERR_NATIVE_LOAD` | the native addon could not be loaded (thrown by `require`) |
+ * | `ERR_NATIVE_LOAD` | no build of the native addon could be loaded, or it loaded no compute backend (thrown by `require`, `loadBinary`, and `createContext` with a `gpuVariant`) |
  * | `ERR_QUEUE_FULL` | {@link Scheduler.generate}: `maxQueue` requests are waiting already |
  * | `ERR_SCHEDULER_CLOSED` | {@link Scheduler.generate} after {@link Scheduler.close}, or a request still queued when it was called |
  */
@@ -247,11 +247,45 @@ export interface OffloadInfo {
 }
 
 /**
- * Loads the model (shared between contexts on the same file) and creates a llama.cpp context,
- * off the main thread. Rejects with `ERR_MODEL_NOT_FOUND`, `ERR_MODEL_LOAD`,
- * `ERR_CONTEXT_CREATE` or `ERR_INVALID_ARG`.
+ * Which build of the native addon to use. `'default'` (same as `'cpu'`): the normal resolution,
+ * i.e. `LLAMA_BRANCH_BINARY`, else a local source build, else the prebuilt platform package
+ * (whose CPU backend is chosen at run time for the CPU). `'cuda'` / `'vulkan'`: a local source
+ * build made with that cargo feature, else the platform package
+ * `llama-branch-<platform>-<variant>` (e.g. `llama-branch-linux-x64-gnu-vulkan`).
  */
-export declare function createContext(options: ContextOptions): Promise<SessionContext>;
+export type GpuVariant = 'default' | 'cpu' | 'cuda' | 'vulkan';
+
+/** The second argument of {@link createContext}. */
+export interface LoadOptions {
+  /** The build whose `createContext` is used. Default `'default'`. */
+  gpuVariant?: GpuVariant;
+}
+
+/** A loaded build of the native addon, as {@link loadBinary} returns it. */
+export interface NativeBinding {
+  /** That build's llama.cpp system line (see {@link systemInfo}). */
+  systemInfo(): string;
+  /** That build's context class; contexts it creates are `instanceof` this class. */
+  readonly SessionContext: typeof SessionContext;
+}
+
+/**
+ * Loads the model (shared between contexts on the same file) and creates a llama.cpp context,
+ * off the main thread, with the build `loadOptions.gpuVariant` selects (see {@link loadBinary}).
+ * Rejects with `ERR_MODEL_NOT_FOUND`, `ERR_MODEL_LOAD`, `ERR_CONTEXT_CREATE`, `ERR_INVALID_ARG`
+ * (also for malformed `loadOptions` or an unknown variant), or `ERR_NATIVE_LOAD` when no build
+ * of the requested variant loads.
+ */
+export declare function createContext(options: ContextOptions, loadOptions?: LoadOptions): Promise<SessionContext>;
+
+/**
+ * The native binding for `variant` (default: the one `require('llama-branch')` loaded), loaded
+ * once per process and file. Throws `ERR_NATIVE_LOAD` when no build of that variant loads (the
+ * message lists where it looked and how to get one), `ERR_INVALID_ARG` for an unknown variant.
+ * Only one prebuilt (shared-library) build can be active in a process: load a GPU variant's
+ * package in a process that has not loaded another prebuilt.
+ */
+export declare function loadBinary(variant?: GpuVariant): NativeBinding;
 
 /**
  * A llama.cpp context plus its branch store and worker thread. Created by {@link createContext}
@@ -724,7 +758,11 @@ export declare function jsonSchemaToGrammarSync(schema: string | object): string
 /** Sets the process-wide llama.cpp log level (same effect as `LLAMA_BRANCH_LOG`). */
 export declare function setLogLevel(level: LogLevel): void;
 
-/** llama.cpp's system info line: the CPU features and backends compiled in. */
+/**
+ * llama.cpp's system info line: the CPU features and backends in use. A prebuilt binary adds
+ * `CPU_VARIANT = <name> | `: the CPU backend module ggml chose at load time for this CPU
+ * (e.g. `haswell`, `icelake`, `zen4`); a source build has its CPU backend compiled in.
+ */
 export declare function systemInfo(): string;
 
 // -------------------------------------------------------------------------------------------------

@@ -15,11 +15,17 @@
  *        node bench/run.js --serve [--c=1,4,8,16] [--reps=2]   (bench/serve.js: the Scheduler)
  * Writes bench/results/bench-<timestamp>.json and bench/results/chart.svg (chart-partial.svg
  * when --quick, --n, --steps or --reps narrow the run); prints a table.
+ *
+ * Prebuilt vs source build: node bench/run.js --compare-prebuilt[=<file.node>] [--rounds=5]
+ * [--n=1,16] [--reps=3] runs the ours and raw series (N = 1 and 16 by default) in child
+ * processes, alternately with the source build (build/llama_branch.node) and the prebuilt
+ * (default npm/<platform>/llama_branch.<platform>.node, made by `npm run prebuild`), and prints
+ * prebuilt/native per N. Writes bench/results/prebuilt-<timestamp>.json.
  */
 
 const fs = require('node:fs');
 const path = require('node:path');
-const { execFileSync } = require('node:child_process');
+const { execFileSync, spawnSync } = require('node:child_process');
 const { createContext, Branch, BranchStore, jsonSchemaToGrammar, systemInfo } = require('..');
 const { ensureModel } = require('../scripts/fetch-model');
 
@@ -28,7 +34,8 @@ const args = Object.fromEntries(process.argv.slice(2).map((a) => {
   return [k, v === undefined ? true : v];
 }));
 const QUICK = Boolean(args.quick);
-const NS = args.n ? String(args.n).split(',').map(Number) : QUICK ? [1, 2, 4, 8] : [1, 2, 4, 8, 16, 32, 64];
+const COMPARE = args['compare-prebuilt'] !== undefined;
+const NS = args.n ? String(args.n).split(',').map(Number) : COMPARE ? [1, 16] : QUICK ? [1, 2, 4, 8] : [1, 2, 4, 8, 16, 32, 64];
 const STEPS = Number(args.steps || (QUICK ? 8 : 32));
 const REPS = Number(args.reps || (QUICK ? 1 : 3));
 const THREADS = 2;
@@ -291,9 +298,107 @@ async function main() {
   console.log(`wrote ${path.relative(process.cwd(), file)} and bench/results/${chartName} in ${result.wallSeconds.toFixed(0)} s`);
 }
 
+/**
+ * --series-json (a child of --compare-prebuilt): the ours and raw generation series for NS,
+ * interleaved per rep like main()'s, as one JSON line { info, rows: [{ n, oursMs, rawMs }] }.
+ */
+async function seriesJson() {
+  const maxN = Math.max(...NS);
+  const ctx = await createContext({ modelPath: MODEL, nCtx: N_CTX, nSeqMax: Math.max(maxN, 32), nThreads: THREADS });
+  const store = new BranchStore(ctx);
+  const prompt = (await ctx.tokenize(WORDS.repeat(6))).slice(0, PROMPT_TOKENS);
+  await ours(ctx, store, prompt, Math.min(4, maxN));
+  await ctx._benchRawGenerate(prompt, maxN, 2);
+  const rows = [];
+  for (const n of NS) {
+    const row = { n, oursMs: [], rawMs: [] };
+    for (let rep = 0; rep < REPS; rep++) {
+      const pair = [
+        async () => row.oursMs.push(await ours(ctx, store, prompt, n)),
+        async () => row.rawMs.push(await ctx._benchRawGenerate(prompt, n, STEPS, planRows(n))),
+      ];
+      for (const run of rep % 2 ? pair.reverse() : pair) await run();
+    }
+    rows.push(row);
+  }
+  ctx.dispose();
+  console.log(JSON.stringify({ info: systemInfo(), rows }));
+}
+
+/**
+ * --compare-prebuilt: the source build and the prebuilt, each in its own child process (the
+ * loader takes LLAMA_BRANCH_BINARY), alternating binaries and their order per round so that
+ * load changes on the machine hit both alike. Ratios are prebuilt tok/s over native tok/s.
+ */
+async function comparePrebuilt() {
+  const { platformKey } = require('../lib/loader');
+  const key = platformKey();
+  const binaries = {
+    native: path.join(__dirname, '..', 'build', 'llama_branch.node'),
+    prebuilt: typeof args['compare-prebuilt'] === 'string' ? path.resolve(args['compare-prebuilt']) : path.join(__dirname, '..', 'npm', key, `llama_branch.${key}.node`),
+  };
+  if (!fs.existsSync(binaries.native)) throw new Error(`${binaries.native} is missing: npm run build first`);
+  if (!fs.existsSync(binaries.prebuilt)) throw new Error(`${binaries.prebuilt} is missing: npm run prebuild first (or pass --compare-prebuilt=<file.node>)`);
+  const rounds = Number(args.rounds || 5);
+  const childArgs = [__filename, '--series-json', `--n=${NS.join(',')}`, `--steps=${STEPS}`, `--reps=${REPS}`];
+  const samples = { native: {}, prebuilt: {} };
+  const info = {};
+  const roundRatios = [];
+  log(`prebuilt ${binaries.prebuilt} vs native ${binaries.native}: N = ${NS.join(',')}, ${rounds} rounds x ${REPS} reps x ${STEPS} steps, ${THREADS} threads`);
+  for (let round = 0; round < rounds; round++) {
+    const order = round % 2 ? ['prebuilt', 'native'] : ['native', 'prebuilt'];
+    const roundMedians = {};
+    for (const which of order) {
+      const res = spawnSync(process.execPath, childArgs, { env: { ...process.env, LLAMA_BRANCH_BINARY: binaries[which] }, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+      if (res.status !== 0) throw new Error(`the ${which} child exited with ${res.status}`);
+      const out = JSON.parse(res.stdout.trim().split('\n').pop());
+      info[which] = out.info;
+      roundMedians[which] = {};
+      for (const row of out.rows) {
+        const s = (samples[which][row.n] ||= { oursMs: [], rawMs: [] });
+        s.oursMs.push(...row.oursMs);
+        s.rawMs.push(...row.rawMs);
+        roundMedians[which][row.n] = { ours: median(row.oursMs), raw: median(row.rawMs) };
+      }
+    }
+    roundRatios.push(Object.fromEntries(NS.map((n) => [n, {
+      ours: roundMedians.native[n].ours / roundMedians.prebuilt[n].ours,
+      raw: roundMedians.native[n].raw / roundMedians.prebuilt[n].raw,
+    }])));
+    log(`round ${round + 1}/${rounds}: prebuilt/native ${NS.map((n) => `N=${n} ours ${roundRatios[round][n].ours.toFixed(3)} raw ${roundRatios[round][n].raw.toFixed(3)}`).join(', ')}`);
+  }
+  const tps = (n, ms) => (n * STEPS) / (median(ms) / 1000);
+  const rows = NS.map((n) => {
+    const r = { n };
+    for (const which of ['native', 'prebuilt']) {
+      r[`${which}OursTps`] = tps(n, samples[which][n].oursMs);
+      r[`${which}RawTps`] = tps(n, samples[which][n].rawMs);
+    }
+    r.oursRatio = r.prebuiltOursTps / r.nativeOursTps;
+    r.rawRatio = r.prebuiltRawTps / r.nativeRawTps;
+    r.oursRatioPerRound = roundRatios.map((x) => x[n].ours);
+    return r;
+  });
+  const variant = /CPU_VARIANT = (\S+)/.exec(info.prebuilt || '');
+  const result = { date: new Date().toISOString(), model: path.basename(MODEL), binaries, info, cpuVariant: variant && variant[1], threads: THREADS, steps: STEPS, reps: REPS, rounds, rows, samples };
+  const dir = path.join(__dirname, 'results');
+  fs.mkdirSync(dir, { recursive: true });
+  const file = path.join(dir, `prebuilt-${result.date.replace(/[:.]/g, '-')}.json`);
+  fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
+  console.log(`prebuilt CPU variant: ${result.cpuVariant}; native: ${info.native.trim()}`);
+  console.log('|   N | native ours tok/s | prebuilt ours tok/s | ours prebuilt/native | native raw tok/s | prebuilt raw tok/s | raw prebuilt/native | ours ratio per round |');
+  console.log('|----:|------------------:|--------------------:|---------------------:|-----------------:|-------------------:|--------------------:|:---------------------|');
+  for (const r of rows) {
+    console.log(`| ${String(r.n).padStart(3)} | ${r.nativeOursTps.toFixed(1).padStart(17)} | ${r.prebuiltOursTps.toFixed(1).padStart(19)} | ${r.oursRatio.toFixed(3).padStart(20)} | ${r.nativeRawTps.toFixed(1).padStart(16)} | ${r.prebuiltRawTps.toFixed(1).padStart(18)} | ${r.rawRatio.toFixed(3).padStart(19)} | ${r.oursRatioPerRound.map((v) => v.toFixed(3)).join(' ')} |`);
+  }
+  console.log(`wrote ${path.relative(process.cwd(), file)}`);
+}
+
 if (require.main === module) {
-  // `npm run bench -- --serve` runs the serving benchmark (bench/serve.js) instead.
-  (args.serve ? require('./serve').main : main)().catch((e) => {
+  // `--serve` runs the serving benchmark (bench/serve.js); `--compare-prebuilt` the source build
+  // against the prebuilt package; `--series-json` is the child process of that comparison.
+  const entry = args.serve ? require('./serve').main : args['series-json'] ? seriesJson : COMPARE ? comparePrebuilt : main;
+  entry().catch((e) => {
     console.error(e);
     process.exit(1);
   });

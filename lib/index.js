@@ -2,6 +2,7 @@
 
 const { fileURLToPath } = require('node:url');
 const native = require('./native');
+const loader = require('./loader');
 const { makeError } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
@@ -10,13 +11,39 @@ const { jsonSchemaToGrammar, jsonSchemaToGrammarSync, installSchemaMethods } = r
 const { Scheduler } = require('./Scheduler');
 const { createServer } = require('./server');
 
-installDecodeSignal(native.SessionContext);
-installSchemaMethods(native.SessionContext);
+loader.whenLoaded((binding) => {
+  installDecodeSignal(binding.SessionContext);
+  installSchemaMethods(binding.SessionContext);
+});
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType', 'nGpuLayers', 'mainGpu'];
 
-/** Loads the model (shared between contexts on the same file) and creates a context, off the main thread. */
-async function createContext(options) {
+/**
+ * The native binding for `variant` ('default' | 'cpu' | undefined: the normal resolution;
+ * 'cuda' | 'vulkan': that GPU build). See lib/loader.js for where each is looked for.
+ */
+function loadBinary(variant) {
+  return variant === undefined ? native : loader.loadBinary(variant);
+}
+
+/** The binding `loadOptions.gpuVariant` selects (the default binding without one). */
+function bindingFor(loadOptions) {
+  if (loadOptions === undefined || loadOptions === null) return native;
+  const where = 'createContext(options, loadOptions)';
+  if (typeof loadOptions !== 'object' || Array.isArray(loadOptions)) {
+    throw makeError('ERR_INVALID_ARG', `${where}: loadOptions must be an object such as { gpuVariant: 'vulkan' }, got ${Array.isArray(loadOptions) ? 'an array' : typeof loadOptions}`);
+  }
+  const unknown = Object.keys(loadOptions).filter((k) => k !== 'gpuVariant');
+  if (unknown.length) throw makeError('ERR_INVALID_ARG', `${where}: unknown loadOptions ${unknown.join(', ')}; the only one is gpuVariant`);
+  const variant = loader.normalizeVariant(loadOptions.gpuVariant, `${where}: loadOptions.gpuVariant`);
+  return variant ? loader.loadBinary(variant) : native;
+}
+
+/**
+ * Loads the model (shared between contexts on the same file) and creates a context, off the main
+ * thread, with the binding `loadOptions.gpuVariant` selects.
+ */
+async function createContext(options, loadOptions) {
   if (options === null || typeof options !== 'object') throw makeError('ERR_INVALID_ARG', 'createContext(options): expected an options object');
   let modelPath = options.modelPath;
   if (modelPath instanceof URL || (typeof modelPath === 'string' && modelPath.startsWith('file://'))) {
@@ -42,7 +69,7 @@ async function createContext(options) {
       throw makeError('ERR_INVALID_ARG', `options.${k} must be an array of strings`);
     }
   }
-  return native.createContext({ ...options, modelPath });
+  return bindingFor(loadOptions).createContext({ ...options, modelPath });
 }
 
 /** Backend devices of this process and, with `rpcServers`, of each RPC server. */
@@ -87,6 +114,7 @@ const ChatFormat = Object.freeze(Object.fromEntries(native._chatFormatNames().ma
 
 module.exports = {
   createContext,
+  loadBinary,
   Branch,
   BranchStore,
   Scheduler,

@@ -352,6 +352,12 @@ export declare class SessionContext {
 export declare function _chatFormatNames(): Array<string>
 
 /**
+ * Called by the JS loader (lib/loader.js) right after loading the addon, with the folder of the
+ * .node: a prebuilt's backend modules sit there. Returns the number of compute devices.
+ */
+export declare function _setBackendDir(dir: string): number
+
+/**
  * Loads the model (shared with contexts on the same file) and creates a context, off the
  * main thread. Rejects with a coded error; never throws.
  */

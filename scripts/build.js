@@ -6,13 +6,19 @@
  *
  * Runs as the npm `install` script, so it must work on a fresh machine with
  * no devDependencies installed. Steps:
+ *   0. if the prebuilt platform package (e.g. llama-branch-linux-x64-gnu, an optional
+ *      dependency) is installed and loads on this machine, stop: nothing to compile. The check
+ *      runs in a child process, so a binary this machine cannot run fails the check, not the
+ *      install. LLAMA_BRANCH_BUILD_FROM_SOURCE=1 skips it and always builds;
  *   1. check prerequisites (cargo, cmake, C/C++ toolchain, libclang + clang
  *      resource headers for bindgen); as root on Debian/Ubuntu missing system
  *      packages are installed with apt-get, otherwise one clear message says
  *      what to install;
  *   2. `cargo build --release [--features ...]` with a shared CARGO_TARGET_DIR
  *      (default ~/.cache/llama-branch/target) so rebuilds in fresh clones are cheap;
- *   3. copy the cdylib to build/llama_branch.node (atomically, via rename).
+ *   3. copy the cdylib to build/llama_branch.node (atomically, via rename) and record the
+ *      features and CPU target it was built with in build/llama_branch.json (the loader uses
+ *      it to tell a GPU build from a CPU one).
  *
  * Environment:
  *   CARGO_TARGET_DIR          cargo target directory (default ~/.cache/llama-branch/target)
@@ -20,6 +26,7 @@
  *   LLAMA_BRANCH_CPU          native (default: this machine's full instruction set) or portable
  *                             (x86-64-v3), or a rustc target-cpu name; see scripts/env.js
  *   LLAMA_BRANCH_SKIP_BUILD=1 do nothing if build/llama_branch.node already exists
+ *   LLAMA_BRANCH_BUILD_FROM_SOURCE=1  build even when a prebuilt binary would load
  */
 
 const fs = require('node:fs');
@@ -220,6 +227,35 @@ function installAddon(builtLib) {
   } finally {
     fs.rmSync(tmp, { force: true });
   }
+  const features = (process.env.LLAMA_BRANCH_FEATURES || '').split(/[\s,]+/).filter(Boolean);
+  const cpu = (process.env.LLAMA_BRANCH_CPU || 'native').trim() || 'native';
+  fs.writeFileSync(addonPath.replace(/\.node$/, '.json'), `${JSON.stringify({ features, cpu }, null, 2)}\n`);
+}
+
+/**
+ * Whether the prebuilt platform package loads here: { ok: true, name, info } or { ok: false,
+ * reason }. Loaded in a child process (lib/loader.js, then systemInfo()), so that a crash of a
+ * binary this machine cannot run only fails the check.
+ */
+function probePrebuilt() {
+  const program = `
+    const loader = require(${JSON.stringify(path.join(repoRoot, 'lib', 'loader.js'))});
+    try {
+      const { binding, name } = loader.loadPlatformPackage();
+      process.stdout.write(JSON.stringify({ name, info: binding.systemInfo() }));
+    } catch (e) {
+      process.stderr.write(e.message);
+      process.exit(1);
+    }`;
+  const res = spawnSync(process.execPath, ['-e', program], { encoding: 'utf8', timeout: 120000 });
+  if (res.error) return { ok: false, reason: res.error.message };
+  if (res.signal) return { ok: false, reason: `loading it killed the process with ${res.signal}` };
+  if (res.status !== 0) return { ok: false, reason: (res.stderr || `exit code ${res.status}`).trim().split('\n')[0] };
+  try {
+    return { ok: true, ...JSON.parse(res.stdout) };
+  } catch {
+    return { ok: false, reason: `unexpected output: ${res.stdout.slice(0, 200)}` };
+  }
 }
 
 /**
@@ -250,6 +286,19 @@ async function main() {
   if (process.env.LLAMA_BRANCH_SKIP_BUILD === '1' && fs.existsSync(addonPath)) {
     log(`LLAMA_BRANCH_SKIP_BUILD=1 and ${path.relative(repoRoot, addonPath)} exists; skipping build`);
     return;
+  }
+
+  if (process.env.LLAMA_BRANCH_BUILD_FROM_SOURCE === '1') {
+    log('LLAMA_BRANCH_BUILD_FROM_SOURCE=1: building from source');
+  } else {
+    const prebuilt = probePrebuilt();
+    if (prebuilt.ok) {
+      const variant = /CPU_VARIANT = (\S+)/.exec(prebuilt.info);
+      log(`using the prebuilt binary from ${prebuilt.name}${variant ? ` (CPU variant ${variant[1]})` : ''}; nothing to compile`);
+      log('(set LLAMA_BRANCH_BUILD_FROM_SOURCE=1 and run `npm rebuild llama-branch` to compile for this machine instead)');
+      return;
+    }
+    log(`no usable prebuilt binary (${prebuilt.reason}); building from source`);
   }
 
   ensurePrerequisites();

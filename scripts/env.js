@@ -66,6 +66,11 @@ function cpuArgs() {
     process.exit(2);
   }
   const cpu = choice === 'portable' ? (process.arch === 'x64' ? 'x86-64-v3' : 'generic') : choice;
+  return targetCpuArgs(cpu);
+}
+
+/** Cargo arguments compiling the Rust code, and through the sys crate ggml, for rustc target-cpu `cpu`. */
+function targetCpuArgs(cpu) {
   return ['--config', `target.'cfg(all())'.rustflags=["-C", "target-cpu=${cpu}"]`];
 }
 
@@ -142,12 +147,16 @@ function staleLlamaBuild(target = targetDir()) {
   return false;
 }
 
-/** Cleans a stale llama.cpp build (see staleLlamaBuild) before a compiling cargo call. */
-function cleanStaleLlamaBuild() {
-  if (!staleLlamaBuild()) return;
-  console.error('[llama-branch] llama.cpp in this target dir was built without GGML_RPC; cleaning it once (cargo clean -p llama-cpp-sys-2)');
+/**
+ * Cleans a stale llama.cpp build (see staleLlamaBuild) before a compiling cargo call, in `target`
+ * with `env` (default: the dev target dir and cargoEnv()).
+ */
+function cleanStaleLlamaBuild(target = targetDir(), env = undefined) {
+  if (!staleLlamaBuild(target)) return;
+  console.error(`[llama-branch] llama.cpp in ${target} was built without GGML_RPC; cleaning it once (cargo clean -p llama-cpp-sys-2)`);
+  const cleanEnv = env || cargoEnv();
   for (const profile of [['--release'], []]) {
-    run('cargo', ['clean', ...profile, '-p', 'llama-cpp-sys-2'], { env: cargoEnv() });
+    run('cargo', ['clean', ...profile, '-p', 'llama-cpp-sys-2'], { env: { ...cleanEnv, CARGO_TARGET_DIR: target } });
   }
 }
 
@@ -263,6 +272,7 @@ module.exports = {
   targetDir,
   featureArgs,
   cpuArgs,
+  targetCpuArgs,
   cargoEnv,
   staleLlamaBuild,
   cleanStaleLlamaBuild,

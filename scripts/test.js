@@ -16,6 +16,10 @@
  *      (node test/examples.js), and packaging: npm pack, install the tarball into a scratch
  *      project, build, require it and generate (scripts/test-pack.js; ~1-2 min;
  *      LLAMA_BRANCH_SKIP_PACK_TEST=1 skips it and says so)
+ *   8. prebuilt: install the two tarballs of `npm run prebuild` into a scratch project with no
+ *      compiler and no network, require it and generate (scripts/test-prebuilt.js; runs the
+ *      prebuild first when dist/ is stale: ~20 min on a cold machine, seconds otherwise;
+ *      LLAMA_BRANCH_SKIP_PREBUILT_TEST=1 skips it and says so)
  *
  * After step 3, LLAMA_TEST_MODEL is exported to the later steps (pointing at the fetched model)
  * unless it was already set, so JS tests and examples all use the same file.
@@ -111,6 +115,11 @@ const steps = [
     name: 'tier 2: package (node scripts/test-pack.js)',
     skip: () => (process.env.LLAMA_BRANCH_SKIP_PACK_TEST === '1' ? 'LLAMA_BRANCH_SKIP_PACK_TEST=1' : null),
     run: () => run(node, [script('scripts', 'test-pack.js')]),
+  },
+  {
+    name: 'prebuilt install (node scripts/test-prebuilt.js)',
+    skip: () => (process.env.LLAMA_BRANCH_SKIP_PREBUILT_TEST === '1' ? 'LLAMA_BRANCH_SKIP_PREBUILT_TEST=1' : null),
+    run: () => run(node, [script('scripts', 'test-prebuilt.js')]),
   },
 ];
 

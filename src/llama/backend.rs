@@ -2,7 +2,7 @@
 
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
 use llama_cpp_sys_2 as sys;
 
@@ -78,9 +78,54 @@ pub fn init_backend() {
         // is a plain function that only reads atomics and the message it is given.
         unsafe {
             sys::llama_log_set(Some(log_callback), std::ptr::null_mut());
-            sys::llama_backend_init();
+        }
+        // With no backend registered, llama_backend_init() calls ggml_backend_load_all(), which
+        // loads modules from the build machine's OUT_DIR, node's folder or the working
+        // directory: never run code from there. The JS loader reports the 0 devices instead.
+        if load_backend_modules() {
+            // SAFETY: as above, once per process and before any other llama.cpp call of ours.
+            unsafe { sys::llama_backend_init() };
         }
     });
+}
+
+/// Folder holding ggml's backend modules (`libggml-cpu-<variant>.so`, ...) in a
+/// `dynamic-backends` build: the folder of the loaded .node, which the JS loader tells the addon
+/// (`_setBackendDir`) before any llama.cpp call.
+static BACKEND_DIR: OnceLock<String> = OnceLock::new();
+
+/// Records where the backend modules are (the first call wins; a build without
+/// `dynamic-backends` has its CPU backend compiled in and ignores it), initialises the backend
+/// and returns the number of compute devices registered. 0 means no backend module loaded:
+/// nothing can run, and the loader reports it.
+pub fn init_backend_from_dir(dir: &str) -> usize {
+    let _ = BACKEND_DIR.set(dir.to_owned());
+    init_backend();
+    // SAFETY: reads ggml's device registry, filled by init_backend() above on this thread.
+    unsafe { sys::ggml_backend_dev_count() }
+}
+
+/// Loads the backend modules from `BACKEND_DIR`, each kind's best variant for this machine (the
+/// CPU variants score themselves against the CPU's features), and says whether any registered.
+/// `ggml_backend_load_all()` would search the build machine's OUT_DIR, node's own folder and the
+/// working directory instead. Without a folder nothing loads.
+#[cfg(feature = "dynamic-backends")]
+fn load_backend_modules() -> bool {
+    if let Some(dir) = BACKEND_DIR
+        .get()
+        .and_then(|d| std::ffi::CString::new(d.as_str()).ok())
+    {
+        // SAFETY: `dir` is a NUL-terminated path that outlives the call; ggml copies what it keeps.
+        unsafe { sys::ggml_backend_load_all_from_path(dir.as_ptr()) };
+    }
+    // SAFETY: reads ggml's backend registry; no other thread registers backends.
+    unsafe { sys::ggml_backend_reg_count() > 0 }
+}
+
+/// A build without `dynamic-backends` has its backends compiled in and registered statically.
+#[cfg(not(feature = "dynamic-backends"))]
+fn load_backend_modules() -> bool {
+    true
 }
 
 /// llama.cpp's description of the CPU features and backends compiled in.
@@ -88,9 +133,60 @@ pub fn system_info() -> String {
     init_backend();
     // SAFETY: llama.cpp rebuilds a static string and returns a pointer to it; the text is copied
     // before returning. Only the JS thread calls this, so two calls never race on that string.
-    unsafe {
+    let info = unsafe {
         CStr::from_ptr(sys::llama_print_system_info())
             .to_string_lossy()
             .into_owned()
+    };
+    match cpu_variant() {
+        Some(variant) => format!("{info}CPU_VARIANT = {variant} | "),
+        None => info,
     }
+}
+
+/// The CPU backend variant ggml chose at run time ("haswell", "zen4", ...): the module that
+/// holds the CPU backend's registration record, whose file is libggml-cpu-<variant>.so. None in
+/// a build with the CPU backend compiled in (it targets the build machine's CPU).
+#[cfg(all(feature = "dynamic-backends", unix))]
+fn cpu_variant() -> Option<String> {
+    #[repr(C)]
+    struct DlInfo {
+        fname: *const c_char,
+        fbase: *mut c_void,
+        sname: *const c_char,
+        saddr: *mut c_void,
+    }
+    extern "C" {
+        fn dladdr(addr: *const c_void, info: *mut DlInfo) -> i32;
+    }
+    // SAFETY: looks a name up in ggml's registry; the result is null or a registration record
+    // that lives as long as its module stays loaded (for the process).
+    let reg = unsafe { sys::ggml_backend_reg_by_name(c"CPU".as_ptr()) };
+    if reg.is_null() {
+        return None;
+    }
+    let mut info = DlInfo {
+        fname: std::ptr::null(),
+        fbase: std::ptr::null_mut(),
+        sname: std::ptr::null(),
+        saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: dladdr only reads the loader's tables and fills `info`, whose layout is Dl_info.
+    if unsafe { dladdr(reg as *const c_void, &mut info) } == 0 || info.fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname points at the loader's NUL-terminated copy of the module's path.
+    let path = unsafe { CStr::from_ptr(info.fname) }.to_string_lossy();
+    let file = std::path::Path::new(&*path).file_stem()?.to_string_lossy();
+    Some(
+        file.strip_prefix("libggml-cpu-")
+            .or_else(|| file.strip_prefix("ggml-cpu-"))
+            .unwrap_or(&file)
+            .to_string(),
+    )
+}
+
+#[cfg(not(all(feature = "dynamic-backends", unix)))]
+fn cpu_variant() -> Option<String> {
+    None
 }

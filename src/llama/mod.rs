@@ -11,7 +11,10 @@ mod devices;
 mod model;
 mod sampler;
 
-pub use backend::{init_backend, log_threshold, parse_log_level, set_log_threshold, system_info};
+pub use backend::{
+    init_backend, init_backend_from_dir, log_threshold, parse_log_level, set_log_threshold,
+    system_info,
+};
 pub use batch::Batch;
 pub use context::{
     Context, ContextConfig, POOLING_NONE, POOLING_RANK, SEQ_FILE_MAGIC, SEQ_FILE_VERSION,

@@ -125,10 +125,8 @@ impl SessionContext {
         env: &'env Env,
         #[napi(ts_arg_type = "number")] handle: Arg<f64>,
     ) -> Result<Object<'env>> {
-        let ids = self.ids;
-        self.free_in_order(env, || {
-            let h = ids.from_js(handle.get("_branchPrune: handle", "a branch handle")?)?;
-            Ok(move |e: &mut Engine| Ok(ids.to_js_all(&e.store.prune(&e.ctx, h)?)))
+        self.free_in_order(env, "_branchPrune: handle", handle, |e, h| {
+            e.store.prune(&e.ctx, h)
         })
     }
 
@@ -139,10 +137,8 @@ impl SessionContext {
         env: &'env Env,
         #[napi(ts_arg_type = "number")] handle: Arg<f64>,
     ) -> Result<Object<'env>> {
-        let ids = self.ids;
-        self.free_in_order(env, || {
-            let h = ids.from_js(handle.get("_branchPruneSubtree: handle", "a branch handle")?)?;
-            Ok(move |e: &mut Engine| Ok(ids.to_js_all(&e.store.prune_subtree(&e.ctx, h)?)))
+        self.free_in_order(env, "_branchPruneSubtree: handle", handle, |e, h| {
+            e.store.prune_subtree(&e.ctx, h)
         })
     }
 

@@ -10,13 +10,14 @@ use napi::bindgen_prelude::*;
 use napi::Env;
 use napi_derive::napi;
 
-use super::convert::{self, js, BranchIds, Result};
+use super::convert::{self, js, Arg, BranchIds, Result};
 use super::devices::OffloadInfo;
 use super::logits_view::LogitsView;
 use super::metrics::Trackers;
 use super::sampling::SamplingHandles;
 use super::worker::{self, rejected, Shared, Worker};
 use crate::engine::decode::{decode_runs, Run, RunOutput};
+use crate::engine::handles::Handle;
 use crate::engine::pool::Pool;
 use crate::engine::store::BranchStore;
 use crate::error::Error;
@@ -207,27 +208,31 @@ impl SessionContext {
     }
 
     /// Frees branches in call order: now, on the JS thread, when no operation is queued (the
-    /// same place in the order the worker would give it), otherwise after the queued ones. The
-    /// Promise resolves with the freed handles; `prepare` works as in `spawn`.
-    pub(super) fn free_in_order<'env, W>(
+    /// same place in the order the worker would give it), otherwise after the queued ones.
+    /// `free(engine, branch)` is one store operation (prune, prune a subtree, retain one); the
+    /// Promise resolves with the handles it freed. A bad handle rejects without queueing.
+    pub(super) fn free_in_order<'env>(
         &self,
         env: &'env Env,
-        prepare: impl FnOnce() -> crate::error::Result<W>,
-    ) -> Result<Object<'env>>
-    where
-        W: FnOnce(&mut Engine) -> crate::error::Result<Vec<f64>> + Send + 'static,
-    {
-        let work = match self.live().and_then(|_| prepare()) {
-            Ok(work) => work,
+        method: &'static str,
+        handle: Arg<f64>,
+        free: fn(&mut Engine, Handle) -> crate::error::Result<Vec<Handle>>,
+    ) -> Result<Object<'env>> {
+        let ids = self.ids;
+        let branch = match self
+            .live()
+            .and_then(|_| ids.from_js(handle.get(method, "a branch handle")?))
+        {
+            Ok(branch) => branch,
             Err(e) => return rejected::<Vec<f64>>(env, e),
         };
         let (settle, promise) = worker::deferred::<Vec<f64>>(env)?;
         match &self.worker {
             Some(w) => w.run_now_or_enqueue(
                 &self.shared,
-                |e: &mut Engine| {
+                move |e: &mut Engine| {
                     e.free_released();
-                    work(e)
+                    Ok(ids.to_js_all(&free(e, branch)?))
                 },
                 settle,
             ),

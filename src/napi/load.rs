@@ -293,6 +293,13 @@ pub fn system_info() -> String {
     llama::system_info()
 }
 
+/// Called by the JS loader (lib/loader.js) right after loading the addon, with the folder of the
+/// .node: a prebuilt's backend modules sit there. Returns the number of compute devices.
+#[napi(js_name = "_setBackendDir")]
+pub fn set_backend_dir(dir: String) -> u32 {
+    llama::init_backend_from_dir(&dir) as u32
+}
+
 /// Every error `code` the addon can produce (for tooling and the typings test).
 #[napi(js_name = "errorCodes")]
 pub fn error_codes() -> Vec<&'static str> {

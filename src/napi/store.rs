@@ -113,10 +113,8 @@ impl SessionContext {
         env: &'env Env,
         #[napi(ts_arg_type = "number")] handle: Arg<f64>,
     ) -> Result<Object<'env>> {
-        let ids = self.ids;
-        self.free_in_order(env, || {
-            let h = ids.from_js(handle.get("_storeRetainOnly: handle", "a branch handle")?)?;
-            Ok(move |e: &mut Engine| Ok(ids.to_js_all(&e.store.retain_only(&e.ctx, h)?)))
+        self.free_in_order(env, "_storeRetainOnly: handle", handle, |e, h| {
+            e.store.retain_only(&e.ctx, h)
         })
     }
 

@@ -11,6 +11,7 @@ import {
   systemInfo,
   listDevices,
   serveRpc,
+  loadBinary,
   PoolingType,
   SessionContext,
   ReasoningFormat,
@@ -31,6 +32,9 @@ import type {
   FormattedChatResult,
   ParseChatOutputResult,
   KvFileContents,
+  GpuVariant,
+  LoadOptions,
+  NativeBinding,
   SchedulerOptions,
   SchedulerStepInfo,
   GenerateRequest,
@@ -66,6 +70,18 @@ const params: SamplingParams = {
 async function main(): Promise<void> {
   setLogLevel('warn');
   const info: string = systemInfo();
+  const variant: GpuVariant = 'vulkan';
+  const binding: NativeBinding = loadBinary(variant);
+  const sameInfo: string = binding.systemInfo();
+  const cpu: NativeBinding = loadBinary();
+  const loadOptions: LoadOptions = { gpuVariant: 'cuda' };
+  const onGpu: SessionContext = await createContext({ modelPath: 'm.gguf' }, loadOptions);
+  const onCpu: SessionContext = await createContext({ modelPath: 'm.gguf' }, { gpuVariant: 'default' });
+  // @ts-expect-error: not a variant
+  loadBinary('rocm');
+  // @ts-expect-error: not a variant
+  await createContext({ modelPath: 'm.gguf' }, { gpuVariant: 'metal' });
+  void [sameInfo, cpu, onGpu, onCpu];
   const options: ContextOptions = {
     modelPath: new URL('file:///models/model.gguf'),
     nCtx: 2048,

@@ -1,0 +1,248 @@
+'use strict';
+
+/**
+ * Finds and loads the native addon. Three places can hold one, tried in this order:
+ *
+ *   1. LLAMA_BRANCH_BINARY: an explicit .node file. When set it is the only candidate (a
+ *      binary the user named is never silently replaced by another one);
+ *   2. a local source build: build/llama_branch.node in this package (scripts/build.js);
+ *   3. the platform package: llama-branch-<platform> (e.g. llama-branch-linux-x64-gnu), an
+ *      optional dependency holding a prebuilt .node and the shared libraries it needs.
+ *
+ * GPU variants ('cuda', 'vulkan') are looked up the same way in a local build made with that
+ * cargo feature (build/llama_branch.json records the features) and in the platform package
+ * llama-branch-<platform>-<variant>. If nothing loads, ERR_NATIVE_LOAD lists every candidate
+ * with the reason it failed and says how to get a binary.
+ *
+ * Right after loading, the addon is told the folder it was loaded from: a prebuilt keeps ggml's
+ * backend modules (one CPU backend per instruction-set level) there and loads the best one for
+ * this CPU from it. No npm dependencies: the install script (scripts/build.js) uses this file
+ * before any package is installed.
+ */
+
+const fs = require('node:fs');
+const path = require('node:path');
+const { makeError } = require('./errors');
+
+const PACKAGE_ROOT = path.join(__dirname, '..');
+const PACKAGE_NAME = 'llama-branch';
+/** Where scripts/build.js installs a source build, and the record of how it was built. */
+const SOURCE_BUILD = path.join(PACKAGE_ROOT, 'build', 'llama_branch.node');
+const SOURCE_BUILD_INFO = path.join(PACKAGE_ROOT, 'build', 'llama_branch.json');
+
+/** `variant` values meaning "the normal CPU resolution"; the rest are GPU builds. */
+const DEFAULT_VARIANTS = new Set(['default', 'cpu']);
+/** GPU variants, each a cargo feature of the crate and a platform package suffix. */
+const GPU_VARIANTS = new Set(['cuda', 'vulkan']);
+
+/**
+ * The napi-rs name of a platform: linux-x64-gnu, linux-arm64-gnu, linux-x64-musl, darwin-arm64,
+ * win32-x64-msvc, ...
+ */
+function platformKey(platform = process.platform, arch = process.arch) {
+  if (platform === 'linux') return `linux-${arch}-${isMusl() ? 'musl' : 'gnu'}`;
+  if (platform === 'win32') return `win32-${arch}-msvc`;
+  return `${platform}-${arch}`;
+}
+
+/** True on a musl libc (Alpine): glibc reports its version in the process report, musl does not. */
+function isMusl() {
+  try {
+    const header = process.report && /** @type {{ header?: { glibcVersionRuntime?: string } }} */ (process.report.getReport()).header;
+    return !(header && header.glibcVersionRuntime);
+  } catch {
+    return false;
+  }
+}
+
+/** npm name of the platform package holding the prebuilt binary for `variant` (null = CPU). */
+function platformPackageName(variant = null, key = platformKey()) {
+  return variant ? `${PACKAGE_NAME}-${key}-${variant}` : `${PACKAGE_NAME}-${key}`;
+}
+
+/** null for the default (CPU) resolution, else the GPU variant name; ERR_INVALID_ARG otherwise. */
+function normalizeVariant(variant, where = 'loadBinary(variant)') {
+  if (variant === undefined || variant === null) return null;
+  if (typeof variant === 'string' && DEFAULT_VARIANTS.has(variant)) return null;
+  if (typeof variant === 'string' && GPU_VARIANTS.has(variant)) return variant;
+  const shown = typeof variant === 'string' ? `"${variant}"` : typeof variant;
+  throw makeError('ERR_INVALID_ARG', `${where}: expected 'default', 'cpu', 'cuda' or 'vulkan', got ${shown}`);
+}
+
+/** The cargo features the local source build was made with ([] when unknown or none). */
+function sourceBuildFeatures() {
+  try {
+    const info = JSON.parse(fs.readFileSync(SOURCE_BUILD_INFO, 'utf8'));
+    return Array.isArray(info.features) ? info.features.map(String) : [];
+  } catch {
+    return [];
+  }
+}
+
+/**
+ * The .node file of an installed platform package, or a reason why there is none. The package
+ * is resolved from this package's folder, as Node would resolve its dependency.
+ */
+function findPlatformPackage(name) {
+  let manifest;
+  try {
+    manifest = require.resolve(`${name}/package.json`, { paths: [PACKAGE_ROOT] });
+  } catch {
+    return { file: null, reason: 'not installed' };
+  }
+  let main;
+  try {
+    main = JSON.parse(fs.readFileSync(manifest, 'utf8')).main;
+  } catch (e) {
+    return { file: null, reason: `unreadable package.json (${e.message})` };
+  }
+  if (typeof main !== 'string' || !main.endsWith('.node')) return { file: null, reason: 'its package.json names no .node file in "main"' };
+  const file = path.join(path.dirname(manifest), main);
+  return fs.existsSync(file) ? { file } : { file: null, reason: `${main} is missing from the package` };
+}
+
+/**
+ * Where to look for the binary of `variant`, in order, lazily (the platform package is only
+ * looked up when nothing before it loaded): { label, file | null, reason? }. Entries without a
+ * file were ruled out before loading; the reason says why.
+ */
+function* candidates(variant) {
+  const explicit = process.env.LLAMA_BRANCH_BINARY;
+  if (!variant && explicit) {
+    yield { label: 'LLAMA_BRANCH_BINARY', file: path.resolve(explicit) };
+    return;
+  }
+  const label = 'source build build/llama_branch.node';
+  if (!fs.existsSync(SOURCE_BUILD)) {
+    yield { label, file: null, reason: 'not built' };
+  } else if (variant && !sourceBuildFeatures().includes(variant)) {
+    const features = sourceBuildFeatures();
+    yield { label, file: null, reason: `built without the ${variant} feature (features: ${features.length ? features.join(', ') : 'none'})` };
+  } else {
+    yield { label, file: SOURCE_BUILD };
+  }
+  const name = platformPackageName(variant);
+  const found = findPlatformPackage(name);
+  yield { label: `platform package ${name}`, file: found.file, reason: found.reason };
+}
+
+/** Loaded bindings by real path of their .node, so each file is loaded and prepared once. */
+const loaded = new Map();
+/** Functions that make a binding ready for lib/ (coded errors, JS-side methods); run once per binding. */
+const preparers = [];
+
+/**
+ * Registers `prepare(binding)`, applied to every binding loaded so far and to each one loaded
+ * later, once per binding.
+ */
+function whenLoaded(prepare) {
+  preparers.push(prepare);
+  for (const binding of loaded.values()) prepare(binding);
+}
+
+/**
+ * True for a build with llama.cpp in shared libraries next to the .node (a prebuilt): the
+ * dynamic linker shares libraries by name across the process, so two such builds would run on
+ * the first one's llama.cpp.
+ */
+function usesSharedLlama(dir) {
+  try {
+    return fs.readdirSync(dir).some((f) => /^(lib)?ggml-base\.(so|dylib|dll)/.test(f));
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Loads one .node file and points it at its backend folder. Throws a plain Error (with the
+ * reason) when it cannot be loaded, loads no compute backend, or is a second prebuilt build.
+ */
+function loadFile(file) {
+  const real = fs.realpathSync(file);
+  const cached = loaded.get(real);
+  if (cached) return cached;
+  if (usesSharedLlama(path.dirname(real))) {
+    const other = [...loaded.keys()].find((f) => usesSharedLlama(path.dirname(f)));
+    if (other) {
+      throw new Error(`another prebuilt build is already loaded in this process (${other}); two builds with shared llama.cpp libraries cannot run side by side. Use one build per process (the same gpuVariant everywhere, or LLAMA_BRANCH_BINARY)`);
+    }
+  }
+  const binding = require(real);
+  const dir = path.dirname(real);
+  // An addon older than the loader has no _setBackendDir; its CPU backend is compiled in.
+  const devices = typeof binding._setBackendDir === 'function' ? binding._setBackendDir(dir) : 1;
+  if (devices === 0) {
+    throw new Error(`it loaded, but no llama.cpp compute backend did: ${dir} must hold the backend modules shipped with it (libggml-cpu-*.so next to the .node); reinstall the package that provides it`);
+  }
+  loaded.set(real, binding);
+  for (const prepare of preparers) prepare(binding);
+  return binding;
+}
+
+/** What to do when no binary loads, for the message of ERR_NATIVE_LOAD. */
+function remedy(variant) {
+  const key = platformKey();
+  if (variant) {
+    return (
+      `Install the ${variant} build, ${platformPackageName(variant)} (where one is published for ${key}), ` +
+      `or build it from source: LLAMA_BRANCH_FEATURES=${variant} LLAMA_BRANCH_BUILD_FROM_SOURCE=1 npm rebuild llama-branch ` +
+      `(needs Rust, cmake, a C++ compiler, libclang and the ${variant === 'cuda' ? 'CUDA toolkit' : 'Vulkan SDK (headers, loader, glslc)'}; see the README, "CPU and GPU"). ` +
+      "Or use the CPU build: loadBinary() / gpuVariant 'default'."
+    );
+  }
+  return (
+    `Reinstall with optional dependencies enabled (npm install llama-branch, without --omit=optional or --no-optional), ` +
+    `which installs the prebuilt ${platformPackageName(null)}; or build from source: ` +
+    'LLAMA_BRANCH_BUILD_FROM_SOURCE=1 npm rebuild llama-branch (needs Rust, cmake, a C++ compiler and libclang; see the README, "Install"); ' +
+    'or set LLAMA_BRANCH_BINARY to a llama-branch .node file.'
+  );
+}
+
+/**
+ * The native binding for `variant` ('default' | 'cpu' | undefined = the normal resolution;
+ * 'cuda' | 'vulkan' = that GPU build). Throws ERR_NATIVE_LOAD, listing what was tried and why
+ * each failed and what to do, when none loads; ERR_INVALID_ARG for an unknown variant.
+ */
+function loadBinary(variant) {
+  const gpu = normalizeVariant(variant);
+  const tried = [];
+  for (const candidate of candidates(gpu)) {
+    if (!candidate.file) {
+      tried.push(`${candidate.label}: ${candidate.reason}`);
+      continue;
+    }
+    try {
+      return loadFile(candidate.file);
+    } catch (e) {
+      tried.push(`${candidate.label} (${candidate.file}): ${String(e.message).split('\n')[0]}`);
+    }
+  }
+  const what = gpu ? `the ${gpu} build of llama-branch` : 'the llama-branch native addon';
+  throw makeError('ERR_NATIVE_LOAD', `llama-branch: cannot load ${what} for ${platformKey()}. Tried:\n${tried.map((t) => `  - ${t}\n`).join('')}${remedy(gpu)}`);
+}
+
+/**
+ * Only the platform package's binary (for the install script's check whether a prebuilt fits
+ * this machine): the binding and its file, or ERR_NATIVE_LOAD with the reason.
+ */
+function loadPlatformPackage(variant) {
+  const gpu = normalizeVariant(variant);
+  const name = platformPackageName(gpu);
+  const found = findPlatformPackage(name);
+  if (!found.file) throw makeError('ERR_NATIVE_LOAD', `${name}: ${found.reason}`);
+  try {
+    return { binding: loadFile(found.file), file: found.file, name };
+  } catch (e) {
+    throw makeError('ERR_NATIVE_LOAD', `${name} (${found.file}): ${String(e.message).split('\n')[0]}`);
+  }
+}
+
+module.exports = {
+  loadBinary,
+  loadPlatformPackage,
+  whenLoaded,
+  platformKey,
+  platformPackageName,
+  normalizeVariant,
+  GPU_VARIANTS,
+};
