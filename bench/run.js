@@ -13,6 +13,7 @@
  *
  * Usage: node bench/run.js [--quick] [--n=1,2,4,8] [--steps=32] [--reps=3]
  *        node bench/run.js --serve [--c=1,4,8,16] [--reps=2]   (bench/serve.js: the Scheduler)
+ *        node bench/run.js --rpc [--steps=24] [--reps=3]       (bench/rpc.js: local vs two RPC servers)
  * Writes bench/results/bench-<timestamp>.json and bench/results/chart.svg (chart-partial.svg
  * when --quick, --n, --steps or --reps narrow the run); prints a table.
  *
@@ -397,7 +398,7 @@ async function comparePrebuilt() {
 if (require.main === module) {
   // `--serve` runs the serving benchmark (bench/serve.js); `--compare-prebuilt` the source build
   // against the prebuilt package; `--series-json` is the child process of that comparison.
-  const entry = args.serve ? require('./serve').main : args['series-json'] ? seriesJson : COMPARE ? comparePrebuilt : main;
+  const entry = args.serve ? require('./serve').main : args.rpc ? () => require('./rpc').main().then(() => process.exit(0)) : args['series-json'] ? seriesJson : COMPARE ? comparePrebuilt : main;
   entry().catch((e) => {
     console.error(e);
     process.exit(1);

@@ -142,6 +142,9 @@ fn connect(endpoints: &[Endpoint]) -> crate::error::Result<Vec<Device>> {
         // ggml reuses the held connection, and a failure on it is caught by the abort hook.
         if !connected(e) {
             e.probe(PROBE_TIMEOUT)?;
+            // The server serves one connection at a time from an accept queue of one (ggml-rpc's
+            // listen backlog): give it a moment to finish with the probe before ggml connects.
+            std::thread::sleep(Duration::from_millis(100));
         }
         lock(added()).insert(e.clone());
         devices.extend(llama::rpc_add_server(&e.to_string())?);

@@ -56,6 +56,18 @@ fn acquire_model(
 ) -> crate::error::Result<(Arc<Model>, OffloadInfo)> {
     type Cache = HashMap<ModelKey, (Weak<Model>, OffloadInfo)>;
     static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    let block_count = || {
+        llama::gguf_block_count(path).ok_or_else(|| {
+            Error::ModelLoad(format!("{path} (no <arch>.block_count in the GGUF header)"))
+        })
+    };
+    if !placement.endpoints.is_empty() {
+        // Models on RPC servers are neither shared nor loaded under the cache lock: a server that
+        // dies during the load leaves this thread parked for good (see napi/devices.rs), and
+        // every later load must not wait for it.
+        let (params, offload) = placement.model_params(use_mmap, block_count()?)?;
+        return Ok((Arc::new(Model::load(path, &params)?), offload));
+    }
     // Holding the lock across a load makes a second caller wait and then share the result.
     let mut cache = CACHE
         .get_or_init(Default::default)
@@ -68,10 +80,7 @@ fn acquire_model(
     {
         return Ok((model, offload));
     }
-    let block_count = llama::gguf_block_count(path).ok_or_else(|| {
-        Error::ModelLoad(format!("{path} (no <arch>.block_count in the GGUF header)"))
-    })?;
-    let (params, offload) = placement.model_params(use_mmap, block_count)?;
+    let (params, offload) = placement.model_params(use_mmap, block_count()?)?;
     let model = Arc::new(Model::load(path, &params)?);
     cache.retain(|_, (w, _)| w.strong_count() > 0);
     cache.insert(key, (Arc::downgrade(&model), offload.clone()));
