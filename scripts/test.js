@@ -12,7 +12,8 @@
  *        type-checks against it (tsc -p lib), index.d.ts's option/result fields match the Rust
  *        DTOs (test/types/contract.ts, with the public usage check, tsc -p test/types)
  *   3. fetch the default model (scripts/fetch-model.js; no-op when cached or LLAMA_TEST_MODEL is set)
- *   4. second tier, on the real model: mocha integration tests (test/*.test.js), every example
+ *   4. second tier, on the real model: mocha integration tests (test/*.test.js), the RPC test
+ *      (test/rpc.test.js: two rpc-server child processes on loopback; its own mocha process), every example
  *      (node test/examples.js), and packaging: npm pack, install the tarball into a scratch
  *      project, build, require it and generate (scripts/test-pack.js; ~1-2 min;
  *      LLAMA_BRANCH_SKIP_PACK_TEST=1 skips it and says so)
@@ -61,13 +62,15 @@ function tsc(project) {
   return run(node, [bin, '-p', script(...project)]);
 }
 
+/** Runs mocha with `args`; a trailing object is spawn options (e.g. a time limit). */
 function mocha(...args) {
   const bin = devTool('mocha', 'bin', 'mocha.js');
   if (!bin) {
     console.error('error: mocha is not installed; run `npm install` first');
     return 1;
   }
-  return run(node, [bin, ...args]);
+  const opts = typeof args[args.length - 1] === 'object' ? args.pop() : {};
+  return run(node, [bin, ...args], opts);
 }
 
 const steps = [
@@ -106,6 +109,14 @@ const steps = [
   {
     name: 'tier 2: integration tests on the model (mocha)',
     run: () => mocha(),
+  },
+  {
+    // Its own mocha process: it starts rpc-server child processes and kills one mid-generation,
+    // and a lost context's parked ggml threads keep node alive, hence --exit. A hard time limit
+    // turns a hang into a failure instead of a stuck CI run.
+    name: 'tier 2: RPC across two loopback rpc-server processes (test/rpc.test.js)',
+    run: () =>
+      mocha('--no-config', '--exit', '--timeout', '240000', '--node-option', 'expose-gc', script('test', 'rpc.test.js'), { timeout: 600000, killSignal: 'SIGKILL' }),
   },
   {
     name: 'tier 2: examples (node test/examples.js)',
