@@ -249,9 +249,12 @@ export interface OffloadInfo {
 /**
  * Which build of the native addon to use. `'default'` (same as `'cpu'`): the normal resolution,
  * i.e. `LLAMA_BRANCH_BINARY`, else a local source build, else the prebuilt platform package
- * (whose CPU backend is chosen at run time for the CPU). `'cuda'` / `'vulkan'`: a local source
- * build made with that cargo feature, else the platform package
- * `llama-branch-<platform>-<variant>` (e.g. `llama-branch-linux-x64-gnu-vulkan`).
+ * (whose CPU backend is chosen at run time for the CPU). `'cuda'` / `'vulkan'`: a source build
+ * kept beside the CPU one in `build/<variant>/` (`LLAMA_BRANCH_FEATURES=vulkan npm run build --
+ * --out build/vulkan`), else `build/` when it was built with that cargo feature, else the
+ * platform package `llama-branch-<platform>-<variant>` (e.g. `llama-branch-linux-x64-gnu-vulkan`).
+ * Source builds link llama.cpp statically, so a CPU and a GPU source build run side by side in
+ * one process.
  */
 export type GpuVariant = 'default' | 'cpu' | 'cuda' | 'vulkan';
 
@@ -265,6 +268,8 @@ export interface LoadOptions {
 export interface NativeBinding {
   /** That build's llama.cpp system line (see {@link systemInfo}). */
   systemInfo(): string;
+  /** The devices that build sees (see {@link listDevices}); e.g. a Vulkan build's GPUs. */
+  listDevices(options?: ListDevicesOptions): DeviceDescription[];
   /** That build's context class; contexts it creates are `instanceof` this class. */
   readonly SessionContext: typeof SessionContext;
 }

@@ -9,9 +9,12 @@
  *   3. the platform package: llama-branch-<platform> (e.g. llama-branch-linux-x64-gnu), an
  *      optional dependency holding a prebuilt .node and the shared libraries it needs.
  *
- * GPU variants ('cuda', 'vulkan') are looked up the same way in a local build made with that
- * cargo feature (build/llama_branch.json records the features) and in the platform package
- * llama-branch-<platform>-<variant>. If nothing loads, ERR_NATIVE_LOAD lists every candidate
+ * GPU variants ('cuda', 'vulkan') are looked up first in a source build kept beside the CPU one
+ * (build/<variant>/llama_branch.node, from `npm run build -- --out build/<variant>` with that
+ * feature), then in build/llama_branch.node when it was built with that cargo feature
+ * (build/llama_branch.json records the features), then in the platform package
+ * llama-branch-<platform>-<variant>. Builds that link llama.cpp statically (every source build)
+ * can be loaded side by side in one process; prebuilt ones cannot (see loadFile). If nothing loads, ERR_NATIVE_LOAD lists every candidate
  * with the reason it failed and says how to get a binary.
  *
  * Right after loading, the addon is told the folder it was loaded from: a prebuilt keeps ggml's
@@ -69,10 +72,10 @@ function normalizeVariant(variant, where = 'loadBinary(variant)') {
   throw makeError('ERR_INVALID_ARG', `${where}: expected 'default', 'cpu', 'cuda' or 'vulkan', got ${shown}`);
 }
 
-/** The cargo features the local source build was made with ([] when unknown or none). */
-function sourceBuildFeatures() {
+/** The cargo features recorded in a source build's .json (default: build/'s; [] when unknown or none). */
+function buildFeatures(infoFile = SOURCE_BUILD_INFO) {
   try {
-    const info = JSON.parse(fs.readFileSync(SOURCE_BUILD_INFO, 'utf8'));
+    const info = JSON.parse(fs.readFileSync(infoFile, 'utf8'));
     return Array.isArray(info.features) ? info.features.map(String) : [];
   } catch {
     return [];
@@ -112,11 +115,19 @@ function* candidates(variant) {
     yield { label: 'LLAMA_BRANCH_BINARY', file: path.resolve(explicit) };
     return;
   }
+  if (variant) {
+    const beside = path.join(PACKAGE_ROOT, 'build', variant, path.basename(SOURCE_BUILD));
+    const features = buildFeatures(beside.replace(/\.node$/, '.json'));
+    const label = `source build build/${variant}/llama_branch.node`;
+    if (!fs.existsSync(beside)) yield { label, file: null, reason: 'not built' };
+    else if (!features.includes(variant)) yield { label, file: null, reason: `built without the ${variant} feature (features: ${features.join(', ') || 'none'})` };
+    else yield { label, file: beside };
+  }
   const label = 'source build build/llama_branch.node';
   if (!fs.existsSync(SOURCE_BUILD)) {
     yield { label, file: null, reason: 'not built' };
-  } else if (variant && !sourceBuildFeatures().includes(variant)) {
-    const features = sourceBuildFeatures();
+  } else if (variant && !buildFeatures().includes(variant)) {
+    const features = buildFeatures();
     yield { label, file: null, reason: `built without the ${variant} feature (features: ${features.length ? features.join(', ') : 'none'})` };
   } else {
     yield { label, file: SOURCE_BUILD };
@@ -186,7 +197,8 @@ function remedy(variant) {
     return (
       `Install the ${variant} build, ${platformPackageName(variant)} (where one is published for ${key}), ` +
       `or build it from source: LLAMA_BRANCH_FEATURES=${variant} LLAMA_BRANCH_BUILD_FROM_SOURCE=1 npm rebuild llama-branch ` +
-      `(needs Rust, cmake, a C++ compiler, libclang and the ${variant === 'cuda' ? 'CUDA toolkit' : 'Vulkan SDK (headers, loader, glslc)'}; see the README, "CPU and GPU"). ` +
+      `(needs Rust, cmake, a C++ compiler, libclang and the ${variant === 'cuda' ? 'CUDA toolkit' : 'Vulkan headers, loader and glslc, which the build installs with apt as root'}; see the README, "CPU and GPU"), ` +
+      `or keep the CPU build and add this one beside it: LLAMA_BRANCH_FEATURES=${variant} npm run build -- --out build/${variant} (in the package folder). ` +
       "Or use the CPU build: loadBinary() / gpuVariant 'default'."
     );
   }

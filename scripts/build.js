@@ -19,9 +19,15 @@
  *   3. copy the cdylib to build/llama_branch.node (atomically, via rename) and record the
  *      features and CPU target it was built with in build/llama_branch.json (the loader uses
  *      it to tell a GPU build from a CPU one).
+ * With the `vulkan` feature, step 1 also finds or installs the Vulkan build tools and headers
+ * (scripts/vulkan.js).
+ *
+ * Arguments: --out DIR  install llama_branch.node (and .json) into DIR instead of build/ (the
+ *                       GPU test keeps its Vulkan build beside the CPU one this way).
  *
  * Environment:
- *   CARGO_TARGET_DIR          cargo target directory (default ~/.cache/llama-branch/target)
+ *   CARGO_TARGET_DIR          cargo target directory (default ~/.cache/llama-branch/target, or
+ *                             target-<features> for a build with features)
  *   LLAMA_BRANCH_FEATURES     cargo features to enable, e.g. "cuda", "vulkan", "metal"
  *   LLAMA_BRANCH_CPU          native (default: this machine's full instruction set) or portable
  *                             (x86-64-v3), or a rustc target-cpu name; see scripts/env.js
@@ -32,9 +38,11 @@
 const fs = require('node:fs');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
+const { prepareVulkanBuild } = require('./vulkan');
 const {
   repoRoot,
   targetDir,
+  featureList,
   featureArgs,
   cpuArgs,
   cargoEnv,
@@ -218,18 +226,28 @@ function ensurePrerequisites() {
 
 /** Copy the built library into build/ via a temp file + rename, so a process
  *  that has the previous addon loaded keeps a valid mapping. */
-function installAddon(builtLib) {
-  fs.mkdirSync(path.dirname(addonPath), { recursive: true });
-  const tmp = `${addonPath}.${process.pid}.tmp`;
+function installAddon(builtLib, dest) {
+  fs.mkdirSync(path.dirname(dest), { recursive: true });
+  const tmp = `${dest}.${process.pid}.tmp`;
   try {
     fs.copyFileSync(builtLib, tmp);
-    fs.renameSync(tmp, addonPath);
+    fs.renameSync(tmp, dest);
   } finally {
     fs.rmSync(tmp, { force: true });
   }
-  const features = (process.env.LLAMA_BRANCH_FEATURES || '').split(/[\s,]+/).filter(Boolean);
   const cpu = (process.env.LLAMA_BRANCH_CPU || 'native').trim() || 'native';
-  fs.writeFileSync(addonPath.replace(/\.node$/, '.json'), `${JSON.stringify({ features, cpu }, null, 2)}\n`);
+  fs.writeFileSync(dest.replace(/\.node$/, '.json'), `${JSON.stringify({ features: featureList(), cpu }, null, 2)}\n`);
+}
+
+/** Where to install the addon: build/llama_branch.node, or DIR/llama_branch.node with --out DIR. */
+function destination(argv = process.argv.slice(2)) {
+  const i = argv.indexOf('--out');
+  if (i === -1) return addonPath;
+  if (!argv[i + 1]) {
+    log('ERROR: --out needs a folder');
+    process.exit(2);
+  }
+  return path.resolve(repoRoot, argv[i + 1], path.basename(addonPath));
 }
 
 /**
@@ -283,13 +301,14 @@ function runCargo(args, env) {
 }
 
 async function main() {
-  if (process.env.LLAMA_BRANCH_SKIP_BUILD === '1' && fs.existsSync(addonPath)) {
-    log(`LLAMA_BRANCH_SKIP_BUILD=1 and ${path.relative(repoRoot, addonPath)} exists; skipping build`);
+  const dest = destination();
+  if (process.env.LLAMA_BRANCH_SKIP_BUILD === '1' && fs.existsSync(dest)) {
+    log(`LLAMA_BRANCH_SKIP_BUILD=1 and ${path.relative(repoRoot, dest)} exists; skipping build`);
     return;
   }
 
-  if (process.env.LLAMA_BRANCH_BUILD_FROM_SOURCE === '1') {
-    log('LLAMA_BRANCH_BUILD_FROM_SOURCE=1: building from source');
+  if (process.env.LLAMA_BRANCH_BUILD_FROM_SOURCE === '1' || featureList().length > 0) {
+    log(featureList().length > 0 ? `features ${featureList().join(', ')}: building from source` : 'LLAMA_BRANCH_BUILD_FROM_SOURCE=1: building from source');
   } else {
     const prebuilt = probePrebuilt();
     if (prebuilt.ok) {
@@ -302,14 +321,15 @@ async function main() {
   }
 
   ensurePrerequisites();
+  const backendEnv = featureList().includes('vulkan') ? prepareVulkanBuild() : {};
 
   cleanStaleLlamaBuild();
   const target = targetDir();
   const args = ['build', '--release', ...featureArgs(), ...cpuArgs()];
-  log('building native addon (first build compiles llama.cpp: ~3-6 min on 2 cores) ...');
+  log('building native addon (first build compiles llama.cpp: ~3-6 min on 2 cores, ~10 with Vulkan) ...');
   log(`cargo ${args.join(' ')}  (CARGO_TARGET_DIR=${target})`);
   const started = Date.now();
-  const code = await runCargo(args, cargoEnv());
+  const code = await runCargo(args, { ...cargoEnv(), ...backendEnv });
   const elapsed = formatDuration(Date.now() - started);
   if (code !== 0) {
     log(`ERROR: cargo build failed (exit code ${code}) after ${elapsed}`);
@@ -321,8 +341,8 @@ async function main() {
     log(`ERROR: cargo succeeded but ${builtLib} does not exist`);
     process.exit(1);
   }
-  installAddon(builtLib);
-  log(`built ${path.relative(repoRoot, addonPath)} in ${elapsed}`);
+  installAddon(builtLib, dest);
+  log(`built ${path.relative(repoRoot, dest)} in ${elapsed}`);
 }
 
 main().catch((e) => {

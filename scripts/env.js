@@ -25,9 +25,16 @@ const repoRoot = path.resolve(__dirname, '..');
 function targetDir() {
   const fromEnv = process.env.CARGO_TARGET_DIR;
   if (fromEnv && fromEnv.trim() !== '') return path.resolve(repoRoot, fromEnv);
+  // One folder per feature set: switching between a CPU and a GPU build then recompiles nothing.
+  const name = ['target', ...featureList()].join('-');
   const home = os.homedir();
-  if (!home) return path.join(repoRoot, 'target');
-  return path.join(home, '.cache', 'llama-branch', 'target');
+  if (!home) return path.join(repoRoot, name);
+  return path.join(home, '.cache', 'llama-branch', name);
+}
+
+/** Cargo features from LLAMA_BRANCH_FEATURES (comma or space separated), sorted. */
+function featureList() {
+  return (process.env.LLAMA_BRANCH_FEATURES || '').split(/[\s,]+/).filter(Boolean).sort();
 }
 
 /**
@@ -39,10 +46,8 @@ function targetDir() {
  * llama.cpp.
  */
 function featureArgs() {
-  const raw = (process.env.LLAMA_BRANCH_FEATURES || '').trim();
-  if (!raw) return [];
-  const features = raw.split(/[\s,]+/).filter(Boolean);
-  return ['--features', features.join(',')];
+  const features = featureList();
+  return features.length ? ['--features', features.join(',')] : [];
 }
 
 /**
@@ -270,6 +275,7 @@ function formatDuration(ms) {
 module.exports = {
   repoRoot,
   targetDir,
+  featureList,
   featureArgs,
   cpuArgs,
   targetCpuArgs,

@@ -15,9 +15,9 @@ const { MODEL, rejects, throwsSync } = require('./helpers');
 
 const ROOT = path.join(__dirname, '..');
 const SOURCE_BUILD = path.join(ROOT, 'build', 'llama_branch.node');
-const builtFeatures = () => {
+const builtFeatures = (info = 'llama_branch.json') => {
   try {
-    return JSON.parse(fs.readFileSync(path.join(ROOT, 'build', 'llama_branch.json'), 'utf8')).features;
+    return JSON.parse(fs.readFileSync(path.join(ROOT, 'build', info), 'utf8')).features;
   } catch {
     return [];
   }
@@ -39,6 +39,13 @@ describe('loader: loadBinary(variant)', function () {
 
   for (const variant of ['cuda', 'vulkan']) {
     it(`"${variant}": the build with that feature, else ERR_NATIVE_LOAD saying how to get one`, async function () {
+      if (builtFeatures(path.join(variant, 'llama_branch.json')).includes(variant)) {
+        // A build kept beside the CPU one (npm run test:gpu makes build/vulkan/): a second binding.
+        const binding = llama.loadBinary(variant);
+        assert.notEqual(binding, llama.loadBinary());
+        assert.equal(typeof binding.SessionContext, 'function');
+        return;
+      }
       if (builtFeatures().includes(variant) && !process.env.LLAMA_BRANCH_BINARY) {
         assert.equal(llama.loadBinary(variant), llama.loadBinary());
         return;
@@ -103,11 +110,13 @@ describe('loader: resolution order (scratch package in a child process)', functi
     return path.join(d, main);
   }
 
-  function fakeSourceBuild(p, features = []) {
-    fs.mkdirSync(path.join(p, 'build'), { recursive: true });
-    fs.copyFileSync(SOURCE_BUILD, path.join(p, 'build', 'llama_branch.node'));
-    fs.writeFileSync(path.join(p, 'build', 'llama_branch.json'), JSON.stringify({ features, cpu: 'native' }));
-    return path.join(p, 'build', 'llama_branch.node');
+  /** A copy of the source build in `p`/build (or `p`/build/`sub`), recorded as built with `features`. */
+  function fakeSourceBuild(p, features = [], sub = '') {
+    const d = path.join(p, 'build', sub);
+    fs.mkdirSync(d, { recursive: true });
+    fs.copyFileSync(SOURCE_BUILD, path.join(d, 'llama_branch.node'));
+    fs.writeFileSync(path.join(d, 'llama_branch.json'), JSON.stringify({ features, cpu: 'native' }));
+    return path.join(d, 'llama_branch.node');
   }
 
   /** Loads `p` in a child; returns { code, message } of the error, or { binaries } (.node files loaded). */
@@ -194,6 +203,21 @@ describe('loader: resolution order (scratch package in a child process)', functi
     const r = load(other, { variant: 'cuda' });
     assert.equal(r.code, 'ERR_NATIVE_LOAD');
     assert.match(r.message, /built without the cuda feature \(features: vulkan\)/);
+  });
+
+  it('a GPU source build kept beside the CPU one (build/<variant>/) comes first, and loads beside it', function () {
+    const cpu = fakeSourceBuild(pkg, []);
+    const beside = fakeSourceBuild(pkg, ['vulkan'], 'vulkan');
+    fakePlatformPackage(pkg, platformPackageName('vulkan'));
+    // Both static builds are loaded in one process: the default one by require, the other by loadBinary.
+    assert.deepEqual(load(pkg, { variant: 'vulkan' }).binaries.sort(), [fs.realpathSync(cpu), fs.realpathSync(beside)].sort());
+    const other = scratchPackage();
+    fakeSourceBuild(other, []);
+    fakeSourceBuild(other, ['cuda'], 'vulkan');
+    const r = load(other, { variant: 'vulkan' });
+    assert.equal(r.code, 'ERR_NATIVE_LOAD');
+    assert.match(r.message, /source build build\/vulkan\/llama_branch\.node: built without the vulkan feature \(features: cuda\)/);
+    assert.match(r.message, /npm run build -- --out build\/vulkan/);
   });
 
   it('install script: skips the build when the platform package loads, builds when forced', function () {

@@ -1,0 +1,225 @@
+'use strict';
+
+// The GPU tier (`npm run test:gpu`): the Vulkan build of the addon (build/vulkan/, loaded with
+// gpuVariant 'vulkan') on whatever Vulkan device exists. On a machine without a GPU that is
+// Mesa's software device, lavapipe, which ggml hides unless GGML_VK_VISIBLE_DEVICES names it
+// (scripts/test-gpu.js sets it). lavapipe runs at about one token per second on the 270M model,
+// so every generation here is a few tokens long.
+//
+// The CPU build (build/llama_branch.node, the default binding) runs in the same process as the
+// reference: both builds link llama.cpp statically, each with its own copy.
+
+const assert = require('node:assert/strict');
+const os = require('node:os');
+const path = require('node:path');
+const fs = require('node:fs');
+const { spawnSync } = require('node:child_process');
+const { Branch, BranchStore, createContext, loadBinary } = require('../..');
+const { MODEL, rejects, topK, argmax } = require('../helpers');
+
+const VULKAN = { gpuVariant: 'vulkan' };
+const PROMPT = 'The capital of France is';
+const STEPS = 8;
+
+/** A context of the Vulkan build (every layer on the device unless `options` says otherwise). */
+function vulkanContext(options = {}) {
+  return createContext({ modelPath: MODEL, nCtx: 512, nThreads: 2, ...options }, VULKAN);
+}
+
+function maxAbsDiff(a, b) {
+  let d = 0;
+  for (let i = 0; i < a.length; i++) d = Math.max(d, Math.abs(a[i] - b[i]));
+  return d;
+}
+
+/** Greedy continuation of `prompt` on one branch: the tokens. */
+async function greedy(ctx, prompt, n) {
+  const b = Branch.create(ctx, 0, { temperature: 0 });
+  try {
+    await b.prefill(await ctx.tokenize(prompt));
+    const out = [];
+    for (let i = 0; i < n; i++) {
+      const t = b.produce().token;
+      out.push(t);
+      await b.commit(t);
+    }
+    return out;
+  } finally {
+    await b.prune();
+  }
+}
+
+describe('GPU tier: Vulkan device', function () {
+  this.timeout(600000);
+  let binding;
+  let device;
+  let gpu;
+  let cpu;
+  const contexts = [];
+
+  before(async () => {
+    binding = loadBinary('vulkan');
+    const gpus = binding.listDevices().filter((d) => d.type === 'gpu');
+    assert.ok(gpus.length > 0, `the Vulkan build sees no GPU device (is GGML_VK_VISIBLE_DEVICES set for a CPU-type device such as lavapipe?): ${JSON.stringify(binding.listDevices())}`);
+    device = gpus[0];
+    console.log(`      (device ${device.name}: ${device.description}, ${(device.memoryTotal / 2 ** 30).toFixed(1)} GiB)`);
+  });
+
+  after(() => {
+    for (const ctx of contexts) ctx.dispose();
+  });
+
+  it('lists the Vulkan device with its memory; the CPU build lists none', () => {
+    assert.match(device.name, /^Vulkan\d+$/);
+    assert.ok(device.memoryTotal > 0 && device.memoryFree > 0 && device.memoryFree <= device.memoryTotal, JSON.stringify(device));
+    // Two builds in one process: the default one (CPU) sees no GPU.
+    assert.notEqual(binding, loadBinary());
+    assert.deepEqual(loadBinary().listDevices().filter((d) => d.type === 'gpu'), []);
+  });
+
+  it('offloads every layer by default (ctx.offload and llama.cpp’s own log agree)', async () => {
+    gpu = await vulkanContext({ nSeqMax: 8 });
+    contexts.push(gpu);
+    const { layers, totalLayers, devices } = gpu.offload;
+    assert.ok(totalLayers > 1);
+    assert.equal(layers, totalLayers);
+    assert.deepEqual(devices, [device.name]);
+    // llama.cpp's log is the independent witness: a child process loads the same build at log
+    // level info and must report every layer offloaded and the KV cache on the device.
+    const program = `
+      const { createContext } = require(${JSON.stringify(path.join(__dirname, '..', '..'))});
+      createContext({ modelPath: ${JSON.stringify(MODEL)}, nCtx: 256, nThreads: 2, logLevel: 'info' }, { gpuVariant: 'vulkan' })
+        .then((ctx) => ctx.dispose(), (e) => { console.error('FAILED', e.code, e.message); process.exit(1); });`;
+    const res = spawnSync(process.execPath, ['-e', program], { encoding: 'utf8', timeout: 300000 });
+    const log = `${res.stdout}${res.stderr}`;
+    assert.equal(res.status, 0, log.slice(-2000));
+    assert.match(log, new RegExp(`offloaded ${totalLayers}/${totalLayers} layers to GPU`), log.slice(-2000));
+    assert.match(log, new RegExp(`${device.name} KV buffer size`), log.slice(-2000));
+  });
+
+  it('greedy tokens and logits agree with the CPU build within the tolerance', async () => {
+    // Different kernels (Vulkan shaders vs the CPU's repacked Q4_K) give slightly different
+    // logits. Tolerance, teacher-forced on the CPU build's greedy tokens for STEPS steps: each
+    // side's argmax is in the other's top 5 at every step, the argmaxes agree at >= 6 of 8
+    // steps, and no logit differs by 3 or more. On the device alone generation is
+    // deterministic (two greedy runs give the same tokens).
+    cpu = await createContext({ modelPath: MODEL, nCtx: 512, nThreads: 2 });
+    contexts.push(cpu);
+    const ref = Branch.create(cpu, 0, { temperature: 0 });
+    const dev = Branch.create(gpu, 0, { temperature: 0 });
+    const prompt = await cpu.tokenize(PROMPT);
+    assert.deepEqual(await gpu.tokenize(PROMPT), prompt);
+    await ref.prefill(prompt);
+    await dev.prefill(prompt);
+    let agree = 0;
+    let maxDiff = 0;
+    const steps = [];
+    for (let i = 0; i < STEPS; i++) {
+      const lc = ref.getLogits();
+      const lg = dev.getLogits();
+      maxDiff = Math.max(maxDiff, maxAbsDiff(lc, lg));
+      const [tc, tg] = [topK(lc, 5), topK(lg, 5)];
+      steps.push(`${tc[0]}/${tg[0]}`);
+      assert.ok(tc.includes(tg[0]) && tg.includes(tc[0]), `step ${i}: CPU top 5 ${tc}, Vulkan top 5 ${tg}`);
+      if (tc[0] === tg[0]) agree++;
+      await ref.commit(tc[0]);
+      await dev.commit(tc[0]);
+    }
+    await ref.prune();
+    await dev.prune();
+    console.log(`      (argmax CPU/Vulkan per step: ${steps.join(' ')}; max |Δlogit| ${maxDiff.toFixed(3)})`);
+    assert.ok(agree >= 6, `argmax agreed at ${agree}/${STEPS} steps`);
+    assert.ok(maxDiff < 3, `max |logit difference| ${maxDiff}`);
+    const first = await greedy(gpu, PROMPT, 4);
+    assert.deepEqual(await greedy(gpu, PROMPT, 4), first);
+  });
+
+  it('fork + store.commit + store.prefill with the KV cache on the device', async () => {
+    const store = new BranchStore(gpu);
+    const root = Branch.create(gpu, 0, { temperature: 0 });
+    const prompt = await gpu.tokenize('List of fruits:');
+    await root.prefill(prompt);
+    const kids = Array.from({ length: 4 }, () => root.fork());
+    const firstTokens = topK(root.getLogits(), 4);
+    await store.commit(kids.map((b, j) => [b, firstTokens[j]]));
+    const more = await gpu.tokenize(' and then', false);
+    await store.prefill(kids.map((b) => [b, more]));
+    const start = prompt.length;
+    for (const k of kids) assert.equal(k.position, start + 1 + more.length);
+    // Each fork saw the shared prefix: its next-token logits match a branch that decoded the
+    // same tokens from scratch on the device (same device: a different batch shape, so top-5
+    // agreement rather than equality).
+    for (const [j, k] of kids.entries()) {
+      const fresh = Branch.create(gpu, 0, { temperature: 0 });
+      await fresh.prefill([...prompt, firstTokens[j], ...more]);
+      const [a, b] = [topK(k.getLogits(), 5), topK(fresh.getLogits(), 5)];
+      assert.ok(a.includes(b[0]) && b.includes(a[0]), `branch ${j}: fork top 5 ${a}, from scratch ${b}`);
+      await fresh.prune();
+    }
+    const distinct = new Set(kids.map((k) => argmax(k.getLogits())));
+    assert.ok(distinct.size > 1 || new Set(kids.map((k) => k.getLogits().slice(0, 64).join())).size > 1, 'the forks diverged');
+    // retainOnly keeps one branch, frees the rest on the device, and the winner goes on.
+    const winner = kids[1];
+    await store.retainOnly(winner);
+    assert.equal(winner.disposed, false);
+    for (const k of [root, kids[0], kids[2], kids[3]]) assert.equal(k.disposed, true);
+    const pos = winner.position;
+    await winner.commit(winner.produce().token);
+    assert.equal(winner.position, pos + 1);
+    await winner.prune();
+  });
+
+  it('KV state save and load on the device restores the same logits', async () => {
+    const tokens = await gpu.tokenize('Once upon a time');
+    await gpu.decode(tokens, 0, 5);
+    const state = await gpu.kvCacheSave(5);
+    assert.ok(state.length > 0);
+    await gpu.kvCacheLoad(6, state);
+    const next = tokens[tokens.length - 1];
+    // The same token at the same position on both sequences, one decode each: identical inputs
+    // and batch shape on one device, so the logits match.
+    await gpu.decode([next], tokens.length, 5);
+    const original = Float32Array.from(gpu.getLogits());
+    await gpu.decode([next], tokens.length, 6);
+    const restored = Float32Array.from(gpu.getLogits());
+    const diff = maxAbsDiff(original, restored);
+    assert.ok(diff < 1e-3, `max |Δlogit| between the saved and the restored sequence: ${diff}`);
+    // A file round trip too.
+    const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-gpu-')), 'seq.state');
+    try {
+      await gpu.kvCacheWriteFile(5, file, [...tokens, next]);
+      const back = await gpu.kvCacheReadFile(7, file);
+      assert.deepEqual(back.tokens, [...tokens, next]);
+    } finally {
+      fs.rmSync(path.dirname(file), { recursive: true, force: true });
+    }
+    for (const seq of [5, 6, 7]) await gpu.kvCacheRemove(seq, -1, -1);
+  });
+
+  it('partial offload: nGpuLayers puts only that many layers on the device', async () => {
+    const half = await vulkanContext({ nGpuLayers: 5, nCtx: 256 });
+    contexts.push(half);
+    assert.equal(half.offload.layers, 5);
+    assert.deepEqual(half.offload.devices, [device.name]);
+    const none = await vulkanContext({ nGpuLayers: 0, nCtx: 256 });
+    contexts.push(none);
+    assert.deepEqual(none.offload.devices, []);
+    const a = await greedy(half, PROMPT, 2);
+    const b = await greedy(none, PROMPT, 2);
+    assert.equal(a.length, 2);
+    assert.equal(b.length, 2);
+  });
+
+  it('bad device options are coded errors before anything loads', async () => {
+    const total = gpu.offload.totalLayers;
+    await rejects(() => vulkanContext({ devices: ['Vulkan99'] }), 'ERR_DEVICE', /unknown device/);
+    await rejects(() => vulkanContext({ devices: ['CPU'] }), 'ERR_DEVICE', /CPU/);
+    await rejects(() => vulkanContext({ devices: [device.name, device.name] }), 'ERR_DEVICE', /twice/);
+    await rejects(() => vulkanContext({ nGpuLayers: total + 1 }), 'ERR_DEVICE', /nGpuLayers/);
+    await rejects(() => vulkanContext({ tensorSplit: [1, 1] }), 'ERR_DEVICE', /tensorSplit has 2 entries but 1 device/);
+    await rejects(() => vulkanContext({ mainGpu: 1 }), 'ERR_DEVICE', /mainGpu/);
+    await rejects(() => vulkanContext({ splitMode: 'diagonal' }), 'ERR_INVALID_ARG', /splitMode/);
+    // The device still works after the refusals.
+    assert.equal((await greedy(gpu, 'Hello', 2)).length, 2);
+  });
+});
