@@ -14,7 +14,8 @@
  *      build/ folder (nothing compiled);
  *   3. in the scratch project: require('llama-branch') resolves the binary from the platform
  *      package, systemInfo() names the CPU variant ggml chose, and greedy generation on the test
- *      model gives text (the first token must equal the source build's, when one exists);
+ *      model gives text (its first greedy token must be in the source build's top 5 and the other
+ *      way round, when a source build exists);
  *   4. failure paths: the platform package's .node without its backend modules throws
  *      ERR_NATIVE_LOAD at require (no crash), so does a second prebuilt build (a GPU variant
  *      package) in the same process; LLAMA_BRANCH_BUILD_FROM_SOURCE=1 makes the install
@@ -129,6 +130,8 @@ const CONSUMER = `
     const ctx = await llama.createContext({ modelPath: process.argv[1], nCtx: 256, nSeqMax: 1 });
     const branch = llama.Branch.create(ctx, 0, { temperature: 0 });
     await branch.prefill(await ctx.tokenize('The capital of France is'));
+    const first = branch.getLogits();
+    const top5 = Array.from(first.keys()).sort((a, b) => first[b] - first[a]).slice(0, 5);
     const tokens = [];
     let text = '';
     for (let i = 0; i < 8; i++) {
@@ -138,7 +141,7 @@ const CONSUMER = `
       await branch.commit(out.token);
     }
     ctx.dispose();
-    console.log(JSON.stringify({ info, binary, tokens, text }));
+    console.log(JSON.stringify({ info, binary, tokens, top5, text }));
   })().catch((e) => { console.error(e.code, e.message); process.exit(1); });`;
 
 function runNode(args, cwd, env) {
@@ -191,7 +194,11 @@ function main() {
       const source = runNode(['-e', CONSUMER.replace("require('llama-branch')", `require(${JSON.stringify(repoRoot)})`), model], repoRoot, { ...process.env, LLAMA_BRANCH_BINARY: '' });
       if (source.status !== 0) die(`the source build did not run: ${source.stderr}`);
       const reference = JSON.parse(source.stdout.trim().split('\n').pop());
-      if (reference.tokens[0] !== result.tokens[0]) die(`first greedy token differs: prebuilt ${result.tokens[0]}, source build ${reference.tokens[0]}`);
+      // Different builds run different CPU kernels (llama.cpp is not kernel-invariant): each
+      // first greedy token must be in the other build's top 5, not necessarily equal.
+      if (!reference.top5.includes(result.tokens[0]) || !result.top5.includes(reference.tokens[0])) {
+        die(`first greedy tokens disagree beyond the tolerance: prebuilt ${result.tokens[0]} (top 5 ${result.top5}), source build ${reference.tokens[0]} (top 5 ${reference.top5})`);
+      }
       const same = result.tokens.findIndex((t, i) => t !== reference.tokens[i]);
       log(`source build: ${JSON.stringify(reference.text)} (${same === -1 ? 'all 8 tokens equal' : `equal up to token ${same}`})`);
     }

@@ -112,11 +112,12 @@ const steps = [
   },
   {
     // Its own mocha process: it starts rpc-server child processes and kills one mid-generation,
-    // and a lost context's parked ggml threads keep node alive, hence --exit. A hard time limit
-    // turns a hang into a failure instead of a stuck CI run.
+    // leaving parked ggml threads behind. No --exit: the process must end by itself (freeing a
+    // model whose server died once hung it at exit). A hard time limit turns a hang into a
+    // failure instead of a stuck CI run.
     name: 'tier 2: RPC across two loopback rpc-server processes (test/rpc.test.js)',
     run: () =>
-      mocha('--no-config', '--exit', '--timeout', '240000', '--node-option', 'expose-gc', script('test', 'rpc.test.js'), { timeout: 600000, killSignal: 'SIGKILL' }),
+      mocha('--no-config', '--timeout', '240000', '--node-option', 'expose-gc', script('test', 'rpc.test.js'), { timeout: 600000, killSignal: 'SIGKILL' }),
   },
   {
     name: 'tier 2: examples (node test/examples.js)',

@@ -188,6 +188,31 @@ describe('RPC backend: two loopback rpc-server processes', function () {
     await rejects(() => createContext({ modelPath: MODEL, rpcServers, devices: ['RPC99'] }), 'ERR_DEVICE', /unknown device/);
   });
 
+  it('a context disposed before its server dies is collected later without hanging', async () => {
+    assert.equal(typeof global.gc, 'function', 'run with --expose-gc (npm run test:rpc does)');
+    // Freeing weights on a server sends it commands and waits for answers; once the server is
+    // gone that wait would never end, in a finalizer on the JS thread (or at process exit).
+    const server = await startServer();
+    servers.push(server);
+    let collected = false;
+    const registry = new FinalizationRegistry(() => (collected = true));
+    await (async () => {
+      const ctx = await createContext({ modelPath: MODEL, nCtx: 256, nThreads: 2, rpcServers: [server.endpoint] });
+      registry.register(ctx, 'ctx');
+      assert.equal((await greedy(ctx, 'Hello', 2)).length, 2);
+      ctx.dispose();
+    })();
+    stop(server);
+    await new Promise((r) => server.proc.once('exit', r));
+    for (let i = 0; i < 20 && !collected; i++) {
+      global.gc();
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.ok(collected, 'the disposed context was not garbage-collected');
+    // The JS thread is not stuck in the finalizer, and contexts elsewhere still work.
+    assert.equal((await greedy(local, 'Hello', 2)).length, 2);
+  });
+
   it('a server killed mid-generation: ERR_CONTEXT_LOST in bounded time, the process lives on', async () => {
     const [dying, surviving] = servers;
     // A context on the surviving server only: it must keep working.

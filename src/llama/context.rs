@@ -297,6 +297,12 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if !self.model.can_free() {
+            // An RPC server holding its KV buffers is gone: freeing would wait for it forever
+            // (see `Model::set_free_check`). Leaked, with the slot its abort callback reads.
+            std::mem::forget(std::mem::take(&mut self.abort_slot));
+            return;
+        }
         // SAFETY: the context is not used after this; `abort_slot` is dropped after it.
         unsafe { sys::llama_free(self.raw()) }
     }

@@ -12,7 +12,12 @@ pub struct Model {
     ptr: NonNull<sys::llama_model>,
     vocab: NonNull<sys::llama_vocab>,
     pub n_vocab: i32,
+    /// For weights on RPC servers: whether those servers still answer (see `set_free_check`).
+    free_check: Option<FreeCheck>,
 }
+
+/// Tells whether every device holding a model's buffers can still be reached.
+type FreeCheck = Box<dyn Fn() -> bool + Send + Sync>;
 
 // SAFETY: the weights and vocabulary are immutable after load. llama.cpp reads them from any
 // number of contexts and threads at once (tokenization and piece lookup are documented as
@@ -89,6 +94,7 @@ impl Model {
             ptr,
             vocab,
             n_vocab,
+            free_check: None,
         })
     }
 
@@ -263,8 +269,27 @@ impl Model {
     }
 }
 
+impl Model {
+    /// Installs `check`, asked before the model or a context on it is freed. Freeing buffers on
+    /// an RPC server sends it commands and waits for answers; once the server is gone, ggml-rpc's
+    /// dispatcher thread is parked (see devices.rs) and that wait never ends, which would hang
+    /// whichever thread drops the model (the JS thread, in a finalizer). So when `check` says a
+    /// server is gone, the model (or context) is leaked instead of freed.
+    pub fn set_free_check(&mut self, check: impl Fn() -> bool + Send + Sync + 'static) {
+        self.free_check = Some(Box::new(check));
+    }
+
+    /// Whether freeing this model, or a context on it, can complete.
+    pub fn can_free(&self) -> bool {
+        self.free_check.as_ref().is_none_or(|check| check())
+    }
+}
+
 impl Drop for Model {
     fn drop(&mut self) {
+        if !self.can_free() {
+            return; // leaked: see `set_free_check`
+        }
         // SAFETY: every context using the weights holds an `Arc<Model>`, so none is left.
         unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
     }

@@ -120,6 +120,15 @@ fn parse_endpoints(list: &[String]) -> crate::error::Result<Vec<Endpoint>> {
     Ok(out)
 }
 
+/// Whether every one of `endpoints` still has a server (not dead in this process, not refusing
+/// connections): freeing buffers there can complete (see `Model::set_free_check`). A server
+/// that hangs without closing its socket still counts as answering.
+pub fn servers_answer(endpoints: &[Endpoint]) -> bool {
+    endpoints
+        .iter()
+        .all(|e| !lock(dead()).contains(e) && !e.refuses(PROBE_TIMEOUT))
+}
+
 /// Probes each endpoint and hands it to ggml; its devices, in order.
 fn connect(endpoints: &[Endpoint]) -> crate::error::Result<Vec<Device>> {
     if !endpoints.is_empty() && !llama::rpc_available() {

@@ -66,7 +66,10 @@ fn acquire_model(
         // dies during the load leaves this thread parked for good (see napi/devices.rs), and
         // every later load must not wait for it.
         let (params, offload) = placement.model_params(use_mmap, block_count()?)?;
-        return Ok((Arc::new(Model::load(path, &params)?), offload));
+        let mut model = Model::load(path, &params)?;
+        let endpoints = placement.endpoints.clone();
+        model.set_free_check(move || devices::servers_answer(&endpoints));
+        return Ok((Arc::new(model), offload));
     }
     // Holding the lock across a load makes a second caller wait and then share the result.
     let mut cache = CACHE
