@@ -3,7 +3,7 @@
 const assert = require('node:assert/strict');
 const path = require('node:path');
 const { ensureModel } = require('../scripts/fetch-model');
-const { createContext } = require('..');
+const { Branch, createContext } = require('..');
 
 /** The real GGUF every test runs on (LLAMA_TEST_MODEL overrides the default Gemma 3 270M). */
 const MODEL = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : ensureModel();
@@ -50,4 +50,21 @@ function topK(a, k) {
   return Array.from(a.keys()).sort((x, y) => a[y] - a[x]).slice(0, k);
 }
 
-module.exports = { MODEL, open, rejects, throwsSync, argmax, topK };
+/** Greedy continuation of `prompt` on a fresh branch of `ctx`: the `n` tokens (the branch is pruned). */
+async function greedy(ctx, prompt, n) {
+  const b = Branch.create(ctx, 0, { temperature: 0 });
+  try {
+    await b.prefill(await ctx.tokenize(prompt));
+    const out = [];
+    for (let i = 0; i < n; i++) {
+      const t = b.produce().token;
+      out.push(t);
+      await b.commit(t);
+    }
+    return out;
+  } finally {
+    await b.prune();
+  }
+}
+
+module.exports = { MODEL, open, rejects, throwsSync, argmax, topK, greedy };

@@ -10,7 +10,7 @@ const net = require('node:net');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
 const { Branch, BranchStore, createContext, listDevices } = require('..');
-const { MODEL, rejects, topK } = require('./helpers');
+const { MODEL, rejects, topK, greedy } = require('./helpers');
 
 const CLI = path.join(__dirname, '..', 'bin', 'llama-branch.js');
 
@@ -64,21 +64,6 @@ function rss(pid) {
   }
 }
 
-async function greedy(ctx, prompt, n) {
-  const b = Branch.create(ctx, 0, { temperature: 0 });
-  try {
-    await b.prefill(await ctx.tokenize(prompt));
-    const out = [];
-    for (let i = 0; i < n; i++) {
-      const t = b.produce().token;
-      out.push(t);
-      await b.commit(t);
-    }
-    return out;
-  } finally {
-    await b.prune();
-  }
-}
 
 describe('RPC backend: two loopback rpc-server processes', function () {
   this.timeout(240000);

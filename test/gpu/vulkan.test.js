@@ -15,7 +15,7 @@ const path = require('node:path');
 const fs = require('node:fs');
 const { spawnSync } = require('node:child_process');
 const { Branch, BranchStore, createContext, loadBinary } = require('../..');
-const { MODEL, rejects, topK, argmax } = require('../helpers');
+const { MODEL, rejects, topK, argmax, greedy } = require('../helpers');
 
 const VULKAN = { gpuVariant: 'vulkan' };
 const PROMPT = 'The capital of France is';
@@ -30,23 +30,6 @@ function maxAbsDiff(a, b) {
   let d = 0;
   for (let i = 0; i < a.length; i++) d = Math.max(d, Math.abs(a[i] - b[i]));
   return d;
-}
-
-/** Greedy continuation of `prompt` on one branch: the tokens. */
-async function greedy(ctx, prompt, n) {
-  const b = Branch.create(ctx, 0, { temperature: 0 });
-  try {
-    await b.prefill(await ctx.tokenize(prompt));
-    const out = [];
-    for (let i = 0; i < n; i++) {
-      const t = b.produce().token;
-      out.push(t);
-      await b.commit(t);
-    }
-    return out;
-  } finally {
-    await b.prune();
-  }
 }
 
 describe('GPU tier: Vulkan device', function () {
