@@ -14,8 +14,9 @@
  * feature), then in build/llama_branch.node when it was built with that cargo feature
  * (build/llama_branch.json records the features), then in the platform package
  * llama-branch-<platform>-<variant>. Builds that link llama.cpp statically (every source build)
- * can be loaded side by side in one process; prebuilt ones cannot (see loadFile). If nothing loads, ERR_NATIVE_LOAD lists every candidate
- * with the reason it failed and says how to get a binary.
+ * can be loaded side by side in one process; prebuilt ones cannot (see loadFile). If nothing
+ * loads, ERR_NATIVE_LOAD lists every candidate with the reason it failed and says how to get a
+ * binary.
  *
  * Right after loading, the addon is told the folder it was loaded from: a prebuilt keeps ggml's
  * backend modules (one CPU backend per instruction-set level) there and loads the best one for
@@ -29,9 +30,8 @@ const { makeError } = require('./errors');
 
 const PACKAGE_ROOT = path.join(__dirname, '..');
 const PACKAGE_NAME = 'llama-branch';
-/** Where scripts/build.js installs a source build, and the record of how it was built. */
+/** Where scripts/build.js installs a source build (beside it, llama_branch.json records how it was built). */
 const SOURCE_BUILD = path.join(PACKAGE_ROOT, 'build', 'llama_branch.node');
-const SOURCE_BUILD_INFO = path.join(PACKAGE_ROOT, 'build', 'llama_branch.json');
 
 /** `variant` values meaning "the normal CPU resolution"; the rest are GPU builds. */
 const DEFAULT_VARIANTS = new Set(['default', 'cpu']);
@@ -72,8 +72,8 @@ function normalizeVariant(variant, where = 'loadBinary(variant)') {
   throw makeError('ERR_INVALID_ARG', `${where}: expected 'default', 'cpu', 'cuda' or 'vulkan', got ${shown}`);
 }
 
-/** The cargo features recorded in a source build's .json (default: build/'s; [] when unknown or none). */
-function buildFeatures(infoFile = SOURCE_BUILD_INFO) {
+/** The cargo features recorded in a source build's .json ([] when unknown or none). */
+function buildFeatures(infoFile) {
   try {
     const info = JSON.parse(fs.readFileSync(infoFile, 'utf8'));
     return Array.isArray(info.features) ? info.features.map(String) : [];
@@ -104,6 +104,17 @@ function findPlatformPackage(name) {
   return fs.existsSync(file) ? { file } : { file: null, reason: `${main} is missing from the package` };
 }
 
+/** A source build at `file` as a candidate for `variant` (null = CPU): ruled out when missing or built without that feature. */
+function sourceCandidate(file, variant) {
+  const label = `source build ${path.relative(PACKAGE_ROOT, file).split(path.sep).join('/')}`;
+  if (!fs.existsSync(file)) return { label, file: null, reason: 'not built' };
+  const features = buildFeatures(file.replace(/\.node$/, '.json'));
+  if (variant && !features.includes(variant)) {
+    return { label, file: null, reason: `built without the ${variant} feature (features: ${features.length ? features.join(', ') : 'none'})` };
+  }
+  return { label, file };
+}
+
 /**
  * Where to look for the binary of `variant`, in order, lazily (the platform package is only
  * looked up when nothing before it loaded): { label, file | null, reason? }. Entries without a
@@ -115,23 +126,8 @@ function* candidates(variant) {
     yield { label: 'LLAMA_BRANCH_BINARY', file: path.resolve(explicit) };
     return;
   }
-  if (variant) {
-    const beside = path.join(PACKAGE_ROOT, 'build', variant, path.basename(SOURCE_BUILD));
-    const features = buildFeatures(beside.replace(/\.node$/, '.json'));
-    const label = `source build build/${variant}/llama_branch.node`;
-    if (!fs.existsSync(beside)) yield { label, file: null, reason: 'not built' };
-    else if (!features.includes(variant)) yield { label, file: null, reason: `built without the ${variant} feature (features: ${features.join(', ') || 'none'})` };
-    else yield { label, file: beside };
-  }
-  const label = 'source build build/llama_branch.node';
-  if (!fs.existsSync(SOURCE_BUILD)) {
-    yield { label, file: null, reason: 'not built' };
-  } else if (variant && !buildFeatures().includes(variant)) {
-    const features = buildFeatures();
-    yield { label, file: null, reason: `built without the ${variant} feature (features: ${features.length ? features.join(', ') : 'none'})` };
-  } else {
-    yield { label, file: SOURCE_BUILD };
-  }
+  if (variant) yield sourceCandidate(path.join(PACKAGE_ROOT, 'build', variant, path.basename(SOURCE_BUILD)), variant);
+  yield sourceCandidate(SOURCE_BUILD, variant);
   const name = platformPackageName(variant);
   const found = findPlatformPackage(name);
   yield { label: `platform package ${name}`, file: found.file, reason: found.reason };

@@ -50,6 +50,8 @@ const {
   cdylibName,
   addonPath,
   which,
+  isRoot,
+  hasApt,
   findCargo,
   run,
   formatDuration,
@@ -156,14 +158,6 @@ function extraAptPackages(missing) {
   if (missing.some((m) => m.startsWith('make'))) extra.push('make');
   if (missing.some((m) => m.startsWith('a C++ compiler'))) extra.push('g++');
   return extra;
-}
-
-function isRoot() {
-  return typeof process.getuid === 'function' && process.getuid() === 0;
-}
-
-function hasApt() {
-  return process.platform === 'linux' && which('apt-get') !== null && fs.existsSync('/etc/debian_version');
 }
 
 /** True if apt knows a candidate version of `pkg` (after `apt-get update`). */

@@ -221,6 +221,16 @@ function which(cmd) {
   return null;
 }
 
+/** True when running as root (who may install system packages). */
+function isRoot() {
+  return typeof process.getuid === 'function' && process.getuid() === 0;
+}
+
+/** True on a Debian-family Linux with apt-get. */
+function hasApt() {
+  return process.platform === 'linux' && which('apt-get') !== null && fs.existsSync('/etc/debian_version');
+}
+
 /**
  * Locate cargo. rustup installs into ~/.cargo/bin, which is often not on PATH
  * in non-login shells (CI, npm hooks); in that case it is added to PATH for
@@ -287,6 +297,8 @@ module.exports = {
   cdylibName,
   addonPath,
   which,
+  isRoot,
+  hasApt,
   findCargo,
   run,
   formatDuration,

@@ -22,7 +22,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
-const { which, run } = require('./env');
+const { which, run, isRoot, hasApt } = require('./env');
 
 /** Oldest Vulkan header version known to build the vendored ggml-vulkan (tested here). */
 const MIN_HEADER = [1, 4, 309];
@@ -38,14 +38,6 @@ function log(msg) {
 
 function cacheRoot() {
   return path.join(os.homedir() || os.tmpdir(), '.cache', 'llama-branch');
-}
-
-function isRoot() {
-  return typeof process.getuid === 'function' && process.getuid() === 0;
-}
-
-function hasApt() {
-  return which('apt-get') !== null && fs.existsSync('/etc/debian_version');
 }
 
 function aptEnv() {
@@ -271,4 +263,4 @@ function ensureVulkanDriver() {
   return aptInstall(DRIVER_PACKAGES) && driverCount() > 0;
 }
 
-module.exports = { prepareVulkanBuild, ensureVulkanDriver, headerVersion, MIN_HEADER };
+module.exports = { prepareVulkanBuild, ensureVulkanDriver };
