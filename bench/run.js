@@ -29,6 +29,7 @@ const path = require('node:path');
 const { execFileSync, spawnSync } = require('node:child_process');
 const { createContext, Branch, BranchStore, jsonSchemaToGrammar, systemInfo } = require('..');
 const { ensureModel } = require('../scripts/fetch-model');
+const { nativeOf } = require('../lib/Context'); // the raw-loop baseline is internal
 
 const args = Object.fromEntries(process.argv.slice(2).map((a) => {
   const [k, v] = a.replace(/^--/, '').split('=');
@@ -162,7 +163,7 @@ async function main() {
   // Warm-up (excluded): first decodes allocate and fault in buffers.
   await ours(ctx, store, prompt, Math.min(4, maxN));
   await sequential(ctx, store, prompt, 1);
-  await ctx._benchRawGenerate(prompt, maxN, 2);
+  await nativeOf(ctx)._benchRawGenerate(prompt, maxN, 2);
 
   // Generation: per rep, the three series run back to back in a rotating order.
   const rows = [];
@@ -171,7 +172,7 @@ async function main() {
     const run = {
       ours: () => ours(ctx, store, prompt, n),
       seq: () => sequential(ctx, store, prompt, n),
-      raw: () => ctx._benchRawGenerate(prompt, n, STEPS, planRows(n)),
+      raw: () => nativeOf(ctx)._benchRawGenerate(prompt, n, STEPS, planRows(n)),
     };
     const order = ['ours', 'seq', 'raw'];
     for (let rep = 0; rep < REPS; rep++) {
@@ -199,8 +200,8 @@ async function main() {
   const twoRow = { oneDecodeMs: [], twoDecodesMs: [] };
   if (maxN >= 2) {
     for (let rep = 0; rep < REPS; rep++) {
-      twoRow.oneDecodeMs.push(await ctx._benchRawGenerate(prompt, 2, STEPS, 2));
-      twoRow.twoDecodesMs.push(await ctx._benchRawGenerate(prompt, 2, STEPS, 1));
+      twoRow.oneDecodeMs.push(await nativeOf(ctx)._benchRawGenerate(prompt, 2, STEPS, 2));
+      twoRow.twoDecodesMs.push(await nativeOf(ctx)._benchRawGenerate(prompt, 2, STEPS, 1));
     }
     twoRow.oneDecodeMsPerStep = median(twoRow.oneDecodeMs) / STEPS;
     twoRow.twoDecodesMsPerStep = median(twoRow.twoDecodesMs) / STEPS;
@@ -309,14 +310,14 @@ async function seriesJson() {
   const store = new BranchStore(ctx);
   const prompt = (await ctx.tokenize(WORDS.repeat(6))).slice(0, PROMPT_TOKENS);
   await ours(ctx, store, prompt, Math.min(4, maxN));
-  await ctx._benchRawGenerate(prompt, maxN, 2);
+  await nativeOf(ctx)._benchRawGenerate(prompt, maxN, 2);
   const rows = [];
   for (const n of NS) {
     const row = { n, oursMs: [], rawMs: [] };
     for (let rep = 0; rep < REPS; rep++) {
       const pair = [
         async () => row.oursMs.push(await ours(ctx, store, prompt, n)),
-        async () => row.rawMs.push(await ctx._benchRawGenerate(prompt, n, STEPS, planRows(n))),
+        async () => row.rawMs.push(await nativeOf(ctx)._benchRawGenerate(prompt, n, STEPS, planRows(n))),
       ];
       for (const run of rep % 2 ? pair.reverse() : pair) await run();
     }

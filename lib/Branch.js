@@ -1,7 +1,7 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const { nativeOf, wrapFreed, registerBranch } = require('./context');
+const { nativeOf, wrapFreed, registerBranch } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 
 function isNum(v) {
@@ -15,14 +15,14 @@ function isNum(v) {
 class Branch {
   /**
    * @private
-   * @param {import('./native').SessionContext} ctx
+   * @param {import('./Context').SessionContext} ctx
    * @param {number} handle
    */
   constructor(ctx, handle) {
     this._ctx = ctx;
     this._handle = handle;
     this._disposed = false;
-    registerBranch(ctx, this);
+    registerBranch(ctx, this, handle);
   }
 
   /**
@@ -53,11 +53,6 @@ class Branch {
   /** A child sharing this branch's KV prefix (no copy). `seqId` picks a specific free lease. */
   fork(seqId) {
     return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId));
-  }
-
-  /** `fork()` (already synchronous; the name the reference's later surface uses). */
-  forkSync(seqId) {
-    return this.fork(seqId);
   }
 
   /**
@@ -95,11 +90,6 @@ class Branch {
   /** Samples without writing KV or accepting: `{token, text, isStop}`. */
   produce() {
     return this._live()._branchProduce(this._handle);
-  }
-
-  /** `produce()` (already synchronous; the name the reference's later surface uses). */
-  produceSync() {
-    return this.produce();
   }
 
   /**
@@ -197,7 +187,7 @@ class Branch {
     const ctx = this._ctx;
     this._disposed = true;
     if (ctx.disposed) return Promise.resolve(); // dispose() already freed every branch
-    return ctx[method](this._handle).then(
+    return nativeOf(ctx)[method](this._handle).then(
       (freed) => {
         wrapFreed(ctx, freed);
       },
@@ -212,7 +202,7 @@ class Branch {
       this._disposed = true;
       return;
     }
-    const freed = this._ctx[method](this._handle);
+    const freed = nativeOf(this._ctx)[method](this._handle);
     this._disposed = true;
     wrapFreed(this._ctx, freed);
   }
@@ -234,6 +224,18 @@ class Branch {
   get children() { return this._info().children; }
   get isLeaf() { return this._info().children.length === 0; }
   get isActive() { return !this._disposed; }
+
+  // --- Compatibility aliases: the names of the reference's later surface, in one place ---------
+
+  /** {@link fork} (already synchronous). */
+  forkSync(seqId) {
+    return this.fork(seqId);
+  }
+
+  /** {@link produce} (already synchronous). */
+  produceSync() {
+    return this.produce();
+  }
 
   /** `for await (const {token, text} of branch)`: commits each token before yielding it; stops at end-of-generation. */
   async *[Symbol.asyncIterator]() {

@@ -2,14 +2,15 @@
 
 const { makeError } = require('./errors');
 const { Branch } = require('./Branch');
-const { nativeOf, wrapFreed } = require('./context');
+const { nativeOf, wrapFreed } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 
 /** Batched operations over many branches of one context: one `llama_decode` per step. */
 class BranchStore {
-  /** @param {import('./native').SessionContext} ctx */
+  /** @param {import('./Context').SessionContext} ctx */
   constructor(ctx) {
-    this._ctx = nativeOf(ctx);
+    nativeOf(ctx); // checks ctx
+    this._ctx = ctx;
   }
 
   /** The branch's handle; the native side tells a foreign or freed branch apart. */

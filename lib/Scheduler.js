@@ -81,7 +81,7 @@ class CacheEntry {
 
 class Scheduler {
   /**
-   * @param {import('./native').SessionContext} ctx a context the scheduler uses alone; size `nSeqMax`
+   * @param {import('./Context').SessionContext} ctx a context the scheduler uses alone; size `nSeqMax`
    *   for (running requests × (n + 1)) + cached prefixes, and `nCtx` for their tokens.
    * @param {object} [options] `prefillChunk` (prompt tokens per step, default 256), `maxQueue`
    *   (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`.

@@ -72,21 +72,4 @@ function runCancellable(options, where, start) {
   );
 }
 
-/** `ctx.decode(tokens, position, seqId?, { signal }?)` (or `decode(tokens, position, { signal })`). */
-function installDecodeSignal(SessionContext) {
-  const proto = SessionContext.prototype;
-  const nativeDecode = proto.decode;
-  proto.decode = function decode(tokens, position, seqId, options) {
-    if (seqId !== null && typeof seqId === 'object' && options === undefined) {
-      options = seqId;
-      seqId = undefined;
-    }
-    try {
-      return runCancellable(options, 'decode', (token) => nativeDecode.call(this, tokens, position, seqId, token));
-    } catch (e) {
-      return Promise.reject(e);
-    }
-  };
-}
-
-module.exports = { runCancellable, signalOf, installDecodeSignal };
+module.exports = { runCancellable, signalOf };

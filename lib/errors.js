@@ -8,7 +8,7 @@
  *   before anything reaches native code;
  * - the one shim for napi-rs's own argument conversion: napi-rs converts arguments in generated
  *   code before our Rust runs and throws with its status name as `code` ('InvalidArg',
- *   'NumberExpected', ...). `finishNativeErrors` renames those to ERR_INVALID_ARG, keeping the
+ *   'NumberExpected', ...). `guardedView` gives lib/ a view of a native object whose methods rename those to ERR_INVALID_ARG, keeping the
  *   original as `cause`. Methods that return a Promise take their arguments unconverted in
  *   Rust and reject instead, so they never throw here.
  */
@@ -62,30 +62,33 @@ function finishThrows(fn, name) {
 }
 
 /**
- * Finishes napi-rs conversion errors on every module function (camelCase exports) and every
- * method of every native class (the capitalised exports) of the binding.
- * @param {Record<string, any>} binding
+ * A view of a native object (a SessionContext, the binding module) whose every method finishes
+ * napi-rs conversion errors and whose getters read through. The native object itself is left as
+ * it is: nothing is patched.
+ * @template T
+ * @param {T} target
+ * @returns {T}
  */
-function finishNativeErrors(binding) {
-  for (const [name, value] of Object.entries(binding)) {
-    if (typeof value !== 'function') continue;
-    if (/^[A-Z]/.test(name)) finishClassMethods(value);
-    else binding[name] = finishThrows(value, name);
+function guardedView(target) {
+  const view = {};
+  const seen = new Set(['constructor']);
+  for (let o = /** @type {any} */ (target); o && o !== Object.prototype; o = Object.getPrototypeOf(o)) {
+    for (const name of Object.getOwnPropertyNames(o)) {
+      if (seen.has(name)) continue;
+      seen.add(name);
+      const desc = Object.getOwnPropertyDescriptor(o, name);
+      if (typeof desc.value === 'function') {
+        const method = desc.value;
+        view[name] = /^[A-Z]/.test(name) ? method : finishThrows((...args) => method.apply(target, args), name);
+      } else if (desc.get) {
+        const get = desc.get;
+        Object.defineProperty(view, name, { get: () => get.call(target), enumerable: true });
+      } else {
+        view[name] = desc.value;
+      }
+    }
   }
+  return /** @type {T} */ (Object.freeze(view));
 }
 
-/**
- * Wraps every method of a native class so a conversion error thrown by napi-rs is finished.
- * @param {Function} Class
- */
-function finishClassMethods(Class) {
-  const proto = Class.prototype;
-  for (const name of Object.getOwnPropertyNames(proto)) {
-    const desc = Object.getOwnPropertyDescriptor(proto, name);
-    if (name === 'constructor' || typeof desc.value !== 'function') continue;
-    desc.value = finishThrows(desc.value, name);
-    Object.defineProperty(proto, name, desc);
-  }
-}
-
-module.exports = { makeError, finishError, finishNativeErrors };
+module.exports = { makeError, finishError, guardedView };

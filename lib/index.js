@@ -3,30 +3,56 @@
 const { fileURLToPath } = require('node:url');
 const native = require('./native');
 const loader = require('./loader');
-const { makeError } = require('./errors');
+const { makeError, guardedView } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
-const { installDecodeSignal } = require('./cancel');
-const { jsonSchemaToGrammar, jsonSchemaToGrammarSync, installSchemaMethods } = require('./schema');
+const { SessionContext, wrapContext } = require('./Context');
+const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
 const { Scheduler } = require('./Scheduler');
 const { createServer } = require('./server');
 
-loader.whenLoaded((binding) => {
-  installDecodeSignal(binding.SessionContext);
-  installSchemaMethods(binding.SessionContext);
-});
-
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType', 'nGpuLayers', 'mainGpu'];
 
+/** Public views of loaded bindings, by guarded binding (one per build). */
+const publicBindings = new WeakMap();
+
+/** Guarded views of loaded bindings, by native binding: one view per build. */
+const guardedBindings = new WeakMap([[loader.loadBinary(), native]]);
+
+/** The guarded binding of GPU `variant` (the default one for undefined). */
+function guardedBinding(variant) {
+  if (variant === undefined) return native;
+  const binding = loader.loadBinary(variant);
+  if (!guardedBindings.has(binding)) guardedBindings.set(binding, guardedView(binding));
+  return guardedBindings.get(binding);
+}
+
 /**
- * The native binding for `variant` ('default' | 'cpu' | undefined: the normal resolution;
+ * A loaded build of the addon as users see it: its system line, its devices and the context
+ * class (contexts of every build are `SessionContext`s of lib/Context.js).
+ */
+function publicBinding(binding) {
+  let view = publicBindings.get(binding);
+  if (!view) {
+    view = Object.freeze({
+      systemInfo: () => binding.systemInfo(),
+      listDevices: (options) => listDevicesOf(binding, options),
+      SessionContext,
+    });
+    publicBindings.set(binding, view);
+  }
+  return view;
+}
+
+/**
+ * The binding for `variant` ('default' | 'cpu' | undefined: the normal resolution;
  * 'cuda' | 'vulkan': that GPU build). See lib/loader.js for where each is looked for.
  */
 function loadBinary(variant) {
-  return variant === undefined ? native : loader.loadBinary(variant);
+  return publicBinding(variant === undefined ? native : guardedBinding(loader.normalizeVariant(variant, 'loadBinary(variant)') || undefined));
 }
 
-/** The binding `loadOptions.gpuVariant` selects (the default binding without one). */
+/** The guarded binding `loadOptions.gpuVariant` selects (the default binding without one). */
 function bindingFor(loadOptions) {
   if (loadOptions === undefined || loadOptions === null) return native;
   const where = 'createContext(options, loadOptions)';
@@ -36,7 +62,7 @@ function bindingFor(loadOptions) {
   const unknown = Object.keys(loadOptions).filter((k) => k !== 'gpuVariant');
   if (unknown.length) throw makeError('ERR_INVALID_ARG', `${where}: unknown loadOptions ${unknown.join(', ')}; the only one is gpuVariant`);
   const variant = loader.normalizeVariant(loadOptions.gpuVariant, `${where}: loadOptions.gpuVariant`);
-  return variant ? loader.loadBinary(variant) : native;
+  return guardedBinding(variant || undefined);
 }
 
 /**
@@ -69,17 +95,21 @@ async function createContext(options, loadOptions) {
       throw makeError('ERR_INVALID_ARG', `options.${k} must be an array of strings`);
     }
   }
-  return bindingFor(loadOptions).createContext({ ...options, modelPath });
+  return wrapContext(await bindingFor(loadOptions).createContext({ ...options, modelPath }));
 }
 
 /** Backend devices of this process and, with `rpcServers`, of each RPC server. */
 function listDevices(options) {
+  return listDevicesOf(native, options);
+}
+
+function listDevicesOf(binding, options) {
   if (options !== undefined && (options === null || typeof options !== 'object')) throw makeError('ERR_INVALID_ARG', 'listDevices(options): expected an options object');
   const rpcServers = options && options.rpcServers;
   if (rpcServers !== undefined && !(Array.isArray(rpcServers) && rpcServers.every((v) => typeof v === 'string'))) {
     throw makeError('ERR_INVALID_ARG', 'options.rpcServers must be an array of strings');
   }
-  return native.listDevices(rpcServers ? { rpcServers } : undefined);
+  return binding.listDevices(rpcServers ? { rpcServers } : undefined);
 }
 
 /** Runs llama.cpp's RPC server in this process until it exits (see README, "Multi-host (RPC)"). */
@@ -120,7 +150,7 @@ module.exports = {
   Scheduler,
   createServer,
   withLogits,
-  SessionContext: native.SessionContext,
+  SessionContext,
   jsonSchemaToGrammar,
   jsonSchemaToGrammarSync,
   setLogLevel: native.setLogLevel,

@@ -133,19 +133,8 @@ function* candidates(variant) {
   yield { label: `platform package ${name}`, file: found.file, reason: found.reason };
 }
 
-/** Loaded bindings by real path of their .node, so each file is loaded and prepared once. */
+/** Loaded bindings by real path of their .node, so each file is loaded once. */
 const loaded = new Map();
-/** Functions that make a binding ready for lib/ (coded errors, JS-side methods); run once per binding. */
-const preparers = [];
-
-/**
- * Registers `prepare(binding)`, applied to every binding loaded so far and to each one loaded
- * later, once per binding.
- */
-function whenLoaded(prepare) {
-  preparers.push(prepare);
-  for (const binding of loaded.values()) prepare(binding);
-}
 
 /**
  * True for a build with llama.cpp in shared libraries next to the .node (a prebuilt): the
@@ -176,13 +165,11 @@ function loadFile(file) {
   }
   const binding = require(real);
   const dir = path.dirname(real);
-  // An addon older than the loader has no _setBackendDir; its CPU backend is compiled in.
-  const devices = typeof binding._setBackendDir === 'function' ? binding._setBackendDir(dir) : 1;
+  const devices = binding._setBackendDir(dir);
   if (devices === 0) {
     throw new Error(`it loaded, but no llama.cpp compute backend did: ${dir} must hold the backend modules shipped with it (libggml-cpu-*.so next to the .node); reinstall the package that provides it`);
   }
   loaded.set(real, binding);
-  for (const prepare of preparers) prepare(binding);
   return binding;
 }
 
@@ -248,7 +235,6 @@ function loadPlatformPackage(variant) {
 module.exports = {
   loadBinary,
   loadPlatformPackage,
-  whenLoaded,
   platformKey,
   platformPackageName,
   normalizeVariant,

@@ -1,14 +1,11 @@
 'use strict';
 
-const { finishNativeErrors } = require('./errors');
-const { installRawMethods } = require('./raw');
-const { loadBinary, whenLoaded } = require('./loader');
+const { guardedView } = require('./errors');
+const { loadBinary } = require('./loader');
 
-// Every binding the loader loads (the default one below, GPU variants later) gets the same finish.
-whenLoaded((binding) => {
-  finishNativeErrors(binding);
-  installRawMethods(binding.SessionContext);
-});
-
-/** The default binding (lib/loader.js: LLAMA_BRANCH_BINARY, the source build, the platform package). */
-module.exports = loadBinary();
+/**
+ * The default binding (lib/loader.js: LLAMA_BRANCH_BINARY, the source build, the platform
+ * package), seen through `guardedView`: its functions throw ERR_INVALID_ARG for napi-rs
+ * conversion errors. lib/ alone uses it; the public surface is lib/index.js.
+ */
+module.exports = guardedView(loadBinary());

@@ -1,8 +1,8 @@
 'use strict';
 
 /**
- * JSON schema → GBNF, as a module function and as SessionContext members (the reference had
- * `ctx.jsonSchemaToGrammar`), each with a synchronous twin. The schema may be an object or its
+ * JSON schema → GBNF as module functions (SessionContext has them as members too, as the
+ * reference had `ctx.jsonSchemaToGrammar`), each with a synchronous twin. The schema may be an object or its
  * JSON text; the conversion is llama.cpp's (native).
  */
 
@@ -33,14 +33,4 @@ function jsonSchemaToGrammarSync(schema) {
   return native.jsonSchemaToGrammarSync(schemaText(schema, 'jsonSchemaToGrammarSync'));
 }
 
-/** Adds `ctx.jsonSchemaToGrammar` and `ctx.jsonSchemaToGrammarSync` (they use no context state). */
-function installSchemaMethods(SessionContext) {
-  SessionContext.prototype.jsonSchemaToGrammar = function (schema) {
-    return jsonSchemaToGrammar(schema);
-  };
-  SessionContext.prototype.jsonSchemaToGrammarSync = function (schema) {
-    return jsonSchemaToGrammarSync(schema);
-  };
-}
-
-module.exports = { jsonSchemaToGrammar, jsonSchemaToGrammarSync, installSchemaMethods };
+module.exports = { jsonSchemaToGrammar, jsonSchemaToGrammarSync };

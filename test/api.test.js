@@ -6,6 +6,7 @@
 const assert = require('node:assert/strict');
 const { Branch, jsonSchemaToGrammar } = require('..');
 const { open, rejects, throwsSync, argmax } = require('./helpers');
+const { nativeOf } = require('../lib/Context'); // internals, for checks the public API cannot make
 
 const EMPTY_OBJECT_GBNF = 'root ::= "{" ws "}" ws\nws ::= [ \\t\\n]*';
 
@@ -34,7 +35,7 @@ describe('Context API: sample, metrics, grammar handles, embeddings', function (
   });
   after(() => ctx && ctx.dispose());
   afterEach(async () => {
-    for (const h of ctx._storeLiveHandles()) ctx._branchPrune(h);
+    for (const h of nativeOf(ctx)._storeLiveHandles()) nativeOf(ctx)._branchPrune(h);
     await ctx.kvCacheClear();
   });
 

@@ -12,6 +12,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { createContext, Branch, BranchStore, jsonSchemaToGrammar, setLogLevel, withLogits } = require('..');
 const { MODEL, open } = require('./helpers');
+const { nativeOf } = require('../lib/Context'); // internals, for checks the public API cannot make
 
 const GREEDY = { temperature: 0 };
 const PROMPT = 'The capital of France is';
@@ -291,14 +292,14 @@ const GROUPS = [
         await a.prune();
         const b = env.root.fork();
         try {
-          env.ctx._branchPosition(stale);
+          nativeOf(env.ctx)._branchPosition(stale);
         } finally {
           await b.prune();
         }
       }],
-      ['native call with handle -1', 'ERR_INVALID_ARG', () => env.ctx._branchInfo(-1), /handle/],
-      ['native call with handle 1.5', 'ERR_INVALID_ARG', () => env.ctx._branchInfo(1.5), /handle/],
-      ['native commit with handles and tokens of different lengths', 'ERR_INVALID_ARG', () => env.ctx._storeCommit([env.root.handle], [1, 2]), /same length/],
+      ['native call with handle -1', 'ERR_INVALID_ARG', () => nativeOf(env.ctx)._branchInfo(-1), /handle/],
+      ['native call with handle 1.5', 'ERR_INVALID_ARG', () => nativeOf(env.ctx)._branchInfo(1.5), /handle/],
+      ['native commit with handles and tokens of different lengths', 'ERR_INVALID_ARG', () => nativeOf(env.ctx)._storeCommit([env.root.handle], [1, 2]), /same length/],
     ],
   },
   {

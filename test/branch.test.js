@@ -3,6 +3,7 @@
 const assert = require('node:assert/strict');
 const { Branch, BranchStore } = require('..');
 const { open, rejects, throwsSync, argmax, topK } = require('./helpers');
+const { nativeOf } = require('../lib/Context'); // internals, for checks the public API cannot make
 
 const GREEDY = { temperature: 0 };
 const PROMPT = 'The quick brown fox jumps over the lazy';
@@ -34,7 +35,7 @@ describe('Branch and BranchStore', function () {
   after(() => ctx && ctx.dispose());
   afterEach(async () => {
     // a failed test must not leak branches into the next one
-    for (const h of ctx._storeLiveHandles()) ctx._branchPrune(h);
+    for (const h of nativeOf(ctx)._storeLiveHandles()) nativeOf(ctx)._branchPrune(h);
     await ctx.kvCacheClear();
   });
 
@@ -380,8 +381,8 @@ describe('Branch and BranchStore', function () {
     assert.ok(bad instanceof Promise);
     await rejects(() => bad, 'ERR_INVALID_ARG');
     // stale handles at the native layer are rejected, not dereferenced
-    await rejects(() => ctx._branchDecodeAndCaptureOne(child.handle, 5), 'ERR_BRANCH_DISPOSED');
-    await rejects(() => ctx._storeCommit([0], [5]), 'ERR_BRANCH_DISPOSED');
+    await rejects(() => nativeOf(ctx)._branchDecodeAndCaptureOne(child.handle, 5), 'ERR_BRANCH_DISPOSED');
+    await rejects(() => nativeOf(ctx)._storeCommit([0], [5]), 'ERR_BRANCH_DISPOSED');
     await root.prune();
   });
 

@@ -4,6 +4,7 @@ const assert = require('node:assert/strict');
 const { monitorEventLoopDelay } = require('node:perf_hooks');
 const { Branch, BranchStore } = require('..');
 const { open, rejects, throwsSync } = require('./helpers');
+const { nativeOf } = require('../lib/Context'); // internals, for checks the public API cannot make
 
 const GREEDY = { temperature: 0 };
 
@@ -65,7 +66,7 @@ describe('cancellation with AbortSignal', function () {
     twin = root.fork();
   });
   afterEach(async () => {
-    for (const h of ctx._storeLiveHandles()) ctx._branchPrune(h);
+    for (const h of nativeOf(ctx)._storeLiveHandles()) nativeOf(ctx)._branchPrune(h);
     await ctx.kvCacheClear();
   });
 

@@ -6,6 +6,7 @@
 const assert = require('node:assert/strict');
 const { Branch, ReasoningFormat, GrammarTriggerType } = require('..');
 const { open, rejects, throwsSync } = require('./helpers');
+const { nativeOf } = require('../lib/Context'); // internals, for checks the public API cannot make
 
 const GREEDY = { temperature: 0 };
 
@@ -254,7 +255,7 @@ describe('Chat helpers', function () {
 
   describe('multi-turn on a branch', () => {
     afterEach(async () => {
-      for (const h of ctx._storeLiveHandles()) ctx._branchPrune(h);
+      for (const h of nativeOf(ctx)._storeLiveHandles()) nativeOf(ctx)._branchPrune(h);
       await ctx.kvCacheClear();
     });
 

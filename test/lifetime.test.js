@@ -3,6 +3,7 @@
 const assert = require('node:assert/strict');
 const { Branch, BranchStore } = require('..');
 const { open } = require('./helpers');
+const { nativeOf } = require('../lib/Context'); // internals, for checks the public API cannot make
 
 const MiB = 2 ** 20;
 
@@ -93,7 +94,7 @@ describe('resource lifetime', function () {
       await collect();
       // the next operation that needs a lease frees the collected branches first
       const fresh = root.fork();
-      assert.deepEqual(ctx._storeLiveHandles().sort(), [root.handle, fresh.handle].sort());
+      assert.deepEqual(nativeOf(ctx)._storeLiveHandles().sort(), [root.handle, fresh.handle].sort());
       assert.equal(store.available, 6);
       await store.commit([[root, root.produce().token], [fresh, fresh.produce().token]]);
       assert.equal(store.kvPressure().cellsUsed, root.position + 1);

@@ -34,7 +34,7 @@ describe('loader: loadBinary(variant)', function () {
   });
 
   it('the loaded addon has at least one compute device', function () {
-    assert.ok(llama.loadBinary()._setBackendDir(path.dirname(SOURCE_BUILD)) >= 1);
+    assert.ok(require('../lib/native')._setBackendDir(path.dirname(SOURCE_BUILD)) >= 1);
   });
 
   for (const variant of ['cuda', 'vulkan']) {

@@ -12,6 +12,7 @@
 const assert = require('node:assert/strict');
 const fc = require('fast-check');
 const { Branch, BranchStore } = require('..');
+const { nativeOf } = require('../lib/Context'); // internals, for checks the public API cannot make
 
 // Weights favour the cheap bookkeeping operations; decodes are short so thousands of steps fit
 // in CI time, and the small nCtx of the test makes the cache fill up regularly.
@@ -131,7 +132,7 @@ function checkInvariants(ctx, store, model) {
     assert.equal(ctx.kvSeqPosMax(seq), s.position - 1, `branch ${b.handle}: position == pos_max + 1 of seq ${seq}`);
     assert.equal(s.runs.reduce((n, r) => n + model.runs.get(r), 0), s.position, 'model: runs cover the position');
   }
-  const handles = ctx._storeLiveHandles().slice().sort((a, b) => a - b);
+  const handles = nativeOf(ctx)._storeLiveHandles().slice().sort((a, b) => a - b);
   assert.deepEqual(handles, [...model.live.keys()].map((b) => b.handle).sort((a, b) => a - b), 'live handles');
   assert.equal(store.available, model.available(), 'leases in use + available == nSeqMax');
   assert.equal(model.live.size + model.detached.size + store.available, model.nSeqMax);

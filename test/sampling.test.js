@@ -3,6 +3,7 @@
 const assert = require('node:assert/strict');
 const { Branch, BranchStore, jsonSchemaToGrammar } = require('..');
 const { open, rejects, throwsSync, argmax } = require('./helpers');
+const { nativeOf } = require('../lib/Context'); // internals, for checks the public API cannot make
 
 describe('Sampling parameters, grammar and determinism', function () {
   let ctx;
@@ -15,7 +16,7 @@ describe('Sampling parameters, grammar and determinism', function () {
   });
   after(() => ctx && ctx.dispose());
   afterEach(async () => {
-    for (const h of ctx._storeLiveHandles()) ctx._branchPrune(h);
+    for (const h of nativeOf(ctx)._storeLiveHandles()) nativeOf(ctx)._branchPrune(h);
     await ctx.kvCacheClear();
   });
 

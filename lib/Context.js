@@ -1,0 +1,743 @@
+'use strict';
+
+/**
+ * `SessionContext`: what `createContext` returns. It holds the native context (src/napi/context.rs,
+ * a `#[napi]` class whose worker thread orders every operation) privately and writes each public
+ * method once, with the argument checks only JavaScript can make, AbortSignal plumbing and error
+ * mapping. Nothing patches the native prototype: the native object is reached through a guarded
+ * view (`nativeOf`) whose methods finish napi-rs conversion errors as ERR_INVALID_ARG.
+ *
+ * The context also keeps the JS-side bookkeeping of its Branch wrappers, so that every wrapper of
+ * a freed branch reports `disposed`; a branch garbage-collected without prune is handed to the
+ * worker (`_branchRelease`) and freed in call order.
+ */
+
+const { makeError, guardedView } = require('./errors');
+const { runCancellable } = require('./cancel');
+const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
+
+/** @typedef {import('./native').SessionContext} NativeContext */
+
+/** Only `wrapContext` may construct a SessionContext. */
+const CONSTRUCT = Symbol('SessionContext.construct');
+
+// Set by SessionContext's static block: the only ways into its private fields.
+/** @type {(ctx: SessionContext) => NativeContext} */
+let nativeOfContext;
+/** @type {(ctx: SessionContext) => Map<number, WeakRef<any>>} */
+let wrappersOfContext;
+/** @type {(ctx: any) => boolean} */
+let isContext;
+/** @type {(inner: NativeContext) => SessionContext} */
+let construct;
+
+/**
+ * A llama.cpp context plus its branch store and worker thread. Created by {@link createContext}
+ * only. Asynchronous methods run on the context's worker thread in call order (FIFO).
+ *
+ * The raw methods (`decode`, `getLogits`, `kv*`) work on sequences that no live branch leases;
+ * a leased sequence must be driven through the {@link Branch} API. The lease rule in detail:
+ * - reads work on any sequence: `kvSeqPosMax`, `kvCacheSize`, `kvCacheSave`, `kvCacheWriteFile`
+ *   and the source of `kvSeqCopy`;
+ * - writes to one sequence (`decode`, `decodeAndCapture`, `kvCacheRemove`, `kvCacheLoad`,
+ *   `kvCacheReadFile`, the destination of `kvSeqCopy`) reject with `ERR_INVALID_ARG` when a live
+ *   branch leases it;
+ * - whole-cache writes (`kvCacheClear`, `clearAndReseed`) reject while any branch is alive, and
+ *   `kvSeqKeep(seqId)` while any branch on another sequence is alive.
+ */
+class SessionContext {
+  /** @type {NativeContext} the guarded view of the native context */
+  #native;
+  /** @type {Map<number, WeakRef<any>>} Branch wrappers by handle */
+  #wrappers = new Map();
+
+  /**
+   * @private
+   * @param {symbol} token
+   * @param {NativeContext} inner
+   */
+  constructor(token, inner) {
+    if (token !== CONSTRUCT) throw makeError('ERR_INVALID_ARG', 'SessionContext cannot be constructed directly; use createContext(options)');
+    this.#native = guardedView(inner);
+  }
+
+  /** Number of tokens in the vocabulary (the length of every logits row). */
+  get vocabSize() {
+    return this.#native.vocabSize;
+  }
+  /** Size of the model's tensors in bytes. */
+  get memorySize() {
+    return this.#native.memorySize;
+  }
+  /** Effective KV cache size in cells. */
+  get nCtx() {
+    return this.#native.nCtx;
+  }
+  /** Effective maximum tokens per decode. */
+  get nBatch() {
+    return this.#native.nBatch;
+  }
+  /** Number of KV sequences (branch leases). */
+  get nSeqMax() {
+    return this.#native.nSeqMax;
+  }
+  /** True after {@link dispose}. Never throws. */
+  get disposed() {
+    return this.#native.disposed;
+  }
+  /**
+   * Where the model's layers went.
+   * @returns {import('./types').OffloadInfo}
+   */
+  get offload() {
+    return this.#native.offload;
+  }
+  /** True once an RPC server the context uses died: every call then fails with `ERR_CONTEXT_LOST`. */
+  get lost() {
+    return this.#native.lost;
+  }
+  /** llama.cpp's one-line model description, e.g. `"gemma3 270M Q4_K - Medium"`. */
+  get modelDescription() {
+    return this.#native.modelDescription;
+  }
+  /**
+   * The model's sliding-window attention span in positions (0 when it has none; Gemma 3: 512).
+   * {@link Branch.forkAt} below a branch's own position is refused once the branch is past it.
+   */
+  get slidingWindow() {
+    return this.#native.slidingWindow;
+  }
+
+  /**
+   * Frees the context. Idempotent. A running operation finishes first; queued ones reject with
+   * `ERR_CONTEXT_DISPOSED`, as does every later call (except `disposed` and `dispose`).
+   * @returns {void}
+   */
+  dispose() {
+    this.#native.dispose();
+  }
+
+  // --- Tokens -------------------------------------------------------------------------------
+
+  /**
+   * Tokenizes `text` on the worker thread. Special tokens written in the text (e.g.
+   * `<start_of_turn>`) are parsed.
+   * @param {string} text
+   * @param {boolean} [addSpecial] add the model's BOS (and other special prefix) tokens. Default true.
+   * @returns {Promise<number[]>}
+   */
+  tokenize(text, addSpecial) {
+    return this.#native.tokenize(text, addSpecial);
+  }
+  /**
+   * Synchronous {@link tokenize}. Does not need an idle context.
+   * @param {string} text
+   * @param {boolean} [addSpecial]
+   * @returns {number[]}
+   */
+  tokenizeSync(text, addSpecial) {
+    return this.#native.tokenizeSync(text, addSpecial);
+  }
+  /**
+   * Turns token ids back into text, on the worker thread.
+   * @param {number[]} tokens
+   * @returns {Promise<string>}
+   */
+  detokenize(tokens) {
+    return this.#native.detokenize(tokens);
+  }
+  /**
+   * The text piece of one token. Does not need an idle context.
+   * @param {number} token
+   * @returns {string}
+   */
+  tokenToText(token) {
+    return this.#native.tokenToText(token);
+  }
+  /**
+   * Whether `token` ends generation (EOS, EOT, ...). Does not need an idle context.
+   * @param {number} token
+   * @returns {boolean}
+   */
+  isStopToken(token) {
+    return this.#native.isStopToken(token);
+  }
+  /**
+   * The end-of-generation token (EOT, else EOS). Throws `ERR_UNSUPPORTED` if the model has neither.
+   * @returns {number}
+   */
+  getEogToken() {
+    return this.#native.getEogToken();
+  }
+  /**
+   * The BOS token, or null if the model has none.
+   * @returns {number | null}
+   */
+  getBosToken() {
+    return this.#native.getBosToken();
+  }
+
+  // --- Raw decoding and logits ----------------------------------------------------------------
+
+  /**
+   * Raw decode of `tokens` into sequence `seqId` (default 0) starting at `position`, chunked by
+   * `nBatch`; logits are computed for the last token. `position` must continue the sequence
+   * (`kvSeqPosMax(seqId) + 1`, or 0 for an empty one). Refused (`ERR_INVALID_ARG`) on a sequence
+   * leased by a live branch. Rejects with `ERR_KV_FULL` past `nCtx` or when llama.cpp finds no
+   * free KV cells, and with `ERR_DECODE` when `llama_decode` fails otherwise; on failure the
+   * cells written by this call are removed again. Rejects with `ERR_ABORTED` when
+   * `options.signal` aborts it (the sequence then holds none of these tokens).
+   * `decode(tokens, position, options)` is sequence 0 with options.
+   * @param {number[]} tokens
+   * @param {number} position
+   * @param {number | import('./types').OperationOptions} [seqId]
+   * @param {import('./types').OperationOptions} [options]
+   * @returns {Promise<void>}
+   */
+  decode(tokens, position, seqId, options) {
+    if (seqId !== null && typeof seqId === 'object' && options === undefined) {
+      options = seqId;
+      seqId = undefined;
+    }
+    const native = this.#native;
+    const seq = /** @type {number | undefined} */ (seqId);
+    try {
+      return runCancellable(options, 'decode', (cancel) => native.decode(tokens, position, seq, cancel));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+  /**
+   * A zero-copy view of the context's last logits row (length `vocabSize`): the last token of
+   * the last decode of any kind. Per-branch snapshots are on {@link Branch.getLogits}.
+   *
+   * The view is **revoked** (its ArrayBuffer is detached: `length` becomes 0, reads give
+   * `undefined`) as soon as an operation that may rewrite the logits is started: any decode
+   * (`decode`, `decodeAndCapture`, `clearAndReseed`, branch and store `commit` / `prefill` /
+   * `decodeAndCaptureOne`), `kvCacheClear`, `kvCacheRemove`, `kvCacheLoad`, `kvCacheReadFile`,
+   * `dispose`, and any other asynchronous context method except `tokenize` / `detokenize` /
+   * `kvCacheSave` / `kvCacheWriteFile`. Copy it (`Float32Array.from(view)`) to keep values.
+   * Calls within one step share one buffer, and writes through the view are seen by
+   * `greedySample()`, `modelEntropy()` and `modelSurprisal()` (e.g. to mask tokens).
+   * Throws `ERR_NO_LOGITS` before the first decode.
+   * @returns {Float32Array}
+   */
+  getLogits() {
+    return this.#native.getLogits();
+  }
+  /**
+   * Argmax of the context's last logits row (ties: the lowest id). Sees writes through {@link getLogits}.
+   * @returns {number}
+   */
+  greedySample() {
+    return this.#native.greedySample();
+  }
+  /**
+   * Raw decode (as {@link decode}; `seqId` is required) that then copies the last token's logits
+   * into `dest`, a `Float32Array` or `ArrayBuffer` of at least `vocabSize` floats. `dest` is
+   * checked before anything is decoded (`ERR_INVALID_ARG`); the copy is independent of the
+   * context and is taken right after the decode, before any later queued operation runs.
+   * @param {number[]} tokens
+   * @param {number} position
+   * @param {number} seqId
+   * @param {Float32Array | ArrayBuffer} dest
+   * @returns {Promise<void>}
+   */
+  async decodeAndCapture(tokens, position, seqId, dest) {
+    const n = this.vocabSize;
+    captureTarget(dest, n);
+    // One native job decodes and copies, so no later operation can slip in between.
+    const row = await this.#native._decodeAndCapture(tokens, position, seqId);
+    // Checked again: the caller may have transferred or detached `dest` while the decode ran.
+    captureTarget(dest, n).set(row);
+  }
+  /**
+   * Entropy of the softmax of `logits` (default: the context's last logits row). Non-finite
+   * logits (masked tokens) are left out. A given `logits` must be a Float32Array of length
+   * `vocabSize` (else `ERR_INVALID_ARG`).
+   * @param {import('./types').EntropyBase} [base] `'nats'` (default) or `'bits'`.
+   * @param {Float32Array} [logits]
+   * @returns {number}
+   */
+  modelEntropy(base, logits) {
+    return this.#native.modelEntropy(base, logits);
+  }
+  /**
+   * Surprisal `-log p(token)` under `logits` (default: the context's last logits row); `Infinity`
+   * for a masked token. `token` outside the vocabulary throws `ERR_TOKEN_OUT_OF_RANGE`; a given
+   * `logits` must be a Float32Array of length `vocabSize` (else `ERR_INVALID_ARG`).
+   * @param {number} token
+   * @param {import('./types').EntropyBase} [base] `'nats'` (default) or `'bits'`.
+   * @param {Float32Array} [logits]
+   * @returns {number}
+   */
+  modelSurprisal(token, base, logits) {
+    return this.#native.modelSurprisal(token, base, logits);
+  }
+
+  // --- KV cache -------------------------------------------------------------------------------
+
+  /**
+   * Highest position stored for the sequence, or -1 when it is empty.
+   * @param {number} seqId
+   * @returns {number}
+   */
+  kvSeqPosMax(seqId) {
+    return this.#native.kvSeqPosMax(seqId);
+  }
+  /**
+   * Same as `kvSeqPosMax(seqId)` (default sequence 0): the highest position, or -1 when empty.
+   * Note: this is not a cell count (a sequence holding 3 tokens returns 2).
+   * @param {number} [seqId]
+   * @returns {number}
+   */
+  kvCacheSize(seqId) {
+    return this.#native.kvCacheSize(seqId);
+  }
+  /**
+   * Empties the whole KV cache. Rejects with `ERR_INVALID_ARG` while any branch is alive.
+   * @returns {Promise<void>}
+   */
+  kvCacheClear() {
+    return this.#native.kvCacheClear();
+  }
+  /**
+   * Removes positions `[start, end)` of a sequence no live branch leases (`-1` means "from the
+   * start" / "to the end"). Rejects with `ERR_STATE` if the model's memory cannot remove a
+   * partial range.
+   * @param {number} seqId
+   * @param {number} start
+   * @param {number} end
+   * @returns {Promise<void>}
+   */
+  kvCacheRemove(seqId, start, end) {
+    return this.#native.kvCacheRemove(seqId, start, end);
+  }
+  /**
+   * Makes `dst` hold sequence `src`'s cells at positions `[p0, p1)` (default: all; `-1` means
+   * "from the start" / "to the end"). Cells are shared, not duplicated. `dst` is cleared first,
+   * must differ from `src` and must not be leased by a live branch.
+   * @param {number} src
+   * @param {number} dst
+   * @param {number} [p0]
+   * @param {number} [p1]
+   * @returns {void}
+   */
+  kvSeqCopy(src, dst, p0, p1) {
+    this.#native.kvSeqCopy(src, dst, p0, p1);
+  }
+  /**
+   * Removes the cells of every sequence except `seqId`. Throws `ERR_INVALID_ARG` while a live
+   * branch holds another sequence (use `store.retainOnly` to keep one branch).
+   * @param {number} seqId
+   * @returns {void}
+   */
+  kvSeqKeep(seqId) {
+    this.#native.kvSeqKeep(seqId);
+  }
+  /**
+   * Clears the whole KV cache, then decodes `sinks` at position 0 and `tail` right after them
+   * into sequence 0 (logits for the last token; the next position is `sinks.length +
+   * tail.length`). Rejects with `ERR_INVALID_ARG` when both are empty or while any branch is
+   * alive, with `ERR_KV_FULL` when they exceed `nCtx` (checked before clearing).
+   * @param {number[]} sinks
+   * @param {number[]} tail
+   * @returns {Promise<void>}
+   */
+  clearAndReseed(sinks, tail) {
+    return this.#native.clearAndReseed(sinks, tail);
+  }
+  /**
+   * The state (KV cells) of sequence `seqId` (default 0) as a Buffer for {@link kvCacheLoad}:
+   * loading it back into a context of the same model and settings restores the same next-token
+   * logits. Works on leased sequences too. Rejects with `ERR_INVALID_ARG` if the sequence is empty.
+   * @param {number} [seqId]
+   * @returns {Promise<Buffer>}
+   */
+  kvCacheSave(seqId) {
+    return this.#native.kvCacheSave(seqId);
+  }
+  /**
+   * Replaces sequence `seqId`'s cells with a state from {@link kvCacheSave} (the buffer is copied
+   * at call time). Rejects with `ERR_INVALID_ARG` for an empty buffer or a leased sequence, and
+   * with `ERR_STATE` when the data is not a state, is truncated, has trailing bytes, comes from
+   * another model or configuration, or does not fit in the free cells; the sequence then keeps
+   * its previous cells. (Corrupted tensor bytes inside a well-formed state cannot be detected.)
+   * @param {number} seqId
+   * @param {Buffer | Uint8Array} state
+   * @returns {Promise<void>}
+   */
+  kvCacheLoad(seqId, state) {
+    return this.#native.kvCacheLoad(seqId, state);
+  }
+  /**
+   * Writes sequence `seqId`'s state and `tokens` (usually the tokens it holds, for your own
+   * bookkeeping) to the file `path`, replacing it. Resolves the bytes written. Rejects with
+   * `ERR_INVALID_ARG` for an empty sequence, an empty or unwritable path, or more than `nCtx`
+   * tokens.
+   * @param {number} seqId
+   * @param {string} path
+   * @param {number[]} tokens
+   * @returns {Promise<number>}
+   */
+  kvCacheWriteFile(seqId, path, tokens) {
+    return this.#native.kvCacheWriteFile(seqId, path, tokens);
+  }
+  /**
+   * Loads a file written by {@link kvCacheWriteFile} into sequence `seqId` (replacing its cells)
+   * and resolves the stored tokens and the file size. Rejects with `ERR_INVALID_ARG` when the
+   * file cannot be opened or the sequence is leased, and with `ERR_STATE` when the file is not a
+   * valid state file for this model and context; the sequence then keeps its previous cells.
+   * @param {number} seqId
+   * @param {string} path
+   * @returns {Promise<import('./types').KvFileContents>}
+   */
+  kvCacheReadFile(seqId, path) {
+    return this.#native.kvCacheReadFile(seqId, path);
+  }
+
+  // --- Chat (the model's Jinja chat template, rendered and parsed by llama.cpp's chat layer) ---
+
+  /**
+   * Renders `messages` (OpenAI-style, as JSON text or as an array) with the model's chat template,
+   * or with `options.templateOverride` (a string second argument is also taken as the override).
+   * A model without a template gets Gemma's template when its vocabulary has Gemma's turn tokens,
+   * llama.cpp's ChatML otherwise. The prompt carries no BOS text: tokenize it with the default
+   * `addSpecial` for the first turn.
+   *
+   * A leading `{role: 'system', content: ''}` message means "only this turn": the rest of the
+   * messages are rendered exactly as they appear after an earlier exchange, ready to append to a
+   * conversation in the KV cache after {@link SessionContext.getTurnSeparator} (see docs/api.md, Chat).
+   *
+   * Runs on the context's worker. Rejects with `ERR_INVALID_ARG` (messages, tools, toolChoice or
+   * reasoningFormat malformed) or `ERR_CHAT_TEMPLATE` (the template fails to parse or render,
+   * e.g. roles that do not alternate); it never falls back to another prompt format.
+   * @param {string | readonly import('./types').ChatMessage[]} messages
+   * @param {import('./types').FormatChatOptions | string} [options]
+   * @returns {Promise<import('./types').FormattedChatResult>}
+   */
+  formatChat(messages, options) {
+    return this.#native.formatChat(messages, options);
+  }
+  /**
+   * {@link formatChat} on the calling thread (the template renders while JavaScript waits).
+   * @param {string | readonly import('./types').ChatMessage[]} messages
+   * @param {import('./types').FormatChatOptions | string} [options]
+   * @returns {import('./types').FormattedChatResult}
+   */
+  formatChatSync(messages, options) {
+    return this.#native.formatChatSync(messages, options);
+  }
+  /**
+   * The module's {@link jsonSchemaToGrammar} as a member (it uses no context state).
+   * @param {string | object} schema
+   * @returns {Promise<string>}
+   */
+  jsonSchemaToGrammar(schema) {
+    return jsonSchemaToGrammar(schema);
+  }
+  /**
+   * The module's {@link jsonSchemaToGrammarSync} as a member.
+   * @param {string | object} schema
+   * @returns {string}
+   */
+  jsonSchemaToGrammarSync(schema) {
+    return jsonSchemaToGrammarSync(schema);
+  }
+  /**
+   * Splits model output into content, reasoning and tool calls with the parser `formatChat`
+   * built. Pass `format` and the formatChat result (or at least its `parser` and
+   * `generationPrompt`) as options; without a `parser` the whole output is content.
+   * Throws `ERR_CHAT_PARSE` when the output does not match the format (`isPartial: true` accepts
+   * an unfinished output while streaming), `ERR_INVALID_ARG` for malformed options.
+   * Synchronous; usable while the context is busy.
+   * @param {string} output
+   * @param {import('./types').ChatFormat} format
+   * @param {import('./types').ParseChatOutputOptions} [options]
+   * @returns {import('./types').ParseChatOutputResult}
+   */
+  parseChatOutput(output, format, options) {
+    return this.#native.parseChatOutput(output, format, options);
+  }
+  /**
+   * Whether `template` is a Jinja chat template llama.cpp can parse and render (runs on the worker).
+   * @param {string} template
+   * @returns {Promise<boolean>}
+   */
+  validateChatTemplate(template) {
+    return this.#native.validateChatTemplate(template);
+  }
+  /**
+   * Tokens that close an assistant turn before the next message: the template's text between an
+   * assistant message and the next user message, tokenized, up to its first end-of-generation
+   * token plus trailing whitespace tokens (Gemma: `<end_of_turn>`, `"\n"`; ChatML:
+   * `<|im_end|>`, `"\n"`). Falls back to `[EOT or EOS]` when the template yields nothing usable.
+   * Computed once per context. Usable while the context is busy.
+   * @returns {number[]}
+   */
+  getTurnSeparator() {
+    return this.#native.getTurnSeparator();
+  }
+
+  // --- Sampling from the context's logits ---------------------------------------------------
+
+  /**
+   * Samples a token from the context's last logits row (the same row {@link getLogits} reads).
+   *
+   * - No `params` (or `undefined`/`null`): argmax, exactly {@link greedySample}; stateless.
+   * - With `params`: runs a sampler chain kept **per context** and accepts the chosen token into
+   *   it, so penalties see every token this method returned. The chain persists between calls
+   *   while the resolved params are equal (deep comparison, a new object with the same values
+   *   counts as equal); any change rebuilds it, which empties the penalty history and restarts
+   *   the RNG from `seed` (a seeded chain then replays its draws). Same defaults and validation
+   *   as a Branch's params (`temperature` 0.8, `topK` 40, ...; `{ temperature: 0 }` is argmax).
+   *   `logitBias` applies; `grammar` is refused (`ERR_INVALID_ARG`): use
+   *   {@link createSampler} + {@link applySampler}, or a Branch with a grammar.
+   *
+   * Throws `ERR_NO_LOGITS` before any decode, `ERR_INVALID_ARG` for bad params,
+   * `ERR_GRAMMAR` if `logitBias` bans every token. Runs after any queued operation.
+   * @param {import('./types').SamplingParams | null} [params]
+   * @returns {number}
+   */
+  sample(params) {
+    return this.#native.sample(params);
+  }
+
+  // --- Grammar sampler handles ----------------------------------------------------------------
+
+  /**
+   * Parses a GBNF grammar (root rule `root`) into a grammar sampler and returns its handle (a
+   * positive integer, valid on this context only). Throws `ERR_GRAMMAR` for an empty or
+   * malformed grammar. Handles are freed by {@link freeSamplerHandle} or {@link dispose}.
+   * @param {string} grammar
+   * @returns {number}
+   */
+  createSampler(grammar) {
+    return this.#native.createSampler(grammar);
+  }
+  /**
+   * Masks `logits` in place: every token the grammar forbids in its current state becomes
+   * `-Infinity`; allowed entries are unchanged. `logits` must be a Float32Array of length
+   * `vocabSize` (else `ERR_INVALID_ARG`). Runs after any queued operation.
+   * @param {number} handle
+   * @param {Float32Array} logits
+   * @returns {void}
+   */
+  applySampler(handle, logits) {
+    this.#native.applySampler(handle, logits);
+  }
+  /**
+   * Advances the grammar by `token`. A token the grammar forbids (including end-of-generation
+   * before the grammar is complete) throws `ERR_GRAMMAR_REJECTED` and leaves the grammar as it
+   * was.
+   * @param {number} handle
+   * @param {number} token
+   * @returns {void}
+   */
+  acceptSamplerToken(handle, token) {
+    this.#native.acceptSamplerToken(handle, token);
+  }
+  /**
+   * A new handle with a copy of the grammar's current parse state.
+   * @param {number} handle
+   * @returns {number}
+   */
+  cloneSampler(handle) {
+    return this.#native.cloneSampler(handle);
+  }
+  /**
+   * Frees a grammar sampler. An unknown or already freed handle throws `ERR_INVALID_ARG` (as
+   * for every handle method; perplexity trackers behave the same way).
+   * @param {number} handle
+   * @returns {void}
+   */
+  freeSamplerHandle(handle) {
+    this.#native.freeSamplerHandle(handle);
+  }
+
+  // --- Perplexity trackers (work at any time, even while the context is busy) ---------------
+
+  /**
+   * A new tracker (count 0) and its handle. Freed by {@link freePerplexityTracker} or {@link dispose}.
+   * @returns {number}
+   */
+  createPerplexityTracker() {
+    return this.#native.createPerplexityTracker();
+  }
+  /**
+   * Adds one surprisal, in nats (e.g. `modelSurprisal(token)`). Non-finite values (a token the
+   * distribution excluded) are ignored and not counted; negative values count as 0.
+   * @param {number} handle
+   * @param {number} surprisal
+   * @returns {void}
+   */
+  addSurprisal(handle, surprisal) {
+    this.#native.addSurprisal(handle, surprisal);
+  }
+  /**
+   * `exp(mean surprisal)`; `Infinity` while the count is 0.
+   * @param {number} handle
+   * @returns {number}
+   */
+  getPerplexity(handle) {
+    return this.#native.getPerplexity(handle);
+  }
+  /**
+   * Number of surprisals counted.
+   * @param {number} handle
+   * @returns {number}
+   */
+  getPerplexityCount(handle) {
+    return this.#native.getPerplexityCount(handle);
+  }
+  /**
+   * Sets the count and sum back to 0.
+   * @param {number} handle
+   * @returns {void}
+   */
+  resetPerplexityTracker(handle) {
+    this.#native.resetPerplexityTracker(handle);
+  }
+  /**
+   * A new, independent tracker with the same count and sum.
+   * @param {number} handle
+   * @returns {number}
+   */
+  clonePerplexityTracker(handle) {
+    return this.#native.clonePerplexityTracker(handle);
+  }
+  /**
+   * Frees a tracker. Unknown or already freed handles throw `ERR_INVALID_ARG`, as do all tracker methods.
+   * @param {number} handle
+   * @returns {void}
+   */
+  freePerplexityTracker(handle) {
+    this.#native.freePerplexityTracker(handle);
+  }
+
+  // --- Embeddings (contexts created with `embeddings: true`) --------------------------------
+
+  /**
+   * Computes embeddings for `tokens` (at most `nBatch`, one decode, nothing truncated): sequence
+   * 0 is **cleared first**, then the tokens go to positions `0..n-1` of it, so successive calls
+   * are independent. Rejects with `ERR_UNSUPPORTED` on a context without `embeddings: true`,
+   * `ERR_INVALID_ARG` for an empty or too long input or when a live branch leases sequence 0.
+   * @param {number[]} tokens
+   * @returns {Promise<void>}
+   */
+  encode(tokens) {
+    return this.#native.encode(tokens);
+  }
+  /**
+   * A copy of the embedding of the last {@link encode} (length {@link getEmbeddingDimension}):
+   * pooled over sequence 0 (`poolingType` MEAN, CLS or LAST), or the last token's vector with
+   * `PoolingType.NONE`. L2-normalised unless `normalize` is false. Throws `ERR_NO_LOGITS` before
+   * the first encode, `ERR_UNSUPPORTED` on a non-embedding context or with `PoolingType.RANK`.
+   * @param {boolean} [normalize]
+   * @returns {Float32Array}
+   */
+  getEmbeddings(normalize) {
+    return this.#native.getEmbeddings(normalize);
+  }
+  /**
+   * Length of the embedding vectors (the model's embedding width). Works on any context, at any time.
+   * @returns {number}
+   */
+  getEmbeddingDimension() {
+    return this.#native.getEmbeddingDimension();
+  }
+  /**
+   * True when the context pools token embeddings per sequence (`poolingType` not NONE). Any time.
+   * @returns {boolean}
+   */
+  hasPooling() {
+    return this.#native.hasPooling();
+  }
+
+  // --- For lib/ only (Branch, BranchStore): not public API -----------------------------------
+
+  static {
+    /** @param {SessionContext} ctx */
+    nativeOfContext = (ctx) => ctx.#native;
+    /** @param {SessionContext} ctx */
+    wrappersOfContext = (ctx) => ctx.#wrappers;
+    /** @param {any} ctx */
+    isContext = (ctx) => ctx !== null && typeof ctx === 'object' && #native in ctx;
+    construct = (inner) => new SessionContext(CONSTRUCT, inner);
+  }
+}
+
+/**
+ * The facade over a native context that `createContext` made.
+ * @param {NativeContext} inner
+ * @returns {SessionContext}
+ */
+function wrapContext(inner) {
+  return construct(inner);
+}
+
+/**
+ * The (guarded) native context behind `ctx`: for lib/'s Branch and BranchStore, and for tests that
+ * look at internals. Throws ERR_INVALID_ARG for anything else, ERR_CONTEXT_DISPOSED once disposed.
+ * @param {any} ctx
+ * @returns {NativeContext}
+ */
+function nativeOf(ctx) {
+  if (!isContext(ctx)) throw makeError('ERR_INVALID_ARG', 'expected a SessionContext from createContext()');
+  const native = nativeOfContext(ctx);
+  if (native.disposed) native._throwCoded('ERR_CONTEXT_DISPOSED');
+  return native;
+}
+
+/** `dest` as a Float32Array of exactly `n` floats, or an ERR_INVALID_ARG error. */
+function captureTarget(dest, n) {
+  if (dest instanceof Float32Array) {
+    if (dest.length < n) throw makeError('ERR_INVALID_ARG', `decodeAndCapture: dest holds ${dest.length} floats; it needs at least vocabSize = ${n}`);
+    return dest.subarray(0, n);
+  }
+  if (dest instanceof ArrayBuffer) {
+    if (dest.byteLength < n * 4) throw makeError('ERR_INVALID_ARG', `decodeAndCapture: dest holds ${dest.byteLength} bytes; it needs at least vocabSize * 4 = ${n * 4}`);
+    return new Float32Array(dest, 0, n);
+  }
+  throw makeError('ERR_INVALID_ARG', 'decodeAndCapture: dest must be a Float32Array or an ArrayBuffer of at least vocabSize floats');
+}
+
+// --- Branch wrapper bookkeeping --------------------------------------------------------------
+
+const collected = new FinalizationRegistry(({ ctxRef, handle }) => {
+  const ctx = ctxRef.deref();
+  if (!ctx || ctx.disposed) return;
+  wrappersOfContext(ctx).delete(handle);
+  nativeOfContext(ctx)._branchRelease(handle);
+});
+
+/**
+ * Remembers `branch` (a Branch wrapper of `handle` on `ctx`) so a native free marks it disposed.
+ * @param {SessionContext} ctx
+ * @param {{ _disposed: boolean }} branch
+ * @param {number} handle
+ */
+function registerBranch(ctx, branch, handle) {
+  wrappersOfContext(ctx).set(handle, new WeakRef(branch));
+  collected.register(branch, { ctxRef: new WeakRef(ctx), handle }, branch);
+}
+
+/**
+ * Marks the wrappers of natively freed handles as disposed.
+ * @param {SessionContext} ctx
+ * @param {number[] | undefined} handles
+ */
+function wrapFreed(ctx, handles) {
+  const map = wrappersOfContext(ctx);
+  for (const h of handles || []) {
+    const w = map.get(h)?.deref();
+    if (w) {
+      w._disposed = true;
+      collected.unregister(w);
+    }
+    map.delete(h);
+  }
+  return handles;
+}
+
+module.exports = { SessionContext, wrapContext, nativeOf, registerBranch, wrapFreed };
