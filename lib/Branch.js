@@ -4,18 +4,31 @@ const { makeError } = require('./errors');
 const { nativeOf, wrapFreed, registerBranch } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 
+/**
+ * @typedef {import('./Context').SessionContext} SessionContext
+ * @typedef {import('./types').SamplingParams} SamplingParams
+ * @typedef {import('./types').OperationOptions} OperationOptions
+ * @typedef {import('./types').Produced} Produced
+ * @typedef {import('./types').BranchToken} BranchToken
+ */
+
+/** @param {unknown} v @returns {v is number} */
 function isNum(v) {
   return typeof v === 'number';
 }
 
 /**
  * One line of generation: a leased KV sequence plus its own sampler chain, grammar, logits
- * snapshot and perplexity trackers. Create roots with `Branch.create`, siblings with `fork()`.
+ * snapshot and perplexity trackers. Create roots with {@link Branch.create}, children with
+ * {@link Branch.fork}. Free with {@link prune}, {@link pruneSubtree}, {@link destroy} or
+ * {@link BranchStore.retainOnly}; a branch garbage-collected without being freed is pruned at the
+ * next opportunity.
+ * @implements {AsyncIterable<BranchToken>}
  */
 class Branch {
   /**
    * @private
-   * @param {import('./Context').SessionContext} ctx
+   * @param {SessionContext} ctx
    * @param {number} handle
    */
   constructor(ctx, handle) {
@@ -26,9 +39,37 @@ class Branch {
   }
 
   /**
-   * Root branch on a sequence whose prefix the caller decoded:
-   *   Branch.create(ctx, seqId, position, params?, nBatch?, grammar?)
-   *   Branch.create(ctx, position, params?, nBatch?, grammar?)   (the store picks the sequence)
+   * Root branch on sequence `seqId`, adopting the prefix the caller decoded there with
+   * `ctx.decode(tokens, 0, seqId)`. `position` must be where that prefix ends
+   * (`ctx.kvSeqPosMax(seqId) + 1`, or 0 for an empty sequence). Call {@link captureLogits} right
+   * after the raw decode to sample from it. On an empty sequence with `position > 0` the branch
+   * is created ahead of its prefix: copy it in with `ctx.kvSeqCopy(src, seqId)` (the copy must
+   * end at `position`) before decoding or forking from it (`ERR_INVALID_ARG` until then). A
+   * `seqId` of `nSeqMax` or more is `ERR_INVALID_ARG` saying which `nSeqMax` to create.
+   * @overload
+   * @param {SessionContext} ctx
+   * @param {number} seqId
+   * @param {number} position
+   * @param {SamplingParams} [params]
+   * @param {number} [nBatch] per-branch cap for {@link prefill} chunks, in [1, ctx.nBatch]. Default ctx.nBatch.
+   * @param {string} [grammar] GBNF grammar; overrides `params.grammar`.
+   * @returns {Branch}
+   */
+  /**
+   * Root branch on a free sequence picked by the store (usually with `position` 0, then
+   * {@link prefill} the prompt). Throws `ERR_NO_FREE_SEQUENCE` when all leases are taken.
+   * @overload
+   * @param {SessionContext} ctx
+   * @param {number} position
+   * @param {SamplingParams} [params]
+   * @param {number} [nBatch]
+   * @param {string} [grammar]
+   * @returns {Branch}
+   */
+  /**
+   * @param {SessionContext} ctx
+   * @param {...any} args
+   * @returns {Branch}
    */
   static create(ctx, ...args) {
     const native = nativeOf(ctx);
@@ -43,6 +84,7 @@ class Branch {
     return new Branch(ctx, handle);
   }
 
+  /** The native context, or the coded error for a freed branch. */
   _live() {
     const native = nativeOf(this._ctx);
     // Freed here, possibly still queued natively: the native side gives the error and message.
@@ -50,58 +92,107 @@ class Branch {
     return native;
   }
 
-  /** A child sharing this branch's KV prefix (no copy). `seqId` picks a specific free lease. */
+  /**
+   * A child sharing this branch's KV prefix (no copy) with independent copies of its sampler
+   * chain (including RNG state), grammar state, logits snapshot and perplexity. Steer biases are
+   * not inherited. `seqId` requests a specific free lease.
+   * @param {number} [seqId]
+   * @returns {Branch}
+   */
   fork(seqId) {
     return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId));
   }
 
   /**
-   * A child sharing only this branch's cells below `position` (a prefix of its tokens). Unless
-   * `position` is this branch's own, the child has no logits snapshot yet (prefill it) and a
-   * fresh sampler chain built from this branch's parameters.
+   * A child sharing only this branch's cells below `position` — a prefix of its tokens, e.g. a
+   * shared system prompt — without copying them. Unless `position` is this branch's own, the
+   * child has no logits snapshot (prefill at least one token before sampling), fresh
+   * perplexities, and a fresh sampler chain and grammar built from this branch's parameters
+   * (the parent's RNG, penalty window and grammar state describe tokens the child lacks).
+   * `position` must be in `[0, position]` of this branch. On a model with sliding-window
+   * attention (Gemma 3: 512 positions) a fork below the parent's own position is refused with
+   * `ERR_UNSUPPORTED` once the parent is past the window: llama.cpp may already have reused the
+   * cells the child would need. Keep a branch at the prefix (a prefix cache does) and fork that.
+   * @param {number} position
+   * @param {number} [seqId]
+   * @returns {Branch}
    */
   forkAt(position, seqId) {
     if (typeof position !== 'number') throw makeError('ERR_INVALID_ARG', 'forkAt(position, seqId?): position must be a number');
     return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId, position));
   }
 
+  /**
+   * Copies the context's last logits row into this branch (after a raw `ctx.decode` for it).
+   * @returns {void}
+   */
   captureLogits() {
     this._live()._branchCaptureLogits(this._handle);
   }
 
-  /** A copy of the logits snapshot (length vocabSize). */
+  /**
+   * A copy of this branch's logits snapshot (length `vocabSize`). Throws `ERR_NO_LOGITS` if none.
+   * @returns {Float32Array}
+   */
   getLogits() {
     return this._live()._branchGetLogits(this._handle);
   }
 
-  /** Entropy of the snapshot distribution (`'nats'` or `'bits'`). */
+  /**
+   * Entropy of the snapshot distribution, in `'nats'` (default) or `'bits'`.
+   * @param {import('./types').EntropyBase} [base]
+   * @returns {number}
+   */
   entropy(base) {
     return this._live()._branchEntropy(this._handle, base);
   }
 
+  /**
+   * Samples a token from the snapshot through the full pipeline, without accepting it or writing
+   * KV. Throws `ERR_GRAMMAR` if every candidate is masked.
+   * @returns {number}
+   */
   sample() {
     return this._live()._branchSample(this._handle);
   }
 
+  /**
+   * Accepts `token` into the sampler (penalty window), grammar and perplexity trackers. No decode.
+   * @param {number} token
+   * @returns {void}
+   */
   accept(token) {
     this._live()._branchAccept(this._handle, token);
   }
 
-  /** Samples without writing KV or accepting: `{token, text, isStop}`. */
+  /**
+   * {@link sample} plus the token's text and stop flag.
+   * @returns {Produced}
+   */
   produce() {
     return this._live()._branchProduce(this._handle);
   }
 
   /**
-   * Accepts `token` (sampler, grammar, perplexity) and decodes it; all-or-nothing.
-   * `options.signal` (an AbortSignal) cancels it with ERR_ABORTED.
+   * Accepts `token` and decodes it, refreshing the logits snapshot. All-or-nothing: on failure
+   * the branch is unchanged. Rejects with `ERR_GRAMMAR_REJECTED`, `ERR_KV_FULL`, `ERR_ABORTED`, ...
+   * @param {number} token
+   * @param {OperationOptions} [options]
+   * @returns {Promise<void>}
    */
   async commit(token, options) {
     const native = this._live();
     return runCancellable(options, 'commit', (cancel) => native._storeCommit([this._handle], [token], cancel));
   }
 
-  /** Decodes tokens the model did not sample (user turns, tool output); no accept. Cancellable. */
+  /**
+   * Decodes tokens the model did not sample (prompt, user turn, tool output), in chunks of this
+   * branch's `nBatch`, without accepting them. An empty array is a no-op. All-or-nothing: an
+   * abort (`options.signal`) or failure after some chunks removes all of them again.
+   * @param {number[]} tokens
+   * @param {OperationOptions} [options]
+   * @returns {Promise<void>}
+   */
   async prefill(tokens, options) {
     const native = this._live();
     if (!Array.isArray(tokens)) throw makeError('ERR_INVALID_ARG', 'prefill(tokens): tokens must be an array of token ids');
@@ -112,65 +203,111 @@ class Branch {
     return runCancellable(options, 'prefill', (cancel) => native._branchPrefill(this._handle, tokens, cancel));
   }
 
-  /** Decodes one token without accepting it. Cancellable like `commit`. */
+  /**
+   * Decodes one token without accepting it, and captures its logits. Cancellable.
+   * @param {number} token
+   * @param {OperationOptions} [options]
+   * @returns {Promise<void>}
+   */
   async decodeAndCaptureOne(token, options) {
     const native = this._live();
     return runCancellable(options, 'decodeAndCaptureOne', (cancel) => native._branchDecodeAndCaptureOne(this._handle, token, cancel));
   }
 
-  /** Per-branch dynamic biases `[{token, bias}]` (bias -Infinity bans); not inherited by forks. */
+  /**
+   * Replaces this branch's dynamic biases (`bias` finite or `-Infinity` to ban); not inherited
+   * by forks.
+   * @param {import('./types').TokenBias[]} biases
+   * @returns {void}
+   */
   steer(biases) {
     if (!Array.isArray(biases)) throw makeError('ERR_INVALID_ARG', 'steer(biases): biases must be an array of {token, bias}');
     this._live()._branchSteer(this._handle, biases);
   }
 
+  /**
+   * Removes the dynamic biases set by {@link steer}.
+   * @returns {void}
+   */
   clearSteer() {
     this._live()._branchSteer(this._handle, []);
   }
 
-  /** New seed for the random stage (forks share the parent's RNG state until reseeded). */
+  /**
+   * Reseeds the random stage (integer in [0, 2^32)); no effect on greedy chains. Forks share the
+   * parent's RNG state until reseeded.
+   * @param {number} seed
+   * @returns {void}
+   */
   reseedSampler(seed) {
     this._live()._branchReseed(this._handle, seed);
   }
 
-  /** Rebuilds the sampler chain (the penalty window and RNG start fresh). */
+  /**
+   * Rebuilds the sampler chain from `params` (penalty window and RNG start fresh). A `grammar` in
+   * `params` replaces the current one; without it the current grammar is kept.
+   * @param {SamplingParams} params
+   * @returns {void}
+   */
   setSamplerParams(params) {
     this._live()._branchSetSamplerParams(this._handle, params || {});
   }
 
   /**
-   * Installs a GBNF grammar (`null`/`''` removes it). With `triggerPatterns`, `triggerWords` or
-   * `triggerTokens` the grammar is lazy: unconstrained until a trigger appears.
+   * Installs a GBNF grammar; `null` or `''` removes it. With `lazy` triggers (`triggerPatterns`,
+   * `triggerWords` or `triggerTokens`) the grammar only applies once a trigger appears.
+   * @param {string | null} grammar
+   * @param {import('./types').LazyGrammarTriggers} [lazy]
+   * @returns {void}
    */
   setGrammar(grammar, lazy) {
     const native = this._live();
     const opts = lazy || {};
+    /** @param {string} w */
     const escape = (w) => String(w).replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
     const patterns = [...(opts.triggerPatterns || []), ...(opts.triggerWords || []).map((w) => `[\\s\\S]*?(${escape(w)}[\\s\\S]*)`)];
     native._branchSetGrammar(this._handle, grammar || null, patterns, opts.triggerTokens || []);
   }
 
-  /** Frees the branch and its KV tags. Its children live on, re-parented. Never throws if disposed. */
+  /**
+   * Frees this branch and its KV tags; its children live on (re-parented to its parent). Resolves
+   * at once when the context is idle, else after the pending operation. No-op when disposed.
+   * @returns {Promise<void>}
+   */
   prune() {
     return this._free('_branchPrune');
   }
 
-  /** Frees the branch and all of its descendants. */
+  /**
+   * Frees this branch and all of its descendants. No-op when disposed.
+   * @returns {Promise<void>}
+   */
   pruneSubtree() {
     return this._free('_branchPruneSubtree');
   }
 
-  /** `prune()` done before returning: waits for operations queued on the context, then frees. */
+  /**
+   * {@link prune} done before returning: waits for operations queued on the context, then frees.
+   * @returns {void}
+   */
   pruneSync() {
     this._freeSync('_branchPruneSync');
   }
 
-  /** `pruneSubtree()` done before returning (as `pruneSync`). */
+  /**
+   * {@link pruneSubtree} done before returning (as {@link pruneSync}).
+   * @returns {void}
+   */
   pruneSubtreeSync() {
     this._freeSync('_branchPruneSubtreeSync');
   }
 
-  /** Frees the branch but keeps its KV for raw `ctx` calls; returns the sequence id. */
+  /**
+   * Frees the branch object but keeps its KV cells for raw `ctx` calls; returns the sequence id
+   * (reserved until its cells are removed, e.g. `ctx.kvCacheRemove(seq, -1, -1)`), or undefined
+   * if the branch was already disposed.
+   * @returns {number | undefined}
+   */
   destroy() {
     if (this._disposed) return undefined;
     const seq = nativeOf(this._ctx)._branchDestroy(this._handle);
@@ -181,6 +318,8 @@ class Branch {
   /**
    * Marks the wrapper disposed at once; the native side frees the branch in call order (now,
    * when nothing is queued on the context) and reports every handle it freed.
+   * @param {'_branchPrune' | '_branchPruneSubtree'} method
+   * @returns {Promise<void>}
    */
   _free(method) {
     if (this._disposed) return Promise.resolve();
@@ -197,6 +336,7 @@ class Branch {
     );
   }
 
+  /** @param {'_branchPruneSync' | '_branchPruneSubtreeSync'} method */
   _freeSync(method) {
     if (this._disposed || this._ctx.disposed) {
       this._disposed = true;
@@ -211,33 +351,82 @@ class Branch {
     return this._live()._branchInfo(this._handle);
   }
 
-  get handle() { return this._handle; }
-  get disposed() { return this._disposed; }
-  get seqId() { return this._info().seqId; }
-  get position() { return this._live()._branchPosition(this._handle); }
-  get forkHead() { return this._info().forkHead; }
-  /** Model-level perplexity of accepted tokens; Infinity before the first accept. */
-  get perplexity() { return this._info().perplexity; }
+  /** Opaque native handle (a non-zero integer), as used by {@link parent} and {@link children}. */
+  get handle() {
+    return this._handle;
+  }
+  /** True once pruned, destroyed or released by `retainOnly`. Never throws. */
+  get disposed() {
+    return this._disposed;
+  }
+  /** The leased KV sequence id. */
+  get seqId() {
+    return this._info().seqId;
+  }
+  /** The next position to write (number of tokens in this branch's sequence). */
+  get position() {
+    return this._live()._branchPosition(this._handle);
+  }
+  /** Position at which this branch was forked (0 for roots). */
+  get forkHead() {
+    return this._info().forkHead;
+  }
+  /** Model perplexity of accepted tokens (raw logits); `Infinity` before the first accept. */
+  get perplexity() {
+    return this._info().perplexity;
+  }
   /** Perplexity under the distribution actually sampled from (after filters and temperature). */
-  get samplingPerplexity() { return this._info().samplingPerplexity; }
-  get parent() { const p = this._info().parent; return p === 0 ? null : p; }
-  get children() { return this._info().children; }
-  get isLeaf() { return this._info().children.length === 0; }
-  get isActive() { return !this._disposed; }
+  get samplingPerplexity() {
+    return this._info().samplingPerplexity;
+  }
+  /**
+   * Handle of the parent branch, or null for a root.
+   * @returns {number | null}
+   */
+  get parent() {
+    const p = this._info().parent;
+    return p === 0 ? null : p;
+  }
+  /**
+   * Handles of the live child branches.
+   * @returns {number[]}
+   */
+  get children() {
+    return this._info().children;
+  }
+  /** True when the branch has no live children. */
+  get isLeaf() {
+    return this._info().children.length === 0;
+  }
+  /** `!disposed`. */
+  get isActive() {
+    return !this._disposed;
+  }
 
   // --- Compatibility aliases: the names of the reference's later surface, in one place ---------
 
-  /** {@link fork} (already synchronous). */
+  /**
+   * {@link fork} (already synchronous).
+   * @param {number} [seqId]
+   * @returns {Branch}
+   */
   forkSync(seqId) {
     return this.fork(seqId);
   }
 
-  /** {@link produce} (already synchronous). */
+  /**
+   * {@link produce} (already synchronous).
+   * @returns {Produced}
+   */
   produceSync() {
     return this.produce();
   }
 
-  /** `for await (const {token, text} of branch)`: commits each token before yielding it; stops at end-of-generation. */
+  /**
+   * `for await (const { token, text } of branch)`: produces, commits, then yields each token;
+   * stops (without committing) at an end-of-generation token or when the branch is disposed.
+   * @returns {AsyncGenerator<BranchToken, void, undefined>}
+   */
   async *[Symbol.asyncIterator]() {
     while (!this._disposed) {
       const produced = this.produce();

@@ -5,21 +5,37 @@ const { Branch } = require('./Branch');
 const { nativeOf, wrapFreed } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 
+/**
+ * @typedef {import('./types').OperationOptions} OperationOptions
+ */
+
 /** Batched operations over many branches of one context: one `llama_decode` per step. */
 class BranchStore {
-  /** @param {import('./Context').SessionContext} ctx */
+  /**
+   * Throws `ERR_INVALID_ARG` for a non-context, `ERR_CONTEXT_DISPOSED` for a disposed one.
+   * @param {import('./Context').SessionContext} ctx
+   */
   constructor(ctx) {
     nativeOf(ctx); // checks ctx
     this._ctx = ctx;
   }
 
-  /** The branch's handle; the native side tells a foreign or freed branch apart. */
+  /**
+   * The branch's handle; the native side tells a foreign or freed branch apart.
+   * @param {unknown} b
+   * @param {string} where
+   */
   _branch(b, where) {
     if (!(b instanceof Branch)) throw makeError('ERR_INVALID_ARG', `${where}: expected a Branch`);
     if (b._disposed && b._ctx === this._ctx) b._live(); // throws ERR_BRANCH_DISPOSED
     return b._handle;
   }
 
+  /**
+   * @param {unknown} entries
+   * @param {string} where
+   * @returns {{ handles: number[], values: any[] }}
+   */
   _entries(entries, where) {
     if (!Array.isArray(entries)) throw makeError('ERR_INVALID_ARG', `${where}: expected an array of [branch, value] pairs`);
     const handles = [];
@@ -33,8 +49,12 @@ class BranchStore {
   }
 
   /**
-   * `[[branch, token], ...]`: accept each token into its branch, then ONE decode for all.
-   * `options.signal` (an AbortSignal) cancels it with ERR_ABORTED; no branch changes then.
+   * `[[branch, token], ...]`: accepts each token into its branch, then ONE decode for all of them.
+   * All-or-nothing (also when `options.signal` aborts it). Each branch may appear once; at most
+   * `ctx.nBatch` entries.
+   * @param {ReadonlyArray<readonly [Branch, number]>} entries
+   * @param {OperationOptions} [options]
+   * @returns {Promise<void>}
    */
   async commit(entries, options) {
     const { handles, values } = this._entries(entries, 'BranchStore.commit');
@@ -44,7 +64,13 @@ class BranchStore {
     return runCancellable({ signal }, 'BranchStore.commit', (cancel) => native._storeCommit(handles, values, cancel));
   }
 
-  /** `[[branch, tokens[]], ...]`: runs bin-packed into nBatch-sized decodes; no accept. Cancellable like `commit`. */
+  /**
+   * `[[branch, tokens], ...]`: decodes variable-length runs bin-packed into `nBatch`-sized
+   * decodes; no accept. All-or-nothing (also when `options.signal` aborts it).
+   * @param {ReadonlyArray<readonly [Branch, number[]]>} entries
+   * @param {OperationOptions} [options]
+   * @returns {Promise<void>}
+   */
   async prefill(entries, options) {
     const { handles, values } = this._entries(entries, 'BranchStore.prefill');
     for (const v of values) {
@@ -56,25 +82,37 @@ class BranchStore {
     return runCancellable({ signal }, 'BranchStore.prefill', (cancel) => native._storePrefill(handles, values, cancel));
   }
 
-  /** Samples every branch in one native call: `[{token, text, isStop}, ...]`. */
+  /**
+   * Samples every branch in one native call (no KV write, no accept).
+   * @param {readonly Branch[]} branches
+   * @returns {import('./types').Produced[]}
+   */
   produce(branches) {
     if (!Array.isArray(branches)) throw makeError('ERR_INVALID_ARG', 'BranchStore.produce: expected an array of branches');
     const handles = branches.map((b) => this._branch(b, 'BranchStore.produce'));
     return nativeOf(this._ctx)._storeProduce(handles);
   }
 
-  /** Keeps only `winner`; every other branch on the context is freed (one seq_keep pass), in call order. */
+  /**
+   * Keeps only `winner` (one `seq_keep` pass): every other branch of the context is freed and its
+   * wrapper becomes disposed. `winner` becomes a root. Runs in call order after queued operations.
+   * @param {Branch} winner
+   * @returns {Promise<void>}
+   */
   async retainOnly(winner) {
     const h = this._branch(winner, 'BranchStore.retainOnly');
     wrapFreed(this._ctx, await nativeOf(this._ctx)._storeRetainOnly(h));
   }
 
-  /** Free sequence leases. */
+  /** Number of free sequence leases. */
   get available() {
     return nativeOf(this._ctx)._storeAvailable();
   }
 
-  /** `{nCtx, cellsUsed, remaining}`: exact cells held by branches (shared prefixes counted once). */
+  /**
+   * Exact KV usage (cells shared by forks counted once).
+   * @returns {import('./types').KvPressure}
+   */
   kvPressure() {
     return nativeOf(this._ctx)._storeKvPressure();
   }

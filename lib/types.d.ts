@@ -1,14 +1,21 @@
-// The public types lib/'s JSDoc refers to, in one place.
+// The public types lib/'s JSDoc names, in one place. They are declared in ../index.d.ts (the
+// option and result shapes) and reach lib/ through here, so the class declarations generated
+// from lib/ (types/, scripts/lib-typings.js) and lib's type check name the same types.
 export type {
-  OffloadInfo,
-  OperationOptions,
-  EntropyBase,
-  KvFileContents,
+  BranchToken,
+  ChatFormat,
   ChatMessage,
+  EntropyBase,
   FormatChatOptions,
   FormattedChatResult,
-  ChatFormat,
+  KvFileContents,
+  KvPressure,
+  LazyGrammarTriggers,
+  OffloadInfo,
+  OperationOptions,
   ParseChatOutputOptions,
   ParseChatOutputResult,
+  Produced,
   SamplingParams,
+  TokenBias,
 } from '../index';

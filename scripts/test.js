@@ -93,8 +93,12 @@ const steps = [
     run: () => mocha('--no-config', '--node-option', 'expose-gc', script('test', 'unit')),
   },
   {
-    name: 'tier 1: native contract (lib/native.d.ts current, tsc -p lib, tsc -p test/types)',
-    run: () => run(node, [script('scripts', 'native-typings.js'), '--check']) || tsc(['lib']) || tsc(['test', 'types']),
+    name: 'tier 1: typings (lib/native.d.ts and types/ current, tsc -p lib, tsc -p test/types)',
+    run: () =>
+      run(node, [script('scripts', 'native-typings.js'), '--check']) ||
+      run(node, [script('scripts', 'lib-typings.js'), '--check']) ||
+      tsc(['lib']) ||
+      tsc(['test', 'types']),
   },
   {
     name: 'fetch model',

@@ -1,0 +1,21 @@
+// The public types lib/'s JSDoc names, in one place. They are declared in ../index.d.ts (the
+// option and result shapes) and reach lib/ through here, so the class declarations generated
+// from lib/ (types/, scripts/lib-typings.js) and lib's type check name the same types.
+export type {
+  BranchToken,
+  ChatFormat,
+  ChatMessage,
+  EntropyBase,
+  FormatChatOptions,
+  FormattedChatResult,
+  KvFileContents,
+  KvPressure,
+  LazyGrammarTriggers,
+  OffloadInfo,
+  OperationOptions,
+  ParseChatOutputOptions,
+  ParseChatOutputResult,
+  Produced,
+  SamplingParams,
+  TokenBias,
+} from '../index';
