@@ -1,7 +1,7 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const { nativeOf, wrapFreed, registerBranch } = require('./Context');
+const { nativeOf, wrapFreed, registerBranch, subtreeOf } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 
 /**
@@ -30,12 +30,13 @@ class Branch {
    * @private
    * @param {SessionContext} ctx
    * @param {number} handle
+   * @param {number} parent the parent's handle, 0 for a root
    */
-  constructor(ctx, handle) {
+  constructor(ctx, handle, parent) {
     this._ctx = ctx;
     this._handle = handle;
     this._disposed = false;
-    registerBranch(ctx, this, handle);
+    registerBranch(ctx, this, handle, parent);
   }
 
   /**
@@ -81,7 +82,7 @@ class Branch {
     if (grammar != null && typeof grammar !== 'string') throw makeError('ERR_INVALID_ARG', 'grammar must be a GBNF string');
     const p = grammar ? { ...(params || {}), grammar } : params || undefined;
     const handle = native._branchCreate(position, p, nBatch == null ? undefined : nBatch, seqId);
-    return new Branch(ctx, handle);
+    return new Branch(ctx, handle, 0);
   }
 
   /** The native context, or the coded error for a freed branch. */
@@ -100,7 +101,7 @@ class Branch {
    * @returns {Branch}
    */
   fork(seqId) {
-    return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId));
+    return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId), this._handle);
   }
 
   /**
@@ -119,7 +120,7 @@ class Branch {
    */
   forkAt(position, seqId) {
     if (typeof position !== 'number') throw makeError('ERR_INVALID_ARG', 'forkAt(position, seqId?): position must be a number');
-    return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId, position));
+    return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId, position), this._handle);
   }
 
   /**
@@ -324,6 +325,8 @@ class Branch {
   _free(method) {
     if (this._disposed) return Promise.resolve();
     const ctx = this._ctx;
+    // Every wrapper the call frees reads `disposed` from now on, while the free may still be queued.
+    wrapFreed(ctx, method === '_branchPruneSubtree' ? subtreeOf(ctx, this._handle) : [this._handle]);
     this._disposed = true;
     if (ctx.disposed) return Promise.resolve(); // dispose() already freed every branch
     return nativeOf(ctx)[method](this._handle).then(

@@ -24,7 +24,7 @@ const CONSTRUCT = Symbol('SessionContext.construct');
 // Set by SessionContext's static block: the only ways into its private fields.
 /** @type {(ctx: SessionContext) => NativeContext} */
 let nativeOfContext;
-/** @type {(ctx: SessionContext) => Map<number, WeakRef<any>>} */
+/** @type {(ctx: SessionContext) => Map<number, WrapperNode>} */
 let wrappersOfContext;
 /** @type {(ctx: any) => boolean} */
 let isContext;
@@ -48,7 +48,7 @@ let construct;
 class SessionContext {
   /** @type {NativeContext} the guarded view of the native context */
   #native;
-  /** @type {Map<number, WeakRef<any>>} Branch wrappers by handle */
+  /** @type {Map<number, WrapperNode>} Branch wrappers by handle, with the tree as JS last saw it */
   #wrappers = new Map();
 
   /**
@@ -703,41 +703,88 @@ function captureTarget(dest, n) {
 }
 
 // --- Branch wrapper bookkeeping --------------------------------------------------------------
+//
+// Each context keeps its wrappers by handle together with their parent handle, mirroring the
+// native branch tree as of the calls made so far (forks are synchronous; frees are recorded when
+// they are called, not when the worker gets to them). So `pruneSubtree()` can mark every
+// descendant disposed before it returns, even while the native free is still queued.
+
+/**
+ * @typedef {{ ref: WeakRef<{ _disposed: boolean }>, parent: number }} WrapperNode
+ */
 
 const collected = new FinalizationRegistry(({ ctxRef, handle }) => {
   const ctx = ctxRef.deref();
   if (!ctx || ctx.disposed) return;
-  wrappersOfContext(ctx).delete(handle);
+  unlink(wrappersOfContext(ctx), handle);
   nativeOfContext(ctx)._branchRelease(handle);
 });
 
 /**
- * Remembers `branch` (a Branch wrapper of `handle` on `ctx`) so a native free marks it disposed.
+ * Remembers `branch` (a Branch wrapper of `handle` on `ctx`, a child of `parent` or a root for 0)
+ * so a native free marks it disposed.
  * @param {SessionContext} ctx
  * @param {{ _disposed: boolean }} branch
  * @param {number} handle
+ * @param {number} parent
  */
-function registerBranch(ctx, branch, handle) {
-  wrappersOfContext(ctx).set(handle, new WeakRef(branch));
+function registerBranch(ctx, branch, handle, parent) {
+  wrappersOfContext(ctx).set(handle, { ref: new WeakRef(branch), parent });
   collected.register(branch, { ctxRef: new WeakRef(ctx), handle }, branch);
 }
 
 /**
- * Marks the wrappers of natively freed handles as disposed.
+ * Forgets `handle`, re-parenting its children to its parent, as the native store does.
+ * @param {Map<number, WrapperNode>} nodes
+ * @param {number} handle
+ */
+function unlink(nodes, handle) {
+  const node = nodes.get(handle);
+  if (!node) return;
+  for (const other of nodes.values()) if (other.parent === handle) other.parent = node.parent;
+  nodes.delete(handle);
+}
+
+/**
+ * Marks the wrappers of freed handles disposed (and forgets them).
  * @param {SessionContext} ctx
  * @param {number[] | undefined} handles
  */
 function wrapFreed(ctx, handles) {
-  const map = wrappersOfContext(ctx);
+  const nodes = wrappersOfContext(ctx);
   for (const h of handles || []) {
-    const w = map.get(h)?.deref();
+    const w = nodes.get(h)?.ref.deref();
     if (w) {
       w._disposed = true;
       collected.unregister(w);
     }
-    map.delete(h);
+    unlink(nodes, h);
   }
   return handles;
 }
 
-module.exports = { SessionContext, wrapContext, nativeOf, registerBranch, wrapFreed };
+/**
+ * `handle` and its descendants as JS last saw the tree (children before their parents'
+ * parents do not matter: every one of them is freed).
+ * @param {SessionContext} ctx
+ * @param {number} handle
+ * @returns {number[]}
+ */
+function subtreeOf(ctx, handle) {
+  const nodes = wrappersOfContext(ctx);
+  const children = new Map();
+  for (const [h, node] of nodes) {
+    if (!children.has(node.parent)) children.set(node.parent, []);
+    children.get(node.parent).push(h);
+  }
+  const out = [];
+  const stack = [handle];
+  while (stack.length) {
+    const h = /** @type {number} */ (stack.pop());
+    out.push(h);
+    stack.push(...(children.get(h) || []));
+  }
+  return out;
+}
+
+module.exports = { SessionContext, wrapContext, nativeOf, registerBranch, wrapFreed, subtreeOf };

@@ -39,6 +39,31 @@ describe('Branch and BranchStore', function () {
     await ctx.kvCacheClear();
   });
 
+  it('prune and pruneSubtree without await: every freed wrapper is disposed when the call returns', async () => {
+    const { root } = await rootOn(ctx, PROMPT, { temperature: 0 });
+    const a = root.fork();
+    const b = root.fork();
+    const a1 = a.fork();
+    const a2 = a.fork();
+    const a1x = a1.fork();
+    // Queue a commit first, so the frees below wait on the worker while we look at the wrappers.
+    const committing = store.commit([[b, b.produce().token]]);
+    const pruning = a1.prune(); // a1x is re-parented to a
+    assert.equal(a1.disposed, true);
+    assert.equal(a1x.disposed, false);
+    const subtree = a.pruneSubtree(); // a, a2 and (re-parented) a1x
+    assert.deepEqual([a, a2, a1x].map((x) => x.disposed), [true, true, true]);
+    assert.deepEqual([root, b].map((x) => x.disposed), [false, false]);
+    const live = [root, a, b, a1, a2, a1x].filter((x) => !x.disposed);
+    assert.deepEqual(live, [root, b]);
+    await Promise.all([committing, pruning, subtree]);
+    assert.deepEqual(nativeOf(ctx)._storeLiveHandles().sort(), [root.handle, b.handle].sort());
+    assert.throws(() => a1x.position, (e) => e.code === 'ERR_BRANCH_DISPOSED');
+    await root.pruneSubtree();
+    assert.equal(b.disposed, true);
+    assert.equal(store.available, 8);
+  });
+
   it('best-of-N: reseeded stochastic forks, one batched commit per step, perplexities finite', async () => {
     const { root } = await rootOn(ctx, PROMPT, { temperature: 0.8, seed: 7 });
     const kids = [root.fork(), root.fork(), root.fork()];
