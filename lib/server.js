@@ -15,14 +15,7 @@ const { randomUUID } = require('node:crypto');
 const { Scheduler } = require('./Scheduler');
 const { makeError } = require('./errors');
 
-const DEFAULT_PARALLEL = 4;
-const DEFAULT_N_CTX = 8192;
-/** Leases per running request: n up to 4 choices, its prompt branch and a system-prompt prefix. */
-const LEASES_PER_REQUEST = 6;
-const CACHE_LEASES = 16;
-const DEFAULT_MAX_BODY = 1 << 20;
-/** OpenAI's default `max_tokens` for /v1/completions; chat requests default to the scheduler's. */
-const COMPLETIONS_DEFAULT_MAX_TOKENS = 16;
+const defaults = require('./defaults');
 
 /** An error with the HTTP status and OpenAI error fields it is answered with. */
 class HttpError extends Error {
@@ -217,7 +210,7 @@ function createApp({ scheduler, modelName, maxBodyBytes }) {
       throw new HttpError(404, `The model \`${body.model}\` does not exist; this server serves \`${modelName}\` (GET /v1/models)`, { param: 'model', code: 'model_not_found' });
     }
     const shape = ENDPOINTS[kind];
-    const request = commonRequest(body, kind === 'completions' ? COMPLETIONS_DEFAULT_MAX_TOKENS : undefined);
+    const request = commonRequest(body, kind === 'completions' ? defaults.server.completionsMaxTokens : undefined);
     Object.assign(request, kind === 'chat' ? { messages: chatMessages(body) } : completionsPrompt(body));
     if (body.stream !== undefined && typeof body.stream !== 'boolean') throw badRequest('stream must be a boolean', 'stream');
 
@@ -307,17 +300,17 @@ function createApp({ scheduler, modelName, maxBodyBytes }) {
 async function createServer(options) {
   if (options === null || typeof options !== 'object') throw makeError('ERR_INVALID_ARG', 'createServer(options): expected { ctx } or { modelPath }');
   if (!options.ctx === !options.modelPath) throw makeError('ERR_INVALID_ARG', 'createServer(options): give exactly one of ctx or modelPath');
-  const parallel = options.parallel === undefined ? DEFAULT_PARALLEL : options.parallel;
+  const parallel = options.parallel === undefined ? defaults.server.parallel : options.parallel;
   if (!isInt(parallel) || parallel < 1) throw makeError('ERR_INVALID_ARG', `options.parallel must be a positive integer, got ${parallel}`);
-  const maxBodyBytes = options.maxBodyBytes === undefined ? DEFAULT_MAX_BODY : options.maxBodyBytes;
+  const maxBodyBytes = options.maxBodyBytes === undefined ? defaults.server.maxBodyBytes : options.maxBodyBytes;
   let ctx = options.ctx;
   const ownsContext = !ctx;
   if (ownsContext) {
     const { createContext } = require('./index'); // the package entry requires this file
     ctx = await createContext({
       modelPath: options.modelPath,
-      nCtx: options.nCtx === undefined ? DEFAULT_N_CTX : options.nCtx,
-      nSeqMax: options.nSeqMax === undefined ? Math.min(256, parallel * LEASES_PER_REQUEST + CACHE_LEASES) : options.nSeqMax,
+      nCtx: options.nCtx === undefined ? defaults.server.nCtx : options.nCtx,
+      nSeqMax: options.nSeqMax === undefined ? defaults.serverSeqMax(parallel) : options.nSeqMax,
       nThreads: options.nThreads,
     });
   }
@@ -339,7 +332,7 @@ async function createServer(options) {
     scheduler,
     modelName,
     http: server,
-    listen(port = 8080, host = '127.0.0.1') {
+    listen(port = defaults.server.port, host = defaults.server.host) {
       return new Promise((resolve, reject) => {
         server.once('error', reject);
         server.listen(port, host, () => {

@@ -7,8 +7,6 @@
 
 const assert = require('node:assert/strict');
 const { Scheduler } = require('..');
-const { RadixTree } = require('../lib/scheduler/radix');
-const { StopMatcher } = require('../lib/scheduler/stops');
 const { open, rejects } = require('./helpers');
 
 const GREEDY = { temperature: 0 };
@@ -304,53 +302,5 @@ describe('Scheduler', function () {
       assert.equal(rb.choices[0].finishReason, 'abort');
       await rejects(() => s.generate({ prompt: 'x', n: 9, maxTokens: 1 }), 'ERR_INVALID_ARG', /nSeqMax/);
     });
-  });
-});
-
-describe('Scheduler internals (no model)', () => {
-  it('RadixTree: longest cached prefix, shared runs, splits and deletes', () => {
-    const t = new RadixTree();
-    t.insert([1, 2, 3, 4], 'a');
-    t.insert([1, 2, 3, 4, 5, 6], 'b');
-    t.insert([1, 2, 9], 'c');
-    assert.equal(t.size, 3);
-    let m = t.match([1, 2, 3, 4, 5, 6, 7]);
-    assert.deepEqual([m.prefix.value, m.prefix.length], ['b', 6]);
-    m = t.match([1, 2, 3, 4, 5, 8]);
-    assert.deepEqual([m.prefix.value, m.prefix.length], ['a', 4]);
-    assert.deepEqual([m.shared.value, m.shared.length], ['b', 5]);
-    m = t.match([1, 2, 7]);
-    assert.equal(m.prefix, null);
-    assert.equal(m.shared.length, 2);
-    assert.ok(['a', 'b', 'c'].includes(m.shared.value));
-    assert.deepEqual(t.match([5]), { prefix: null, shared: null });
-    assert.equal(t.delete([1, 2, 3]), false, 'no value stored there');
-    assert.equal(t.delete([1, 2, 3, 4]), true);
-    m = t.match([1, 2, 3, 4, 5, 6]);
-    assert.deepEqual([m.prefix.value, m.prefix.length], ['b', 6]);
-    assert.equal(t.match([1, 2, 3, 4]).prefix, null);
-    t.delete([1, 2, 3, 4, 5, 6]);
-    t.delete([1, 2, 9]);
-    assert.equal(t.size, 0);
-    assert.equal(t.root.children.size, 0, 'empty nodes are compacted away');
-    assert.deepEqual([...t.values()], []);
-  });
-
-  it('StopMatcher: holds back possible starts, cuts at the earliest stop', () => {
-    const m = new StopMatcher(['</s>', 'END']);
-    assert.equal(m.push('Hello <'), 'Hello ');
-    assert.equal(m.push('/'), '');
-    assert.equal(m.push('x> E'), '</x> ');
-    assert.equal(m.push('N'), '');
-    assert.equal(m.push('D and more'), '');
-    assert.equal(m.stopped, true);
-    assert.equal(m.text, 'Hello </x> ');
-    const open = new StopMatcher(['###']);
-    assert.equal(open.push('a #'), 'a ');
-    assert.equal(open.push('#'), '');
-    assert.equal(open.flush(), '##');
-    assert.equal(open.text, 'a ##');
-    const none = new StopMatcher([]);
-    assert.equal(none.push('abc'), 'abc');
   });
 });

@@ -3,18 +3,21 @@
 /** `llama-branch serve`: the OpenAI-compatible server on a GGUF model, until SIGINT/SIGTERM. */
 
 const { createServer } = require('../server');
+const defaults = require('../defaults');
+
+const { server: serverDefaults, scheduler: schedulerDefaults } = defaults;
 
 const options = {
   model: { type: 'string', short: 'm', help: 'path of the .gguf model (required)' },
-  port: { type: 'string', short: 'p', default: '8080', help: 'TCP port; 0 picks a free one' },
-  host: { type: 'string', default: '127.0.0.1', help: 'address to bind; 0.0.0.0 exposes the server to the network' },
-  parallel: { type: 'string', default: '4', help: 'requests generating at once' },
-  'ctx-size': { type: 'string', default: '8192', help: 'KV cells of the context (all requests and cached prefixes)' },
-  'n-seq-max': { type: 'string', help: 'sequence leases (default parallel × 6 + 16)' },
+  port: { type: 'string', short: 'p', default: String(serverDefaults.port), help: 'TCP port; 0 picks a free one' },
+  host: { type: 'string', default: serverDefaults.host, help: 'address to bind; 0.0.0.0 exposes the server to the network' },
+  parallel: { type: 'string', default: String(serverDefaults.parallel), help: 'requests generating at once' },
+  'ctx-size': { type: 'string', default: String(serverDefaults.nCtx), help: 'KV cells of the context (all requests and cached prefixes)' },
+  'n-seq-max': { type: 'string', help: `sequence leases (default parallel × ${serverDefaults.leasesPerRequest} + ${serverDefaults.cacheLeases}, at most ${serverDefaults.maxSeqMax})` },
   threads: { type: 'string', help: 'CPU threads per decode (default: all cores)' },
   'model-name': { type: 'string', help: 'model id in /v1/models (default: the file name)' },
-  'prefill-chunk': { type: 'string', default: '256', help: 'prompt tokens prefilled per scheduler step' },
-  'max-queue': { type: 'string', default: '64', help: 'requests that may wait; more get HTTP 429' },
+  'prefill-chunk': { type: 'string', default: String(schedulerDefaults.prefillChunk), help: 'prompt tokens prefilled per scheduler step' },
+  'max-queue': { type: 'string', default: String(schedulerDefaults.maxQueue), help: 'requests that may wait; more get HTTP 429' },
 };
 
 function integer(values, name) {
@@ -50,7 +53,7 @@ async function run(values, { log }) {
 
 module.exports = {
   summary: 'OpenAI-compatible HTTP server (continuous batching, prefix cache)',
-  usage: 'llama-branch serve --model <file.gguf> [--port 8080] [--host 127.0.0.1] [--parallel 4]',
+  usage: `llama-branch serve --model <file.gguf> [--port ${serverDefaults.port}] [--host ${serverDefaults.host}] [--parallel ${serverDefaults.parallel}]`,
   options,
   run,
   UsageError,

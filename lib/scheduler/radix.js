@@ -65,6 +65,12 @@ class RadixTree {
     middle.children.set(node.edge[0], node);
   }
 
+  /** The value stored under exactly `tokens`, or null. */
+  get(tokens) {
+    const { node, matched } = this._walk(tokens);
+    return matched === tokens.length && node.depth === tokens.length ? node.value : null;
+  }
+
   /** Removes the value stored under exactly `tokens`; returns whether there was one. */
   delete(tokens) {
     const { node, matched } = this._walk(tokens);

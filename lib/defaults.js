@@ -1,0 +1,45 @@
+'use strict';
+
+/**
+ * Every default of the Scheduler, the server and `llama-branch serve`, defined once. The CLI
+ * shows these in its help; the server and the Scheduler fall back to them.
+ */
+
+/** `new Scheduler(ctx, options)`. */
+const scheduler = Object.freeze({
+  /** Prompt tokens prefilled per step, over all requests. */
+  prefillChunk: 256,
+  /** Requests that may wait; more are refused with ERR_QUEUE_FULL. */
+  maxQueue: 64,
+  /** Requests generating at once. */
+  maxRunning: Infinity,
+  /** `maxTokens` of a request that gives none. */
+  defaultMaxTokens: 256,
+});
+
+/** `createServer(options)` and `llama-branch serve`. */
+const server = Object.freeze({
+  port: 8080,
+  host: '127.0.0.1',
+  /** Requests generating at once (the Scheduler's maxRunning). */
+  parallel: 4,
+  /** KV cells of a context the server creates. */
+  nCtx: 8192,
+  /** Leases per running request: n up to 4 choices, its prompt branch and a system-prompt prefix. */
+  leasesPerRequest: 6,
+  /** Leases kept for cached prefixes beyond the running requests' own. */
+  cacheLeases: 16,
+  /** The most leases a server-created context gets. */
+  maxSeqMax: 256,
+  /** Largest request body in bytes. */
+  maxBodyBytes: 1 << 20,
+  /** OpenAI's default `max_tokens` for /v1/completions; chat requests default to the Scheduler's. */
+  completionsMaxTokens: 16,
+});
+
+/** Sequence leases of a server-created context for `parallel` running requests. */
+function serverSeqMax(parallel) {
+  return Math.min(server.maxSeqMax, parallel * server.leasesPerRequest + server.cacheLeases);
+}
+
+module.exports = { scheduler, server, serverSeqMax };

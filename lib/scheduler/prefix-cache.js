@@ -1,0 +1,178 @@
+'use strict';
+
+/**
+ * The Scheduler's prefix cache: prompt prefixes kept as branches (their KV cells and, once
+ * filled, their logits), indexed by a radix tree over tokens. The policy lives here, in one
+ * place (the shape of sglang's radix cache, not its code): each entry has a reference count
+ * (`pins`: requests using it) and a last-access time; `bestStart` says where a prompt can start,
+ * and `evictUntil` frees least-recently-used entries that nobody pins until a request fits.
+ *
+ * A branch here only needs `position`, `fork()`, `forkAt(position)` and `prune()`, so the cache
+ * is unit-tested with fake branches (test/unit/prefix-cache.test.js).
+ */
+
+const { RadixTree } = require('./radix');
+
+/**
+ * A prompt shares at least this many leading tokens with a cached entry before it forks that
+ * entry part-way (forkAt). Shorter runs (a BOS token, a common first word) save almost no
+ * prefill, yet would pin and refresh an unrelated entry, keeping it from LRU eviction.
+ */
+const MIN_PARTIAL_REUSE = 16;
+
+/**
+ * @typedef {{ position: number, disposed?: boolean, prune(): Promise<void>, fork(): any, forkAt(position: number): any }} CachedBranch
+ */
+
+/** A cached prefix: a branch holding exactly `tokens` (and, once `ready`, their logits). */
+class CacheEntry {
+  /**
+   * @param {number[]} tokens
+   * @param {CachedBranch} branch
+   */
+  constructor(tokens, branch) {
+    this.tokens = tokens;
+    this.branch = branch;
+    /** Requests using this entry; only unpinned, ready entries are evicted. */
+    this.pins = 0;
+    /** Logical time of the last pin or unpin (the LRU order). */
+    this.lastUsed = 0;
+    /** False while the request that opened it is still prefilling its tokens. */
+    this.ready = false;
+  }
+}
+
+/** Fire-and-forget prune that never surfaces as an unhandled rejection (the branch may be gone). */
+function release(branch) {
+  if (branch && !branch.disposed) branch.prune().catch(() => {});
+}
+
+class PrefixCache {
+  /**
+   * @param {object} [options]
+   * @param {number} [options.slidingWindow] the model's sliding-window span (0: none); a branch
+   *   past it cannot be forked part-way (see Branch.forkAt)
+   */
+  constructor({ slidingWindow = 0 } = {}) {
+    this._tree = new RadixTree();
+    this._clock = 0;
+    this._slidingWindow = slidingWindow;
+    this.evictions = 0;
+  }
+
+  /** Number of cached prefixes. */
+  get size() {
+    return this._tree.size;
+  }
+
+  /** @returns {IterableIterator<CacheEntry>} */
+  entries() {
+    return this._tree.values();
+  }
+
+  /**
+   * Where a prompt can start from the cache: the longest cached prefix (a whole entry), or the
+   * longest shared run of any entry (a part-way fork) when it is at least MIN_PARTIAL_REUSE
+   * tokens and the entry's branch can still fork there. Entries still being filled count: a
+   * request that would use one waits until it is filled that far.
+   * @param {number[]} tokens
+   * @returns {{ entry: CacheEntry | null, length: number, partial: boolean }}
+   */
+  bestStart(tokens) {
+    const { prefix, shared } = this._tree.match(tokens);
+    const prefixLength = prefix ? prefix.length : 0;
+    if (shared && prefix !== shared && shared.length > prefixLength && shared.length >= MIN_PARTIAL_REUSE) {
+      if (this._canForkAt(shared.value.branch, shared.length)) return { entry: shared.value, length: shared.length, partial: true };
+    }
+    return prefix ? { entry: prefix.value, length: prefix.length, partial: false } : { entry: null, length: 0, partial: false };
+  }
+
+  /**
+   * Whether `branch.forkAt(position)` may share its cells: always at its own position; below it
+   * only while the branch has not passed the model's sliding window (llama.cpp may reuse cells
+   * that left a sequence's window).
+   */
+  _canForkAt(branch, position) {
+    const window = this._slidingWindow;
+    return position === branch.position || window === 0 || branch.position < window;
+  }
+
+  /**
+   * A new entry for `tokens` held by `branch`, not ready until its opener calls `filled`.
+   * @param {number[]} tokens
+   * @param {CachedBranch} branch
+   */
+  open(tokens, branch) {
+    const entry = new CacheEntry(tokens, branch);
+    this._tree.insert(tokens, entry);
+    return entry;
+  }
+
+  /** @param {CacheEntry} entry */
+  filled(entry) {
+    entry.ready = true;
+  }
+
+  /**
+   * One more user of `entry` (it is not evicted while pinned); returns it.
+   * @param {CacheEntry} entry
+   */
+  pin(entry) {
+    entry.pins++;
+    entry.lastUsed = ++this._clock;
+    return entry;
+  }
+
+  /** @param {CacheEntry} entry */
+  unpin(entry) {
+    entry.pins--;
+    entry.lastUsed = ++this._clock;
+  }
+
+  /** The least recently used entry nobody pins and that is filled, or null. */
+  leastRecentlyUsed() {
+    let victim = null;
+    for (const e of this._tree.values()) {
+      if (e.pins === 0 && e.ready && (!victim || e.lastUsed < victim.lastUsed)) victim = e;
+    }
+    return victim;
+  }
+
+  /**
+   * Evicts least-recently-used entries until `fits()` says yes; false if it still does not once
+   * nothing more can be evicted. `keep` (the entry a request is about to fork) is never evicted.
+   * @param {() => boolean} fits
+   * @param {CacheEntry | null} [keep]
+   */
+  evictUntil(fits, keep = null) {
+    if (keep) keep.pins++;
+    try {
+      for (;;) {
+        if (fits()) return true;
+        const victim = this.leastRecentlyUsed();
+        if (!victim) return false;
+        this.evict(victim);
+      }
+    } finally {
+      if (keep) keep.pins--;
+    }
+  }
+
+  /**
+   * Removes `entry` and frees its branch. Counted in `evictions` unless `counted` is false
+   * (an unfinished entry whose request ended, or `clear`).
+   * @param {CacheEntry} entry
+   */
+  evict(entry, counted = true) {
+    if (this._tree.get(entry.tokens) === entry) this._tree.delete(entry.tokens);
+    release(entry.branch);
+    if (counted) this.evictions++;
+  }
+
+  /** Frees every entry. */
+  clear() {
+    for (const entry of [...this._tree.values()]) this.evict(entry, false);
+  }
+}
+
+module.exports = { PrefixCache, CacheEntry, MIN_PARTIAL_REUSE, release };

@@ -1,0 +1,223 @@
+'use strict';
+
+/**
+ * One `scheduler.generate()` request: its validated inputs and ONE explicit `state` (the idea of
+ * llama.cpp's server `slot_state`), changed only through `to()`, which refuses a transition the
+ * life cycle does not have:
+ *
+ *   queued ──▶ ready ──▶ prefilling ──▶ generating ──▶ done
+ *     │          │           │              │           ▲
+ *     │          │           └──▶ aborting ◀┘ ──────────┤
+ *     └──────────┴──────────────────────────────────────┴──▶ failed (from any live state)
+ *
+ * queued: waiting, not yet tokenized; ready: tokenized and checked, waiting for admission;
+ * prefilling: admitted, its prompt branch being filled (possibly waiting for a cached prefix
+ * another request fills); generating: its n choices sample and commit each step; aborting: its
+ * signal fired (or the scheduler closed) while running, ended at the start of the next step;
+ * done / failed: settled, everything given back.
+ */
+
+const { makeError } = require('../errors');
+const { signalOf } = require('../cancel');
+const { StopMatcher } = require('./stops');
+const { release } = require('./prefix-cache');
+
+const SEED_SPACE = 2 ** 32;
+
+const TRANSITIONS = {
+  queued: ['ready', 'done', 'failed'],
+  ready: ['prefilling', 'done', 'failed'],
+  prefilling: ['generating', 'aborting', 'failed'],
+  generating: ['aborting', 'done', 'failed'],
+  aborting: ['done', 'failed'],
+  done: [],
+  failed: [],
+};
+
+function invalid(message) {
+  return makeError('ERR_INVALID_ARG', message);
+}
+
+/** `value` as a positive integer (`fallback` when undefined), else ERR_INVALID_ARG naming it. */
+function positiveInt(value, name, fallback) {
+  if (value === undefined) return fallback;
+  if (!Number.isInteger(value) || value < 1) throw invalid(`${name} must be a positive integer, got ${value}`);
+  return value;
+}
+
+/** The one input of a request (prompt, tokens or messages), checked. */
+function checkInput(request, vocab) {
+  if (request === null || typeof request !== 'object') throw invalid('generate(request): request must be an object with prompt, tokens or messages');
+  const inputs = ['prompt', 'tokens', 'messages'].filter((k) => request[k] !== undefined);
+  if (inputs.length !== 1) throw invalid(`generate(request): give exactly one of prompt, tokens or messages (got ${inputs.length ? inputs.join(', ') : 'none'})`);
+  if (request.prompt !== undefined && (typeof request.prompt !== 'string' || request.prompt === '')) throw invalid('request.prompt must be a non-empty string');
+  const { tokens, messages } = request;
+  if (tokens !== undefined && (!Array.isArray(tokens) || tokens.length === 0 || !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < vocab))) {
+    throw invalid(`request.tokens must be a non-empty array of token ids in [0, ${vocab})`);
+  }
+  if (messages !== undefined && (!Array.isArray(messages) || messages.length === 0)) throw invalid('request.messages must be a non-empty array of {role, content}');
+}
+
+/** The stop strings of a request (a string or an array of them; empty ones dropped). */
+function checkStops(stop) {
+  let stops = stop === undefined || stop === null ? [] : stop;
+  if (typeof stops === 'string') stops = [stops];
+  if (!Array.isArray(stops) || !stops.every((s) => typeof s === 'string')) throw invalid('request.stop must be a string or an array of strings');
+  return stops.filter((s) => s !== '');
+}
+
+/** Sampling params without seed and grammar, the seed, and the grammar (GBNF or null). */
+function checkSampling(request) {
+  if (request.params !== undefined && (request.params === null || typeof request.params !== 'object')) throw invalid('request.params must be a SamplingParams object');
+  const { seed: paramsSeed, grammar: paramsGrammar, ...params } = request.params || {};
+  const seed = request.seed !== undefined ? request.seed : paramsSeed;
+  if (seed !== undefined && seed !== -1 && !(Number.isInteger(seed) && seed >= 0 && seed < SEED_SPACE)) throw invalid(`request.seed must be an integer in [0, 2^32), got ${seed}`);
+  const grammar = request.grammar !== undefined ? request.grammar : paramsGrammar;
+  if (grammar !== undefined && grammar !== null && typeof grammar !== 'string') throw invalid('request.grammar must be a GBNF string');
+  if (grammar && request.jsonSchema !== undefined) throw invalid('give grammar or jsonSchema, not both');
+  return { params, seed, grammar: grammar || null };
+}
+
+class Request {
+  /**
+   * Checks `request` (throws ERR_INVALID_ARG) and starts it queued.
+   * @param {any} request what `generate` was given
+   * @param {import('./generation').Generation} gen where its events and result go
+   * @param {{ vocabSize: number, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string> }} env
+   */
+  constructor(request, gen, env) {
+    checkInput(request, env.vocabSize);
+    const { params, seed, grammar } = checkSampling(request);
+    this.state = 'queued';
+    this.gen = gen;
+    this.input = request;
+    this.n = positiveInt(request.n, 'request.n', 1);
+    this.maxTokens = positiveInt(request.maxTokens, 'request.maxTokens', env.defaultMaxTokens);
+    this.stops = checkStops(request.stop);
+    this.params = params;
+    this.seedBase = seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
+    this.grammar = grammar;
+    /** Converted off the main thread from now on; awaited when the request is prepared. */
+    this.grammarPending = request.jsonSchema !== undefined ? env.jsonSchemaToGrammar(request.jsonSchema) : null;
+    if (this.grammarPending) this.grammarPending.catch(() => {}); // reported when prepared
+    this.signal = signalOf({ signal: request.signal }, 'generate');
+    this.onAbort = null;
+    /** The prompt's tokens, and where the prompt is cut into cached prefixes (ready on). */
+    this.tokens = null;
+    this.cachePoints = null;
+    /** Prefilling: the cache start planned at admission, the prompt branch and how far it is filled. */
+    this.plannedStart = 0;
+    this.branch = null;
+    this.segment = null;
+    this.pos = 0;
+    /** Cache entries this request pins, and leases it has yet to take. */
+    this.pins = [];
+    this.leasesToCome = 0;
+    /** Generating: `{index, branch, tokens, matcher, finishReason, perplexity}` per choice. */
+    this.choices = null;
+    this.usage = { promptTokens: 0, cachedPromptTokens: 0, completionTokens: 0 };
+  }
+
+  /** Moves to `state`, or throws: a transition the life cycle lacks is a bug in the Scheduler. */
+  to(state) {
+    if (!TRANSITIONS[this.state].includes(state)) {
+      throw makeError('ERR_INTERNAL', `Scheduler request: no transition from ${this.state} to ${state}; please report this bug`);
+    }
+    this.state = state;
+  }
+
+  /** Running: admitted and not settled. */
+  get running() {
+    return this.state === 'prefilling' || this.state === 'generating' || this.state === 'aborting';
+  }
+
+  /**
+   * Tokenizes the prompt (chat template for messages, on the context's worker), finds where it is
+   * cut into cached prefixes, resolves the grammar and checks that the request fits the context.
+   * @param {import('../Context').SessionContext} ctx
+   * @param {import('./system-prompts').SystemPrompts} systemPrompts
+   */
+  async prepare(ctx, systemPrompts) {
+    const { prompt, tokens, messages } = this.input;
+    this.cachePoints = [];
+    if (messages !== undefined) {
+      const formatted = await ctx.formatChat(messages);
+      this.tokens = ctx.tokenizeSync(formatted.prompt, true);
+      this.stops.push(...formatted.stopTokens.filter((s) => s !== ''));
+      const lead = await systemPrompts.prefixOf(messages);
+      if (lead && lead.length < this.tokens.length && lead.every((t, i) => t === this.tokens[i])) this.cachePoints.push(lead.length);
+    } else {
+      this.tokens = tokens !== undefined ? tokens.slice() : ctx.tokenizeSync(prompt, true);
+    }
+    if (this.tokens.length === 0) throw invalid('the prompt tokenized to nothing; give a non-empty prompt');
+    this.cachePoints.push(this.tokens.length);
+    if (this.grammarPending) this.grammar = await this.grammarPending;
+    const cells = this.tokens.length + this.n * this.maxTokens;
+    if (cells > ctx.nCtx) {
+      throw invalid(`the request needs up to ${cells} KV cells (prompt ${this.tokens.length} + n ${this.n} × maxTokens ${this.maxTokens}) but the context has nCtx ${ctx.nCtx}; lower maxTokens or n, or create the context with a larger nCtx`);
+    }
+    const leases = this.n + this.cachePoints.length;
+    if (leases > ctx.nSeqMax) {
+      throw invalid(`the request needs ${leases} sequence leases (n ${this.n} + ${this.cachePoints.length} prompt branches) but the context has nSeqMax ${ctx.nSeqMax}; lower n or create the context with a larger nSeqMax`);
+    }
+  }
+
+  /** The n choices, each sampling from a fork of `from` with the request's params and its own seed. */
+  spawnChoices(from) {
+    this.segment = null;
+    this.branch = null;
+    this.leasesToCome = 0;
+    this.choices = [];
+    this.to('generating');
+    for (let i = 0; i < this.n; i++) {
+      const branch = from.fork();
+      this.choices.push({ index: i, branch, tokens: [], matcher: new StopMatcher(this.stops), finishReason: null, perplexity: Infinity });
+      const params = { ...this.params, seed: (this.seedBase + i) % SEED_SPACE };
+      if (this.grammar) params.grammar = this.grammar;
+      branch.setSamplerParams(params);
+    }
+  }
+
+  /** Ends `choice` with `reason`: its perplexity is read, its branch freed, its last event sent. */
+  finishChoice(choice, reason) {
+    const rest = choice.matcher.flush(); // the events' texts add up to the result's text
+    choice.finishReason = reason;
+    if (choice.branch && !choice.branch.disposed) {
+      try {
+        choice.perplexity = choice.branch.perplexity;
+      } catch {
+        // busy or disposed: keep Infinity
+      }
+    }
+    release(choice.branch);
+    choice.branch = null;
+    this.gen._push({ choice: choice.index, token: null, text: rest, finishReason: reason });
+  }
+
+  /** A request that ends before it generated: n empty choices, all ended with `reason`. */
+  endUnstarted(reason) {
+    this.choices = Array.from({ length: this.n }, (_, index) => ({ index, branch: null, tokens: [], matcher: new StopMatcher([]), finishReason: null, perplexity: Infinity }));
+    for (const choice of this.choices) this.finishChoice(choice, reason);
+  }
+
+  /** KV cells this request may still write: its unfilled prompt and every token left to generate. */
+  cellsToCome() {
+    if (this.choices) {
+      let cells = 0;
+      for (const c of this.choices) if (!c.finishReason) cells += this.maxTokens - c.tokens.length;
+      return cells;
+    }
+    const filled = this.branch || this.segment ? this.pos : this.plannedStart;
+    return this.tokens.length - filled + this.n * this.maxTokens;
+  }
+
+  /** The result `generate` resolves with. */
+  result() {
+    return {
+      choices: this.choices.map((c) => ({ text: c.matcher.text, tokens: c.tokens, finishReason: c.finishReason, perplexity: c.perplexity })),
+      usage: { ...this.usage },
+    };
+  }
+}
+
+module.exports = { Request, positiveInt, invalid, SEED_SPACE };

@@ -1,0 +1,177 @@
+'use strict';
+
+// The Scheduler's parts that need no model: the radix index, stop strings, the prefix cache's
+// policy (pins, LRU, eviction, part-way forks) and the request life cycle.
+
+const assert = require('node:assert/strict');
+const { RadixTree } = require('../../lib/scheduler/radix');
+const { StopMatcher } = require('../../lib/scheduler/stops');
+const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-cache');
+const { Request } = require('../../lib/scheduler/request');
+const { Generation } = require('../../lib/scheduler/generation');
+
+/** A stand-in for a Branch: a position and a prune that records itself. */
+function fakeBranch(position, pruned) {
+  return {
+    position,
+    disposed: false,
+    prune() {
+      this.disposed = true;
+      pruned.push(this);
+      return Promise.resolve();
+    },
+    fork() {
+      return fakeBranch(this.position, pruned);
+    },
+    forkAt(p) {
+      return fakeBranch(p, pruned);
+    },
+  };
+}
+
+const range = (from, to) => Array.from({ length: to - from }, (_, i) => from + i);
+
+describe('Scheduler parts (no model)', () => {
+  it('RadixTree: longest cached prefix, shared runs, splits and deletes', () => {
+    const t = new RadixTree();
+    t.insert([1, 2, 3, 4], 'a');
+    t.insert([1, 2, 3, 4, 5, 6], 'b');
+    t.insert([1, 2, 9], 'c');
+    assert.equal(t.size, 3);
+    let m = t.match([1, 2, 3, 4, 5, 6, 7]);
+    assert.deepEqual([m.prefix.value, m.prefix.length], ['b', 6]);
+    m = t.match([1, 2, 3, 4, 5, 8]);
+    assert.deepEqual([m.prefix.value, m.prefix.length], ['a', 4]);
+    assert.deepEqual([m.shared.value, m.shared.length], ['b', 5]);
+    m = t.match([1, 2, 7]);
+    assert.equal(m.prefix, null);
+    assert.equal(m.shared.length, 2);
+    assert.ok(['a', 'b', 'c'].includes(m.shared.value));
+    assert.deepEqual(t.match([5]), { prefix: null, shared: null });
+    assert.equal(t.delete([1, 2, 3]), false, 'no value stored there');
+    assert.equal(t.delete([1, 2, 3, 4]), true);
+    m = t.match([1, 2, 3, 4, 5, 6]);
+    assert.deepEqual([m.prefix.value, m.prefix.length], ['b', 6]);
+    assert.equal(t.match([1, 2, 3, 4]).prefix, null);
+    t.delete([1, 2, 3, 4, 5, 6]);
+    t.delete([1, 2, 9]);
+    assert.equal(t.size, 0);
+    assert.equal(t.root.children.size, 0, 'empty nodes are compacted away');
+    assert.deepEqual([...t.values()], []);
+  });
+
+  it('StopMatcher: holds back possible starts, cuts at the earliest stop', () => {
+    const m = new StopMatcher(['</s>', 'END']);
+    assert.equal(m.push('Hello <'), 'Hello ');
+    assert.equal(m.push('/'), '');
+    assert.equal(m.push('x> E'), '</x> ');
+    assert.equal(m.push('N'), '');
+    assert.equal(m.push('D and more'), '');
+    assert.equal(m.stopped, true);
+    assert.equal(m.text, 'Hello </x> ');
+    const open = new StopMatcher(['###']);
+    assert.equal(open.push('a #'), 'a ');
+    assert.equal(open.push('#'), '');
+    assert.equal(open.flush(), '##');
+    assert.equal(open.text, 'a ##');
+    const none = new StopMatcher([]);
+    assert.equal(none.push('abc'), 'abc');
+  });
+
+  describe('PrefixCache', () => {
+    it('bestStart: the longest whole entry, or a long enough shared run forked part-way', () => {
+      const pruned = [];
+      const cache = new PrefixCache();
+      const system = range(0, 40);
+      cache.filled(cache.open(system, fakeBranch(40, pruned)));
+      const long = [...system, ...range(100, 130)];
+      cache.filled(cache.open(long, fakeBranch(70, pruned)));
+      let start = cache.bestStart([...system, 7, 8]);
+      assert.deepEqual([start.entry.tokens, start.length, start.partial], [system, 40, false]);
+      start = cache.bestStart([...system, ...range(100, 120), 5]);
+      assert.deepEqual([start.entry.tokens, start.length, start.partial], [long, 60, true]);
+      // A shared run shorter than MIN_PARTIAL_REUSE is not worth pinning an unrelated entry.
+      const other = range(500, 540);
+      cache.filled(cache.open(other, fakeBranch(40, pruned)));
+      start = cache.bestStart([...range(500, 500 + MIN_PARTIAL_REUSE - 1), 9]);
+      assert.deepEqual([start.entry, start.length], [null, 0]);
+      start = cache.bestStart([...range(500, 500 + MIN_PARTIAL_REUSE), 9]);
+      assert.deepEqual([start.entry.tokens, start.length, start.partial], [other, MIN_PARTIAL_REUSE, true]);
+    });
+
+    it('bestStart: no part-way fork of a branch past the sliding window', () => {
+      const cache = new PrefixCache({ slidingWindow: 32 });
+      cache.filled(cache.open(range(0, 40), fakeBranch(40, [])));
+      const start = cache.bestStart([...range(0, 20), 999]);
+      assert.deepEqual([start.entry, start.length], [null, 0]);
+    });
+
+    it('evictUntil: least recently used first, never a pinned, unfilled or kept entry', () => {
+      const pruned = [];
+      const cache = new PrefixCache();
+      const [a, b, c, d] = [1, 2, 3, 4].map((k) => cache.open([k], fakeBranch(1, pruned)));
+      for (const e of [a, b, c]) cache.filled(e); // d is still being prefilled
+      cache.unpin(cache.pin(a)); // used first
+      cache.unpin(cache.pin(b)); // used after a
+      cache.pin(c); // in use
+      assert.equal(cache.leastRecentlyUsed(), a);
+      assert.equal(cache.evictUntil(() => pruned.length >= 1), true);
+      assert.deepEqual(pruned, [a.branch]);
+      assert.equal(cache.evictUntil(() => pruned.length >= 3), false, 'c is pinned and d unfilled: only b could go');
+      assert.deepEqual(pruned, [a.branch, b.branch]);
+      assert.deepEqual([...cache.entries()].sort((x, y) => x.tokens[0] - y.tokens[0]), [c, d]);
+      cache.unpin(c);
+      assert.equal(cache.evictUntil(() => false, c), false, 'the entry a request is about to fork is kept');
+      assert.equal(cache.size, 2);
+      assert.equal(c.pins, 0, 'keeping it does not leave a pin behind');
+      cache.evict(d, false); // an unfilled entry whose request ended: not an eviction
+      assert.equal(cache.evictions, 2);
+      cache.clear();
+      assert.equal(cache.size, 0);
+      assert.equal(pruned.length, 4);
+    });
+  });
+
+  describe('Request', () => {
+    const env = { vocabSize: 100, defaultMaxTokens: 8, jsonSchemaToGrammar: async () => 'root ::= "x"' };
+    const make = (request) => new Request(request, new Generation(), env);
+
+    it('starts queued and moves only along its life cycle', () => {
+      const req = make({ prompt: 'hi' });
+      assert.equal(req.state, 'queued');
+      assert.throws(() => req.to('generating'), (e) => e.code === 'ERR_INTERNAL' && /from queued to generating/.test(e.message));
+      for (const state of ['ready', 'prefilling', 'generating', 'aborting', 'done']) req.to(state);
+      assert.throws(() => req.to('failed'), (e) => e.code === 'ERR_INTERNAL');
+      const failing = make({ tokens: [1, 2] });
+      failing.to('failed');
+      assert.equal(failing.running, false);
+    });
+
+    it('checks its inputs with coded errors that name the field', () => {
+      const bad = [
+        [{}, /exactly one of prompt, tokens or messages/],
+        [{ prompt: 'a', tokens: [1] }, /exactly one/],
+        [{ tokens: [100] }, /token ids in \[0, 100\)/],
+        [{ prompt: 'a', n: '2' }, /request.n/],
+        [{ prompt: 'a', stop: 5 }, /request.stop/],
+        [{ prompt: 'a', seed: 2 ** 32 }, /request.seed/],
+        [{ prompt: 'a', grammar: 'g', jsonSchema: {} }, /grammar or jsonSchema/],
+      ];
+      for (const [request, message] of bad) assert.throws(() => make(request), (e) => e.code === 'ERR_INVALID_ARG' && message.test(e.message), JSON.stringify(request));
+      const ok = make({ prompt: 'a', stop: ['', 'x'], params: { seed: 5, temperature: 0 } });
+      assert.deepEqual([ok.stops, ok.seedBase, ok.params, ok.maxTokens], [['x'], 5, { temperature: 0 }, 8]);
+    });
+
+    it('cellsToCome: the unfilled prompt and every token left to generate', () => {
+      const req = make({ tokens: [1, 2, 3, 4], n: 2, maxTokens: 5 });
+      req.tokens = [1, 2, 3, 4];
+      req.plannedStart = 1;
+      assert.equal(req.cellsToCome(), 3 + 2 * 5);
+      req.choices = [
+        { tokens: [7, 7], finishReason: null },
+        { tokens: [7], finishReason: 'stop' },
+      ];
+      assert.equal(req.cellsToCome(), 3);
+    });
+  });
+});
