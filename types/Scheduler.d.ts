@@ -15,12 +15,12 @@ export class Scheduler {
     generate(request: any): Generation;
     /** Counters and gauges; `cellsUsed` is as of the end of the last step (the context may be busy now). */
     stats(): {
+        evictions: number;
         steps: number;
         promptTokens: number;
         cachedPromptTokens: number;
         prefilledTokens: number;
         generatedTokens: number;
-        evictions: number;
         completed: number;
         running: number;
         queued: number;
@@ -36,5 +36,7 @@ export class Scheduler {
     close(): Promise<void>;
 }
 import { BranchStore } from "./BranchStore";
-import { RadixTree } from "./scheduler/radix";
+import { Request } from "./scheduler/request";
+import { PrefixCache } from "./scheduler/prefix-cache";
+import { SystemPrompts } from "./scheduler/system-prompts";
 import { Generation } from "./scheduler/generation";

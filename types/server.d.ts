@@ -9,7 +9,7 @@ export function createServer(options: any): Promise<{
     scheduler: Scheduler;
     modelName: any;
     http: http.Server<typeof http.IncomingMessage, typeof http.ServerResponse>;
-    listen(port?: number, host?: string): Promise<any>;
+    listen(port?: 8080, host?: "127.0.0.1"): Promise<any>;
     close(): Promise<void>;
 }>;
 import { Scheduler } from "./Scheduler";

@@ -5,6 +5,8 @@ export class RadixTree {
     size: number;
     /** Stores `value` under exactly `tokens` (replacing a value stored there). */
     insert(tokens: any, value: any): RadixNode;
+    /** The value stored under exactly `tokens`, or null. */
+    get(tokens: any): any;
     /** Removes the value stored under exactly `tokens`; returns whether there was one. */
     delete(tokens: any): boolean;
     /**
