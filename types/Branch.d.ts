@@ -48,6 +48,7 @@ export class Branch implements AsyncIterable<BranchToken> {
      * @private
      * @param {SessionContext} ctx
      * @param {number} handle
+     * @param {number} parent the parent's handle, 0 for a root
      */
     private constructor();
     /**
