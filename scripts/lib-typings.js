@@ -18,6 +18,7 @@ const ts = require('typescript');
 const repoRoot = path.resolve(__dirname, '..');
 const LIB = path.join(repoRoot, 'lib');
 const OUT = path.join(repoRoot, 'types');
+const STAGING = path.join(require('node:os').tmpdir(), 'llama-branch-lib-typings');
 /** The files of lib/ whose classes index.d.ts re-exports (what they import must be emitted too). */
 const PUBLIC = ['Context.js', 'Branch.js', 'BranchStore.js'];
 /** Hand-written or Rust-generated declarations in lib/ that the emitted files import. */
@@ -50,7 +51,8 @@ function generate() {
     allowJs: true,
     declaration: true,
     emitDeclarationOnly: true,
-    outDir: OUT,
+    // Emitted elsewhere: index.d.ts imports types/, so the files there are inputs of this program.
+    outDir: STAGING,
     rootDir: LIB,
     target: ts.ScriptTarget.ES2022,
     module: ts.ModuleKind.CommonJS,
@@ -64,7 +66,7 @@ function generate() {
   const diagnostics = [];
   for (const name of PUBLIC) {
     const source = program.getSourceFile(path.join(LIB, name));
-    const write = (file, text) => files.set(path.relative(OUT, file), HEADER + text);
+    const write = (file, text) => files.set(path.relative(STAGING, file), HEADER + text);
     diagnostics.push(...program.emit(source, write, undefined, true, { afterDeclarations: [withoutPrivatePlumbing] }).diagnostics);
   }
   const errors = diagnostics.filter((d) => d.category === ts.DiagnosticCategory.Error);
