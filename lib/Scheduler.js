@@ -34,12 +34,16 @@ const { SchedulerErrorCode, schedulerError } = require('./scheduler/errors');
 /** Sampler of prompt branches: they are only forked, never sampled. */
 const PROMPT_BRANCH_PARAMS = Object.freeze({ temperature: 0 });
 
+/**
+ * Continuous batching over one context (see the file comment and docs/serving.md). The context
+ * must be used by this scheduler alone; size `nSeqMax` ≥ running requests × (n + 1) plus cached
+ * prefixes, `nCtx` ≥ their prompts + n × maxTokens each.
+ */
 class Scheduler {
   /**
-   * @param {import('./Context').SessionContext} ctx a context the scheduler uses alone; size `nSeqMax`
-   *   for (running requests × (n + 1)) + cached prefixes, and `nCtx` for their tokens.
-   * @param {object} [options] `prefillChunk` (prompt tokens per step, default 256), `maxQueue`
-   *   (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`.
+   * @param {import('./Context').SessionContext} ctx a context the scheduler uses alone
+   * @param {import('./types').SchedulerOptions} [options] `prefillChunk` (prompt tokens per step,
+   *   default 256), `maxQueue` (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`.
    */
   constructor(ctx, options = {}) {
     if (options === null || typeof options !== 'object') throw invalid('new Scheduler(ctx, options?): options must be an object');
@@ -67,7 +71,9 @@ class Scheduler {
 
   /**
    * Queues a request. Returns a {@link Generation}: `await` it for `{ choices, usage }`, or
-   * `for await` its events. Errors (invalid request, ERR_QUEUE_FULL, ...) reject it.
+   * `for await` its events. Never throws: errors (invalid request, ERR_QUEUE_FULL, ...) reject it.
+   * @param {import('./types').GenerateRequest} request
+   * @returns {import('./types').Generation}
    */
   generate(request) {
     const gen = new Generation();
@@ -95,7 +101,10 @@ class Scheduler {
     return gen;
   }
 
-  /** Counters and gauges; `cellsUsed` is as of the end of the last step (the context may be busy now). */
+  /**
+   * Counters and gauges (never busy); `cellsUsed` is as of the end of the last step.
+   * @returns {import('./types').SchedulerStats}
+   */
   stats() {
     const c = this._counters;
     return {
@@ -112,7 +121,9 @@ class Scheduler {
 
   /**
    * Stops taking requests: queued ones reject with ERR_SCHEDULER_CLOSED, running ones end with
-   * finishReason 'abort' within one step; then every cached prefix is freed. Idempotent.
+   * finishReason 'abort' within one step; then every cached prefix is freed. Idempotent. The
+   * context stays open.
+   * @returns {Promise<void>}
    */
   async close() {
     this._closed = true;

@@ -1,9 +1,9 @@
 'use strict';
 
-// index.d.ts must describe exactly the runtime surface: every declared export, class member and
-// static exists at runtime with the declared kind (method vs getter), and every public runtime
-// export and member is declared. (Members whose names start with `_` are private plumbing.)
-// The declarations are read with the TypeScript compiler API, so nothing is listed by hand here.
+// index.d.ts must declare exactly the runtime exports. Its classes come from lib/'s JSDoc
+// (types/, kept current by `node scripts/lib-typings.js --check`), so they are not compared here;
+// what is still written by hand (exports, constant objects, the ErrorCode union) is. The
+// declarations are read with the TypeScript compiler API, so nothing is listed by hand here.
 
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
@@ -12,7 +12,6 @@ const ts = require('typescript');
 const llama = require('..');
 
 const DTS = path.join(__dirname, '..', 'index.d.ts');
-const BUILTIN_STATICS = new Set(['length', 'name', 'prototype', 'arguments', 'caller']);
 
 const hasModifier = (node, kind) => (ts.getModifiers(node) || []).some((m) => m.kind === kind);
 
@@ -25,75 +24,34 @@ function memberName(member) {
   return null;
 }
 
-/** Runtime-visible declarations of index.d.ts: value exports, and public members of each class. */
+/** Runtime-visible declarations of index.d.ts: value exports and the keys of constant objects. */
 function readDeclarations() {
   const source = ts.createSourceFile(DTS, fs.readFileSync(DTS, 'utf8'), ts.ScriptTarget.Latest, true);
   const exports = new Set();
-  const classes = {};
   const consts = {};
   for (const stmt of source.statements) {
     if (ts.isExportDeclaration(stmt) && stmt.exportClause && ts.isNamedExports(stmt.exportClause)) {
       for (const spec of stmt.exportClause.elements) exports.add(spec.name.text);
     }
     if (!hasModifier(stmt, ts.SyntaxKind.ExportKeyword)) continue;
-    if (ts.isFunctionDeclaration(stmt)) exports.add(stmt.name.text);
+    if (ts.isFunctionDeclaration(stmt) || ts.isClassDeclaration(stmt)) exports.add(stmt.name.text);
     if (ts.isVariableStatement(stmt)) {
       for (const decl of stmt.declarationList.declarations) {
         exports.add(decl.name.text);
         if (decl.type && ts.isTypeLiteralNode(decl.type)) consts[decl.name.text] = decl.type.members.map(memberName);
       }
     }
-    if (ts.isClassDeclaration(stmt)) {
-      exports.add(stmt.name.text);
-      const members = { instance: {}, statics: {} };
-      for (const m of stmt.members) {
-        if (ts.isConstructorDeclaration(m)) continue;
-        if (hasModifier(m, ts.SyntaxKind.PrivateKeyword)) continue;
-        const name = memberName(m);
-        const kind = ts.isGetAccessorDeclaration(m) || ts.isPropertyDeclaration(m) ? 'getter' : 'method';
-        const bucket = hasModifier(m, ts.SyntaxKind.StaticKeyword) ? members.statics : members.instance;
-        bucket[name] = kind;
-      }
-      classes[stmt.name.text] = members;
-    }
   }
-  return { exports, classes, consts };
+  return { exports, consts };
 }
 
-/** Public members of a runtime class: name -> 'method' | 'getter'. */
-function runtimeMembers(target, skip) {
-  const out = {};
-  for (const key of Reflect.ownKeys(target)) {
-    const name = typeof key === 'symbol' ? key.description : key;
-    if (skip.has(name) || name.startsWith('_')) continue;
-    const desc = Object.getOwnPropertyDescriptor(target, key);
-    out[name] = desc.get ? 'getter' : typeof desc.value === 'function' ? 'method' : 'value';
-  }
-  return out;
-}
-
-describe('typings: index.d.ts matches the runtime surface', function () {
+describe('typings: index.d.ts declares the runtime exports', function () {
   const declared = readDeclarations();
 
   it('declares every runtime export and nothing else', function () {
     const runtime = Object.keys(llama).filter((k) => !k.startsWith('_')).sort();
     assert.deepEqual([...declared.exports].sort(), runtime);
   });
-
-  // SessionContext, Branch and BranchStore are declared from lib/'s own JSDoc (types/, checked
-  // current by `node scripts/lib-typings.js --check`); the classes still written here are compared.
-  for (const className of Object.keys(declared.classes)) {
-    it(`${className}: declared members exist at runtime with the same kind, and vice versa`, function () {
-      const Class = llama[className];
-      assert.equal(typeof Class, 'function', `${className} is exported as a class`);
-      const decl = declared.classes[className];
-      assert.ok(decl, `${className} is declared as a class`);
-      const instance = runtimeMembers(Class.prototype, new Set(['constructor']));
-      const statics = runtimeMembers(Class, BUILTIN_STATICS);
-      assert.deepEqual(sorted(decl.instance), sorted(instance), `${className} instance members (declared vs runtime)`);
-      assert.deepEqual(sorted(decl.statics), sorted(statics), `${className} static members (declared vs runtime)`);
-    });
-  }
 
   it('constant objects (PoolingType, ...): declared keys equal the runtime keys', function () {
     assert.ok(Object.keys(declared.consts).includes('PoolingType'));
@@ -138,15 +96,4 @@ describe('typings: index.d.ts matches the runtime surface', function () {
     }
   });
 
-  it('the checker itself notices a phantom member and an undeclared one', function () {
-    const instance = runtimeMembers(llama.Scheduler.prototype, new Set(['constructor']));
-    const phantom = { ...declared.classes.Scheduler.instance, notARealMethod: 'method' };
-    assert.notDeepEqual(sorted(phantom), sorted(instance));
-    const { generate: _omitted, ...missing } = declared.classes.Scheduler.instance;
-    assert.notDeepEqual(sorted(missing), sorted(instance));
-  });
 });
-
-function sorted(obj) {
-  return Object.fromEntries(Object.entries(obj).sort(([a], [b]) => a.localeCompare(b)));
-}

@@ -8,6 +8,8 @@ export type {
   EntropyBase,
   FormatChatOptions,
   FormattedChatResult,
+  GenerateRequest,
+  Generation,
   KvFileContents,
   KvPressure,
   LazyGrammarTriggers,
@@ -17,5 +19,7 @@ export type {
   ParseChatOutputResult,
   Produced,
   SamplingParams,
+  SchedulerOptions,
+  SchedulerStats,
   TokenBias,
 } from '../index';
