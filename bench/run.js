@@ -20,7 +20,7 @@
  * Prebuilt vs source build: node bench/run.js --compare-prebuilt[=<file.node>] [--rounds=5]
  * [--n=1,16] [--reps=3] runs the ours and raw series (N = 1 and 16 by default) in child
  * processes, alternately with the source build (build/llama_branch.node) and the prebuilt
- * (default npm/<platform>/llama_branch.<platform>.node, made by `npm run prebuild`), and prints
+ * (default npm/<platform>/llama_branch.<platform>.node, made by `npm run build:prebuilt`), and prints
  * prebuilt/native per N. Writes bench/results/prebuilt-<timestamp>.json.
  */
 

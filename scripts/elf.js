@@ -2,7 +2,7 @@
 
 /**
  * Reads the dynamic section of an ELF shared library: which libraries it needs (DT_NEEDED), its
- * own name (DT_SONAME) and where it looks for them (DT_RPATH / DT_RUNPATH). scripts/prebuild.js
+ * own name (DT_SONAME) and where it looks for them (DT_RPATH / DT_RUNPATH). scripts/build-prebuilt.js
  * uses it to ship exactly the libraries the addon needs and to check the shipped set; no binutils
  * needed. 64-bit little-endian ELF only (x86-64, aarch64); other files throw.
  */

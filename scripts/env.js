@@ -1,15 +1,17 @@
 'use strict';
 
 /**
- * Shared helpers for the developer scripts in this directory (build, test,
- * setup, fetch-model). No npm dependencies: these scripts run from the npm
- * `install` hook, before devDependencies may exist.
+ * The one helper module of the scripts in this folder: where things are (repository, cargo
+ * target dir, addon), the build's settings (LLAMA_BRANCH_FEATURES, LLAMA_BRANCH_CPU), finding
+ * cargo and npm, running commands (with a heartbeat for long builds), the system packages a
+ * source build needs and installing them with apt, and logging. No npm dependencies: build.js
+ * runs as the `install` script, before devDependencies may exist.
  */
 
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { spawnSync } = require('node:child_process');
+const { spawn, spawnSync } = require('node:child_process');
 
 /** Absolute path of the package root (the directory holding package.json). */
 const repoRoot = path.resolve(__dirname, '..');
@@ -64,14 +66,20 @@ function featureArgs() {
  * build.rustflags). Never RUSTFLAGS: it would also be seen by every other cargo build.
  */
 function cpuArgs() {
-  const choice = (process.env.LLAMA_BRANCH_CPU || 'native').trim() || 'native';
+  const choice = cpuChoice();
   if (choice === 'native') return [];
+  const cpu = choice === 'portable' ? (process.arch === 'x64' ? 'x86-64-v3' : 'generic') : choice;
+  return targetCpuArgs(cpu);
+}
+
+/** LLAMA_BRANCH_CPU: 'native' (default), 'portable' or a target-cpu name; exits on anything else. */
+function cpuChoice() {
+  const choice = (process.env.LLAMA_BRANCH_CPU || 'native').trim() || 'native';
   if (!/^[A-Za-z0-9_.-]+$/.test(choice)) {
     console.error(`error: LLAMA_BRANCH_CPU must be native, portable or a target-cpu name, got "${choice}"`);
     process.exit(2);
   }
-  const cpu = choice === 'portable' ? (process.arch === 'x64' ? 'x86-64-v3' : 'generic') : choice;
-  return targetCpuArgs(cpu);
+  return choice;
 }
 
 /** Cargo arguments compiling the Rust code, and through the sys crate ggml, for rustc target-cpu `cpu`. */
@@ -100,8 +108,7 @@ function cargoEnv() {
  * otherwise hand objects built for another CPU (ccache issue #824). Null when not needed.
  */
 function nativeCpuFile(target) {
-  const choice = (process.env.LLAMA_BRANCH_CPU || 'native').trim() || 'native';
-  if (choice !== 'native' || process.platform !== 'linux') return null;
+  if (cpuChoice() !== 'native' || process.platform !== 'linux') return null;
   try {
     const flags = fs.readFileSync('/proc/cpuinfo', 'utf8').split('\n').find((l) => /^(flags|Features)\s*:/.test(l));
     if (!flags) return null;
@@ -272,6 +279,141 @@ function run(cmd, args, opts = {}) {
   return res.status === null ? 1 : res.status;
 }
 
+/**
+ * Runs `cmd` and resolves its exit code. Without a terminal (CI, npm install logs) a long build
+ * shows no progress for minutes, so `log` gets a heartbeat line every `every` ms. `onStdout`, when
+ * given, receives stdout line by line instead of the terminal.
+ */
+function spawnWithHeartbeat(cmd, args, { env = process.env, log, every = 30000, onStdout = null } = {}) {
+  return new Promise((resolve) => {
+    const started = Date.now();
+    const child = spawn(cmd, args, { cwd: repoRoot, env, stdio: ['ignore', onStdout ? 'pipe' : 'inherit', 'inherit'] });
+    const heartbeat = process.stderr.isTTY ? null : setInterval(() => log(`still building (${formatDuration(Date.now() - started)} so far) ...`), every);
+    if (onStdout) {
+      let pending = '';
+      child.stdout.setEncoding('utf8');
+      child.stdout.on('data', (chunk) => {
+        const lines = (pending + chunk).split('\n');
+        pending = lines.pop();
+        lines.forEach(onStdout);
+      });
+    }
+    const finish = (code) => {
+      if (heartbeat) clearInterval(heartbeat);
+      resolve(code);
+    };
+    child.on('error', (e) => {
+      log(`could not run ${cmd}: ${e.message}`);
+      finish(127);
+    });
+    child.on('close', (code, signal) => finish(signal ? 1 : code));
+  });
+}
+
+/**
+ * npm's own npm-cli.js: the npm running this script (npm_execpath), else the one on PATH. Run
+ * with this node (`npmCommand`), it works where npm itself is not on PATH.
+ */
+function npmCli() {
+  if (process.env.npm_execpath && /npm-cli\.js$/.test(process.env.npm_execpath)) return process.env.npm_execpath;
+  const res = spawnSync(process.platform === 'win32' ? 'npm.cmd' : 'npm', ['root', '-g'], { encoding: 'utf8', shell: process.platform === 'win32' });
+  const cli = path.join(String(res.stdout).trim(), 'npm', 'bin', 'npm-cli.js');
+  return fs.existsSync(cli) ? cli : null;
+}
+
+/** `[command, leading args]` that run npm. */
+function npmCommand() {
+  const cli = npmCli();
+  return cli ? [process.execPath, [cli]] : ['npm', []];
+}
+
+/** A logger writing `[tag] message` to stderr; `.fail(message)` logs and exits 1. */
+function logger(tag) {
+  const log = (msg) => console.error(`[${tag}] ${msg}`);
+  log.fail = (msg) => {
+    console.error(`[${tag}] ERROR: ${msg}`);
+    process.exit(1);
+  };
+  return log;
+}
+
+// --- System packages of a source build -------------------------------------------------------
+
+/** Names in `dir` matching `re` (empty if `dir` is unreadable). */
+function listMatching(dir, re) {
+  try {
+    return fs.readdirSync(dir).filter((name) => re.test(name));
+  } catch {
+    return [];
+  }
+}
+
+/** Path of a libclang shared library on Linux (the C API bindgen needs), or null. */
+function findLibclang() {
+  const dirs = process.env.LIBCLANG_PATH ? [process.env.LIBCLANG_PATH] : [];
+  for (const llvm of listMatching('/usr/lib', /^llvm-\d+/)) dirs.push(`/usr/lib/${llvm}/lib`);
+  for (const base of ['/usr/lib', '/lib']) for (const multiarch of listMatching(base, /-linux-(gnu|musl)/)) dirs.push(`${base}/${multiarch}`);
+  dirs.push('/usr/lib64', '/usr/lib', '/usr/local/lib', '/usr/local/lib64');
+  const re = /^libclang(-[0-9.]+)?\.so(\.[0-9]+)*$/;
+  for (const dir of dirs) {
+    const hit = listMatching(dir, re)[0];
+    if (hit) return path.join(dir, hit);
+  }
+  const res = spawnSync('ldconfig', ['-p'], { encoding: 'utf8' }); // last resort: the linker cache
+  const line = !res.error && res.status === 0 && res.stdout.split('\n').find((l) => /\blibclang(-[0-9.]+)?\.so/.test(l));
+  return line ? line.split('=>').pop().trim() : null;
+}
+
+/** Folder of clang's resource headers (stdbool.h, ...), which bindgen needs to parse llama.h; or null. */
+function findClangHeaders() {
+  const roots = process.env.LIBCLANG_PATH ? [path.join(process.env.LIBCLANG_PATH, 'clang')] : [];
+  for (const llvm of listMatching('/usr/lib', /^llvm-\d+/)) roots.push(`/usr/lib/${llvm}/lib/clang`);
+  roots.push('/usr/lib/clang', '/usr/lib64/clang', '/usr/local/lib/clang');
+  for (const root of roots) {
+    for (const version of listMatching(root, /^\d/)) {
+      const include = path.join(root, version, 'include');
+      if (fs.existsSync(path.join(include, 'stdbool.h'))) return include;
+    }
+  }
+  return null;
+}
+
+/**
+ * What a source build lacks on this system: `[{ what, apt }]` (a readable name and the Debian
+ * package providing it). Cargo itself is not an apt package: see `findCargo`.
+ */
+function missingBuildTools() {
+  const missing = [];
+  if (!which('cmake')) missing.push({ what: 'cmake (builds llama.cpp)', apt: 'cmake' });
+  if (process.platform !== 'linux') return missing;
+  if (!which('make') && !which('ninja')) missing.push({ what: 'make (cmake build tool)', apt: 'make' });
+  if (!process.env.CXX && !which('c++') && !which('g++') && !which('clang++')) missing.push({ what: 'a C++ compiler (g++)', apt: 'g++' });
+  if (!findLibclang()) missing.push({ what: 'libclang (needed by bindgen)', apt: 'libclang-dev' });
+  if (!process.env.BINDGEN_EXTRA_CLANG_ARGS && !findClangHeaders()) missing.push({ what: 'clang resource headers, e.g. stdbool.h (needed by bindgen)', apt: 'libclang-dev' });
+  return missing;
+}
+
+/** The apt-get command installing `packages`, as a user would type it. */
+function aptCommand(packages) {
+  return `${isRoot() ? '' : 'sudo '}apt-get install -y --no-install-recommends ${[...new Set(packages)].join(' ')}`;
+}
+
+/**
+ * Installs `packages` with apt-get, as root or through `sudo -n` (never asking for a password);
+ * false when that is not possible here or apt fails. Only setup and CI scripts call this: the
+ * npm `install` script never installs system packages.
+ */
+function aptInstall(packages, log) {
+  const sudo = isRoot() ? [] : which('sudo') ? ['sudo', '-n'] : null;
+  if (!hasApt() || !sudo) return false;
+  const unique = [...new Set(packages)];
+  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
+  const apt = (args) => (sudo.length ? run(sudo[0], [...sudo.slice(1), 'apt-get', ...args], { env }) : run('apt-get', args, { env }));
+  log(`installing with apt-get: ${unique.join(' ')}`);
+  if (apt(['update']) !== 0) log('warning: apt-get update failed; trying the existing package lists');
+  return apt(['install', '-y', '--no-install-recommends', ...unique]) === 0;
+}
+
 /** Human-readable duration, e.g. "4m 12s" or "850 ms". */
 function formatDuration(ms) {
   if (ms < 1000) return `${Math.round(ms)} ms`;
@@ -289,6 +431,7 @@ module.exports = {
   featureArgs,
   cpuArgs,
   targetCpuArgs,
+  cpuChoice,
   cargoEnv,
   staleLlamaBuild,
   cleanStaleLlamaBuild,
@@ -301,5 +444,12 @@ module.exports = {
   hasApt,
   findCargo,
   run,
+  spawnWithHeartbeat,
+  npmCli,
+  npmCommand,
+  logger,
+  missingBuildTools,
+  aptCommand,
+  aptInstall,
   formatDuration,
 };

@@ -2,40 +2,47 @@
 'use strict';
 
 /**
- * First-time setup (`npm run setup`):
- *   1. install dependencies with `npm install` (whose install hook builds the
- *      native addon), or just run the build if node_modules already exists;
- *   2. fetch and verify the default model;
- *   3. run the demo (examples/demo.js), if present.
+ * First-time setup of a checkout (`npm run setup`, the README's first command):
+ *   1. the system packages a source build needs (cmake, a C++ compiler, libclang, ccache), with
+ *      apt as root or through sudo when missing: the one place besides CI that installs them
+ *      (the npm `install` script never does; it prints the command instead);
+ *   2. `npm install` (whose install script builds the native addon), or only the build when
+ *      node_modules exists;
+ *   3. the default model, fetched and verified;
+ *   4. the demo (examples/demo.js).
+ * `node scripts/setup.js --system` does step 1 only (`.ci/run` runs it before `npm ci`).
  */
 
 const fs = require('node:fs');
 const path = require('node:path');
-const { repoRoot, run } = require('./env');
+const { repoRoot, run, which, logger, missingBuildTools, aptCommand, aptInstall, npmCommand } = require('./env');
 
 const node = process.execPath;
+const log = logger('setup');
 
 function step(name, code) {
-  if (code !== 0) {
-    console.error(`\n[setup] FAILED: ${name} (exit code ${code})`);
-    process.exit(code);
-  }
+  if (code !== 0) log.fail(`${name} (exit code ${code})`);
 }
 
-function npmCommand() {
-  // npm_execpath is set when running under `npm run`; reuse that exact npm.
-  const npmCli = process.env.npm_execpath;
-  if (npmCli && /npm-cli\.js$/.test(npmCli)) return { cmd: node, args: [npmCli] };
-  return process.platform === 'win32'
-    ? { cmd: 'npm.cmd', args: [], shell: true }
-    : { cmd: 'npm', args: [] };
+function systemPackages() {
+  const packages = missingBuildTools().map((m) => m.apt);
+  if (!which('ccache')) packages.push('ccache'); // optional: makes rebuilds of llama.cpp cheap
+  if (packages.length === 0) return log('system packages: all present');
+  if (aptInstall(packages, log) && missingBuildTools().length === 0) return;
+  const still = missingBuildTools();
+  if (still.length === 0) return log('ccache could not be installed; builds work without it, only slower to repeat');
+  log.fail(`missing build prerequisites: ${still.map((m) => m.what).join('; ')}\n  install them with: ${aptCommand(still.map((m) => m.apt))}`);
 }
 
 function main() {
+  console.log('\n==> system packages');
+  systemPackages();
+  if (process.argv.includes('--system')) return;
+
   if (!fs.existsSync(path.join(repoRoot, 'node_modules'))) {
     console.log('\n==> npm install (also builds the native addon)');
-    const npm = npmCommand();
-    step('npm install', run(npm.cmd, [...npm.args, 'install'], { shell: npm.shell }));
+    const [cmd, args] = npmCommand();
+    step('npm install', run(cmd, [...args, 'install']));
   } else {
     console.log('\n==> build native addon');
     step('build', run(node, [path.join(repoRoot, 'scripts', 'build.js')]));
@@ -44,13 +51,8 @@ function main() {
   console.log('\n==> fetch model');
   step('fetch model', run(node, [path.join(repoRoot, 'scripts', 'fetch-model.js')]));
 
-  const demo = path.join(repoRoot, 'examples', 'demo.js');
-  if (!fs.existsSync(demo)) {
-    console.log('\n[setup] done. (examples/demo.js is not present yet, so there is no demo to run.)');
-    return;
-  }
   console.log('\n==> demo (node examples/demo.js)');
-  step('demo', run(node, [demo]));
+  step('demo', run(node, [path.join(repoRoot, 'examples', 'demo.js')]));
   console.log('\n[setup] done. Next:');
   console.log('  npm test                                  # the whole test suite');
   console.log('  node examples/best-of-n.js                # best-of-N by perplexity (more in examples/README.md)');

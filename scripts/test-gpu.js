@@ -10,8 +10,8 @@
  *   2. the CPU build (scripts/build.js; cheap when up to date): the reference the device is
  *      compared with;
  *   3. the Vulkan build into build/vulkan/ (LLAMA_BRANCH_FEATURES=vulkan, its own cargo target
- *      dir ~/.cache/llama-branch/target-vulkan; build.js installs the Vulkan headers, loader and
- *      glslc with apt as root). Its duration is printed: the first one compiles llama.cpp and
+ *      dir ~/.cache/llama-branch/target-vulkan), after installing the Vulkan headers, loader and
+ *      glslc with apt (scripts/vulkan.js; build.js itself installs nothing). Its duration is printed: the first one compiles llama.cpp and
  *      ggml's shaders (~10 minutes on 2 cores);
  *   4. the default model (scripts/fetch-model.js), then mocha on test/gpu/.
  *
@@ -23,7 +23,7 @@
 
 const path = require('node:path');
 const { repoRoot, run, formatDuration } = require('./env');
-const { ensureVulkanDriver } = require('./vulkan');
+const { ensureVulkanDriver, installVulkanBuild } = require('./vulkan');
 
 const node = process.execPath;
 
@@ -43,6 +43,10 @@ function main() {
     return 1;
   });
   step('CPU build (the reference)', () => run(node, [path.join(repoRoot, 'scripts', 'build.js')]));
+  step('Vulkan build prerequisites', () => {
+    installVulkanBuild();
+    return 0;
+  });
   step('Vulkan build into build/vulkan/', () =>
     run(node, [path.join(repoRoot, 'scripts', 'build.js'), '--out', path.join('build', 'vulkan')], {
       env: { ...env, LLAMA_BRANCH_FEATURES: 'vulkan' },

@@ -21,7 +21,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
-const { repoRoot, cargoEnv, formatDuration } = require('./env');
+const { repoRoot, cargoEnv, formatDuration, npmCommand } = require('./env');
 
 function log(msg) {
   console.log(`[test-pack] ${msg}`);
@@ -33,8 +33,7 @@ function die(msg) {
 }
 
 function npm(args, cwd, extraEnv = {}) {
-  const npmCli = process.env.npm_execpath && /npm-cli\.js$/.test(process.env.npm_execpath) ? process.env.npm_execpath : null;
-  const [cmd, pre] = npmCli ? [process.execPath, [npmCli]] : ['npm', []];
+  const [cmd, pre] = npmCommand();
   return spawnSync(cmd, [...pre, ...args], {
     cwd,
     env: { ...cargoEnv(), ...extraEnv },

@@ -3,10 +3,10 @@
 
 /**
  * Prebuilt install test (`npm run test:prebuilt`, a step of `npm test`): the two tarballs of
- * `npm run prebuild` install into an app on a machine with no compiler and no network, and run.
+ * `npm run build:prebuilt` install into an app on a machine with no compiler and no network, and run.
  *
  *   1. dist/ holds both tarballs for this version, newer than every input of the build; if not,
- *      run scripts/prebuild.js (a cold machine pays the ~20 min build once);
+ *      run scripts/build-prebuilt.js (a cold machine pays the ~20 min build once);
  *   2. a scratch project, and a PATH holding only node, npm and sh: cargo, cmake, cc, gcc, g++ and
  *      c++ are unreachable (checked), and HOME / CARGO_HOME point at empty folders so that the
  *      install script cannot find ~/.cargo/bin/cargo either. `npm install --offline` of both
@@ -29,14 +29,14 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
-const { repoRoot, addonPath, formatDuration } = require('./env');
-const { distDir, addonFileName } = require('./prebuild');
+const { repoRoot, addonPath, formatDuration, npmCli } = require('./env');
+const { distDir, addonFileName } = require('./build-prebuilt');
 const { platformKey, platformPackageName } = require('../lib/loader');
 
 const INSTALL_LIMIT_MS = 60000;
 const COMPILERS = ['cargo', 'rustc', 'cmake', 'cc', 'gcc', 'g++', 'c++', 'clang', 'make'];
 /** What the build reads: a newer file than the tarballs means dist/ is stale. */
-const BUILD_INPUTS = ['src', 'lib', 'scripts', 'build.rs', 'Cargo.toml', 'Cargo.lock', '.cargo', 'package.json', 'index.d.ts', 'README.md', 'npm'];
+const BUILD_INPUTS = ['src', 'lib', 'types', 'scripts', 'build.rs', 'Cargo.toml', 'Cargo.lock', '.cargo', 'package.json', 'index.d.ts', 'README.md', 'npm'];
 
 function log(msg) {
   console.log(`[test-prebuilt] ${msg}`);
@@ -72,10 +72,10 @@ function ensureTarballs() {
     log(`dist/ is up to date (${Object.values(tarballs).map((t) => path.basename(t)).join(', ')})`);
     return tarballs;
   }
-  log(built === 0 ? 'dist/ has no tarballs for this version: npm run prebuild ...' : 'dist/ is older than the sources: npm run prebuild ...');
+  log(built === 0 ? 'dist/ has no tarballs for this version: npm run build:prebuilt ...' : 'dist/ is older than the sources: npm run build:prebuilt ...');
   const started = Date.now();
-  const res = spawnSync(process.execPath, [path.join(__dirname, 'prebuild.js')], { cwd: repoRoot, stdio: 'inherit' });
-  if (res.status !== 0) die(`npm run prebuild exited with ${res.status}`);
+  const res = spawnSync(process.execPath, [path.join(__dirname, 'build-prebuilt.js')], { cwd: repoRoot, stdio: 'inherit' });
+  if (res.status !== 0) die(`npm run build:prebuilt exited with ${res.status}`);
   log(`prebuild took ${formatDuration(Date.now() - started)}`);
   for (const t of Object.values(tarballs)) if (!fs.existsSync(t)) die(`prebuild did not produce ${t}`);
   return tarballs;
@@ -93,7 +93,7 @@ function noCompilerEnv(dir) {
   fs.symlinkSync(process.execPath, path.join(bin, 'node'));
   // npm runs lifecycle scripts through `sh` found on PATH.
   fs.symlinkSync(fs.existsSync('/bin/sh') ? '/bin/sh' : '/usr/bin/sh', path.join(bin, 'sh'));
-  fs.writeFileSync(path.join(bin, 'npm'), `#!/bin/sh\nexec "${process.execPath}" "${npmCli()}" "$@"\n`, { mode: 0o755 });
+  fs.writeFileSync(path.join(bin, 'npm'), `#!/bin/sh\nexec "${process.execPath}" "${npmCliOrDie()}" "$@"\n`, { mode: 0o755 });
   const env = {};
   for (const [k, v] of Object.entries(process.env)) {
     // Keep the test's own settings; drop npm's per-run variables, llama-branch's build and
@@ -113,12 +113,8 @@ function noCompilerEnv(dir) {
   };
 }
 
-function npmCli() {
-  if (process.env.npm_execpath && /npm-cli\.js$/.test(process.env.npm_execpath)) return process.env.npm_execpath;
-  const res = spawnSync('npm', ['root', '-g'], { encoding: 'utf8' });
-  const cli = path.join(res.stdout.trim(), 'npm', 'bin', 'npm-cli.js');
-  if (!fs.existsSync(cli)) die('cannot find npm-cli.js (run this through npm, or put npm on PATH)');
-  return cli;
+function npmCliOrDie() {
+  return npmCli() || die('cannot find npm-cli.js (run this through npm, or put npm on PATH)');
 }
 
 /** The program run in the scratch project: load, report, generate greedily. */

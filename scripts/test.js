@@ -17,7 +17,7 @@
  *      (node test/examples.js), and packaging: npm pack, install the tarball into a scratch
  *      project, build, require it and generate (scripts/test-pack.js; ~1-2 min;
  *      LLAMA_BRANCH_SKIP_PACK_TEST=1 skips it and says so)
- *   8. prebuilt: install the two tarballs of `npm run prebuild` into a scratch project with no
+ *   8. prebuilt: install the two tarballs of `npm run build:prebuilt` into a scratch project with no
  *      compiler and no network, require it and generate (scripts/test-prebuilt.js; runs the
  *      prebuild first when dist/ is stale: ~20 min on a cold machine, seconds otherwise;
  *      LLAMA_BRANCH_SKIP_PREBUILT_TEST=1 skips it and says so)

@@ -11,18 +11,18 @@
  *     apt state (nothing is installed or upgraded on the system), unpacked into the cache folder
  *     and handed to CMake through CMAKE_PREFIX_PATH, while linking stays on the system's loader.
  *
- * As root with apt-get, missing packages are installed; otherwise one message says what to
- * install. A VULKAN_SDK in the environment (LunarG's SDK) is used as is and nothing is checked.
- *
- * Used by scripts/build.js (LLAMA_BRANCH_FEATURES=vulkan) and scripts/test-gpu.js, which also
- * installs a Vulkan driver to test on (Mesa's software device, lavapipe) when none exists.
+ * `prepareVulkanBuild` (scripts/build.js, LLAMA_BRANCH_FEATURES=vulkan) only checks and says what
+ * to install; `installVulkanBuild` (`node scripts/vulkan.js`, scripts/test-gpu.js) installs the
+ * packages with apt and fetches the headers. A VULKAN_SDK in the environment (LunarG's SDK) is
+ * used as is and nothing is checked. scripts/test-gpu.js also installs a Vulkan driver to test
+ * on (Mesa's software device, lavapipe) when none exists.
  */
 
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
-const { which, run, isRoot, hasApt } = require('./env');
+const { which, run, hasApt, logger, aptCommand, aptInstall } = require('./env');
 
 /** Oldest Vulkan header version known to build the vendored ggml-vulkan (tested here). */
 const MIN_HEADER = [1, 4, 309];
@@ -32,17 +32,13 @@ const BUILD_PACKAGES = ['glslc', 'libvulkan-dev', 'spirv-headers'];
 /** Mesa's Vulkan drivers, lavapipe (a software device) among them. */
 const DRIVER_PACKAGES = ['mesa-vulkan-drivers'];
 
-function log(msg) {
-  console.error(`[llama-branch] ${msg}`);
-}
+const log = logger('llama-branch');
 
 function cacheRoot() {
   return path.join(os.homedir() || os.tmpdir(), '.cache', 'llama-branch');
 }
 
-function aptEnv() {
-  return { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
-}
+const aptEnv = () => ({ ...process.env, DEBIAN_FRONTEND: 'noninteractive' });
 
 /** Library folders of this system (multiarch first). */
 function libDirs() {
@@ -81,6 +77,7 @@ function headerVersion(includeDir) {
 }
 
 function atLeast(version, min) {
+  if (!version) return false;
   for (let i = 0; i < min.length; i++) if (version[i] !== min[i]) return version[i] > min[i];
   return true;
 }
@@ -106,12 +103,6 @@ function missingBuildParts() {
   if (!hasSpirvHeaders()) missing.push('SPIRV-Headers for CMake (package spirv-headers)');
   if (!headerVersion('/usr/include')) missing.push('the Vulkan headers (package libvulkan-dev)');
   return missing;
-}
-
-function aptInstall(packages) {
-  log(`installing with apt-get: ${packages.join(' ')}`);
-  if (run('apt-get', ['update'], { env: aptEnv() }) !== 0) log('warning: apt-get update failed; trying the existing package lists');
-  return run('apt-get', ['install', '-y', '--no-install-recommends', ...packages], { env: aptEnv() }) === 0;
 }
 
 /**
@@ -186,50 +177,42 @@ function fail(lines) {
 }
 
 /**
- * Makes sure the Vulkan build can run; returns environment variables to add to the cargo call.
- * Exits with a message when something is missing and cannot be installed here.
+ * Checks that the Vulkan build can run; returns environment variables to add to the cargo call.
+ * Installs nothing (this runs inside `npm install`): exits with what to run when a part is missing.
  */
 function prepareVulkanBuild() {
   if (process.env.VULKAN_SDK) {
     log(`Vulkan: using VULKAN_SDK=${process.env.VULKAN_SDK}`);
     return {};
   }
-  if (process.platform !== 'linux') {
-    fail(['on this platform install the LunarG Vulkan SDK and set VULKAN_SDK (https://vulkan.lunarg.com/)']);
-  }
-  const canApt = isRoot() && hasApt();
-  let missing = missingBuildParts();
-  if (missing.length > 0) {
-    if (!canApt) {
-      fail([
-        'missing:',
-        ...missing.map((m) => `  - ${m}`),
-        hasApt() ? `install them with: sudo apt-get install -y ${BUILD_PACKAGES.join(' ')}` : 'install them with your package manager, or set VULKAN_SDK',
-      ]);
-    }
-    if (!aptInstall(BUILD_PACKAGES)) fail([`apt-get install ${BUILD_PACKAGES.join(' ')} failed`]);
-    missing = missingBuildParts();
-    if (missing.length > 0) fail(['still missing after apt-get install:', ...missing.map((m) => `  - ${m}`)]);
-  }
-
+  if (process.platform !== 'linux') fail(['on this platform install the LunarG Vulkan SDK and set VULKAN_SDK (https://vulkan.lunarg.com/)']);
+  const missing = missingBuildParts();
   const system = headerVersion('/usr/include');
-  if (atLeast(system, MIN_HEADER)) return {};
-  const cached = cachedHeaders();
-  if (cached) {
-    log(`Vulkan: the system headers are ${showVersion(system)}; using ${cached}`);
-    return { CMAKE_PREFIX_PATH: joinPrefix(cached) };
+  const headers = system && atLeast(system, MIN_HEADER) ? null : cachedHeaders();
+  if (missing.length === 0 && (headers || atLeast(system, MIN_HEADER))) {
+    if (headers) log(`Vulkan: the system headers are ${showVersion(system)}; using ${headers}`);
+    return headers ? { CMAKE_PREFIX_PATH: joinPrefix(headers) } : {};
   }
+  fail([
+    ...(missing.length ? ['missing:', ...missing.map((m) => `  - ${m}`)] : []),
+    ...(missing.length || !hasApt() ? [] : [`the Vulkan headers in /usr/include are ${showVersion(system)}; ggml's Vulkan backend needs ${showVersion(MIN_HEADER)} or newer.`]),
+    hasApt()
+      ? `run \`node scripts/vulkan.js\` (installs ${BUILD_PACKAGES.join(' ')} with apt and fetches newer headers), or: ${aptCommand(BUILD_PACKAGES)}`
+      : 'install them with your package manager, or set VULKAN_SDK; newer headers go in PREFIX/include with CMAKE_PREFIX_PATH=PREFIX',
+  ]);
+}
+
+/** Installs what the Vulkan build needs (apt packages, newer headers into the cache); exits on failure. */
+function installVulkanBuild() {
+  if (process.env.VULKAN_SDK || process.platform !== 'linux') return;
+  if (missingBuildParts().length > 0 && !aptInstall(BUILD_PACKAGES, log)) fail([`could not install ${BUILD_PACKAGES.join(' ')}; run: ${aptCommand(BUILD_PACKAGES)}`]);
+  const missing = missingBuildParts();
+  if (missing.length > 0) fail(['still missing after apt-get install:', ...missing.map((m) => `  - ${m}`)]);
+  if (atLeast(headerVersion('/usr/include'), MIN_HEADER) || cachedHeaders()) return;
   const release = NEWER_HEADERS_FROM[debianCodename()];
-  const fetched = release && which('apt-get') ? fetchNewerHeaders(release) : null;
-  if (!fetched) {
-    fail([
-      `the Vulkan headers in /usr/include are ${showVersion(system)}; ggml's Vulkan backend needs ${showVersion(MIN_HEADER)} or newer.`,
-      'Install newer headers (e.g. the LunarG SDK, then set VULKAN_SDK), or put them in a folder',
-      'PREFIX/include and set CMAKE_PREFIX_PATH=PREFIX for the build.',
-    ]);
+  if (!release || !which('apt-get') || !fetchNewerHeaders(release)) {
+    fail([`no Vulkan headers ${showVersion(MIN_HEADER)} or newer could be fetched: install the LunarG SDK and set VULKAN_SDK`]);
   }
-  log(`Vulkan: the system headers are ${showVersion(system)}; using ${fetched}`);
-  return { CMAKE_PREFIX_PATH: joinPrefix(fetched) };
 }
 
 function joinPrefix(prefix) {
@@ -256,11 +239,11 @@ function driverCount() {
  */
 function ensureVulkanDriver() {
   if (driverCount() > 0) return true;
-  if (!(isRoot() && hasApt())) {
-    log(`no Vulkan driver is installed; install one (e.g. sudo apt-get install -y ${DRIVER_PACKAGES.join(' ')})`);
-    return false;
-  }
-  return aptInstall(DRIVER_PACKAGES) && driverCount() > 0;
+  if (aptInstall(DRIVER_PACKAGES, log) && driverCount() > 0) return true;
+  log(`no Vulkan driver is installed; install one (e.g. ${aptCommand(DRIVER_PACKAGES)})`);
+  return false;
 }
 
-module.exports = { prepareVulkanBuild, ensureVulkanDriver };
+if (require.main === module) installVulkanBuild();
+
+module.exports = { prepareVulkanBuild, installVulkanBuild, ensureVulkanDriver };

@@ -2,7 +2,7 @@
 'use strict';
 
 /**
- * `npm run prebuild`: builds the prebuilt binary for this machine's platform and packs the two
+ * `npm run build:prebuilt`: builds the prebuilt binary for this machine's platform and packs the two
  * tarballs an app installs without a compiler:
  *
  *   dist/llama-branch-<platform>-<version>.tgz   the platform package (npm/<platform>/): the
@@ -25,8 +25,8 @@
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { spawn, spawnSync } = require('node:child_process');
-const { repoRoot, targetDir, targetCpuArgs, findCargo, which, formatDuration, cleanStaleLlamaBuild } = require('./env');
+const { spawnSync } = require('node:child_process');
+const { repoRoot, targetDir, targetCpuArgs, findCargo, which, formatDuration, cleanStaleLlamaBuild, spawnWithHeartbeat, npmCommand, logger } = require('./env');
 const { readDynamic } = require('./elf');
 const { platformKey, platformPackageName } = require('../lib/loader');
 
@@ -52,14 +52,8 @@ const TARGETS = {
 const distDir = path.join(repoRoot, 'dist');
 const mainManifest = () => JSON.parse(fs.readFileSync(path.join(repoRoot, 'package.json'), 'utf8'));
 
-function log(msg) {
-  console.error(`[prebuild] ${msg}`);
-}
-
-function die(msg) {
-  console.error(`[prebuild] ERROR: ${msg}`);
-  process.exit(1);
-}
+const log = logger('build-prebuilt');
+const die = log.fail;
 
 /** Cargo target directory of prebuilt builds: separate from the dev build's. */
 function prebuildTargetDir() {
@@ -78,42 +72,23 @@ const mib = (bytes) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
  * resolves { code, addon, sysOutDir }: the cdylib it produced and the sys crate's OUT_DIR
  * (llama.cpp's libraries and backend modules).
  */
-function cargoBuild(args, env) {
-  return new Promise((resolve) => {
-    const child = spawn('cargo', [...args, '--message-format=json-render-diagnostics'], { cwd: repoRoot, env, stdio: ['ignore', 'pipe', 'inherit'] });
-    let addon = null;
-    let sysOutDir = null;
-    let pending = '';
-    const started = Date.now();
-    const heartbeat = process.stderr.isTTY ? null : setInterval(() => log(`still building (${formatDuration(Date.now() - started)} so far) ...`), 60000);
-    child.stdout.setEncoding('utf8');
-    child.stdout.on('data', (chunk) => {
-      pending += chunk;
-      const lines = pending.split('\n');
-      pending = lines.pop();
-      for (const line of lines) {
-        let msg;
-        try {
-          msg = JSON.parse(line);
-        } catch {
-          continue;
-        }
-        if (msg.reason === 'build-script-executed' && /[/#]llama-cpp-sys-2[@#]/.test(msg.package_id)) sysOutDir = msg.out_dir;
-        if (msg.reason === 'compiler-artifact' && msg.target && msg.target.kind.includes('cdylib') && msg.target.name === 'llama_branch') {
-          addon = msg.filenames.find((f) => /\.(so|dylib|dll)$/.test(f)) || addon;
-        }
-      }
-    });
-    const finish = (code) => {
-      if (heartbeat) clearInterval(heartbeat);
-      resolve({ code, addon, sysOutDir });
-    };
-    child.on('error', (e) => {
-      log(`could not run cargo: ${e.message}`);
-      finish(127);
-    });
-    child.on('close', (code, signal) => finish(signal ? 1 : code));
-  });
+async function cargoBuild(args, env) {
+  let addon = null;
+  let sysOutDir = null;
+  const onStdout = (line) => {
+    let msg;
+    try {
+      msg = JSON.parse(line);
+    } catch {
+      return;
+    }
+    if (msg.reason === 'build-script-executed' && /[/#]llama-cpp-sys-2[@#]/.test(msg.package_id)) sysOutDir = msg.out_dir;
+    if (msg.reason === 'compiler-artifact' && msg.target && msg.target.kind.includes('cdylib') && msg.target.name === 'llama_branch') {
+      addon = msg.filenames.find((f) => /\.(so|dylib|dll)$/.test(f)) || addon;
+    }
+  };
+  const code = await spawnWithHeartbeat('cargo', [...args, '--message-format=json-render-diagnostics'], { env, log, every: 60000, onStdout });
+  return { code, addon, sysOutDir };
 }
 
 /**
@@ -240,10 +215,6 @@ function stagePlatformPackage(key, addon, runtime) {
   return shipped.map(({ name }) => ({ name, size: sizeOf(path.join(dir, name)) }));
 }
 
-function npmCommand() {
-  const npmCli = process.env.npm_execpath && /npm-cli\.js$/.test(process.env.npm_execpath) ? process.env.npm_execpath : null;
-  return npmCli ? [process.execPath, [npmCli]] : ['npm', []];
-}
 
 /** `npm pack` of `dir` into dist/; returns npm's description of the tarball. */
 function npmPack(dir, extraArgs = []) {
@@ -283,47 +254,7 @@ function packMain() {
   }
 }
 
-/** argv of process `pid` and its parent's pid, or null (Linux: /proc; elsewhere: ps). */
-function processInfo(pid) {
-  try {
-    // npm sets its process.title ("npm run build"), which rewrites the cmdline as one string.
-    const argv = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split(/[\0\s]+/).filter(Boolean);
-    // /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may contain spaces, so split after ')'.
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return { argv, ppid: Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) };
-  } catch {
-    const res = spawnSync('ps', ['-o', 'ppid=', '-o', 'args=', '-p', String(pid)], { encoding: 'utf8' });
-    const m = res.status === 0 && /^\s*(\d+)\s+(.*)$/.exec(res.stdout.trim());
-    return m ? { argv: m[2].split(/\s+/), ppid: Number(m[1]) } : null;
-  }
-}
-
-/**
- * npm runs a script named "prebuild" before every `npm run build` (its pre-hook convention), and
- * that must not start a 20-minute prebuilt build. True when the npm process that started this
- * one was asked to run another script than prebuild.
- */
-function startedAsPreHook() {
-  if (process.env.npm_lifecycle_event !== 'prebuild') return false;
-  let pid = process.ppid;
-  for (let depth = 0; depth < 5 && pid > 1; depth++) {
-    const info = processInfo(pid);
-    if (!info) return false;
-    const run = info.argv.findIndex((a) => ['run', 'run-script', 'rum', 'urn'].includes(a));
-    if (run > 0 && info.argv.slice(0, run).some((a) => /npm/.test(path.basename(a)))) {
-      const script = info.argv.slice(run + 1).find((a) => !a.startsWith('-'));
-      return script !== undefined && script !== 'prebuild';
-    }
-    pid = info.ppid;
-  }
-  return false;
-}
-
 async function main() {
-  if (startedAsPreHook()) {
-    log('nothing to do: npm runs "prebuild" before "build"; `npm run prebuild` builds the prebuilt packages');
-    return;
-  }
   const key = platformKey();
   const target = TARGETS[key];
   if (!target) die(`no prebuilt target is defined for ${key}; known: ${Object.keys(TARGETS).join(', ')}`);
@@ -351,7 +282,7 @@ async function main() {
   const unexpected = runtime.system.filter((lib) => !target.systemLibs.includes(lib));
   if (unexpected.length) {
     die(`the prebuilt would need ${unexpected.join(', ')} from the system, which users may not have. ` +
-      `Build without them, or add them to systemLibs of ${key} in scripts/prebuild.js if every target system has them. ` +
+      `Build without them, or add them to systemLibs of ${key} in scripts/build-prebuilt.js if every target system has them. ` +
       '(CMAKE_* settings are not tracked by the sys crate: after changing one, `cargo clean -p llama-cpp-sys-2` in the prebuild target directory.)');
   }
   const shipped = stagePlatformPackage(key, built.addon, runtime);
