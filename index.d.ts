@@ -182,7 +182,7 @@ export interface ContextOptions {
    * llama.cpp RPC servers (`"host:port"`, IPv4 or a host name; started with
    * `npx llama-branch rpc-server`) whose devices take layers. Each is parsed and probed before
    * use: malformed → `ERR_INVALID_ARG`, not answering → `ERR_RPC_UNREACHABLE`. If a server dies
-   * later, contexts using it are lost (`ERR_CONTEXT_LOST`); see README "Multi-host (RPC)".
+   * later, contexts using it are lost (`ERR_CONTEXT_LOST`); see docs/gpu-and-rpc.md, "Multi-host (RPC)".
    */
   rpcServers?: string[];
 }
@@ -750,7 +750,7 @@ export interface ServerOptions {
   maxBodyBytes?: number;
 }
 
-/** An OpenAI-compatible HTTP server over a {@link Scheduler}; see the README's "Serving". */
+/** An OpenAI-compatible HTTP server over a {@link Scheduler}; see docs/serving.md. */
 export interface LlamaBranchServer {
   readonly ctx: SessionContext;
   readonly scheduler: Scheduler;

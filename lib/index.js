@@ -112,7 +112,7 @@ function listDevicesOf(binding, options) {
   return binding.listDevices(rpcServers ? { rpcServers } : undefined);
 }
 
-/** Runs llama.cpp's RPC server in this process until it exits (see README, "Multi-host (RPC)"). */
+/** Runs llama.cpp's RPC server in this process until it exits (see docs/gpu-and-rpc.md, "Multi-host (RPC)"). */
 function serveRpc(options) {
   if (options === null || typeof options !== 'object') throw makeError('ERR_INVALID_ARG', 'serveRpc(options): expected an options object with a port');
   const { host, port, threads, cacheDir, allowRemote } = options;

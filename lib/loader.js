@@ -180,7 +180,7 @@ function remedy(variant) {
     return (
       `Install the ${variant} build, ${platformPackageName(variant)} (where one is published for ${key}), ` +
       `or build it from source: LLAMA_BRANCH_FEATURES=${variant} LLAMA_BRANCH_BUILD_FROM_SOURCE=1 npm rebuild llama-branch ` +
-      `(needs Rust, cmake, a C++ compiler, libclang and the ${variant === 'cuda' ? 'CUDA toolkit' : 'Vulkan headers, loader and glslc, which the build installs with apt as root'}; see the README, "CPU and GPU"), ` +
+      `(needs Rust, cmake, a C++ compiler, libclang and the ${variant === 'cuda' ? 'CUDA toolkit' : 'Vulkan headers, loader and glslc, which `node scripts/vulkan.js` installs'}; see docs/gpu-and-rpc.md), ` +
       `or keep the CPU build and add this one beside it: LLAMA_BRANCH_FEATURES=${variant} npm run build -- --out build/${variant} (in the package folder). ` +
       "Or use the CPU build: loadBinary() / gpuVariant 'default'."
     );

@@ -1,7 +1,9 @@
 'use strict';
 
-// The README must stay true: every ```js block in it runs (on the test model) and the API
-// reference section names every export and class member that index.d.ts declares.
+// The docs must stay true: every ```js block of README.md and docs/*.md runs (on the test model),
+// every output a block states (`console.log(x); // → 7`) is what it prints, every relative link
+// points at a file that exists, and docs/api.md names every export and public class member the
+// typings declare.
 // A block without its own `require(...)` is a fragment: it runs after a prelude that imports
 // every export of the package and, unless the block declares its own, opens `ctx` (nSeqMax 8).
 
@@ -13,27 +15,57 @@ const ts = require('typescript');
 const { MODEL } = require('./helpers');
 
 const ROOT = path.join(__dirname, '..');
-const README = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
+const DOCS = ['README.md', ...fs.readdirSync(path.join(ROOT, 'docs')).filter((f) => f.endsWith('.md')).map((f) => `docs/${f}`), 'bench/RESULTS.md', 'ARCHITECTURE.md'];
 const DEFAULT_MODEL_IN_DOCS = 'models/gemma-3-270m-q4_k_m.gguf';
+/** `console.log(...); // → expected  (optional remark)` states what the line prints. */
+const STATED = /console\.log\((.*)\);\s*\/\/ → (.+?)(?:\s{2,}\(.*\))?\s*$/;
 
 function jsBlocks(markdown) {
   return [...markdown.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]);
 }
 
-/** Names of exports and public class members (incl. statics) declared in index.d.ts. */
+/**
+ * The block with each stated console.log checked: `__stated(i, ...)` prints like console.log and
+ * throws when the text differs from the i-th stated output; the end checks each one ran.
+ */
+function withStatedOutputs(code) {
+  const expected = [];
+  const body = code
+    .split('\n')
+    .map((line) => {
+      const m = STATED.exec(line);
+      if (!m) return line;
+      expected.push(m[2].trim());
+      return line.replace('console.log(', `__stated(${expected.length - 1}, `);
+    })
+    .join('\n');
+  const prelude = `const __expected = ${JSON.stringify(expected)}; const __seen = new Set();
+const __stated = (i, ...args) => {
+  const got = require('node:util').format(...args);
+  console.log(got);
+  if (got !== __expected[i]) throw new Error('stated output #' + (i + 1) + ' is ' + JSON.stringify(__expected[i]) + ' but the line printed ' + JSON.stringify(got));
+  __seen.add(i);
+};\n`;
+  const check = `\nif (__seen.size !== __expected.length) throw new Error('only ' + __seen.size + ' of ' + __expected.length + ' stated outputs were printed');\n`;
+  return { body: prelude + body + check, stated: expected.length };
+}
+
+/** Names of exports of index.d.ts and public members of the classes it re-exports from types/. */
 function declaredNames() {
-  const file = path.join(ROOT, 'index.d.ts');
-  const source = ts.createSourceFile(file, fs.readFileSync(file, 'utf8'), ts.ScriptTarget.Latest, true);
   const names = [];
   const exported = (n) => (ts.getModifiers(n) || []).some((m) => m.kind === ts.SyntaxKind.ExportKeyword);
-  for (const stmt of source.statements) {
+  const read = (file) => ts.createSourceFile(file, fs.readFileSync(file, 'utf8'), ts.ScriptTarget.Latest, true);
+  for (const stmt of read(path.join(ROOT, 'index.d.ts')).statements) {
+    if (ts.isExportDeclaration(stmt) && stmt.exportClause) names.push(...stmt.exportClause.elements.map((e) => e.name.text));
     if (!exported(stmt)) continue;
     if (ts.isFunctionDeclaration(stmt)) names.push(stmt.name.text);
     if (ts.isVariableStatement(stmt)) for (const d of stmt.declarationList.declarations) names.push(d.name.text);
-    if (ts.isClassDeclaration(stmt)) {
-      names.push(stmt.name.text);
+  }
+  for (const name of ['Context', 'Branch', 'BranchStore', 'Scheduler']) {
+    for (const stmt of read(path.join(ROOT, 'types', `${name}.d.ts`)).statements) {
+      if (!ts.isClassDeclaration(stmt)) continue;
       for (const m of stmt.members) {
-        if (ts.isConstructorDeclaration(m) || !m.name) continue;
+        if (ts.isConstructorDeclaration(m) || !m.name || ts.isPrivateIdentifier(m.name)) continue;
         if ((ts.getModifiers(m) || []).some((x) => x.kind === ts.SyntaxKind.PrivateKeyword)) continue;
         names.push(ts.isComputedPropertyName(m.name) ? m.name.expression.getText() : m.name.text);
       }
@@ -42,42 +74,74 @@ function declaredNames() {
   return [...new Set(names)];
 }
 
-describe('README', function () {
-  const blocks = jsBlocks(README);
+function runBlock(code, label) {
+  const { body: checked } = withStatedOutputs(code.split(DEFAULT_MODEL_IN_DOCS).join(MODEL));
+  let prelude = '';
+  if (!/\brequire\(/.test(code)) {
+    prelude = `const { ${Object.keys(require('..')).join(', ')} } = require('llama-branch');\n`;
+    if (!/\b(const|let|var)\s+ctx\b/.test(code)) {
+      prelude += `const ctx = await createContext({ modelPath: ${JSON.stringify(MODEL)}, nCtx: 4096, nSeqMax: 8 });\n`;
+    }
+  }
+  // Run from the repository root (so `require('llama-branch')` resolves to this package), with
+  // top-level await wrapped for CommonJS.
+  const program = `(async () => {\n${prelude}${checked}\n})().then(() => process.exit(0), (e) => { console.error(e); process.exit(1); });`;
+  const res = spawnSync(process.execPath, ['-e', program], { cwd: ROOT, encoding: 'utf8', timeout: 290000 });
+  assert.equal(res.status, 0, `${label} failed:\n${res.stderr}\n${res.stdout}`);
+}
 
-  it('has runnable JavaScript examples', function () {
-    assert.ok(blocks.length >= 1);
-  });
-
-  blocks.forEach((code, i) => {
-    it(`js block #${i + 1} runs (${code.split('\n').find((l) => l.trim() && !l.startsWith('const {')) || ''})`, function () {
-      this.timeout(300000);
-      // Same code, run from the repository root (so `require('llama-branch')` resolves to this
-      // package), on the test model, with top-level await wrapped for CommonJS.
-      const body = code.split(DEFAULT_MODEL_IN_DOCS).join(MODEL);
-      let prelude = '';
-      if (!/\brequire\(/.test(code)) {
-        prelude = `const { ${Object.keys(require('..')).join(', ')} } = require('llama-branch');\n`;
-        if (!/\b(const|let|var)\s+ctx\b/.test(code)) {
-          prelude += `const ctx = await createContext({ modelPath: ${JSON.stringify(MODEL)}, nCtx: 4096, nSeqMax: 8 });\n`;
-        }
-      }
-      const program = `(async () => {\n${prelude}${body}\n})().then(() => process.exit(0), (e) => { console.error(e); process.exit(1); });`;
-      const res = spawnSync(process.execPath, ['-e', program], { cwd: ROOT, encoding: 'utf8', timeout: 290000 });
-      assert.equal(res.status, 0, `block #${i + 1} failed:\n${res.stderr}\n${res.stdout}`);
+describe('docs', function () {
+  for (const doc of DOCS) {
+    const text = fs.readFileSync(path.join(ROOT, doc), 'utf8');
+    jsBlocks(text).forEach((code, i) => {
+      const first = code.split('\n').find((l) => l.trim() && !l.startsWith('const {')) || '';
+      it(`${doc} js block #${i + 1} runs (${first.trim().slice(0, 60)})`, function () {
+        this.timeout(300000);
+        runBlock(code, `${doc} block #${i + 1}`);
+      });
     });
+  }
+
+  it('stated outputs are checked: a wrong one fails its block', function () {
+    this.timeout(60000);
+    const { stated } = withStatedOutputs('console.log(1 + 1); // → 2\n');
+    assert.equal(stated, 1);
+    assert.throws(() => runBlock('const x = 1 + 1;\nconsole.log(x); // → 3  (wrong on purpose)\n', 'wrong'), /stated output #1 is "3" but the line printed "2"/);
+    assert.throws(() => runBlock('if (false) console.log(2); // → 2\n', 'skipped'), /only 0 of 1 stated outputs/);
+    runBlock('console.log(1 + 1, true); // → 2 true\n', 'right');
   });
 
-  it('the API reference names every declared export and member', function () {
-    const start = README.indexOf('## API reference');
-    assert.ok(start >= 0, 'README has an "## API reference" section');
-    const end = README.indexOf('\n## ', start + 3);
-    const section = README.slice(start, end === -1 ? undefined : end);
-    const codeSpans = [...section.matchAll(/`([^`]+)`/g)].map((m) => m[1]).join('\n');
+  it('the README and docs/ state outputs somewhere (the check above has something to check)', function () {
+    const all = DOCS.map((d) => fs.readFileSync(path.join(ROOT, d), 'utf8')).join('\n');
+    assert.ok(jsBlocks(all).reduce((n, code) => n + withStatedOutputs(code).stated, 0) >= 3);
+  });
+
+  it('relative links point at files that exist', function () {
+    const broken = [];
+    for (const doc of DOCS) {
+      const text = fs.readFileSync(path.join(ROOT, doc), 'utf8').replace(/```[\s\S]*?```/g, '');
+      for (const [, target] of text.matchAll(/\]\(([^)#\s]+)(#[^)]*)?\)/g)) {
+        if (/^[a-z]+:/.test(target)) continue;
+        if (!fs.existsSync(path.join(ROOT, path.dirname(doc), target))) broken.push(`${doc}: ${target}`);
+      }
+    }
+    assert.deepEqual(broken, []);
+  });
+
+  it('the README stays short and names the two quick-start commands', function () {
+    const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
+    assert.ok(Buffer.byteLength(readme) <= 15 * 1024, `README.md is ${Buffer.byteLength(readme)} bytes; move reference material to docs/`);
+    const quick = readme.slice(readme.indexOf('## Quick start'));
+    assert.match(quick, /```sh\nnpm run setup\nnpm test\n```/);
+  });
+
+  it('docs/api.md names every declared export and public class member', function () {
+    const api = fs.readFileSync(path.join(ROOT, 'docs', 'api.md'), 'utf8').replace(/```[\s\S]*?```/g, '');
+    const codeSpans = [...api.matchAll(/`([^`]+)`/g)].map((m) => m[1]).join('\n');
     const missing = declaredNames().filter((name) => {
       const word = name.startsWith('Symbol.') ? name.replace('.', '\\.') : `\\b${name}\\b`;
       return !new RegExp(word).test(codeSpans);
     });
-    assert.deepEqual(missing, [], `undocumented in README "API reference": ${missing.join(', ')}`);
+    assert.deepEqual(missing, [], `undocumented in docs/api.md: ${missing.join(', ')}`);
   });
 });
