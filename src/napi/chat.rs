@@ -2,9 +2,6 @@
 //! `getTurnSeparator`. Templates are rendered and outputs parsed by llama.cpp's own chat layer
 //! through the C++ shim (`llama::chat`); this file checks the JS arguments and moves JSON across.
 
-use std::ffi::CStr;
-use std::ptr;
-
 use napi::bindgen_prelude::*;
 use napi::{Env, JsValue};
 use napi_derive::napi;
@@ -18,77 +15,43 @@ use crate::llama::{Model, Token};
 /// JSON text produced natively, handed to JS as the value `JSON.parse` makes of it.
 pub struct JsonText(pub String);
 
-fn check(status: napi::sys::napi_status, what: &str) -> Result<()> {
-    if status == napi::sys::Status::napi_ok {
-        Ok(())
-    } else {
-        Err(Error::Internal(format!(
-            "{what} failed (napi status {status})"
-        )))
-    }
-}
-
-/// Calls `JSON[method](arg)`.
-unsafe fn call_json(
-    env: napi::sys::napi_env,
-    method: &CStr,
-    arg: napi::sys::napi_value,
-) -> Result<napi::sys::napi_value> {
-    let mut global = ptr::null_mut();
-    check(
-        napi::sys::napi_get_global(env, &mut global),
-        "napi_get_global",
-    )?;
-    let mut json = ptr::null_mut();
-    check(
-        napi::sys::napi_get_named_property(env, global, c"JSON".as_ptr(), &mut json),
-        "reading JSON",
-    )?;
-    let mut func = ptr::null_mut();
-    check(
-        napi::sys::napi_get_named_property(env, json, method.as_ptr(), &mut func),
-        "reading a JSON method",
-    )?;
-    let mut result = ptr::null_mut();
-    let status = napi::sys::napi_call_function(env, json, func, 1, &arg, &mut result);
-    if status != napi::sys::Status::napi_ok {
-        // A throwing toJSON or a cyclic value: take the pending exception and report it as ours.
-        let mut pending = false;
-        napi::sys::napi_is_exception_pending(env, &mut pending);
-        if pending {
-            let mut exception = ptr::null_mut();
-            napi::sys::napi_get_and_clear_last_exception(env, &mut exception);
-        }
-        return Err(Error::invalid(format!(
-            "value could not be converted with JSON.{} (cyclic or not serialisable)",
-            method.to_string_lossy()
-        )));
-    }
-    Ok(result)
+/// `JSON.parse` or `JSON.stringify` of this env's global object, through napi-rs's `Function`:
+/// calling it clears an exception it throws and reports it as an `Err`.
+fn json_function<'env, Args: JsValuesTupleIntoVec, Return: FromNapiValue>(
+    env: &Env,
+    method: &str,
+) -> napi::Result<Function<'env, Args, Return>> {
+    let json: Object = env.get_global()?.get_named_property_unchecked("JSON")?;
+    json.get_named_property_unchecked(method)
 }
 
 impl ToNapiValue for JsonText {
+    // SAFETY: napi-rs calls this with the live env of the current call; nothing else is unsafe.
     unsafe fn to_napi_value(
         env: napi::sys::napi_env,
         val: Self,
     ) -> napi::Result<napi::sys::napi_value> {
-        let text = String::to_napi_value(env, val.0)?;
-        call_json(env, c"parse", text)
-            .map_err(|e| napi::Error::new(Status::GenericFailure, e.to_string()))
+        let env = Env::from_raw(env);
+        let parse: Function<String, Unknown> = json_function(&env, "parse")?;
+        Ok(parse.call(val.0)?.raw())
     }
 }
 
 /// A string argument as is; anything else (array, object) as its `JSON.stringify` text.
 fn json_text_of(env: &Env, value: &Unknown, what: &str) -> Result<String> {
     match value.get_type().map_err(napi_failed)? {
-        // SAFETY (both arms): `value` is a live value of this env, of the type just checked.
-        ValueType::String => {
-            unsafe { String::from_napi_value(env.raw(), value.raw()) }.map_err(napi_failed)
+        ValueType::String => String::from_unknown(*value).map_err(napi_failed),
+        ValueType::Object => {
+            let stringify: Function<Unknown, Option<String>> =
+                json_function(env, "stringify").map_err(napi_failed)?;
+            // A throwing toJSON or a cyclic value: JSON.stringify throws, `call` clears it.
+            match stringify.call(*value) {
+                Ok(Some(text)) => Ok(text),
+                _ => Err(Error::invalid(format!(
+                    "{what} could not be converted with JSON.stringify (cyclic or not serialisable)"
+                ))),
+            }
         }
-        ValueType::Object => unsafe {
-            let text = call_json(env.raw(), c"stringify", value.raw())?;
-            String::from_napi_value(env.raw(), text).map_err(napi_failed)
-        },
         other => Err(Error::invalid(format!(
             "{what} must be a JSON string or an array/object, got {}",
             type_name(other)
@@ -127,12 +90,12 @@ fn field<'a>(options: &'a Object, key: &str) -> Result<Option<Unknown<'a>>> {
     })
 }
 
-fn string_field(env: &Env, options: &Object, key: &str) -> Result<Option<String>> {
+fn string_field(options: &Object, key: &str) -> Result<Option<String>> {
     match field(options, key)? {
         None => Ok(None),
-        Some(v) if v.get_type().map_err(napi_failed)? == ValueType::String => Ok(Some(unsafe {
-            String::from_napi_value(env.raw(), v.raw()).map_err(napi_failed)?
-        })),
+        Some(v) if v.get_type().map_err(napi_failed)? == ValueType::String => {
+            Ok(Some(String::from_unknown(v).map_err(napi_failed)?))
+        }
         Some(v) => Err(Error::invalid(format!(
             "options.{key} must be a string, got {}",
             type_name(v.get_type().map_err(napi_failed)?)
@@ -140,12 +103,12 @@ fn string_field(env: &Env, options: &Object, key: &str) -> Result<Option<String>
     }
 }
 
-fn bool_field(env: &Env, options: &Object, key: &str) -> Result<Option<bool>> {
+fn bool_field(options: &Object, key: &str) -> Result<Option<bool>> {
     match field(options, key)? {
         None => Ok(None),
-        Some(v) if v.get_type().map_err(napi_failed)? == ValueType::Boolean => Ok(Some(unsafe {
-            bool::from_napi_value(env.raw(), v.raw()).map_err(napi_failed)?
-        })),
+        Some(v) if v.get_type().map_err(napi_failed)? == ValueType::Boolean => {
+            Ok(Some(bool::from_unknown(v).map_err(napi_failed)?))
+        }
         Some(v) => Err(Error::invalid(format!(
             "options.{key} must be a boolean, got {}",
             type_name(v.get_type().map_err(napi_failed)?)
@@ -160,13 +123,13 @@ fn json_field(env: &Env, options: &Object, key: &str) -> Result<Option<String>> 
 }
 
 /// `reasoningFormat` of parseChatOutput: the number formatChat reports, or a format name.
-fn reasoning_number(env: &Env, options: &Object) -> Result<i32> {
+fn reasoning_number(options: &Object) -> Result<i32> {
     let Some(v) = field(options, "reasoningFormat")? else {
         return Ok(0);
     };
     match v.get_type().map_err(napi_failed)? {
         ValueType::Number => {
-            let n = unsafe { f64::from_napi_value(env.raw(), v.raw()).map_err(napi_failed)? };
+            let n = f64::from_unknown(v).map_err(napi_failed)?;
             if n.fract() != 0.0 || !(0.0..=3.0).contains(&n) {
                 return Err(Error::invalid(format!(
                     "options.reasoningFormat must be 0..3 (ReasoningFormat), got {n}"
@@ -175,7 +138,7 @@ fn reasoning_number(env: &Env, options: &Object) -> Result<i32> {
             Ok(n as i32)
         }
         ValueType::String => {
-            let s = unsafe { String::from_napi_value(env.raw(), v.raw()).map_err(napi_failed)? };
+            let s = String::from_unknown(v).map_err(napi_failed)?;
             match s.as_str() {
                 "none" => Ok(0),
                 "auto" => Ok(1),
@@ -209,15 +172,15 @@ fn format_request(
         // The older call shape: a template override as the second argument.
         Some(Either::A(template)) => req.template_override = Some(template),
         Some(Either::B(o)) => {
-            req.template_override = string_field(env, &o, "templateOverride")?;
+            req.template_override = string_field(&o, "templateOverride")?;
             req.tools_json = json_field(env, &o, "tools")?;
-            req.tool_choice = string_field(env, &o, "toolChoice")?;
-            req.reasoning_format = string_field(env, &o, "reasoningFormat")?;
+            req.tool_choice = string_field(&o, "toolChoice")?;
+            req.reasoning_format = string_field(&o, "reasoningFormat")?;
             req.json_schema = json_field(env, &o, "jsonSchema")?;
-            req.grammar = string_field(env, &o, "grammar")?;
-            req.parallel_tool_calls = bool_field(env, &o, "parallelToolCalls")?.unwrap_or(false);
-            req.enable_thinking = bool_field(env, &o, "enableThinking")?.unwrap_or(true);
-            req.add_generation_prompt = bool_field(env, &o, "addGenerationPrompt")?.unwrap_or(true);
+            req.grammar = string_field(&o, "grammar")?;
+            req.parallel_tool_calls = bool_field(&o, "parallelToolCalls")?.unwrap_or(false);
+            req.enable_thinking = bool_field(&o, "enableThinking")?.unwrap_or(true);
+            req.add_generation_prompt = bool_field(&o, "addGenerationPrompt")?.unwrap_or(true);
         }
     }
     if req.template_override.as_deref() == Some("") {
@@ -307,7 +270,6 @@ impl SessionContext {
     #[napi(ts_return_type = "ParseChatOutputResult")]
     pub fn parse_chat_output(
         &self,
-        env: Env,
         output: String,
         format: f64,
         options: Option<Object>,
@@ -324,13 +286,11 @@ impl SessionContext {
             ..ParseRequest::default()
         };
         if let Some(o) = &options {
-            req.reasoning_format = reasoning_number(&env, o).map_err(js)?;
-            req.is_partial = bool_field(&env, o, "isPartial")
-                .map_err(js)?
-                .unwrap_or(false);
-            req.parser = string_field(&env, o, "parser").map_err(js)?;
-            req.generation_prompt = string_field(&env, o, "generationPrompt").map_err(js)?;
-            let forced_open = bool_field(&env, o, "thinkingForcedOpen")
+            req.reasoning_format = reasoning_number(o).map_err(js)?;
+            req.is_partial = bool_field(o, "isPartial").map_err(js)?.unwrap_or(false);
+            req.parser = string_field(o, "parser").map_err(js)?;
+            req.generation_prompt = string_field(o, "generationPrompt").map_err(js)?;
+            let forced_open = bool_field(o, "thinkingForcedOpen")
                 .map_err(js)?
                 .unwrap_or(false);
             let has_parser = req.parser.as_deref().is_some_and(|p| !p.is_empty());
