@@ -176,6 +176,13 @@ describe('Chat helpers', function () {
       await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { templateOverride: '{{ raise_exception("no users here") }}' }), 'ERR_CHAT_TEMPLATE', /no users here/);
       // Gemma's template requires alternating roles
       await rejects(() => ctx.formatChat([{ role: 'user', content: 'a' }, { role: 'user', content: 'b' }]), 'ERR_CHAT_TEMPLATE', /alternate/);
+      // Values JSON.stringify throws on: a coded error, no pending exception left behind.
+      const cyclic = [{ role: 'user', content: 'x' }];
+      cyclic[0].self = cyclic;
+      await rejects(() => ctx.formatChat(cyclic), 'ERR_INVALID_ARG', /JSON.stringify \(cyclic or not serialisable\)/);
+      throwsSync(() => ctx.formatChatSync([{ toJSON() { throw new Error('boom'); } }]), 'ERR_INVALID_ARG', /JSON.stringify/);
+      await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { tools: [{ big: 1n }] }), 'ERR_INVALID_ARG', /options.tools/);
+      assert.equal(typeof (await ctx.formatChat([{ role: 'user', content: 'still works' }])).prompt, 'string');
     });
   });
 
