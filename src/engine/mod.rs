@@ -10,6 +10,7 @@ pub mod handles;
 pub mod kv;
 pub mod leases;
 pub mod metrics;
+pub mod placement;
 pub mod plan;
 pub mod pool;
 pub mod profile;

@@ -22,6 +22,7 @@ use napi_derive::napi;
 use super::convert::{int_in, js, Result};
 use super::worker::Losable;
 use crate::engine::endpoint::Endpoint;
+use crate::engine::placement::{self, PlacementRequest};
 use crate::error::Error;
 use crate::llama::{self, Device, DeviceKind, ModelParams, SplitMode};
 
@@ -86,17 +87,22 @@ fn describe(d: Device) -> DeviceDescription {
 // ---------------------------------------------------------------------------------------------
 // RPC endpoints: parsed, probed, registered once, and remembered when they die.
 
-/// Endpoints whose server failed in this process: ggml keeps their parked dispatcher, so they
-/// can never be used again here.
-fn dead() -> &'static Mutex<HashSet<Endpoint>> {
-    static DEAD: OnceLock<Mutex<HashSet<Endpoint>>> = OnceLock::new();
-    DEAD.get_or_init(Default::default)
+/// What this process knows of RPC endpoints and who uses them, behind one lock (never held
+/// across a call into ggml: the abort hook may run on the calling thread).
+#[derive(Default)]
+struct Registry {
+    /// Endpoints whose server failed: ggml keeps their parked dispatcher, so they can never be
+    /// used again in this process.
+    dead: HashSet<Endpoint>,
+    /// Every endpoint handed to ggml.
+    added: HashSet<Endpoint>,
+    /// Contexts and loads to declare lost when one of their endpoints fails.
+    watches: Vec<Watch>,
 }
 
-/// Every endpoint handed to ggml in this process.
-fn added() -> &'static Mutex<HashSet<Endpoint>> {
-    static ADDED: OnceLock<Mutex<HashSet<Endpoint>>> = OnceLock::new();
-    ADDED.get_or_init(Default::default)
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    lock(REGISTRY.get_or_init(Default::default))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -126,7 +132,7 @@ fn parse_endpoints(list: &[String]) -> crate::error::Result<Vec<Endpoint>> {
 pub fn servers_answer(endpoints: &[Endpoint]) -> bool {
     endpoints
         .iter()
-        .all(|e| !lock(dead()).contains(e) && !e.refuses(PROBE_TIMEOUT))
+        .all(|e| !registry().dead.contains(e) && !e.refuses(PROBE_TIMEOUT))
 }
 
 /// Probes each endpoint and hands it to ggml; its devices, in order.
@@ -139,7 +145,7 @@ fn connect(endpoints: &[Endpoint]) -> crate::error::Result<Vec<Device>> {
     install_watchdog();
     let mut devices = Vec::new();
     for e in endpoints {
-        if lock(dead()).contains(e) {
+        if registry().dead.contains(e) {
             return Err(Error::RpcUnreachable(format!(
                 "{e} failed earlier in this process; ggml-rpc keeps one connection per endpoint \
                  for the life of the process, so it cannot be used again here (restart the \
@@ -155,7 +161,7 @@ fn connect(endpoints: &[Endpoint]) -> crate::error::Result<Vec<Device>> {
             // listen backlog): give it a moment to finish with the probe before ggml connects.
             std::thread::sleep(Duration::from_millis(100));
         }
-        lock(added()).insert(e.clone());
+        registry().added.insert(e.clone());
         devices.extend(llama::rpc_add_server(&e.to_string())?);
     }
     Ok(devices)
@@ -169,14 +175,10 @@ struct Watch {
     target: Weak<dyn Losable>,
 }
 
-fn watches() -> &'static Mutex<Vec<Watch>> {
-    static WATCHES: OnceLock<Mutex<Vec<Watch>>> = OnceLock::new();
-    WATCHES.get_or_init(Default::default)
-}
-
 /// Whether a live context (or load) of this process uses `e`, and so holds ggml's connection.
 fn connected(e: &Endpoint) -> bool {
-    lock(watches())
+    registry()
+        .watches
         .iter()
         .any(|w| w.target.strong_count() > 0 && w.endpoints.contains(e))
 }
@@ -186,9 +188,9 @@ pub fn watch(endpoints: &[Endpoint], target: Weak<dyn Losable>) {
     if endpoints.is_empty() {
         return;
     }
-    let mut list = lock(watches());
-    list.retain(|w| w.target.strong_count() > 0);
-    list.push(Watch {
+    let mut registry = registry();
+    registry.watches.retain(|w| w.target.strong_count() > 0);
+    registry.watches.push(Watch {
         endpoints: endpoints.to_vec(),
         target,
     });
@@ -213,14 +215,13 @@ impl Losable for OnLost {
     }
 }
 
-fn failures() -> &'static Mutex<Option<mpsc::Sender<String>>> {
-    static TX: OnceLock<Mutex<Option<mpsc::Sender<String>>>> = OnceLock::new();
-    TX.get_or_init(Default::default)
-}
+/// The watchdog's inbox: set once, and needing no lock (the abort hook may fire on a thread that
+/// is inside any other lock of ours).
+static FAILURES: OnceLock<mpsc::Sender<String>> = OnceLock::new();
 
 /// Called by the abort hook on the failing thread (which is parked right after).
 fn on_rpc_abort(message: String) {
-    if let Some(tx) = lock(failures()).as_ref() {
+    if let Some(tx) = FAILURES.get() {
         let _ = tx.send(message);
     }
 }
@@ -229,7 +230,7 @@ fn install_watchdog() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let (tx, rx) = mpsc::channel::<String>();
-        *lock(failures()) = Some(tx);
+        let _ = FAILURES.set(tx);
         let spawned = std::thread::Builder::new()
             .name("llama-branch-rpc-watchdog".into())
             .spawn(move || {
@@ -245,7 +246,7 @@ fn install_watchdog() {
 
 fn handle_failure(message: &str) {
     let message = message.trim();
-    let in_use: Vec<Endpoint> = lock(added()).iter().cloned().collect();
+    let in_use: Vec<Endpoint> = registry().added.iter().cloned().collect();
     // The message does not name the endpoint: the dead server is the one that refuses
     // connections now. (A live server busy with our own connection lets a probe wait in its
     // accept queue or time out: that is not a death.)
@@ -267,10 +268,11 @@ fn handle_failure(message: &str) {
         // Alive but answering garbage (or it restarted): which one is unknown, so all are.
         failed = in_use;
     }
-    lock(dead()).extend(failed.iter().cloned());
+    registry().dead.extend(failed.iter().cloned());
     let names: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
     let reason = format!("RPC server {} failed ({message})", names.join(", "));
-    let targets: Vec<Arc<dyn Losable>> = lock(watches())
+    let targets: Vec<Arc<dyn Losable>> = registry()
+        .watches
         .iter()
         .filter(|w| w.endpoints.iter().any(|e| failed.contains(e)))
         .filter_map(|w| w.target.upgrade())
@@ -293,14 +295,12 @@ pub struct PlacementInput<'a> {
     pub rpc_servers: Option<&'a [String]>,
 }
 
-/// Placement checked on the JS thread (shapes and ranges that need no model or server).
+/// Placement checked on the JS thread (shapes and ranges that need no model or server); the
+/// rules that need the devices and the model are `engine::placement::plan`.
 #[derive(Clone)]
 pub struct Placement {
-    n_gpu_layers: Option<u32>,
-    main_gpu: u32,
+    request: PlacementRequest,
     split_mode: SplitMode,
-    tensor_split: Vec<f32>,
-    devices: Option<Vec<String>>,
     pub endpoints: Vec<Endpoint>,
 }
 
@@ -324,34 +324,21 @@ pub fn resolve_placement(p: &PlacementInput) -> crate::error::Result<Placement> 
             )))
         }
     };
-    let tensor_split = match p.tensor_split {
-        None => Vec::new(),
-        Some(values) => {
-            if values.iter().any(|v| !v.is_finite() || *v < 0.0) {
-                return Err(Error::Device(
-                    "tensorSplit values must be finite and non-negative".into(),
-                ));
-            }
-            if !values.is_empty() && values.iter().sum::<f64>() <= 0.0 {
-                return Err(Error::Device("tensorSplit must have a positive sum".into()));
-            }
-            values.iter().map(|&v| v as f32).collect()
-        }
-    };
     let devices = p.devices.map(|d| d.to_vec());
     if devices.as_ref().is_some_and(|d| d.is_empty()) {
         return Err(Error::Device(
             "devices is empty; omit it for the default devices".into(),
         ));
     }
-    let endpoints = parse_endpoints(p.rpc_servers.unwrap_or(&[]))?;
     Ok(Placement {
-        n_gpu_layers,
-        main_gpu,
+        request: PlacementRequest {
+            n_gpu_layers,
+            main_gpu,
+            tensor_split: placement::tensor_split(p.tensor_split.unwrap_or(&[]))?,
+            devices,
+        },
         split_mode,
-        tensor_split,
-        devices,
-        endpoints,
+        endpoints: parse_endpoints(p.rpc_servers.unwrap_or(&[]))?,
     })
 }
 
@@ -359,124 +346,34 @@ impl Placement {
     /// A key for the model cache: contexts share a model only when it is placed the same way.
     pub fn key(&self) -> String {
         format!(
-            "{:?}|{}|{:?}|{:?}|{:?}|{:?}",
-            self.n_gpu_layers,
-            self.main_gpu,
-            self.split_mode,
-            self.tensor_split,
-            self.devices,
-            self.endpoints
+            "{:?}|{:?}|{:?}",
+            self.request, self.split_mode, self.endpoints
         )
     }
 
-    /// Connects the RPC servers, resolves device names and checks the counts against the model
-    /// (on the loader thread: probes and handshakes may take a moment). `block_count` is the
-    /// model's layer count from its GGUF header.
+    /// Connects the RPC servers and plans the placement on the devices found (on the loader
+    /// thread: probes and handshakes may take a moment). `block_count` is the model's layer
+    /// count from its GGUF header.
     pub fn model_params(
         &self,
         use_mmap: bool,
         block_count: u32,
     ) -> crate::error::Result<(ModelParams, OffloadInfo)> {
         let remote = connect(&self.endpoints)?;
-        let local = llama::local_devices();
-        let chosen: Option<Vec<Device>> = match &self.devices {
-            Some(names) => {
-                let all: Vec<Device> = local.iter().chain(remote.iter()).copied().collect();
-                let mut out = Vec::new();
-                for name in names {
-                    let d = all
-                        .iter()
-                        .find(|d| d.name().eq_ignore_ascii_case(name))
-                        .copied()
-                        .ok_or_else(|| {
-                            Error::Device(format!(
-                                "unknown device {name:?}; listDevices() names the devices \
-                                 ({})",
-                                all.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ")
-                            ))
-                        })?;
-                    if d.kind() == DeviceKind::Cpu {
-                        return Err(Error::Device(format!(
-                            "device {name:?} is the CPU, which always holds the layers not \
-                             offloaded; list only GPU and RPC devices"
-                        )));
-                    }
-                    if out.contains(&d) {
-                        return Err(Error::Device(format!("devices lists {name:?} twice")));
-                    }
-                    out.push(d);
-                }
-                Some(out)
-            }
-            None if !remote.is_empty() => Some(
-                local
-                    .iter()
-                    .copied()
-                    .filter(|d| d.kind() == DeviceKind::Gpu)
-                    .chain(remote.iter().copied())
-                    .collect(),
-            ),
-            None => None,
-        };
-        // The devices llama.cpp will offload to (its default: every local GPU).
-        let offload_devices: Vec<Device> = chosen.clone().unwrap_or_else(|| {
-            local
-                .iter()
-                .copied()
-                .filter(|d| d.kind() == DeviceKind::Gpu)
-                .collect()
-        });
-        let total = block_count + 1;
-        if let Some(n) = self.n_gpu_layers {
-            if n > total {
-                return Err(Error::Device(format!(
-                    "nGpuLayers is {n} but the model has {block_count} layers plus the output \
-                     layer; use 0..={total}"
-                )));
-            }
-        }
-        if !self.tensor_split.is_empty() && self.tensor_split.len() != offload_devices.len() {
-            return Err(Error::Device(format!(
-                "tensorSplit has {} entries but {} devices take layers ({}); give one fraction \
-                 per device",
-                self.tensor_split.len(),
-                offload_devices.len(),
-                offload_devices
-                    .iter()
-                    .map(|d| d.name())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
-        if (self.main_gpu as usize) >= offload_devices.len().max(1) {
-            return Err(Error::Device(format!(
-                "mainGpu is {} but there are {} offload devices",
-                self.main_gpu,
-                offload_devices.len()
-            )));
-        }
-        let n_gpu_layers = if offload_devices.is_empty() {
-            0
-        } else {
-            self.n_gpu_layers.unwrap_or(total)
-        };
+        let plan = placement::plan(&self.request, &llama::local_devices(), &remote, block_count)?;
         let offload = OffloadInfo {
-            layers: n_gpu_layers.min(total),
-            total_layers: total,
-            devices: if n_gpu_layers == 0 {
-                Vec::new()
-            } else {
-                offload_devices.iter().map(|d| d.name()).collect()
-            },
+            layers: plan.n_gpu_layers.min(plan.total_layers),
+            total_layers: plan.total_layers,
+            devices: plan.offload_devices,
         };
         Ok((
             ModelParams {
                 use_mmap,
-                n_gpu_layers: n_gpu_layers as i32,
-                devices: chosen,
+                n_gpu_layers: plan.n_gpu_layers as i32,
+                devices: plan.devices,
                 split_mode: self.split_mode,
-                main_gpu: self.main_gpu as i32,
-                tensor_split: self.tensor_split.clone(),
+                main_gpu: self.request.main_gpu as i32,
+                tensor_split: self.request.tensor_split.clone(),
             },
             offload,
         ))
