@@ -310,14 +310,15 @@ async function seriesJson() {
   const store = new BranchStore(ctx);
   const prompt = (await ctx.tokenize(WORDS.repeat(6))).slice(0, PROMPT_TOKENS);
   await ours(ctx, store, prompt, Math.min(4, maxN));
-  await nativeOf(ctx)._benchRawGenerate(prompt, maxN, 2);
+  const raw = hasRawLoop(); // a prebuilt has no raw loop: its raw series stays empty
+  if (raw) await nativeOf(ctx)._benchRawGenerate(prompt, maxN, 2);
   const rows = [];
   for (const n of NS) {
     const row = { n, oursMs: [], rawMs: [] };
     for (let rep = 0; rep < REPS; rep++) {
       const pair = [
         async () => row.oursMs.push(await ours(ctx, store, prompt, n)),
-        async () => row.rawMs.push(await nativeOf(ctx)._benchRawGenerate(prompt, n, STEPS, planRows(n))),
+        async () => raw && row.rawMs.push(await nativeOf(ctx)._benchRawGenerate(prompt, n, STEPS, planRows(n))),
       ];
       for (const run of rep % 2 ? pair.reverse() : pair) await run();
     }
@@ -336,11 +337,12 @@ async function comparePrebuilt() {
   const { platformKey } = require('../lib/loader');
   const key = platformKey();
   const binaries = {
-    native: path.join(__dirname, '..', 'build', 'llama_branch.node'),
+    // The bench build (this process runs on it, see benchBuild): the prebuilt has no raw loop.
+    native: process.env.LLAMA_BRANCH_BINARY || path.join(__dirname, '..', 'build', 'llama_branch.node'),
     prebuilt: typeof args['compare-prebuilt'] === 'string' ? path.resolve(args['compare-prebuilt']) : path.join(__dirname, '..', 'npm', key, `llama_branch.${key}.node`),
   };
   if (!fs.existsSync(binaries.native)) throw new Error(`${binaries.native} is missing: npm run build first`);
-  if (!fs.existsSync(binaries.prebuilt)) throw new Error(`${binaries.prebuilt} is missing: npm run prebuild first (or pass --compare-prebuilt=<file.node>)`);
+  if (!fs.existsSync(binaries.prebuilt)) throw new Error(`${binaries.prebuilt} is missing: npm run build:prebuilt first (or pass --compare-prebuilt=<file.node>)`);
   const rounds = Number(args.rounds || 5);
   const childArgs = [__filename, '--series-json', `--n=${NS.join(',')}`, `--steps=${STEPS}`, `--reps=${REPS}`];
   const samples = { native: {}, prebuilt: {} };
@@ -367,7 +369,7 @@ async function comparePrebuilt() {
       ours: roundMedians.native[n].ours / roundMedians.prebuilt[n].ours,
       raw: roundMedians.native[n].raw / roundMedians.prebuilt[n].raw,
     }])));
-    log(`round ${round + 1}/${rounds}: prebuilt/native ${NS.map((n) => `N=${n} ours ${roundRatios[round][n].ours.toFixed(3)} raw ${roundRatios[round][n].raw.toFixed(3)}`).join(', ')}`);
+    log(`round ${round + 1}/${rounds}: prebuilt/native ${NS.map((n) => `N=${n} ours ${roundRatios[round][n].ours.toFixed(3)}`).join(', ')}`);
   }
   const tps = (n, ms) => (n * STEPS) / (median(ms) / 1000);
   const rows = NS.map((n) => {
@@ -388,15 +390,39 @@ async function comparePrebuilt() {
   const file = path.join(dir, `prebuilt-${result.date.replace(/[:.]/g, '-')}.json`);
   fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
   console.log(`prebuilt CPU variant: ${result.cpuVariant}; native: ${info.native.trim()}`);
+  // The prebuilt has no raw loop (it is not in the addon users get): its raw columns read n/a.
+  const fixed = (v, digits, width) => (Number.isFinite(v) ? v.toFixed(digits) : 'n/a').padStart(width);
   console.log('|   N | native ours tok/s | prebuilt ours tok/s | ours prebuilt/native | native raw tok/s | prebuilt raw tok/s | raw prebuilt/native | ours ratio per round |');
   console.log('|----:|------------------:|--------------------:|---------------------:|-----------------:|-------------------:|--------------------:|:---------------------|');
   for (const r of rows) {
-    console.log(`| ${String(r.n).padStart(3)} | ${r.nativeOursTps.toFixed(1).padStart(17)} | ${r.prebuiltOursTps.toFixed(1).padStart(19)} | ${r.oursRatio.toFixed(3).padStart(20)} | ${r.nativeRawTps.toFixed(1).padStart(16)} | ${r.prebuiltRawTps.toFixed(1).padStart(18)} | ${r.rawRatio.toFixed(3).padStart(19)} | ${r.oursRatioPerRound.map((v) => v.toFixed(3)).join(' ')} |`);
+    console.log(`| ${String(r.n).padStart(3)} | ${r.nativeOursTps.toFixed(1).padStart(17)} | ${r.prebuiltOursTps.toFixed(1).padStart(19)} | ${r.oursRatio.toFixed(3).padStart(20)} | ${fixed(r.nativeRawTps, 1, 16)} | ${fixed(r.prebuiltRawTps, 1, 18)} | ${fixed(r.rawRatio, 3, 19)} | ${r.oursRatioPerRound.map((v) => v.toFixed(3)).join(' ')} |`);
   }
   console.log(`wrote ${path.relative(process.cwd(), file)}`);
 }
 
-if (require.main === module) {
+/**
+ * The raw series needs `_benchRawGenerate`, which only a build with the `bench` cargo feature has
+ * (it is not in the addon users get): builds build/bench/ (only the Rust crate recompiles) and
+ * returns its file.
+ */
+function benchBuild() {
+  const out = path.join(__dirname, '..', 'build', 'bench');
+  const res = spawnSync(process.execPath, [path.join(__dirname, '..', 'scripts', 'build.js'), '--out', out], {
+    env: { ...process.env, LLAMA_BRANCH_FEATURES: 'bench' },
+    stdio: 'inherit',
+  });
+  if (res.status !== 0) throw new Error(`the bench build failed (exit ${res.status})`);
+  return path.join(out, 'llama_branch.node');
+}
+
+const hasRawLoop = () => typeof require('../lib/native').SessionContext.prototype._benchRawGenerate === 'function';
+
+if (require.main === module && !process.env.LLAMA_BRANCH_BINARY && !hasRawLoop() && !args.serve && !args.rpc) {
+  // Run again on the bench build (the loader takes LLAMA_BRANCH_BINARY before anything loads).
+  const binary = benchBuild();
+  const res = spawnSync(process.execPath, process.argv.slice(1), { env: { ...process.env, LLAMA_BRANCH_BINARY: binary }, stdio: 'inherit' });
+  process.exit(res.status === null ? 1 : res.status);
+} else if (require.main === module) {
   // `--serve` runs the serving benchmark (bench/serve.js); `--compare-prebuilt` the source build
   // against the prebuilt package; `--series-json` is the child process of that comparison.
   const entry = args.serve ? require('./serve').main : args.rpc ? () => require('./rpc').main().then(() => process.exit(0)) : args['series-json'] ? seriesJson : COMPARE ? comparePrebuilt : main;

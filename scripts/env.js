@@ -27,8 +27,9 @@ const repoRoot = path.resolve(__dirname, '..');
 function targetDir() {
   const fromEnv = process.env.CARGO_TARGET_DIR;
   if (fromEnv && fromEnv.trim() !== '') return path.resolve(repoRoot, fromEnv);
-  // One folder per feature set: switching between a CPU and a GPU build then recompiles nothing.
-  const name = ['target', ...featureList()].join('-');
+  // One folder per feature set that changes llama.cpp: switching between a CPU and a GPU build
+  // then recompiles nothing. (`bench` only adds a Rust function: same folder.)
+  const name = ['target', ...featureList().filter((f) => f !== 'bench')].join('-');
   const home = os.homedir();
   if (!home) return path.join(repoRoot, name);
   return path.join(home, '.cache', 'llama-branch', name);

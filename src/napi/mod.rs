@@ -2,6 +2,7 @@
 //! functions), converting JS values at the boundary and calling the engine. lib/ wraps the
 //! `_`-prefixed members; the rest are public.
 
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod branch;
 pub mod cancel;
