@@ -238,6 +238,7 @@ describe('Sampling parameters, grammar and determinism', function () {
       assert.equal(typeof obj.name, 'string');
       assert.ok(Number.isInteger(obj.age));
     }
+    assert.notEqual(texts[1], texts[0], 'the forks diverged: each followed its own sampler within the grammar');
   });
 
   it('a lazy grammar is unconstrained before its trigger and constrained after', async () => {
