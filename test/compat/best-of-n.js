@@ -53,7 +53,9 @@ async function main() {
   const scored = candidates.map((c) => ({ text: c.text, ppl: c.branch.perplexity }));
   const best = scored.reduce((a, b) => (b.ppl < a.ppl ? b : a));
   for (const c of candidates) if (c.text !== best.text || c.branch.perplexity !== best.ppl) c.branch.prune();
-  console.log(JSON.stringify({ baseline: { text: baselineText, ppl: baseline.perplexity, position: baseline.position }, candidates: scored, best }));
+  // What the un-awaited prunes left: which candidates live on, and the leases given back.
+  const kept = candidates.map((c) => !c.branch.disposed);
+  console.log(JSON.stringify({ baseline: { text: baselineText, ppl: baseline.perplexity, position: baseline.position }, candidates: scored, kept, available: store.available }));
   ctx.dispose();
 }
 

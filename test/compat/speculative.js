@@ -6,7 +6,7 @@
 // tokens on the main branch, plus one token of its own when a draft token was rejected.
 // Prints one JSON object.
 
-const { createContext, Branch } = require('llama-branch');
+const { createContext, Branch, BranchStore } = require('llama-branch');
 const modelPath = require('./_model');
 
 async function main() {
@@ -19,6 +19,7 @@ async function main() {
   let text = '';
   let drafted = 0;
   let accepted = 0;
+  let ownTokens = 0;
   for (let round = 0; round < 4; round++) {
     const draft = main.fork();
     draft.reseedSampler(round + 1);
@@ -43,9 +44,11 @@ async function main() {
       if (own.isStop) break;
       main.commit(own.token);
       text += own.text;
+      ownTokens++;
     }
   }
-  console.log(JSON.stringify({ text, drafted, accepted, position: main.position, promptLength: prompt.length, ppl: main.perplexity }));
+  const available = new BranchStore(ctx).available; // every draft's lease is back
+  console.log(JSON.stringify({ text, drafted, accepted, ownTokens, position: main.position, promptLength: prompt.length, ppl: main.perplexity, available }));
   ctx.dispose();
 }
 
