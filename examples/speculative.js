@@ -108,11 +108,24 @@ run(async () => {
   await reference.prune();
   let agree = 0;
   while (agree < output_.length && output_[agree] === greedy[agree]) agree++;
+  // And token by token on our own output (teacher-forced, one token per decode): where each
+  // output token ranks in plain decoding's distribution. Greedy verification makes it rank 0
+  // but for near-ties that another batch shape breaks the other way.
+  const check = Branch.create(ctx, 0, { temperature: 0 });
+  await check.prefill(prompt);
+  const ranks = [];
+  for (const token of output_) {
+    const logits = check.getLogits();
+    ranks.push(logits.reduce((n, l) => n + (l > logits[token] ? 1 : 0), 0));
+    await check.commit(token);
+  }
+  await check.prune();
 
   out.say(`\n${oneLine(text)}`);
   out.say(`\n${round_} rounds: ${accepted}/${drafted} draft tokens accepted (${(acceptRate * 100).toFixed(0)} %),` +
     ` ${output_.length} tokens from ${mainPasses} main-branch decodes (${(output_.length / mainPasses).toFixed(2)} tokens per decode)`);
-  out.say(`agrees with plain greedy decoding for ${agree}/${output_.length} tokens`);
+  out.say(`agrees with plain greedy decoding for ${agree}/${output_.length} tokens; token by token, ` +
+    `${ranks.filter((r) => r === 0).length}/${output_.length} are plain decoding's top choice, all within its top ${Math.max(...ranks) + 1}`);
   out.emit('complete', {
     outputTokens: output_.length,
     iterations: round_,
@@ -122,6 +135,7 @@ run(async () => {
     mainPasses,
     tokensPerMainPass: round(output_.length / mainPasses, 3),
     greedyAgreement: agree,
+    greedyRanks: ranks,
     text,
     elapsedMs: Date.now() - started,
   });
