@@ -32,6 +32,21 @@ function maxAbsDiff(a, b) {
   return d;
 }
 
+/**
+ * llama.cpp's own log of loading the model with `options` on the Vulkan build: a child process at
+ * log level info (the log goes to stderr of that process).
+ */
+function llamaLog(options) {
+  const program = `
+    const { createContext } = require(${JSON.stringify(path.join(__dirname, '..', '..'))});
+    createContext({ modelPath: ${JSON.stringify(MODEL)}, nCtx: 256, nThreads: 2, logLevel: 'info', ...${JSON.stringify(options)} }, { gpuVariant: 'vulkan' })
+      .then((ctx) => ctx.dispose(), (e) => { console.error('FAILED', e.code, e.message); process.exit(1); });`;
+  const res = spawnSync(process.execPath, ['-e', program], { encoding: 'utf8', timeout: 300000 });
+  const log = `${res.stdout}${res.stderr}`;
+  assert.equal(res.status, 0, log.slice(-2000));
+  return log;
+}
+
 describe('GPU tier: Vulkan device', function () {
   this.timeout(600000);
   let binding;
@@ -67,15 +82,8 @@ describe('GPU tier: Vulkan device', function () {
     assert.ok(totalLayers > 1);
     assert.equal(layers, totalLayers);
     assert.deepEqual(devices, [device.name]);
-    // llama.cpp's log is the independent witness: a child process loads the same build at log
-    // level info and must report every layer offloaded and the KV cache on the device.
-    const program = `
-      const { createContext } = require(${JSON.stringify(path.join(__dirname, '..', '..'))});
-      createContext({ modelPath: ${JSON.stringify(MODEL)}, nCtx: 256, nThreads: 2, logLevel: 'info' }, { gpuVariant: 'vulkan' })
-        .then((ctx) => ctx.dispose(), (e) => { console.error('FAILED', e.code, e.message); process.exit(1); });`;
-    const res = spawnSync(process.execPath, ['-e', program], { encoding: 'utf8', timeout: 300000 });
-    const log = `${res.stdout}${res.stderr}`;
-    assert.equal(res.status, 0, log.slice(-2000));
+    // llama.cpp's log is the independent witness: every layer offloaded, the KV cache on the device.
+    const log = llamaLog({});
     assert.match(log, new RegExp(`offloaded ${totalLayers}/${totalLayers} layers to GPU`), log.slice(-2000));
     assert.match(log, new RegExp(`${device.name} KV buffer size`), log.slice(-2000));
   });
@@ -187,6 +195,12 @@ describe('GPU tier: Vulkan device', function () {
     const none = await vulkanContext({ nGpuLayers: 0, nCtx: 256 });
     contexts.push(none);
     assert.deepEqual(none.offload.devices, []);
+    // What llama.cpp itself did with those options (not only our echo of them).
+    const total = half.offload.totalLayers;
+    let log = llamaLog({ nGpuLayers: 5 });
+    assert.match(log, new RegExp(`offloaded 5/${total} layers to GPU`), log.slice(-2000));
+    log = llamaLog({ nGpuLayers: 0 });
+    assert.match(log, new RegExp(`offloaded 0/${total} layers to GPU`), log.slice(-2000));
     const a = await greedy(half, PROMPT, 2);
     const b = await greedy(none, PROMPT, 2);
     assert.equal(a.length, 2);
