@@ -1,0 +1,30 @@
+'use strict';
+
+// `npm run lint`: prettier formats (120 columns, .prettierrc.json), eslint finds mistakes.
+const js = require('@eslint/js');
+const globals = require('globals');
+
+module.exports = [
+  { ignores: ['build/', 'dist/', 'models/', 'npm/', 'target/', 'types/', 'node_modules/', 'bench/results/'] },
+  js.configs.recommended,
+  {
+    files: ['**/*.js'],
+    languageOptions: {
+      ecmaVersion: 2022,
+      sourceType: 'commonjs',
+      globals: { ...globals.node },
+    },
+    rules: {
+      'no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_', caughtErrors: 'none' }],
+    },
+  },
+  {
+    files: ['test/**/*.js', 'bench/**/*.js'],
+    languageOptions: { globals: { ...globals.node, ...globals.mocha } },
+  },
+  {
+    // Scripts that run in the page (the browser), if any, get browser globals.
+    files: ['lib/ui/**/*.js'],
+    languageOptions: { sourceType: 'script', globals: { ...globals.browser } },
+  },
+];
