@@ -592,7 +592,6 @@ export interface KvPressure {
 // -------------------------------------------------------------------------------------------------
 // Branches
 
-
 // -------------------------------------------------------------------------------------------------
 // Serving: the Scheduler (continuous batching, prefix cache) and the OpenAI-compatible server
 
@@ -726,7 +725,6 @@ export interface SchedulerStats {
   /** Requests that finished (including aborted ones). */
   completed: number;
 }
-
 
 /** Options of {@link createServer}: `ctx` or `modelPath`. */
 export interface ServerOptions {

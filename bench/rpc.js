@@ -16,10 +16,12 @@ const { spawn } = require('node:child_process');
 const { createContext, Branch, BranchStore } = require('..');
 const { ensureModel } = require('../scripts/fetch-model');
 
-const args = Object.fromEntries(process.argv.slice(2).map((a) => {
-  const [k, v] = a.replace(/^--/, '').split('=');
-  return [k, v === undefined ? true : v];
-}));
+const args = Object.fromEntries(
+  process.argv.slice(2).map((a) => {
+    const [k, v] = a.replace(/^--/, '').split('=');
+    return [k, v === undefined ? true : v];
+  }),
+);
 const STEPS = Number(args.steps || 24);
 const REPS = Number(args.reps || 3);
 const NS = [1, 8];
@@ -39,7 +41,9 @@ function freePort() {
 
 async function startServer() {
   const port = await freePort();
-  const proc = spawn(process.execPath, [CLI, 'rpc-server', '--port', String(port), '--threads', '1'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const proc = spawn(process.execPath, [CLI, 'rpc-server', '--port', String(port), '--threads', '1'], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   await new Promise((resolve, reject) => {
     let out = '';
     proc.stdout.on('data', (c) => {
@@ -59,7 +63,9 @@ async function msPerStep(ctx, prompt, n) {
   const branches = [root];
   for (let i = 1; i < n; i++) branches.push(root.fork());
   const logits = root.getLogits();
-  const top = Array.from(logits.keys()).sort((a, b) => logits[b] - logits[a]).slice(0, n);
+  const top = Array.from(logits.keys())
+    .sort((a, b) => logits[b] - logits[a])
+    .slice(0, n);
   await store.commit(branches.map((b, i) => [b, top[i]]));
   const t0 = now();
   for (let s = 0; s < STEPS; s++) {
@@ -86,13 +92,15 @@ async function main() {
       }
     }
     const ms = Object.fromEntries(Object.entries(samples).map(([k, v]) => [k, { 1: median(v[1]), 8: median(v[8]) }]));
-    const gain = (m) => (8 / m[8]) / (1 / m[1]); // tok/s at N=8 over tok/s at N=1
+    const gain = (m) => 8 / m[8] / (1 / m[1]); // tok/s at N=8 over tok/s at N=1
     const ratio = gain(ms.rpc) / gain(ms.local);
     console.log('| backend | ms/step N=1 | ms/step N=8 | tok/s N=1 | tok/s N=8 | N=8/N=1 tok/s |');
     console.log('|---|---:|---:|---:|---:|---:|');
     for (const k of ['local', 'rpc']) {
       const m = ms[k];
-      console.log(`| ${k === 'rpc' ? 'RPC (2 loopback servers, 1 thread each)' : 'local (2 threads)'} | ${m[1].toFixed(1)} | ${m[8].toFixed(1)} | ${(1000 / m[1]).toFixed(1)} | ${(8000 / m[8]).toFixed(1)} | ${gain(m).toFixed(2)} |`);
+      console.log(
+        `| ${k === 'rpc' ? 'RPC (2 loopback servers, 1 thread each)' : 'local (2 threads)'} | ${m[1].toFixed(1)} | ${m[8].toFixed(1)} | ${(1000 / m[1]).toFixed(1)} | ${(8000 / m[8]).toFixed(1)} | ${gain(m).toFixed(2)} |`,
+      );
     }
     console.log(`\nbatching gain over RPC ÷ batching gain locally = ${ratio.toFixed(2)} (target >= 0.9)`);
     const dir = path.join(__dirname, 'results');
@@ -109,8 +117,11 @@ async function main() {
 
 module.exports = { main };
 if (require.main === module) {
-  main().then(() => process.exit(0), (e) => {
-    console.error(e);
-    process.exit(1);
-  });
+  main().then(
+    () => process.exit(0),
+    (e) => {
+      console.error(e);
+      process.exit(1);
+    },
+  );
 }

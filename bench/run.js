@@ -31,13 +31,21 @@ const { createContext, Branch, BranchStore, jsonSchemaToGrammar, systemInfo } = 
 const { ensureModel } = require('../scripts/fetch-model');
 const { nativeOf } = require('../lib/Context'); // the raw-loop baseline is internal
 
-const args = Object.fromEntries(process.argv.slice(2).map((a) => {
-  const [k, v] = a.replace(/^--/, '').split('=');
-  return [k, v === undefined ? true : v];
-}));
+const args = Object.fromEntries(
+  process.argv.slice(2).map((a) => {
+    const [k, v] = a.replace(/^--/, '').split('=');
+    return [k, v === undefined ? true : v];
+  }),
+);
 const QUICK = Boolean(args.quick);
 const COMPARE = args['compare-prebuilt'] !== undefined;
-const NS = args.n ? String(args.n).split(',').map(Number) : COMPARE ? [1, 16] : QUICK ? [1, 2, 4, 8] : [1, 2, 4, 8, 16, 32, 64];
+const NS = args.n
+  ? String(args.n).split(',').map(Number)
+  : COMPARE
+    ? [1, 16]
+    : QUICK
+      ? [1, 2, 4, 8]
+      : [1, 2, 4, 8, 16, 32, 64];
 const STEPS = Number(args.steps || (QUICK ? 8 : 32));
 const REPS = Number(args.reps || (QUICK ? 1 : 3));
 const THREADS = 2;
@@ -52,7 +60,8 @@ const median = (xs) => {
 };
 const now = () => Number(process.hrtime.bigint()) / 1e6;
 const log = (...a) => console.error('[bench]', ...a);
-const WORDS = 'The history of the city began with a small settlement by the river, where traders met every spring to exchange grain, cloth and stories. ';
+const WORDS =
+  'The history of the city began with a small settlement by the river, where traders met every spring to exchange grain, cloth and stories. ';
 
 /** Prompt in seq 0, root + N-1 forks, each given a distinct first token (not timed). */
 async function setup(ctx, store, prompt, n) {
@@ -62,7 +71,9 @@ async function setup(ctx, store, prompt, n) {
   const branches = [root];
   for (let i = 1; i < n; i++) branches.push(root.fork());
   const logits = root.getLogits();
-  const top = Array.from(logits.keys()).sort((a, b) => logits[b] - logits[a]).slice(0, n);
+  const top = Array.from(logits.keys())
+    .sort((a, b) => logits[b] - logits[a])
+    .slice(0, n);
   await store.commit(branches.map((b, i) => [b, top[i]]));
   return branches;
 }
@@ -116,22 +127,37 @@ function rssAfterLoad(nSeqMax) {
 }
 
 function svgChart(rows, note) {
-  const W = 640, H = 380, pad = 54;
+  const W = 640,
+    H = 380,
+    pad = 54;
   const maxY = Math.max(...rows.flatMap((r) => [r.oursTps, r.seqTps, r.rawTps])) * 1.1;
   const xs = rows.map((r) => r.n);
   const span = Math.max(1, Math.log2(xs[xs.length - 1]) - Math.log2(xs[0]));
   const x = (n) => pad + ((Math.log2(n) - Math.log2(xs[0])) / span) * (W - 2 * pad);
   const y = (v) => H - pad - (v / maxY) * (H - 2 * pad);
-  const series = [['rawTps', '#999', 'raw llama_decode + argmax'], ['oursTps', '#d33', 'ours: store.produce + store.commit'], ['seqTps', '#36c', 'sequential branch.commit']];
+  const series = [
+    ['rawTps', '#999', 'raw llama_decode + argmax'],
+    ['oursTps', '#d33', 'ours: store.produce + store.commit'],
+    ['seqTps', '#36c', 'sequential branch.commit'],
+  ];
   const lines = series.map(([k, color, label], i) => {
     const pts = rows.map((r) => `${x(r.n).toFixed(1)},${y(r[k]).toFixed(1)}`).join(' ');
-    const dots = rows.map((r) => `<circle cx="${x(r.n).toFixed(1)}" cy="${y(r[k]).toFixed(1)}" r="2.5" fill="${color}"/>`).join('');
-    return `<polyline fill="none" stroke="${color}" stroke-width="2" points="${pts}"/>${dots}` +
-      `<text x="${pad + 10}" y="${pad - 20 + 15 * i}" fill="${color}" font-size="12">${label}</text>`;
+    const dots = rows
+      .map((r) => `<circle cx="${x(r.n).toFixed(1)}" cy="${y(r[k]).toFixed(1)}" r="2.5" fill="${color}"/>`)
+      .join('');
+    return (
+      `<polyline fill="none" stroke="${color}" stroke-width="2" points="${pts}"/>${dots}` +
+      `<text x="${pad + 10}" y="${pad - 20 + 15 * i}" fill="${color}" font-size="12">${label}</text>`
+    );
   });
-  const ticks = rows.map((r) => `<text x="${x(r.n)}" y="${H - pad + 16}" font-size="11" text-anchor="middle">${r.n}</text>`);
-  const yt = [0, 0.25, 0.5, 0.75, 1].map((f) => `<text x="${pad - 6}" y="${y(f * maxY) + 4}" font-size="11" text-anchor="end">${Math.round(f * maxY)}</text>` +
-    `<line x1="${pad}" y1="${y(f * maxY)}" x2="${W - pad}" y2="${y(f * maxY)}" stroke="#eee"/>`);
+  const ticks = rows.map(
+    (r) => `<text x="${x(r.n)}" y="${H - pad + 16}" font-size="11" text-anchor="middle">${r.n}</text>`,
+  );
+  const yt = [0, 0.25, 0.5, 0.75, 1].map(
+    (f) =>
+      `<text x="${pad - 6}" y="${y(f * maxY) + 4}" font-size="11" text-anchor="end">${Math.round(f * maxY)}</text>` +
+      `<line x1="${pad}" y1="${y(f * maxY)}" x2="${W - pad}" y2="${y(f * maxY)}" stroke="#eee"/>`,
+  );
   return `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" font-family="sans-serif">
 <rect width="100%" height="100%" fill="white"/>
 ${yt.join('')}
@@ -147,7 +173,10 @@ ${lines.join('\n')}
 function table(rows) {
   const head = '|   N | ours tok/s | seq tok/s | raw tok/s | ours/raw | ours/seq | ours ms/step | raw ms/step |';
   const line = '|----:|-----------:|----------:|----------:|---------:|---------:|-------------:|------------:|';
-  const body = rows.map((r) => `| ${String(r.n).padStart(3)} | ${r.oursTps.toFixed(1).padStart(10)} | ${r.seqTps.toFixed(1).padStart(9)} | ${r.rawTps.toFixed(1).padStart(9)} | ${r.oursOverRaw.toFixed(3).padStart(8)} | ${r.oursOverSeq.toFixed(2).padStart(8)} | ${r.oursMsPerStep.toFixed(1).padStart(12)} | ${r.rawMsPerStep.toFixed(1).padStart(11)} |`);
+  const body = rows.map(
+    (r) =>
+      `| ${String(r.n).padStart(3)} | ${r.oursTps.toFixed(1).padStart(10)} | ${r.seqTps.toFixed(1).padStart(9)} | ${r.rawTps.toFixed(1).padStart(9)} | ${r.oursOverRaw.toFixed(3).padStart(8)} | ${r.oursOverSeq.toFixed(2).padStart(8)} | ${r.oursMsPerStep.toFixed(1).padStart(12)} | ${r.rawMsPerStep.toFixed(1).padStart(11)} |`,
+  );
   return [head, line, ...body].join('\n');
 }
 
@@ -158,7 +187,9 @@ async function main() {
   const ctx = await createContext({ modelPath: MODEL, nCtx: N_CTX, nSeqMax, nThreads: THREADS });
   const store = new BranchStore(ctx);
   const prompt = (await ctx.tokenize(WORDS.repeat(6))).slice(0, PROMPT_TOKENS);
-  log(`model ${path.basename(MODEL)}, ${THREADS} threads, nCtx ${N_CTX}, prompt ${prompt.length} tokens, ${STEPS} greedy steps, ${REPS} reps, N = ${NS.join(',')}`);
+  log(
+    `model ${path.basename(MODEL)}, ${THREADS} threads, nCtx ${N_CTX}, prompt ${prompt.length} tokens, ${STEPS} greedy steps, ${REPS} reps, N = ${NS.join(',')}`,
+  );
 
   // Warm-up (excluded): first decodes allocate and fault in buffers.
   await ours(ctx, store, prompt, Math.min(4, maxN));
@@ -184,8 +215,12 @@ async function main() {
     const tps = (x) => (n * STEPS) / (median(x) / 1000);
     const row = {
       n,
-      oursTps: tps(ms.ours), seqTps: tps(ms.seq), rawTps: tps(ms.raw),
-      oursMsPerStep: median(ms.ours) / STEPS, seqMsPerStep: median(ms.seq) / STEPS, rawMsPerStep: median(ms.raw) / STEPS,
+      oursTps: tps(ms.ours),
+      seqTps: tps(ms.seq),
+      rawTps: tps(ms.raw),
+      oursMsPerStep: median(ms.ours) / STEPS,
+      seqMsPerStep: median(ms.seq) / STEPS,
+      rawMsPerStep: median(ms.raw) / STEPS,
       // per-rep ratios (interleaved pairs), for the spread
       oursOverRawReps: ms.ours.map((o, i) => ms.raw[i] / o),
       samplesMs: ms,
@@ -193,7 +228,9 @@ async function main() {
     row.oursOverRaw = row.oursTps / row.rawTps;
     row.oursOverSeq = row.oursTps / row.seqTps;
     rows.push(row);
-    log(`N=${n}: ours ${row.oursTps.toFixed(1)} tok/s (${row.oursMsPerStep.toFixed(1)} ms/step), sequential ${row.seqTps.toFixed(1)}, raw ${row.rawTps.toFixed(1)}; ours/raw ${row.oursOverRaw.toFixed(3)} [reps ${row.oursOverRawReps.map((v) => v.toFixed(3)).join(' ')}], ours/seq ${row.oursOverSeq.toFixed(2)}`);
+    log(
+      `N=${n}: ours ${row.oursTps.toFixed(1)} tok/s (${row.oursMsPerStep.toFixed(1)} ms/step), sequential ${row.seqTps.toFixed(1)}, raw ${row.rawTps.toFixed(1)}; ours/raw ${row.oursOverRaw.toFixed(3)} [reps ${row.oursOverRawReps.map((v) => v.toFixed(3)).join(' ')}], ours/seq ${row.oursOverSeq.toFixed(2)}`,
+    );
   }
 
   // The 2-row plan: one 2-row decode against two 1-row decodes (raw, interleaved).
@@ -205,7 +242,9 @@ async function main() {
     }
     twoRow.oneDecodeMsPerStep = median(twoRow.oneDecodeMs) / STEPS;
     twoRow.twoDecodesMsPerStep = median(twoRow.twoDecodesMs) / STEPS;
-    log(`N=2 plan: one 2-row decode ${twoRow.oneDecodeMsPerStep.toFixed(1)} ms/step, two 1-row decodes ${twoRow.twoDecodesMsPerStep.toFixed(1)} ms/step`);
+    log(
+      `N=2 plan: one 2-row decode ${twoRow.oneDecodeMsPerStep.toFixed(1)} ms/step, two 1-row decodes ${twoRow.twoDecodesMsPerStep.toFixed(1)} ms/step`,
+    );
   }
 
   // Prefill through store.prefill: one 512-token run, and 16 runs of 32 tokens packed together.
@@ -247,7 +286,9 @@ async function main() {
     forkSamples.push((now() - t0) * 1000);
   }
   const fork = { us: median(forkSamples), forks: nForks, cellsBefore, cellsAfter: store.kvPressure().cellsUsed };
-  log(`fork of a ${thousand.length}-token branch: ${fork.us.toFixed(0)} µs (median of ${nForks}); KV cells used ${fork.cellsBefore} -> ${fork.cellsAfter} after ${nForks} forks`);
+  log(
+    `fork of a ${thousand.length}-token branch: ${fork.us.toFixed(0)} µs (median of ${nForks}); KV cells used ${fork.cellsBefore} -> ${fork.cellsAfter} after ${nForks} forks`,
+  );
 
   // produce() per call on the 262k vocabulary (the branch's logits do not change between calls).
   const calls = QUICK ? 30 : 200;
@@ -255,7 +296,10 @@ async function main() {
   produceUs.greedy = perCall(() => forks[0].produce(), calls);
   forks[1].setSamplerParams({});
   produceUs.defaultParams = perCall(() => forks[1].produce(), calls);
-  const grammar = await jsonSchemaToGrammar({ type: 'object', properties: { name: { type: 'string' }, age: { type: 'integer' } } });
+  const grammar = await jsonSchemaToGrammar({
+    type: 'object',
+    properties: { name: { type: 'string' }, age: { type: 'integer' } },
+  });
   forks[2].setSamplerParams({ temperature: 0, grammar });
   produceUs.grammar = perCall(() => forks[2].produce(), Math.ceil(calls / 4));
   forks[3].setSamplerParams({ temperature: 0.8, topK: 0, topP: 0.95, minP: 0.05 });
@@ -265,20 +309,34 @@ async function main() {
   // greedy forks untouched by the parameter changes above
   const batch = forks.slice(5, 21);
   produceUs.storeProducePerBranchGreedy = perCall(() => store.produce(batch), Math.ceil(calls / 4)) / batch.length;
-  log(`produce() µs/call: ${JSON.stringify(Object.fromEntries(Object.entries(produceUs).map(([k, v]) => [k, Math.round(v)])))}`);
+  log(
+    `produce() µs/call: ${JSON.stringify(Object.fromEntries(Object.entries(produceUs).map(([k, v]) => [k, Math.round(v)])))}`,
+  );
   await big.pruneSubtree();
   ctx.dispose();
 
   const rss = {};
   for (const n of [1, 8, 32]) rss[n] = rssAfterLoad(n);
-  log(`RSS after load (MiB) by nSeqMax: ${JSON.stringify(Object.fromEntries(Object.entries(rss).map(([k, v]) => [k, Math.round(v)])))}`);
+  log(
+    `RSS after load (MiB) by nSeqMax: ${JSON.stringify(Object.fromEntries(Object.entries(rss).map(([k, v]) => [k, Math.round(v)])))}`,
+  );
 
   const result = {
     date: new Date().toISOString(),
     model: path.basename(MODEL),
     cpu: systemInfo(),
-    threads: THREADS, nCtx: N_CTX, promptTokens: prompt.length, steps: STEPS, reps: REPS, quick: QUICK,
-    rows, twoRow, prefill, fork, produceUs, rssMiB: rss,
+    threads: THREADS,
+    nCtx: N_CTX,
+    promptTokens: prompt.length,
+    steps: STEPS,
+    reps: REPS,
+    quick: QUICK,
+    rows,
+    twoRow,
+    prefill,
+    fork,
+    produceUs,
+    rssMiB: rss,
     wallSeconds: (now() - started) / 1000,
   };
   const dir = path.join(__dirname, 'results');
@@ -292,12 +350,20 @@ async function main() {
   fs.writeFileSync(path.join(dir, chartName), svgChart(rows, note));
 
   console.log(table(rows));
-  console.log(`N=2 plan (raw ms/step): one 2-row decode ${twoRow.oneDecodeMsPerStep?.toFixed(1)}, two 1-row decodes ${twoRow.twoDecodesMsPerStep?.toFixed(1)}`);
+  console.log(
+    `N=2 plan (raw ms/step): one 2-row decode ${twoRow.oneDecodeMsPerStep?.toFixed(1)}, two 1-row decodes ${twoRow.twoDecodesMsPerStep?.toFixed(1)}`,
+  );
   console.log(`prefill tok/s: 1×512 ${prefill.soloTps.toFixed(0)}, 16×32 packed ${prefill.packedTps.toFixed(0)}`);
-  console.log(`fork() of a ${thousand.length}-token branch: ${fork.us.toFixed(0)} µs; KV cells used ${fork.cellsBefore} -> ${fork.cellsAfter} after ${fork.forks} forks`);
-  console.log(`produce() µs/call: greedy ${produceUs.greedy.toFixed(0)}, default params ${produceUs.defaultParams.toFixed(0)}, grammar ${produceUs.grammar.toFixed(0)}, topK 0 ${produceUs.fullVocabTopP.toFixed(0)}, penalties ${produceUs.penalties.toFixed(0)}, store.produce per branch ${produceUs.storeProducePerBranchGreedy.toFixed(0)}`);
+  console.log(
+    `fork() of a ${thousand.length}-token branch: ${fork.us.toFixed(0)} µs; KV cells used ${fork.cellsBefore} -> ${fork.cellsAfter} after ${fork.forks} forks`,
+  );
+  console.log(
+    `produce() µs/call: greedy ${produceUs.greedy.toFixed(0)}, default params ${produceUs.defaultParams.toFixed(0)}, grammar ${produceUs.grammar.toFixed(0)}, topK 0 ${produceUs.fullVocabTopP.toFixed(0)}, penalties ${produceUs.penalties.toFixed(0)}, store.produce per branch ${produceUs.storeProducePerBranchGreedy.toFixed(0)}`,
+  );
   console.log(`RSS after load (MiB): nSeqMax 1 ${rss[1].toFixed(0)}, 8 ${rss[8].toFixed(0)}, 32 ${rss[32].toFixed(0)}`);
-  console.log(`wrote ${path.relative(process.cwd(), file)} and bench/results/${chartName} in ${result.wallSeconds.toFixed(0)} s`);
+  console.log(
+    `wrote ${path.relative(process.cwd(), file)} and bench/results/${chartName} in ${result.wallSeconds.toFixed(0)} s`,
+  );
 }
 
 /**
@@ -339,21 +405,33 @@ async function comparePrebuilt() {
   const binaries = {
     // The bench build (this process runs on it, see benchBuild): the prebuilt has no raw loop.
     native: process.env.LLAMA_BRANCH_BINARY || path.join(__dirname, '..', 'build', 'llama_branch.node'),
-    prebuilt: typeof args['compare-prebuilt'] === 'string' ? path.resolve(args['compare-prebuilt']) : path.join(__dirname, '..', 'npm', key, `llama_branch.${key}.node`),
+    prebuilt:
+      typeof args['compare-prebuilt'] === 'string'
+        ? path.resolve(args['compare-prebuilt'])
+        : path.join(__dirname, '..', 'npm', key, `llama_branch.${key}.node`),
   };
   if (!fs.existsSync(binaries.native)) throw new Error(`${binaries.native} is missing: npm run build first`);
-  if (!fs.existsSync(binaries.prebuilt)) throw new Error(`${binaries.prebuilt} is missing: npm run build:prebuilt first (or pass --compare-prebuilt=<file.node>)`);
+  if (!fs.existsSync(binaries.prebuilt))
+    throw new Error(
+      `${binaries.prebuilt} is missing: npm run build:prebuilt first (or pass --compare-prebuilt=<file.node>)`,
+    );
   const rounds = Number(args.rounds || 5);
   const childArgs = [__filename, '--series-json', `--n=${NS.join(',')}`, `--steps=${STEPS}`, `--reps=${REPS}`];
   const samples = { native: {}, prebuilt: {} };
   const info = {};
   const roundRatios = [];
-  log(`prebuilt ${binaries.prebuilt} vs native ${binaries.native}: N = ${NS.join(',')}, ${rounds} rounds x ${REPS} reps x ${STEPS} steps, ${THREADS} threads`);
+  log(
+    `prebuilt ${binaries.prebuilt} vs native ${binaries.native}: N = ${NS.join(',')}, ${rounds} rounds x ${REPS} reps x ${STEPS} steps, ${THREADS} threads`,
+  );
   for (let round = 0; round < rounds; round++) {
     const order = round % 2 ? ['prebuilt', 'native'] : ['native', 'prebuilt'];
     const roundMedians = {};
     for (const which of order) {
-      const res = spawnSync(process.execPath, childArgs, { env: { ...process.env, LLAMA_BRANCH_BINARY: binaries[which] }, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+      const res = spawnSync(process.execPath, childArgs, {
+        env: { ...process.env, LLAMA_BRANCH_BINARY: binaries[which] },
+        encoding: 'utf8',
+        stdio: ['ignore', 'pipe', 'inherit'],
+      });
       if (res.status !== 0) throw new Error(`the ${which} child exited with ${res.status}`);
       const out = JSON.parse(res.stdout.trim().split('\n').pop());
       info[which] = out.info;
@@ -365,11 +443,20 @@ async function comparePrebuilt() {
         roundMedians[which][row.n] = { ours: median(row.oursMs), raw: median(row.rawMs) };
       }
     }
-    roundRatios.push(Object.fromEntries(NS.map((n) => [n, {
-      ours: roundMedians.native[n].ours / roundMedians.prebuilt[n].ours,
-      raw: roundMedians.native[n].raw / roundMedians.prebuilt[n].raw,
-    }])));
-    log(`round ${round + 1}/${rounds}: prebuilt/native ${NS.map((n) => `N=${n} ours ${roundRatios[round][n].ours.toFixed(3)}`).join(', ')}`);
+    roundRatios.push(
+      Object.fromEntries(
+        NS.map((n) => [
+          n,
+          {
+            ours: roundMedians.native[n].ours / roundMedians.prebuilt[n].ours,
+            raw: roundMedians.native[n].raw / roundMedians.prebuilt[n].raw,
+          },
+        ]),
+      ),
+    );
+    log(
+      `round ${round + 1}/${rounds}: prebuilt/native ${NS.map((n) => `N=${n} ours ${roundRatios[round][n].ours.toFixed(3)}`).join(', ')}`,
+    );
   }
   const tps = (n, ms) => (n * STEPS) / (median(ms) / 1000);
   const rows = NS.map((n) => {
@@ -384,7 +471,19 @@ async function comparePrebuilt() {
     return r;
   });
   const variant = /CPU_VARIANT = (\S+)/.exec(info.prebuilt || '');
-  const result = { date: new Date().toISOString(), model: path.basename(MODEL), binaries, info, cpuVariant: variant && variant[1], threads: THREADS, steps: STEPS, reps: REPS, rounds, rows, samples };
+  const result = {
+    date: new Date().toISOString(),
+    model: path.basename(MODEL),
+    binaries,
+    info,
+    cpuVariant: variant && variant[1],
+    threads: THREADS,
+    steps: STEPS,
+    reps: REPS,
+    rounds,
+    rows,
+    samples,
+  };
   const dir = path.join(__dirname, 'results');
   fs.mkdirSync(dir, { recursive: true });
   const file = path.join(dir, `prebuilt-${result.date.replace(/[:.]/g, '-')}.json`);
@@ -392,10 +491,16 @@ async function comparePrebuilt() {
   console.log(`prebuilt CPU variant: ${result.cpuVariant}; native: ${info.native.trim()}`);
   // The prebuilt has no raw loop (it is not in the addon users get): its raw columns read n/a.
   const fixed = (v, digits, width) => (Number.isFinite(v) ? v.toFixed(digits) : 'n/a').padStart(width);
-  console.log('|   N | native ours tok/s | prebuilt ours tok/s | ours prebuilt/native | native raw tok/s | prebuilt raw tok/s | raw prebuilt/native | ours ratio per round |');
-  console.log('|----:|------------------:|--------------------:|---------------------:|-----------------:|-------------------:|--------------------:|:---------------------|');
+  console.log(
+    '|   N | native ours tok/s | prebuilt ours tok/s | ours prebuilt/native | native raw tok/s | prebuilt raw tok/s | raw prebuilt/native | ours ratio per round |',
+  );
+  console.log(
+    '|----:|------------------:|--------------------:|---------------------:|-----------------:|-------------------:|--------------------:|:---------------------|',
+  );
   for (const r of rows) {
-    console.log(`| ${String(r.n).padStart(3)} | ${r.nativeOursTps.toFixed(1).padStart(17)} | ${r.prebuiltOursTps.toFixed(1).padStart(19)} | ${r.oursRatio.toFixed(3).padStart(20)} | ${fixed(r.nativeRawTps, 1, 16)} | ${fixed(r.prebuiltRawTps, 1, 18)} | ${fixed(r.rawRatio, 3, 19)} | ${r.oursRatioPerRound.map((v) => v.toFixed(3)).join(' ')} |`);
+    console.log(
+      `| ${String(r.n).padStart(3)} | ${r.nativeOursTps.toFixed(1).padStart(17)} | ${r.prebuiltOursTps.toFixed(1).padStart(19)} | ${r.oursRatio.toFixed(3).padStart(20)} | ${fixed(r.nativeRawTps, 1, 16)} | ${fixed(r.prebuiltRawTps, 1, 18)} | ${fixed(r.rawRatio, 3, 19)} | ${r.oursRatioPerRound.map((v) => v.toFixed(3)).join(' ')} |`,
+    );
   }
   console.log(`wrote ${path.relative(process.cwd(), file)}`);
 }
@@ -420,12 +525,26 @@ const hasRawLoop = () => typeof require('../lib/native').SessionContext.prototyp
 if (require.main === module && !process.env.LLAMA_BRANCH_BINARY && !hasRawLoop() && !args.serve && !args.rpc) {
   // Run again on the bench build (the loader takes LLAMA_BRANCH_BINARY before anything loads).
   const binary = benchBuild();
-  const res = spawnSync(process.execPath, process.argv.slice(1), { env: { ...process.env, LLAMA_BRANCH_BINARY: binary }, stdio: 'inherit' });
+  const res = spawnSync(process.execPath, process.argv.slice(1), {
+    env: { ...process.env, LLAMA_BRANCH_BINARY: binary },
+    stdio: 'inherit',
+  });
   process.exit(res.status === null ? 1 : res.status);
 } else if (require.main === module) {
   // `--serve` runs the serving benchmark (bench/serve.js); `--compare-prebuilt` the source build
   // against the prebuilt package; `--series-json` is the child process of that comparison.
-  const entry = args.serve ? require('./serve').main : args.rpc ? () => require('./rpc').main().then(() => process.exit(0)) : args['series-json'] ? seriesJson : COMPARE ? comparePrebuilt : main;
+  const entry = args.serve
+    ? require('./serve').main
+    : args.rpc
+      ? () =>
+          require('./rpc')
+            .main()
+            .then(() => process.exit(0))
+      : args['series-json']
+        ? seriesJson
+        : COMPARE
+          ? comparePrebuilt
+          : main;
   entry().catch((e) => {
     console.error(e);
     process.exit(1);

@@ -24,10 +24,12 @@ const path = require('node:path');
 const { createContext, Branch, BranchStore, Scheduler, systemInfo } = require('..');
 const { ensureModel } = require('../scripts/fetch-model');
 
-const args = Object.fromEntries(process.argv.slice(2).map((a) => {
-  const [k, v] = a.replace(/^--/, '').split('=');
-  return [k, v === undefined ? true : v];
-}));
+const args = Object.fromEntries(
+  process.argv.slice(2).map((a) => {
+    const [k, v] = a.replace(/^--/, '').split('=');
+    return [k, v === undefined ? true : v];
+  }),
+);
 const CS = args.c ? String(args.c).split(',').map(Number) : [1, 4, 8, 16];
 const REPS = Number(args.reps || 2);
 const NEW_TOKENS = 64;
@@ -60,8 +62,19 @@ const SYSTEM_SENTENCES = [
 /** ~256 tokens of system prompt and C different ~32-token questions. */
 function workload(ctx, c) {
   const system = SYSTEM_SENTENCES.join(' ');
-  const questions = Array.from({ length: c }, (_, i) => `Question number ${i + 1}: I am a new member and would like to know, in a few clear sentences, how the rules for item ${i + 1} of my list apply to me.`);
-  return { system, questions, messages: questions.map((q) => [{ role: 'system', content: system }, { role: 'user', content: q }]) };
+  const questions = Array.from(
+    { length: c },
+    (_, i) =>
+      `Question number ${i + 1}: I am a new member and would like to know, in a few clear sentences, how the rules for item ${i + 1} of my list apply to me.`,
+  );
+  return {
+    system,
+    questions,
+    messages: questions.map((q) => [
+      { role: 'system', content: system },
+      { role: 'user', content: q },
+    ]),
+  };
 }
 
 /** Greedy with every end-of-generation token banned: each request makes exactly NEW_TOKENS. */
@@ -78,22 +91,31 @@ async function viaScheduler(ctx, messages, params) {
   const ttft = [];
   let tokens = 0;
   let cached = 0;
-  await Promise.all(messages.map(async (m) => {
-    const gen = scheduler.generate({ messages: m, maxTokens: NEW_TOKENS, params });
-    let waiting = true;
-    for await (const e of gen) {
-      if (waiting && e.token !== null) {
-        ttft.push(now() - t0);
-        waiting = false;
+  await Promise.all(
+    messages.map(async (m) => {
+      const gen = scheduler.generate({ messages: m, maxTokens: NEW_TOKENS, params });
+      let waiting = true;
+      for await (const e of gen) {
+        if (waiting && e.token !== null) {
+          ttft.push(now() - t0);
+          waiting = false;
+        }
       }
-    }
-    const r = await gen;
-    tokens += r.usage.completionTokens;
-    cached += r.usage.cachedPromptTokens;
-  }));
+      const r = await gen;
+      tokens += r.usage.completionTokens;
+      cached += r.usage.cachedPromptTokens;
+    }),
+  );
   const ms = now() - t0;
   await scheduler.close();
-  return { ms, tokens, tps: (tokens / ms) * 1000, ttftP50: percentile(ttft, 50), ttftP95: percentile(ttft, 95), cached };
+  return {
+    ms,
+    tokens,
+    tps: (tokens / ms) * 1000,
+    ttftP50: percentile(ttft, 50),
+    ttftP95: percentile(ttft, 95),
+    cached,
+  };
 }
 
 /** The same C requests, one after another, through one Scheduler. */
@@ -101,7 +123,8 @@ async function sequential(ctx, messages, params) {
   const scheduler = new Scheduler(ctx);
   const t0 = now();
   let tokens = 0;
-  for (const m of messages) tokens += (await scheduler.generate({ messages: m, maxTokens: NEW_TOKENS, params })).usage.completionTokens;
+  for (const m of messages)
+    tokens += (await scheduler.generate({ messages: m, maxTokens: NEW_TOKENS, params })).usage.completionTokens;
   const ms = now() - t0;
   await scheduler.close();
   return { ms, tokens, tps: (tokens / ms) * 1000 };
@@ -159,7 +182,8 @@ async function ttftColdVsCached(ctx, params) {
 /** Decode step time at C = 16 against total KV cells: 16 unrelated prompts of each length. */
 async function stepTimeVsCells(ctx, params) {
   const rows = [];
-  const filler = 'Notes on the tides, the weather and the ships that came into the harbour during the long summer of that year. ';
+  const filler =
+    'Notes on the tides, the weather and the ships that came into the harbour during the long summer of that year. ';
   for (const length of CELL_PROMPTS) {
     const steps = [];
     const scheduler = new Scheduler(ctx, { prefillChunk: 512, onStep: (s) => steps.push(s) });
@@ -173,7 +197,12 @@ async function stepTimeVsCells(ctx, params) {
     await Promise.all(prompts.map((tokens) => scheduler.generate({ tokens, maxTokens, params })));
     await scheduler.close();
     const full = steps.filter((s) => s.rows === 16 && s.prefillTokens === 0);
-    rows.push({ promptTokens: length, cells: median(full.map((s) => s.cellsUsed)), stepMs: median(full.map((s) => s.decodeMs)), steps: full.length });
+    rows.push({
+      promptTokens: length,
+      cells: median(full.map((s) => s.cellsUsed)),
+      stepMs: median(full.map((s) => s.decodeMs)),
+      steps: full.length,
+    });
     log(`cells ${rows[rows.length - 1].cells}: ${rows[rows.length - 1].stepMs.toFixed(1)} ms/step`);
   }
   return rows;
@@ -193,7 +222,11 @@ async function main() {
     for (let r = 0; r < REPS; r++) {
       // rotate the order so that load changes hit the three alike
       const runs = {};
-      const order = [['scheduler', viaScheduler], ['loop', explicitLoop], ['sequential', sequential]];
+      const order = [
+        ['scheduler', viaScheduler],
+        ['loop', explicitLoop],
+        ['sequential', sequential],
+      ];
       for (let k = 0; k < order.length; k++) {
         const [name, fn] = order[(k + r) % order.length];
         runs[name] = await fn(ctx, messages, params);
@@ -220,18 +253,37 @@ async function main() {
   const cells = PARTS.has('cells') ? await stepTimeVsCells(ctx, params) : [];
   ctx.dispose();
 
-  const result = { date: new Date().toISOString(), system: systemInfo(), threads: THREADS, newTokens: NEW_TOKENS, reps: REPS, concurrency, ttft, cells, wallSeconds: (now() - started) / 1000 };
+  const result = {
+    date: new Date().toISOString(),
+    system: systemInfo(),
+    threads: THREADS,
+    newTokens: NEW_TOKENS,
+    reps: REPS,
+    concurrency,
+    ttft,
+    cells,
+    wallSeconds: (now() - started) / 1000,
+  };
   const dir = path.join(__dirname, 'results');
   fs.mkdirSync(dir, { recursive: true });
   const file = path.join(dir, `serve-${result.date.replace(/[:.]/g, '-')}.json`);
   fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
 
-  console.log('|  C | scheduler tok/s | loop tok/s | sequential tok/s | sched / loop | sched / seq | TTFT p50 ms | TTFT p95 ms | cached prompt tokens |');
-  console.log('|---:|----------------:|-----------:|-----------------:|-------------:|------------:|------------:|------------:|---------------------:|');
+  console.log(
+    '|  C | scheduler tok/s | loop tok/s | sequential tok/s | sched / loop | sched / seq | TTFT p50 ms | TTFT p95 ms | cached prompt tokens |',
+  );
+  console.log(
+    '|---:|----------------:|-----------:|-----------------:|-------------:|------------:|------------:|------------:|---------------------:|',
+  );
   for (const r of concurrency) {
-    console.log(`| ${String(r.c).padStart(2)} | ${r.schedulerTps.toFixed(1)} | ${r.loopTps.toFixed(1)} | ${r.sequentialTps.toFixed(1)} | ${r.vsLoop.toFixed(2)} | ${r.vsSequential.toFixed(2)} | ${r.ttftP50.toFixed(0)} | ${r.ttftP95.toFixed(0)} | ${r.cachedPromptTokens} |`);
+    console.log(
+      `| ${String(r.c).padStart(2)} | ${r.schedulerTps.toFixed(1)} | ${r.loopTps.toFixed(1)} | ${r.sequentialTps.toFixed(1)} | ${r.vsLoop.toFixed(2)} | ${r.vsSequential.toFixed(2)} | ${r.ttftP50.toFixed(0)} | ${r.ttftP95.toFixed(0)} | ${r.cachedPromptTokens} |`,
+    );
   }
-  if (ttft) console.log(`\nTTFT of a lone request: cold ${ttft.coldMs.toFixed(0)} ms, system prompt cached ${ttft.cachedMs.toFixed(0)} ms (ratio ${ttft.ratio.toFixed(2)})`);
+  if (ttft)
+    console.log(
+      `\nTTFT of a lone request: cold ${ttft.coldMs.toFixed(0)} ms, system prompt cached ${ttft.cachedMs.toFixed(0)} ms (ratio ${ttft.ratio.toFixed(2)})`,
+    );
   console.log('\n| prompt tokens × 16 | KV cells in use | decode ms/step (16 rows) |');
   console.log('|---:|---:|---:|');
   for (const r of cells) console.log(`| ${r.promptTokens} | ${r.cells} | ${r.stepMs.toFixed(1)} |`);

@@ -46,7 +46,11 @@ async function main(argv) {
   const specs = Object.fromEntries(Object.entries(command.options).map(([k, { help: _help, ...spec }]) => [k, spec]));
   let values;
   try {
-    ({ values } = parseArgs({ args: rest, options: { ...specs, help: { type: 'boolean', short: 'h' } }, allowPositionals: false }));
+    ({ values } = parseArgs({
+      args: rest,
+      options: { ...specs, help: { type: 'boolean', short: 'h' } },
+      allowPositionals: false,
+    }));
   } catch (e) {
     console.error(`error: ${e.message}\n\n${commandHelp(command)}`);
     return 2;

@@ -63,7 +63,9 @@ function parseFlags(usage, defaults) {
 function resolveModel(fromFlag) {
   const model = path.resolve(fromFlag || process.env.LLAMA_TEST_MODEL || DEFAULT_MODEL);
   if (!fs.existsSync(model)) {
-    fail(`model not found: ${model}\nRun \`npm run fetch-model\` to download the default model, or pass --model /path/to/model.gguf.`);
+    fail(
+      `model not found: ${model}\nRun \`npm run fetch-model\` to download the default model, or pass --model /path/to/model.gguf.`,
+    );
   }
   return model;
 }

@@ -89,7 +89,10 @@ run(async () => {
     beams = next;
     out.emit('step', {
       step,
-      beams: beams.map((beam) => ({ score: round(beam.score, 4), text: ctx.tokenToText(beam.tokens[beam.tokens.length - 1]) })),
+      beams: beams.map((beam) => ({
+        score: round(beam.score, 4),
+        text: ctx.tokenToText(beam.tokens[beam.tokens.length - 1]),
+      })),
       liveBranches: k - store.available,
     });
     out.progress('searching', step + 1, flags.maxTokens);
@@ -103,11 +106,20 @@ run(async () => {
 
   out.say('');
   hypotheses.slice(0, k).forEach((h, i) => {
-    out.say(`#${i} score ${h.score.toFixed(3).padStart(7)}  (${h.tokens.length} tokens${h.finished ? ', ended' : ''})  ${oneLine(texts[i])}`);
+    out.say(
+      `#${i} score ${h.score.toFixed(3).padStart(7)}  (${h.tokens.length} tokens${h.finished ? ', ended' : ''})  ${oneLine(texts[i])}`,
+    );
   });
   out.say(`\n${decodes} batched decodes, ${forks} forks, ${prunes} prunes`);
   hypotheses.slice(0, k).forEach((h, i) =>
-    out.emit('hypothesis', { rank: i, score: round(h.score, 4), logProb: round(h.logProb, 4), tokens: h.tokens.length, finished: h.finished, text: texts[i] }),
+    out.emit('hypothesis', {
+      rank: i,
+      score: round(h.score, 4),
+      logProb: round(h.logProb, 4),
+      tokens: h.tokens.length,
+      finished: h.finished,
+      text: texts[i],
+    }),
   );
 
   // Keep only the best live beam's branch (e.g. to continue generating from it).

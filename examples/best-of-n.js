@@ -26,7 +26,12 @@ run(async () => {
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: flags.n + 2 }));
   const store = new BranchStore(ctx);
   const prompt = await ctx.tokenize(flags.prompt);
-  out.emit('start', { n: flags.n, maxTokens: flags.maxTokens, promptTokens: prompt.length, model: ctx.modelDescription });
+  out.emit('start', {
+    n: flags.n,
+    maxTokens: flags.maxTokens,
+    promptTokens: prompt.length,
+    model: ctx.modelDescription,
+  });
   out.say(`best-of-${flags.n} on ${ctx.modelDescription}: ${oneLine(flags.prompt)}`);
 
   const root = Branch.create(ctx, 0, { temperature: flags.temperature, topP: 0.95, seed: flags.seed });

@@ -69,14 +69,24 @@ run(async () => {
     let prefill;
     if (!warm) {
       // Cold: the whole conversation so far (system prompt + this message), BOS included.
-      const messages = [...(flags.system ? [{ role: 'system', content: flags.system }] : []), { role: 'user', content: message }];
+      const messages = [
+        ...(flags.system ? [{ role: 'system', content: flags.system }] : []),
+        { role: 'user', content: message },
+      ];
       format = await ctx.formatChat(messages);
       prefill = await ctx.tokenize(format.prompt);
-      chat = Branch.create(ctx, 0, { temperature: flags.temperature, seed: flags.seed, penalties: { repeat: 1.15, lastN: 64 } });
+      chat = Branch.create(ctx, 0, {
+        temperature: flags.temperature,
+        seed: flags.seed,
+        penalties: { repeat: 1.15, lastN: 64 },
+      });
     } else {
       // Warm: close the previous reply, then only the new turn (an empty system message first
       // makes formatChat render the turn as it appears after earlier ones). No BOS.
-      format = await ctx.formatChat([{ role: 'system', content: '' }, { role: 'user', content: message }]);
+      format = await ctx.formatChat([
+        { role: 'system', content: '' },
+        { role: 'user', content: message },
+      ]);
       prefill = [...ctx.getTurnSeparator(), ...(await ctx.tokenize(format.prompt, false))];
     }
     try {

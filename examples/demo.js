@@ -18,7 +18,9 @@ const oneLine = (s) => JSON.stringify(s);
 
 async function main() {
   if (!fs.existsSync(MODEL)) {
-    console.error(`Model not found: ${MODEL}\nRun \`npm run fetch-model\` first (or set LLAMA_TEST_MODEL=/path/to/model.gguf).`);
+    console.error(
+      `Model not found: ${MODEL}\nRun \`npm run fetch-model\` first (or set LLAMA_TEST_MODEL=/path/to/model.gguf).`,
+    );
     process.exit(1);
   }
 

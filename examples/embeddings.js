@@ -27,7 +27,9 @@ run(async () => {
   const out = output(flags);
   const started = Date.now();
 
-  const ctx = await createContext(contextOptions(flags, { nCtx: 512, embeddings: true, poolingType: PoolingType.MEAN }));
+  const ctx = await createContext(
+    contextOptions(flags, { nCtx: 512, embeddings: true, poolingType: PoolingType.MEAN }),
+  );
   const dimension = ctx.getEmbeddingDimension();
   out.emit('start', { embeddingDim: dimension, hasPooling: ctx.hasPooling(), documents: DOCUMENTS.length });
   out.say(`${ctx.modelDescription}: ${dimension}-dimensional embeddings, pooling ${ctx.hasPooling() ? 'on' : 'off'}`);
@@ -58,10 +60,15 @@ run(async () => {
   }
 
   const query = await embed(flags.query);
-  const ranking = DOCUMENTS.map((text, i) => ({ index: i, text, score: dot(query, vectors[i]) })).sort((a, b) => b.score - a.score);
+  const ranking = DOCUMENTS.map((text, i) => ({ index: i, text, score: dot(query, vectors[i]) })).sort(
+    (a, b) => b.score - a.score,
+  );
   out.say(`\nquery ${oneLine(flags.query)}:`);
   ranking.forEach((r, rank) => out.say(`  ${rank + 1}. ${r.score.toFixed(3)}  ${oneLine(r.text)}`));
-  out.emit('search', { query: flags.query, ranking: ranking.map((r) => ({ index: r.index, score: round(r.score, 6) })) });
+  out.emit('search', {
+    query: flags.query,
+    ranking: ranking.map((r) => ({ index: r.index, score: round(r.score, 6) })),
+  });
   out.emit('complete', { embeddings: vectors.length, elapsedMs: Date.now() - started });
   ctx.dispose();
 });

@@ -33,7 +33,12 @@ run(async () => {
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: flags.fanOut + 1 }));
   const store = new BranchStore(ctx);
   const prompt = await ctx.tokenize(flags.prompt);
-  out.emit('start', { maxTokens: flags.maxTokens, forkThreshold: flags.forkThreshold, fanOut: flags.fanOut, lookahead: flags.lookahead });
+  out.emit('start', {
+    maxTokens: flags.maxTokens,
+    forkThreshold: flags.forkThreshold,
+    fanOut: flags.fanOut,
+    lookahead: flags.lookahead,
+  });
   out.say(`entropy-driven generation (fork above ${flags.forkThreshold} nats): ${oneLine(flags.prompt)}`);
 
   let main = Branch.create(ctx, 0, { temperature: flags.temperature, seed: flags.seed });
@@ -94,7 +99,9 @@ run(async () => {
         candidates: texts.map((t, i) => ({ text: t, ppl: round(ppls[i]) })),
         chosen: best,
       });
-      out.say(`  [H ${entropy.toFixed(2)}] branch point: ${texts.map((t, i) => `${i === best ? '*' : ' '}${oneLine(t)} (ppl ${ppls[i].toFixed(2)})`).join('  ')}`);
+      out.say(
+        `  [H ${entropy.toFixed(2)}] branch point: ${texts.map((t, i) => `${i === best ? '*' : ' '}${oneLine(t)} (ppl ${ppls[i].toFixed(2)})`).join('  ')}`,
+      );
       if (runs[best].length < flags.lookahead) break; // the winner ended inside the lookahead
       continue;
     }
@@ -119,7 +126,9 @@ run(async () => {
   out.say(`\n${oneLine(flags.prompt + text)}`);
   const avgEntropy = entropySum / Math.max(1, decisions);
   const avgTemp = sampledSteps ? temperatureSum / sampledSteps : 0;
-  out.say(`\n${tokens} tokens, ${forks} branch points, mean entropy ${avgEntropy.toFixed(2)} nats, mean sampling temperature ${avgTemp.toFixed(2)}`);
+  out.say(
+    `\n${tokens} tokens, ${forks} branch points, mean entropy ${avgEntropy.toFixed(2)} nats, mean sampling temperature ${avgTemp.toFixed(2)}`,
+  );
   out.emit('complete', {
     tokens,
     branchPoints: forks,

@@ -75,7 +75,8 @@ run(async () => {
     const produced = store.produce(live.map((f) => f.branch));
     const pairs = [];
     produced.forEach((p, i) => {
-      if (p.isStop) live[i].done = true; // the grammar is complete: only end-of-generation is allowed
+      if (p.isStop)
+        live[i].done = true; // the grammar is complete: only end-of-generation is allowed
       else {
         live[i].text += p.text;
         pairs.push([live[i].branch, p.token]);
@@ -105,7 +106,14 @@ run(async () => {
     }
   });
   const distinctCities = new Set(cities.filter((c) => c !== null)).size;
-  out.say(`\n${valid}/${forks.length} valid JSON, ${distinctCities} distinct cities: ${cities.map(oneLine).join(', ')}`);
-  out.emit('complete', { validJsonCount: valid, branches: forks.length, distinctCities, elapsedMs: Date.now() - started });
+  out.say(
+    `\n${valid}/${forks.length} valid JSON, ${distinctCities} distinct cities: ${cities.map(oneLine).join(', ')}`,
+  );
+  out.emit('complete', {
+    validJsonCount: valid,
+    branches: forks.length,
+    distinctCities,
+    elapsedMs: Date.now() - started,
+  });
   ctx.dispose();
 });

@@ -34,7 +34,12 @@ run(async () => {
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: K + 1 }));
   const store = new BranchStore(ctx);
   const prompt = await ctx.tokenize(flags.prompt);
-  out.emit('start', { draftCount: K, maxTokens: flags.maxTokens, draftTemperature: flags.draftTemperature, promptTokens: prompt.length });
+  out.emit('start', {
+    draftCount: K,
+    maxTokens: flags.maxTokens,
+    draftTemperature: flags.draftTemperature,
+    promptTokens: prompt.length,
+  });
   out.say(`speculative decoding, ${K} draft tokens per round: ${oneLine(flags.prompt)}`);
 
   let main = Branch.create(ctx, 0, { temperature: 0 }); // the verifier: greedy
@@ -87,7 +92,12 @@ run(async () => {
       await main.commit(bonus.token);
       mainPasses++;
     }
-    out.emit('iteration', { round: round_, drafted: proposal.length, accepted: n, bonus: bonus.isStop ? null : bonus.text });
+    out.emit('iteration', {
+      round: round_,
+      drafted: proposal.length,
+      accepted: n,
+      bonus: bonus.isStop ? null : bonus.text,
+    });
     out.progress('decoding', Math.min(output_.length, flags.maxTokens), flags.maxTokens);
     round_++;
   }
@@ -122,10 +132,14 @@ run(async () => {
   await check.prune();
 
   out.say(`\n${oneLine(text)}`);
-  out.say(`\n${round_} rounds: ${accepted}/${drafted} draft tokens accepted (${(acceptRate * 100).toFixed(0)} %),` +
-    ` ${output_.length} tokens from ${mainPasses} main-branch decodes (${(output_.length / mainPasses).toFixed(2)} tokens per decode)`);
-  out.say(`agrees with plain greedy decoding for ${agree}/${output_.length} tokens; token by token, ` +
-    `${ranks.filter((r) => r === 0).length}/${output_.length} are plain decoding's top choice, all within its top ${Math.max(...ranks) + 1}`);
+  out.say(
+    `\n${round_} rounds: ${accepted}/${drafted} draft tokens accepted (${(acceptRate * 100).toFixed(0)} %),` +
+      ` ${output_.length} tokens from ${mainPasses} main-branch decodes (${(output_.length / mainPasses).toFixed(2)} tokens per decode)`,
+  );
+  out.say(
+    `agrees with plain greedy decoding for ${agree}/${output_.length} tokens; token by token, ` +
+      `${ranks.filter((r) => r === 0).length}/${output_.length} are plain decoding's top choice, all within its top ${Math.max(...ranks) + 1}`,
+  );
   out.emit('complete', {
     outputTokens: output_.length,
     iterations: round_,

@@ -49,7 +49,17 @@ run(async () => {
       for (let c = 0; c < B; c++) {
         const branch = node.branch.fork();
         branch.reseedSampler(flags.seed * 1000 + nextId);
-        const child = { id: nextId++, branch, parent: node, text: '', ppl: NaN, depth: level, children: [], alive: true, ended: false };
+        const child = {
+          id: nextId++,
+          branch,
+          parent: node,
+          text: '',
+          ppl: NaN,
+          depth: level,
+          children: [],
+          alive: true,
+          ended: false,
+        };
         node.children.push(child);
         children.push(child);
       }
@@ -114,7 +124,9 @@ run(async () => {
   await store.retainOnly(best.branch); // the root, inner nodes and other leaves go in one pass
   const kvAfter = store.kvPressure();
   out.say(`\nbest: ${oneLine(flags.prompt + bestText)} (ppl ${best.ppl.toFixed(2)})`);
-  out.say(`retainOnly: ${liveBefore} branches -> ${nSeqMax - store.available}, KV cells ${kvBefore.cellsUsed} -> ${kvAfter.cellsUsed}`);
+  out.say(
+    `retainOnly: ${liveBefore} branches -> ${nSeqMax - store.available}, KV cells ${kvBefore.cellsUsed} -> ${kvAfter.cellsUsed}`,
+  );
   out.emit('complete', {
     bestId: best.id,
     bestPpl: round(best.ppl),

@@ -77,9 +77,15 @@ class Branch {
     let seqId;
     if (args.length >= 2 && isNum(args[0]) && isNum(args[1])) seqId = args.shift();
     const [position, params, nBatch, grammar] = args;
-    if (!isNum(position)) throw makeError('ERR_INVALID_ARG', 'Branch.create(ctx, [seqId,] position, params?, nBatch?, grammar?): position must be a number');
-    if (params != null && typeof params !== 'object') throw makeError('ERR_INVALID_ARG', 'params must be a SamplingParams object');
-    if (grammar != null && typeof grammar !== 'string') throw makeError('ERR_INVALID_ARG', 'grammar must be a GBNF string');
+    if (!isNum(position))
+      throw makeError(
+        'ERR_INVALID_ARG',
+        'Branch.create(ctx, [seqId,] position, params?, nBatch?, grammar?): position must be a number',
+      );
+    if (params != null && typeof params !== 'object')
+      throw makeError('ERR_INVALID_ARG', 'params must be a SamplingParams object');
+    if (grammar != null && typeof grammar !== 'string')
+      throw makeError('ERR_INVALID_ARG', 'grammar must be a GBNF string');
     const p = grammar ? { ...(params || {}), grammar } : params || undefined;
     const handle = native._branchCreate(position, p, nBatch == null ? undefined : nBatch, seqId);
     return new Branch(ctx, handle, 0);
@@ -119,7 +125,8 @@ class Branch {
    * @returns {Branch}
    */
   forkAt(position, seqId) {
-    if (typeof position !== 'number') throw makeError('ERR_INVALID_ARG', 'forkAt(position, seqId?): position must be a number');
+    if (typeof position !== 'number')
+      throw makeError('ERR_INVALID_ARG', 'forkAt(position, seqId?): position must be a number');
     return new Branch(this._ctx, this._live()._branchFork(this._handle, seqId, position), this._handle);
   }
 
@@ -196,7 +203,8 @@ class Branch {
    */
   async prefill(tokens, options) {
     const native = this._live();
-    if (!Array.isArray(tokens)) throw makeError('ERR_INVALID_ARG', 'prefill(tokens): tokens must be an array of token ids');
+    if (!Array.isArray(tokens))
+      throw makeError('ERR_INVALID_ARG', 'prefill(tokens): tokens must be an array of token ids');
     if (tokens.length === 0) {
       const signal = signalOf(options, 'prefill');
       return runCancellable({ signal }, 'prefill', () => Promise.resolve());
@@ -212,7 +220,9 @@ class Branch {
    */
   async decodeAndCaptureOne(token, options) {
     const native = this._live();
-    return runCancellable(options, 'decodeAndCaptureOne', (cancel) => native._branchDecodeAndCaptureOne(this._handle, token, cancel));
+    return runCancellable(options, 'decodeAndCaptureOne', (cancel) =>
+      native._branchDecodeAndCaptureOne(this._handle, token, cancel),
+    );
   }
 
   /**
@@ -222,7 +232,8 @@ class Branch {
    * @returns {void}
    */
   steer(biases) {
-    if (!Array.isArray(biases)) throw makeError('ERR_INVALID_ARG', 'steer(biases): biases must be an array of {token, bias}');
+    if (!Array.isArray(biases))
+      throw makeError('ERR_INVALID_ARG', 'steer(biases): biases must be an array of {token, bias}');
     this._live()._branchSteer(this._handle, biases);
   }
 
@@ -266,7 +277,10 @@ class Branch {
     const opts = lazy || {};
     /** @param {string} w */
     const escape = (w) => String(w).replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
-    const patterns = [...(opts.triggerPatterns || []), ...(opts.triggerWords || []).map((w) => `[\\s\\S]*?(${escape(w)}[\\s\\S]*)`)];
+    const patterns = [
+      ...(opts.triggerPatterns || []),
+      ...(opts.triggerWords || []).map((w) => `[\\s\\S]*?(${escape(w)}[\\s\\S]*)`),
+    ];
     native._branchSetGrammar(this._handle, grammar || null, patterns, opts.triggerTokens || []);
   }
 
@@ -329,7 +343,8 @@ class Branch {
     wrapFreed(ctx, method === '_branchPruneSubtree' ? subtreeOf(ctx, this._handle) : [this._handle]);
     this._disposed = true;
     if (ctx.disposed) return Promise.resolve(); // dispose() already freed every branch
-    return nativeOf(ctx)[method](this._handle).then(
+    const freeing = nativeOf(ctx)[method](this._handle);
+    return freeing.then(
       (freed) => {
         wrapFreed(ctx, freed);
       },

@@ -37,11 +37,13 @@ class BranchStore {
    * @returns {{ handles: number[], values: any[] }}
    */
   _entries(entries, where) {
-    if (!Array.isArray(entries)) throw makeError('ERR_INVALID_ARG', `${where}: expected an array of [branch, value] pairs`);
+    if (!Array.isArray(entries))
+      throw makeError('ERR_INVALID_ARG', `${where}: expected an array of [branch, value] pairs`);
     const handles = [];
     const values = [];
     for (const e of entries) {
-      if (!Array.isArray(e) || e.length !== 2) throw makeError('ERR_INVALID_ARG', `${where}: each entry must be a [branch, value] pair`);
+      if (!Array.isArray(e) || e.length !== 2)
+        throw makeError('ERR_INVALID_ARG', `${where}: each entry must be a [branch, value] pair`);
       handles.push(this._branch(e[0], where));
       values.push(e[1]);
     }
@@ -74,7 +76,8 @@ class BranchStore {
   async prefill(entries, options) {
     const { handles, values } = this._entries(entries, 'BranchStore.prefill');
     for (const v of values) {
-      if (!Array.isArray(v)) throw makeError('ERR_INVALID_ARG', 'BranchStore.prefill: each value must be an array of token ids');
+      if (!Array.isArray(v))
+        throw makeError('ERR_INVALID_ARG', 'BranchStore.prefill: each value must be an array of token ids');
     }
     const signal = signalOf(options, 'BranchStore.prefill');
     if (handles.length === 0) return runCancellable({ signal }, 'BranchStore.prefill', () => Promise.resolve());
@@ -88,7 +91,8 @@ class BranchStore {
    * @returns {import('./types').Produced[]}
    */
   produce(branches) {
-    if (!Array.isArray(branches)) throw makeError('ERR_INVALID_ARG', 'BranchStore.produce: expected an array of branches');
+    if (!Array.isArray(branches))
+      throw makeError('ERR_INVALID_ARG', 'BranchStore.produce: expected an array of branches');
     const handles = branches.map((b) => this._branch(b, 'BranchStore.produce'));
     return nativeOf(this._ctx)._storeProduce(handles);
   }

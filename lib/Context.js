@@ -57,7 +57,8 @@ class SessionContext {
    * @param {NativeContext} inner
    */
   constructor(token, inner) {
-    if (token !== CONSTRUCT) throw makeError('ERR_INVALID_ARG', 'SessionContext cannot be constructed directly; use createContext(options)');
+    if (token !== CONSTRUCT)
+      throw makeError('ERR_INVALID_ARG', 'SessionContext cannot be constructed directly; use createContext(options)');
     this.#native = guardedView(inner);
   }
 
@@ -692,14 +693,25 @@ function nativeOf(ctx) {
 /** `dest` as a Float32Array of exactly `n` floats, or an ERR_INVALID_ARG error. */
 function captureTarget(dest, n) {
   if (dest instanceof Float32Array) {
-    if (dest.length < n) throw makeError('ERR_INVALID_ARG', `decodeAndCapture: dest holds ${dest.length} floats; it needs at least vocabSize = ${n}`);
+    if (dest.length < n)
+      throw makeError(
+        'ERR_INVALID_ARG',
+        `decodeAndCapture: dest holds ${dest.length} floats; it needs at least vocabSize = ${n}`,
+      );
     return dest.subarray(0, n);
   }
   if (dest instanceof ArrayBuffer) {
-    if (dest.byteLength < n * 4) throw makeError('ERR_INVALID_ARG', `decodeAndCapture: dest holds ${dest.byteLength} bytes; it needs at least vocabSize * 4 = ${n * 4}`);
+    if (dest.byteLength < n * 4)
+      throw makeError(
+        'ERR_INVALID_ARG',
+        `decodeAndCapture: dest holds ${dest.byteLength} bytes; it needs at least vocabSize * 4 = ${n * 4}`,
+      );
     return new Float32Array(dest, 0, n);
   }
-  throw makeError('ERR_INVALID_ARG', 'decodeAndCapture: dest must be a Float32Array or an ArrayBuffer of at least vocabSize floats');
+  throw makeError(
+    'ERR_INVALID_ARG',
+    'decodeAndCapture: dest must be a Float32Array or an ArrayBuffer of at least vocabSize floats',
+  );
 }
 
 // --- Branch wrapper bookkeeping --------------------------------------------------------------

@@ -46,7 +46,8 @@ class Scheduler {
    *   default 256), `maxQueue` (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`.
    */
   constructor(ctx, options = {}) {
-    if (options === null || typeof options !== 'object') throw invalid('new Scheduler(ctx, options?): options must be an object');
+    if (options === null || typeof options !== 'object')
+      throw invalid('new Scheduler(ctx, options?): options must be an object');
     this._ctx = ctx;
     this._store = new BranchStore(ctx);
     const o = { ...defaults.scheduler, onStep: null, ...options };
@@ -66,7 +67,14 @@ class Scheduler {
     this._closed = false;
     this._systemPrompts = new SystemPrompts(ctx);
     this._pressure = this._store.kvPressure();
-    this._counters = { steps: 0, promptTokens: 0, cachedPromptTokens: 0, prefilledTokens: 0, generatedTokens: 0, completed: 0 };
+    this._counters = {
+      steps: 0,
+      promptTokens: 0,
+      cachedPromptTokens: 0,
+      prefilledTokens: 0,
+      generatedTokens: 0,
+      completed: 0,
+    };
   }
 
   /**
@@ -79,17 +87,33 @@ class Scheduler {
     const gen = new Generation();
     let req;
     try {
-      req = new Request(request, gen, { vocabSize: this._ctx.vocabSize, defaultMaxTokens: this._defaultMaxTokens, jsonSchemaToGrammar });
+      req = new Request(request, gen, {
+        vocabSize: this._ctx.vocabSize,
+        defaultMaxTokens: this._defaultMaxTokens,
+        jsonSchemaToGrammar,
+      });
     } catch (e) {
       gen._fail(e);
       return gen;
     }
     if (this._closed) {
-      this._fail(req, schedulerError(SchedulerErrorCode.SCHEDULER_CLOSED, 'the scheduler was closed; create a new Scheduler for new requests'));
+      this._fail(
+        req,
+        schedulerError(
+          SchedulerErrorCode.SCHEDULER_CLOSED,
+          'the scheduler was closed; create a new Scheduler for new requests',
+        ),
+      );
     } else if (req.signal && req.signal.aborted) {
       this._settle(req, 'abort');
     } else if (this._queue.length >= this._maxQueue) {
-      this._fail(req, schedulerError(SchedulerErrorCode.QUEUE_FULL, `the scheduler's queue is full (maxQueue ${this._maxQueue} requests wait already); retry later or raise maxQueue`));
+      this._fail(
+        req,
+        schedulerError(
+          SchedulerErrorCode.QUEUE_FULL,
+          `the scheduler's queue is full (maxQueue ${this._maxQueue} requests wait already); retry later or raise maxQueue`,
+        ),
+      );
     } else {
       if (req.signal) {
         req.onAbort = () => this._abort(req);
@@ -127,7 +151,11 @@ class Scheduler {
    */
   async close() {
     this._closed = true;
-    for (const req of this._queue.splice(0)) this._fail(req, schedulerError(SchedulerErrorCode.SCHEDULER_CLOSED, 'the scheduler was closed before this request started'));
+    for (const req of this._queue.splice(0))
+      this._fail(
+        req,
+        schedulerError(SchedulerErrorCode.SCHEDULER_CLOSED, 'the scheduler was closed before this request started'),
+      );
     for (const req of this._running) if (req.state !== 'aborting') req.to('aborting');
     while (this._loop) await this._loop;
     this._cache.clear();
@@ -225,7 +253,13 @@ class Scheduler {
         if (this._running.length > 0) return; // wait for running requests to finish
         this._queue.shift();
         const p = this._store.kvPressure();
-        this._fail(req, makeError('ERR_KV_FULL', `the request does not fit even with every cached prefix evicted (needs ${cells} cells and ${leases} leases; ${p.remaining} of ${p.nCtx} cells and ${this._store.available} leases are free): lower maxTokens or n, or create the context with a larger nCtx / nSeqMax`));
+        this._fail(
+          req,
+          makeError(
+            'ERR_KV_FULL',
+            `the request does not fit even with every cached prefix evicted (needs ${cells} cells and ${leases} leases; ${p.remaining} of ${p.nCtx} cells and ${this._store.available} leases are free): lower maxTokens or n, or create the context with a larger nCtx / nSeqMax`,
+          ),
+        );
         continue;
       }
       this._queue.shift();

@@ -12,19 +12,31 @@ const native = require('./native');
 const { makeError } = require('./errors');
 
 function isAbortSignal(s) {
-  return s !== null && typeof s === 'object' && typeof s.aborted === 'boolean' &&
-    typeof s.addEventListener === 'function' && typeof s.removeEventListener === 'function';
+  return (
+    s !== null &&
+    typeof s === 'object' &&
+    typeof s.aborted === 'boolean' &&
+    typeof s.addEventListener === 'function' &&
+    typeof s.removeEventListener === 'function'
+  );
 }
 
 /** The `signal` of an `{ signal }` options argument (undefined when absent). */
 function signalOf(options, where) {
   if (options === undefined || options === null) return undefined;
   if (typeof options !== 'object' || Array.isArray(options)) {
-    throw makeError('ERR_INVALID_ARG', `${where}: options must be an object such as { signal }, got ${Array.isArray(options) ? 'an array' : typeof options}`);
+    throw makeError(
+      'ERR_INVALID_ARG',
+      `${where}: options must be an object such as { signal }, got ${Array.isArray(options) ? 'an array' : typeof options}`,
+    );
   }
   const { signal } = options;
   if (signal === undefined || signal === null) return undefined;
-  if (!isAbortSignal(signal)) throw makeError('ERR_INVALID_ARG', `${where}: options.signal must be an AbortSignal (e.g. new AbortController().signal)`);
+  if (!isAbortSignal(signal))
+    throw makeError(
+      'ERR_INVALID_ARG',
+      `${where}: options.signal must be an AbortSignal (e.g. new AbortController().signal)`,
+    );
   return signal;
 }
 
@@ -36,7 +48,13 @@ function markAborted(err, signal) {
 }
 
 function abortedError(where, signal) {
-  return markAborted(makeError('ERR_ABORTED', `${where} was aborted by its AbortSignal before it started; no branch or KV state changed, so retry it if it is still wanted`), signal);
+  return markAborted(
+    makeError(
+      'ERR_ABORTED',
+      `${where} was aborted by its AbortSignal before it started; no branch or KV state changed, so retry it if it is still wanted`,
+    ),
+    signal,
+  );
 }
 
 /**

@@ -36,7 +36,10 @@ function isOurCode(code) {
 function finishError(err, where) {
   if (!(err instanceof Error) || isOurCode(/** @type {any} */ (err).code)) return err;
   const method = where ? ` to ${where.replace(/^_/, '')}()` : '';
-  const finished = makeError('ERR_INVALID_ARG', `Invalid argument${method}: ${err.message}; check the argument types against index.d.ts`);
+  const finished = makeError(
+    'ERR_INVALID_ARG',
+    `Invalid argument${method}: ${err.message}; check the argument types against index.d.ts`,
+  );
   finished.cause = err;
   return finished;
 }

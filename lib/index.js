@@ -49,7 +49,11 @@ function publicBinding(binding) {
  * 'cuda' | 'vulkan': that GPU build). See lib/loader.js for where each is looked for.
  */
 function loadBinary(variant) {
-  return publicBinding(variant === undefined ? native : guardedBinding(loader.normalizeVariant(variant, 'loadBinary(variant)') || undefined));
+  return publicBinding(
+    variant === undefined
+      ? native
+      : guardedBinding(loader.normalizeVariant(variant, 'loadBinary(variant)') || undefined),
+  );
 }
 
 /** The guarded binding `loadOptions.gpuVariant` selects (the default binding without one). */
@@ -57,10 +61,17 @@ function bindingFor(loadOptions) {
   if (loadOptions === undefined || loadOptions === null) return native;
   const where = 'createContext(options, loadOptions)';
   if (typeof loadOptions !== 'object' || Array.isArray(loadOptions)) {
-    throw makeError('ERR_INVALID_ARG', `${where}: loadOptions must be an object such as { gpuVariant: 'vulkan' }, got ${Array.isArray(loadOptions) ? 'an array' : typeof loadOptions}`);
+    throw makeError(
+      'ERR_INVALID_ARG',
+      `${where}: loadOptions must be an object such as { gpuVariant: 'vulkan' }, got ${Array.isArray(loadOptions) ? 'an array' : typeof loadOptions}`,
+    );
   }
   const unknown = Object.keys(loadOptions).filter((k) => k !== 'gpuVariant');
-  if (unknown.length) throw makeError('ERR_INVALID_ARG', `${where}: unknown loadOptions ${unknown.join(', ')}; the only one is gpuVariant`);
+  if (unknown.length)
+    throw makeError(
+      'ERR_INVALID_ARG',
+      `${where}: unknown loadOptions ${unknown.join(', ')}; the only one is gpuVariant`,
+    );
   const variant = loader.normalizeVariant(loadOptions.gpuVariant, `${where}: loadOptions.gpuVariant`);
   return guardedBinding(variant || undefined);
 }
@@ -70,7 +81,8 @@ function bindingFor(loadOptions) {
  * thread, with the binding `loadOptions.gpuVariant` selects.
  */
 async function createContext(options, loadOptions) {
-  if (options === null || typeof options !== 'object') throw makeError('ERR_INVALID_ARG', 'createContext(options): expected an options object');
+  if (options === null || typeof options !== 'object')
+    throw makeError('ERR_INVALID_ARG', 'createContext(options): expected an options object');
   let modelPath = options.modelPath;
   if (modelPath instanceof URL || (typeof modelPath === 'string' && modelPath.startsWith('file://'))) {
     try {
@@ -80,14 +92,21 @@ async function createContext(options, loadOptions) {
     }
   }
   for (const k of NUMBER_OPTIONS) {
-    if (options[k] !== undefined && typeof options[k] !== 'number') throw makeError('ERR_INVALID_ARG', `options.${k} must be a number, got ${typeof options[k]}`);
+    if (options[k] !== undefined && typeof options[k] !== 'number')
+      throw makeError('ERR_INVALID_ARG', `options.${k} must be a number, got ${typeof options[k]}`);
   }
   for (const k of ['embeddings', 'useMmap']) {
-    if (options[k] !== undefined && typeof options[k] !== 'boolean') throw makeError('ERR_INVALID_ARG', `options.${k} must be a boolean`);
+    if (options[k] !== undefined && typeof options[k] !== 'boolean')
+      throw makeError('ERR_INVALID_ARG', `options.${k} must be a boolean`);
   }
-  if (options.logLevel !== undefined && typeof options.logLevel !== 'string') throw makeError('ERR_INVALID_ARG', 'options.logLevel must be a string');
-  if (options.splitMode !== undefined && typeof options.splitMode !== 'string') throw makeError('ERR_INVALID_ARG', "options.splitMode must be 'none', 'layer' or 'row'");
-  if (options.tensorSplit !== undefined && !(Array.isArray(options.tensorSplit) && options.tensorSplit.every((v) => typeof v === 'number'))) {
+  if (options.logLevel !== undefined && typeof options.logLevel !== 'string')
+    throw makeError('ERR_INVALID_ARG', 'options.logLevel must be a string');
+  if (options.splitMode !== undefined && typeof options.splitMode !== 'string')
+    throw makeError('ERR_INVALID_ARG', "options.splitMode must be 'none', 'layer' or 'row'");
+  if (
+    options.tensorSplit !== undefined &&
+    !(Array.isArray(options.tensorSplit) && options.tensorSplit.every((v) => typeof v === 'number'))
+  ) {
     throw makeError('ERR_INVALID_ARG', 'options.tensorSplit must be an array of numbers');
   }
   for (const k of ['devices', 'rpcServers']) {
@@ -104,7 +123,8 @@ function listDevices(options) {
 }
 
 function listDevicesOf(binding, options) {
-  if (options !== undefined && (options === null || typeof options !== 'object')) throw makeError('ERR_INVALID_ARG', 'listDevices(options): expected an options object');
+  if (options !== undefined && (options === null || typeof options !== 'object'))
+    throw makeError('ERR_INVALID_ARG', 'listDevices(options): expected an options object');
   const rpcServers = options && options.rpcServers;
   if (rpcServers !== undefined && !(Array.isArray(rpcServers) && rpcServers.every((v) => typeof v === 'string'))) {
     throw makeError('ERR_INVALID_ARG', 'options.rpcServers must be an array of strings');
@@ -114,14 +134,20 @@ function listDevicesOf(binding, options) {
 
 /** Runs llama.cpp's RPC server in this process until it exits (see docs/gpu-and-rpc.md, "Multi-host (RPC)"). */
 function serveRpc(options) {
-  if (options === null || typeof options !== 'object') throw makeError('ERR_INVALID_ARG', 'serveRpc(options): expected an options object with a port');
+  if (options === null || typeof options !== 'object')
+    throw makeError('ERR_INVALID_ARG', 'serveRpc(options): expected an options object with a port');
   const { host, port, threads, cacheDir, allowRemote } = options;
   if (typeof port !== 'number') throw makeError('ERR_INVALID_ARG', 'options.port must be a number');
-  if (threads !== undefined && typeof threads !== 'number') throw makeError('ERR_INVALID_ARG', 'options.threads must be a number');
-  for (const [k, v] of [['host', host], ['cacheDir', cacheDir]]) {
+  if (threads !== undefined && typeof threads !== 'number')
+    throw makeError('ERR_INVALID_ARG', 'options.threads must be a number');
+  for (const [k, v] of [
+    ['host', host],
+    ['cacheDir', cacheDir],
+  ]) {
     if (v !== undefined && typeof v !== 'string') throw makeError('ERR_INVALID_ARG', `options.${k} must be a string`);
   }
-  if (allowRemote !== undefined && typeof allowRemote !== 'boolean') throw makeError('ERR_INVALID_ARG', 'options.allowRemote must be a boolean');
+  if (allowRemote !== undefined && typeof allowRemote !== 'boolean')
+    throw makeError('ERR_INVALID_ARG', 'options.allowRemote must be a boolean');
   return native.serveRpc({ host, port, threads, cacheDir, allowRemote });
 }
 
@@ -129,7 +155,10 @@ function serveRpc(options) {
 function withLogits(ctx, fn) {
   const result = fn(ctx.getLogits());
   if (result !== null && typeof result === 'object' && typeof result.then === 'function') {
-    throw makeError('ERR_INVALID_ARG', 'withLogits callback must be synchronous: logits change with the next decode, so finish all work inside the callback');
+    throw makeError(
+      'ERR_INVALID_ARG',
+      'withLogits callback must be synchronous: logits change with the next decode, so finish all work inside the callback',
+    );
   }
   return result;
 }
@@ -140,7 +169,9 @@ function constantName(name) {
 }
 
 /** llama.cpp's chat formats by name: the numbers `formatChat` reports as `format`. */
-const ChatFormat = Object.freeze(Object.fromEntries(native._chatFormatNames().map((name, i) => [constantName(name), i])));
+const ChatFormat = Object.freeze(
+  Object.fromEntries(native._chatFormatNames().map((name, i) => [constantName(name), i])),
+);
 
 module.exports = {
   createContext,

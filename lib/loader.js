@@ -51,7 +51,9 @@ function platformKey(platform = process.platform, arch = process.arch) {
 /** True on a musl libc (Alpine): glibc reports its version in the process report, musl does not. */
 function isMusl() {
   try {
-    const header = process.report && /** @type {{ header?: { glibcVersionRuntime?: string } }} */ (process.report.getReport()).header;
+    const header =
+      process.report &&
+      /** @type {{ header?: { glibcVersionRuntime?: string } }} */ (process.report.getReport()).header;
     return !(header && header.glibcVersionRuntime);
   } catch {
     return false;
@@ -99,7 +101,8 @@ function findPlatformPackage(name) {
   } catch (e) {
     return { file: null, reason: `unreadable package.json (${e.message})` };
   }
-  if (typeof main !== 'string' || !main.endsWith('.node')) return { file: null, reason: 'its package.json names no .node file in "main"' };
+  if (typeof main !== 'string' || !main.endsWith('.node'))
+    return { file: null, reason: 'its package.json names no .node file in "main"' };
   const file = path.join(path.dirname(manifest), main);
   return fs.existsSync(file) ? { file } : { file: null, reason: `${main} is missing from the package` };
 }
@@ -110,7 +113,11 @@ function sourceCandidate(file, variant) {
   if (!fs.existsSync(file)) return { label, file: null, reason: 'not built' };
   const features = buildFeatures(file.replace(/\.node$/, '.json'));
   if (variant && !features.includes(variant)) {
-    return { label, file: null, reason: `built without the ${variant} feature (features: ${features.length ? features.join(', ') : 'none'})` };
+    return {
+      label,
+      file: null,
+      reason: `built without the ${variant} feature (features: ${features.length ? features.join(', ') : 'none'})`,
+    };
   }
   return { label, file };
 }
@@ -160,14 +167,18 @@ function loadFile(file) {
   if (usesSharedLlama(path.dirname(real))) {
     const other = [...loaded.keys()].find((f) => usesSharedLlama(path.dirname(f)));
     if (other) {
-      throw new Error(`another prebuilt build is already loaded in this process (${other}); two builds with shared llama.cpp libraries cannot run side by side. Use one build per process (the same gpuVariant everywhere, or LLAMA_BRANCH_BINARY)`);
+      throw new Error(
+        `another prebuilt build is already loaded in this process (${other}); two builds with shared llama.cpp libraries cannot run side by side. Use one build per process (the same gpuVariant everywhere, or LLAMA_BRANCH_BINARY)`,
+      );
     }
   }
   const binding = require(real);
   const dir = path.dirname(real);
   const devices = binding._setBackendDir(dir);
   if (devices === 0) {
-    throw new Error(`it loaded, but no llama.cpp compute backend did: ${dir} must hold the backend modules shipped with it (libggml-cpu-*.so next to the .node); reinstall the package that provides it`);
+    throw new Error(
+      `it loaded, but no llama.cpp compute backend did: ${dir} must hold the backend modules shipped with it (libggml-cpu-*.so next to the .node); reinstall the package that provides it`,
+    );
   }
   loaded.set(real, binding);
   return binding;
@@ -213,7 +224,10 @@ function loadBinary(variant) {
     }
   }
   const what = gpu ? `the ${gpu} build of llama-branch` : 'the llama-branch native addon';
-  throw makeError('ERR_NATIVE_LOAD', `llama-branch: cannot load ${what} for ${platformKey()}. Tried:\n${tried.map((t) => `  - ${t}\n`).join('')}${remedy(gpu)}`);
+  throw makeError(
+    'ERR_NATIVE_LOAD',
+    `llama-branch: cannot load ${what} for ${platformKey()}. Tried:\n${tried.map((t) => `  - ${t}\n`).join('')}${remedy(gpu)}`,
+  );
 }
 
 /**

@@ -20,7 +20,10 @@ function schemaText(schema, where) {
     return schema;
   }
   if (schema !== null && typeof schema === 'object') return JSON.stringify(schema);
-  throw makeError('ERR_INVALID_ARG', `${where}(schema): expected a schema object or JSON text, got ${schema === null ? 'null' : typeof schema}`);
+  throw makeError(
+    'ERR_INVALID_ARG',
+    `${where}(schema): expected a schema object or JSON text, got ${schema === null ? 'null' : typeof schema}`,
+  );
 }
 
 /** GBNF for `schema`, converted off the main thread. Rejects with ERR_GRAMMAR or ERR_INVALID_ARG. */

@@ -45,7 +45,8 @@ const CLIENT_ERRORS = {
 function toHttpError(e) {
   if (e instanceof HttpError) return e;
   const known = e && CLIENT_ERRORS[e.code];
-  if (known) return new HttpError(known[0], e.message, { type: known[1], code: e.code.replace(/^ERR_/, '').toLowerCase() });
+  if (known)
+    return new HttpError(known[0], e.message, { type: known[1], code: e.code.replace(/^ERR_/, '').toLowerCase() });
   return new HttpError(500, `internal error: ${e && e.message ? e.message : String(e)}`, { type: 'server_error' });
 }
 
@@ -87,7 +88,8 @@ function readJsonBody(req, maxBytes) {
         reject(badRequest(`the request body is not valid JSON (${e.message})`));
         return;
       }
-      if (body === null || typeof body !== 'object' || Array.isArray(body)) reject(badRequest('the request body must be a JSON object'));
+      if (body === null || typeof body !== 'object' || Array.isArray(body))
+        reject(badRequest('the request body must be a JSON object'));
       else resolve(body);
     });
   });
@@ -116,27 +118,37 @@ function commonRequest(body, maxTokensDefault) {
   const frequency = optionalNumber(body, 'frequency_penalty', (v) => v >= -2 && v <= 2, 'a number in [-2, 2]');
   if (presence || frequency) request.params.penalties = { presence: presence || 0, frequency: frequency || 0 };
   request.n = optionalNumber(body, 'n', (v) => isInt(v) && v >= 1 && v <= 16, 'an integer in [1, 16]');
-  const maxTokens = body.max_completion_tokens !== undefined && body.max_completion_tokens !== null ? 'max_completion_tokens' : 'max_tokens';
-  request.maxTokens = optionalNumber(body, maxTokens, (v) => isInt(v) && v >= 1, 'a positive integer') || maxTokensDefault;
+  const maxTokens =
+    body.max_completion_tokens !== undefined && body.max_completion_tokens !== null
+      ? 'max_completion_tokens'
+      : 'max_tokens';
+  request.maxTokens =
+    optionalNumber(body, maxTokens, (v) => isInt(v) && v >= 1, 'a positive integer') || maxTokensDefault;
   request.seed = optionalNumber(body, 'seed', (v) => isInt(v), 'an integer');
   if (request.seed !== undefined) request.seed = ((request.seed % 2 ** 32) + 2 ** 32) % 2 ** 32;
   const { stop } = body;
   if (stop !== undefined && stop !== null) {
     const stops = typeof stop === 'string' ? [stop] : stop;
-    if (!Array.isArray(stops) || stops.length > 16 || !stops.every((s) => typeof s === 'string')) throw badRequest('stop must be a string or an array of at most 16 strings', 'stop');
+    if (!Array.isArray(stops) || stops.length > 16 || !stops.every((s) => typeof s === 'string'))
+      throw badRequest('stop must be a string or an array of at most 16 strings', 'stop');
     request.stop = stops;
   }
   const format = body.response_format;
   if (format !== undefined && format !== null) {
-    if (typeof format !== 'object' || typeof format.type !== 'string') throw badRequest('response_format must be an object with a type', 'response_format');
+    if (typeof format !== 'object' || typeof format.type !== 'string')
+      throw badRequest('response_format must be an object with a type', 'response_format');
     if (format.type === 'json_schema') {
       const schema = format.json_schema && format.json_schema.schema;
-      if (!schema || typeof schema !== 'object') throw badRequest('response_format.json_schema.schema must be a JSON schema object', 'response_format');
+      if (!schema || typeof schema !== 'object')
+        throw badRequest('response_format.json_schema.schema must be a JSON schema object', 'response_format');
       request.jsonSchema = schema;
     } else if (format.type === 'json_object') {
       request.jsonSchema = { type: 'object' };
     } else if (format.type !== 'text') {
-      throw badRequest(`response_format.type must be text, json_object or json_schema, got ${format.type}`, 'response_format');
+      throw badRequest(
+        `response_format.type must be text, json_object or json_schema, got ${format.type}`,
+        'response_format',
+      );
     }
   }
   return request;
@@ -153,16 +165,20 @@ function completionsPrompt(body) {
 /** OpenAI messages → ChatMessage[]: text content parts are joined; other parts are refused. */
 function chatMessages(body) {
   const { messages } = body;
-  if (!Array.isArray(messages) || messages.length === 0) throw badRequest('messages must be a non-empty array', 'messages');
+  if (!Array.isArray(messages) || messages.length === 0)
+    throw badRequest('messages must be a non-empty array', 'messages');
   return messages.map((m, i) => {
-    if (m === null || typeof m !== 'object' || typeof m.role !== 'string') throw badRequest(`messages[${i}] must be an object with a role`, 'messages');
+    if (m === null || typeof m !== 'object' || typeof m.role !== 'string')
+      throw badRequest(`messages[${i}] must be an object with a role`, 'messages');
     let content = m.content;
     if (Array.isArray(content)) {
-      if (!content.every((p) => p && p.type === 'text' && typeof p.text === 'string')) throw badRequest(`messages[${i}].content: only text parts are supported`, 'messages');
+      if (!content.every((p) => p && p.type === 'text' && typeof p.text === 'string'))
+        throw badRequest(`messages[${i}].content: only text parts are supported`, 'messages');
       content = content.map((p) => p.text).join('');
     }
     if (content === null || content === undefined) content = '';
-    if (typeof content !== 'string') throw badRequest(`messages[${i}].content must be a string or an array of text parts`, 'messages');
+    if (typeof content !== 'string')
+      throw badRequest(`messages[${i}].content must be a string or an array of text parts`, 'messages');
     return { role: m.role, content };
   });
 }
@@ -190,8 +206,18 @@ const ENDPOINTS = {
     idPrefix: 'chatcmpl-',
     object: 'chat.completion',
     chunkObject: 'chat.completion.chunk',
-    choice: (c, index) => ({ index, message: { role: 'assistant', content: c.text }, finish_reason: c.finishReason, logprobs: null }),
-    delta: (index, text, finishReason) => ({ index, delta: text === '' ? {} : { content: text }, finish_reason: finishReason, logprobs: null }),
+    choice: (c, index) => ({
+      index,
+      message: { role: 'assistant', content: c.text },
+      finish_reason: c.finishReason,
+      logprobs: null,
+    }),
+    delta: (index, text, finishReason) => ({
+      index,
+      delta: text === '' ? {} : { content: text },
+      finish_reason: finishReason,
+      logprobs: null,
+    }),
     opening: (index) => ({ index, delta: { role: 'assistant', content: '' }, finish_reason: null, logprobs: null }),
   },
 };
@@ -207,12 +233,17 @@ function createApp({ scheduler, modelName, maxBodyBytes }) {
   async function generateEndpoint(kind, req, res) {
     const body = await readJsonBody(req, maxBodyBytes);
     if (body.model !== undefined && body.model !== null && body.model !== modelName) {
-      throw new HttpError(404, `The model \`${body.model}\` does not exist; this server serves \`${modelName}\` (GET /v1/models)`, { param: 'model', code: 'model_not_found' });
+      throw new HttpError(
+        404,
+        `The model \`${body.model}\` does not exist; this server serves \`${modelName}\` (GET /v1/models)`,
+        { param: 'model', code: 'model_not_found' },
+      );
     }
     const shape = ENDPOINTS[kind];
     const request = commonRequest(body, kind === 'completions' ? defaults.server.completionsMaxTokens : undefined);
     Object.assign(request, kind === 'chat' ? { messages: chatMessages(body) } : completionsPrompt(body));
-    if (body.stream !== undefined && typeof body.stream !== 'boolean') throw badRequest('stream must be a boolean', 'stream');
+    if (body.stream !== undefined && typeof body.stream !== 'boolean')
+      throw badRequest('stream must be a boolean', 'stream');
 
     // The client going away (before the response is complete) aborts the generation.
     const controller = new AbortController();
@@ -256,7 +287,8 @@ function createApp({ scheduler, modelName, maxBodyBytes }) {
         send({ ...chunkHead, choices: [shape.delta(e.choice, e.text, e.finishReason || null)] });
       }
       const result = await gen;
-      if (body.stream_options && body.stream_options.include_usage) send({ ...chunkHead, choices: [], usage: usageOf(result.usage) });
+      if (body.stream_options && body.stream_options.include_usage)
+        send({ ...chunkHead, choices: [], usage: usageOf(result.usage) });
       res.end('data: [DONE]\n\n');
     } catch (e) {
       const err = toHttpError(e);
@@ -281,11 +313,15 @@ function createApp({ scheduler, modelName, maxBodyBytes }) {
       } else if (pathname.startsWith('/v1/models/') && req.method === 'GET') {
         const id = decodeURIComponent(pathname.slice('/v1/models/'.length));
         if (id === modelName) sendJson(res, 200, modelCard);
-        else throw new HttpError(404, `The model \`${id}\` does not exist`, { param: 'model', code: 'model_not_found' });
+        else
+          throw new HttpError(404, `The model \`${id}\` does not exist`, { param: 'model', code: 'model_not_found' });
       } else if (Object.keys(routes).some((r) => r.endsWith(` ${pathname}`))) {
         throw new HttpError(405, `${req.method} is not allowed on ${pathname}`);
       } else {
-        throw new HttpError(404, `no route ${req.method} ${pathname}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health`);
+        throw new HttpError(
+          404,
+          `no route ${req.method} ${pathname}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health`,
+        );
       }
     } catch (e) {
       sendError(res, e);
@@ -298,10 +334,13 @@ function createApp({ scheduler, modelName, maxBodyBytes }) {
  * See ServerOptions in index.d.ts.
  */
 async function createServer(options) {
-  if (options === null || typeof options !== 'object') throw makeError('ERR_INVALID_ARG', 'createServer(options): expected { ctx } or { modelPath }');
-  if (!options.ctx === !options.modelPath) throw makeError('ERR_INVALID_ARG', 'createServer(options): give exactly one of ctx or modelPath');
+  if (options === null || typeof options !== 'object')
+    throw makeError('ERR_INVALID_ARG', 'createServer(options): expected { ctx } or { modelPath }');
+  if (!options.ctx === !options.modelPath)
+    throw makeError('ERR_INVALID_ARG', 'createServer(options): give exactly one of ctx or modelPath');
   const parallel = options.parallel === undefined ? defaults.server.parallel : options.parallel;
-  if (!isInt(parallel) || parallel < 1) throw makeError('ERR_INVALID_ARG', `options.parallel must be a positive integer, got ${parallel}`);
+  if (!isInt(parallel) || parallel < 1)
+    throw makeError('ERR_INVALID_ARG', `options.parallel must be a positive integer, got ${parallel}`);
   const maxBodyBytes = options.maxBodyBytes === undefined ? defaults.server.maxBodyBytes : options.maxBodyBytes;
   let ctx = options.ctx;
   const ownsContext = !ctx;
@@ -314,7 +353,9 @@ async function createServer(options) {
       nThreads: options.nThreads,
     });
   }
-  const modelName = options.modelName || (options.modelPath ? path.basename(String(options.modelPath)).replace(/\.gguf$/i, '') : 'llama-branch');
+  const modelName =
+    options.modelName ||
+    (options.modelPath ? path.basename(String(options.modelPath)).replace(/\.gguf$/i, '') : 'llama-branch');
   let scheduler;
   try {
     scheduler = new Scheduler(ctx, { maxRunning: parallel, ...options.scheduler });

@@ -26,12 +26,31 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
-const { repoRoot, targetDir, targetCpuArgs, findCargo, which, formatDuration, cleanStaleLlamaBuild, spawnWithHeartbeat, npmCommand, logger } = require('./env');
+const {
+  repoRoot,
+  targetDir,
+  targetCpuArgs,
+  findCargo,
+  which,
+  formatDuration,
+  cleanStaleLlamaBuild,
+  spawnWithHeartbeat,
+  npmCommand,
+  logger,
+} = require('./env');
 const { readDynamic } = require('./elf');
 const { platformKey, platformPackageName } = require('../lib/loader');
 
 /** Libraries every glibc Linux system has; a prebuilt may need nothing else from the system. */
-const GLIBC_SYSTEM_LIBS = ['libc.so.6', 'libm.so.6', 'libdl.so.2', 'libpthread.so.0', 'librt.so.1', 'libstdc++.so.6', 'libgcc_s.so.1'];
+const GLIBC_SYSTEM_LIBS = [
+  'libc.so.6',
+  'libm.so.6',
+  'libdl.so.2',
+  'libpthread.so.0',
+  'librt.so.1',
+  'libstdc++.so.6',
+  'libgcc_s.so.1',
+];
 
 /**
  * The platforms of the napi-rs convention. Each gets a folder npm/<key>/ with its package.json;
@@ -43,8 +62,22 @@ const GLIBC_SYSTEM_LIBS = ['libc.so.6', 'libm.so.6', 'libdl.so.2', 'libpthread.s
  * binary format (ELF only so far).
  */
 const TARGETS = {
-  'linux-x64-gnu': { os: 'linux', cpu: 'x64', libc: 'glibc', cpuBaseline: 'x86-64', libExt: '.so', systemLibs: [...GLIBC_SYSTEM_LIBS, 'ld-linux-x86-64.so.2'] },
-  'linux-arm64-gnu': { os: 'linux', cpu: 'arm64', libc: 'glibc', cpuBaseline: 'generic', libExt: '.so', systemLibs: [...GLIBC_SYSTEM_LIBS, 'ld-linux-aarch64.so.1'] },
+  'linux-x64-gnu': {
+    os: 'linux',
+    cpu: 'x64',
+    libc: 'glibc',
+    cpuBaseline: 'x86-64',
+    libExt: '.so',
+    systemLibs: [...GLIBC_SYSTEM_LIBS, 'ld-linux-x86-64.so.2'],
+  },
+  'linux-arm64-gnu': {
+    os: 'linux',
+    cpu: 'arm64',
+    libc: 'glibc',
+    cpuBaseline: 'generic',
+    libExt: '.so',
+    systemLibs: [...GLIBC_SYSTEM_LIBS, 'ld-linux-aarch64.so.1'],
+  },
   'darwin-arm64': { os: 'darwin', cpu: 'arm64', cpuBaseline: 'apple-m1', libExt: '.dylib' },
   'win32-x64-msvc': { os: 'win32', cpu: 'x64', cpuBaseline: 'x86-64', libExt: '.dll' },
 };
@@ -82,12 +115,23 @@ async function cargoBuild(args, env) {
     } catch {
       return;
     }
-    if (msg.reason === 'build-script-executed' && /[/#]llama-cpp-sys-2[@#]/.test(msg.package_id)) sysOutDir = msg.out_dir;
-    if (msg.reason === 'compiler-artifact' && msg.target && msg.target.kind.includes('cdylib') && msg.target.name === 'llama_branch') {
+    if (msg.reason === 'build-script-executed' && /[/#]llama-cpp-sys-2[@#]/.test(msg.package_id))
+      sysOutDir = msg.out_dir;
+    if (
+      msg.reason === 'compiler-artifact' &&
+      msg.target &&
+      msg.target.kind.includes('cdylib') &&
+      msg.target.name === 'llama_branch'
+    ) {
       addon = msg.filenames.find((f) => /\.(so|dylib|dll)$/.test(f)) || addon;
     }
   };
-  const code = await spawnWithHeartbeat('cargo', [...args, '--message-format=json-render-diagnostics'], { env, log, every: 60000, onStdout });
+  const code = await spawnWithHeartbeat('cargo', [...args, '--message-format=json-render-diagnostics'], {
+    env,
+    log,
+    every: 60000,
+    onStdout,
+  });
   return { code, addon, sysOutDir };
 }
 
@@ -149,7 +193,9 @@ function requiredSymbolVersions(files) {
       if (!newest[lib] || compareVersions(version, newest[lib]) > 0) newest[lib] = version;
     }
   }
-  return Object.entries(newest).map(([lib, v]) => `${lib}_${v}`).join(', ');
+  return Object.entries(newest)
+    .map(([lib, v]) => `${lib}_${v}`)
+    .join(', ');
 }
 
 /** strip --strip-unneeded, in place; false when no strip tool is available. */
@@ -168,7 +214,9 @@ function strip(file) {
  * then fails with "File exists". Removing the dangling links first avoids that.
  */
 function removeDanglingLibLinks(target) {
-  for (const dir of ['release', path.join('release', 'deps'), path.join('release', 'examples')].map((d) => path.join(target, d))) {
+  for (const dir of ['release', path.join('release', 'deps'), path.join('release', 'examples')].map((d) =>
+    path.join(target, d),
+  )) {
     let names;
     try {
       names = fs.readdirSync(dir);
@@ -186,7 +234,8 @@ function removeDanglingLibLinks(target) {
 function stagePlatformPackage(key, addon, runtime) {
   const dir = path.join(repoRoot, 'npm', key);
   const manifestFile = path.join(dir, 'package.json');
-  if (!fs.existsSync(manifestFile)) die(`${manifestFile} is missing (the platform package's manifest is kept in the repository)`);
+  if (!fs.existsSync(manifestFile))
+    die(`${manifestFile} is missing (the platform package's manifest is kept in the repository)`);
   for (const f of fs.readdirSync(dir)) {
     if (/\.(node|so|dylib|dll)$|\.so\./.test(f)) fs.rmSync(path.join(dir, f));
   }
@@ -200,12 +249,16 @@ function stagePlatformPackage(key, addon, runtime) {
   }
   if (!stripped) log('warning: no `strip` on PATH; the shared libraries ship with their symbol tables');
   const node = readDynamic(path.join(dir, addonFileName(key)));
-  if (node.rpath !== '$ORIGIN') die(`${addonFileName(key)} has RPATH ${node.rpath}, expected $ORIGIN (build.rs sets it for the dynamic-backends feature)`);
+  if (node.rpath !== '$ORIGIN')
+    die(
+      `${addonFileName(key)} has RPATH ${node.rpath}, expected $ORIGIN (build.rs sets it for the dynamic-backends feature)`,
+    );
 
   // The platform package's version follows the main package's.
   const { version } = mainManifest();
   const manifest = JSON.parse(fs.readFileSync(manifestFile, 'utf8'));
-  if (manifest.name !== platformPackageName(null, key)) die(`${manifestFile}: name must be ${platformPackageName(null, key)}`);
+  if (manifest.name !== platformPackageName(null, key))
+    die(`${manifestFile}: name must be ${platformPackageName(null, key)}`);
   if (manifest.main !== addonFileName(key)) die(`${manifestFile}: main must be ${addonFileName(key)}`);
   if (manifest.version !== version) {
     manifest.version = version;
@@ -215,11 +268,14 @@ function stagePlatformPackage(key, addon, runtime) {
   return shipped.map(({ name }) => ({ name, size: sizeOf(path.join(dir, name)) }));
 }
 
-
 /** `npm pack` of `dir` into dist/; returns npm's description of the tarball. */
 function npmPack(dir, extraArgs = []) {
   const [cmd, pre] = npmCommand();
-  const res = spawnSync(cmd, [...pre, 'pack', '--json', '--pack-destination', distDir, ...extraArgs], { cwd: dir, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+  const res = spawnSync(cmd, [...pre, 'pack', '--json', '--pack-destination', distDir, ...extraArgs], {
+    cwd: dir,
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   if (res.status !== 0) die(`npm pack in ${dir} exited with ${res.status}`);
   return JSON.parse(res.stdout.slice(res.stdout.indexOf('[')))[0];
 }
@@ -238,7 +294,11 @@ function packMain() {
     if (fs.existsSync(path.join(distDir, `${name}-${manifest.version}.tgz`))) optional[name] = manifest.version;
   }
   const [cmd, pre] = npmCommand();
-  const listed = spawnSync(cmd, [...pre, 'pack', '--dry-run', '--json'], { cwd: repoRoot, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+  const listed = spawnSync(cmd, [...pre, 'pack', '--dry-run', '--json'], {
+    cwd: repoRoot,
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   if (listed.status !== 0) die(`npm pack --dry-run exited with ${listed.status}`);
   const files = JSON.parse(listed.stdout.slice(listed.stdout.indexOf('[')))[0].files.map((f) => f.path);
   const stage = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-main-'));
@@ -247,7 +307,10 @@ function packMain() {
       fs.mkdirSync(path.dirname(path.join(stage, f)), { recursive: true });
       fs.copyFileSync(path.join(repoRoot, f), path.join(stage, f));
     }
-    fs.writeFileSync(path.join(stage, 'package.json'), `${JSON.stringify({ ...manifest, optionalDependencies: optional }, null, 2)}\n`);
+    fs.writeFileSync(
+      path.join(stage, 'package.json'),
+      `${JSON.stringify({ ...manifest, optionalDependencies: optional }, null, 2)}\n`,
+    );
     return { info: npmPack(stage), optional };
   } finally {
     fs.rmSync(stage, { recursive: true, force: true });
@@ -258,7 +321,8 @@ async function main() {
   const key = platformKey();
   const target = TARGETS[key];
   if (!target) die(`no prebuilt target is defined for ${key}; known: ${Object.keys(TARGETS).join(', ')}`);
-  if (target.libExt !== '.so') die(`packing ${key} needs the shared-library collection for its binary format; only ELF (Linux) is implemented`);
+  if (target.libExt !== '.so')
+    die(`packing ${key} needs the shared-library collection for its binary format; only ELF (Linux) is implemented`);
   if (!findCargo()) die('cargo not found; install Rust with rustup (https://rustup.rs)');
 
   const started = Date.now();
@@ -281,9 +345,11 @@ async function main() {
   const runtime = runtimeFiles(built.addon, built.sysOutDir, target.libExt);
   const unexpected = runtime.system.filter((lib) => !target.systemLibs.includes(lib));
   if (unexpected.length) {
-    die(`the prebuilt would need ${unexpected.join(', ')} from the system, which users may not have. ` +
-      `Build without them, or add them to systemLibs of ${key} in scripts/build-prebuilt.js if every target system has them. ` +
-      '(CMAKE_* settings are not tracked by the sys crate: after changing one, `cargo clean -p llama-cpp-sys-2` in the prebuild target directory.)');
+    die(
+      `the prebuilt would need ${unexpected.join(', ')} from the system, which users may not have. ` +
+        `Build without them, or add them to systemLibs of ${key} in scripts/build-prebuilt.js if every target system has them. ` +
+        '(CMAKE_* settings are not tracked by the sys crate: after changing one, `cargo clean -p llama-cpp-sys-2` in the prebuild target directory.)',
+    );
   }
   const shipped = stagePlatformPackage(key, built.addon, runtime);
   fs.mkdirSync(distDir, { recursive: true });
@@ -299,7 +365,9 @@ async function main() {
   if (versions) console.log(`  newest symbol versions needed: ${versions}`);
   console.log('\ntarballs:');
   for (const info of [mainInfo, platformInfo]) {
-    console.log(`  dist/${info.filename}  ${mib(info.size)} packed, ${mib(info.unpackedSize)} unpacked, ${info.entryCount} files`);
+    console.log(
+      `  dist/${info.filename}  ${mib(info.size)} packed, ${mib(info.unpackedSize)} unpacked, ${info.entryCount} files`,
+    );
   }
   console.log(`  optionalDependencies of ${mainInfo.name}: ${JSON.stringify(optional)}`);
   console.log(`\nprebuild done in ${formatDuration(Date.now() - started)} (cargo ${buildTime})`);

@@ -78,7 +78,9 @@ function ensurePrerequisites() {
   const list = missing.map((m) => `  - ${m.what}\n`).join('');
   let how = `  Install them with:\n    ${aptCommand(missing.map((m) => m.apt))}\n`;
   if (process.platform === 'darwin') how = '  Install them with:\n    xcode-select --install && brew install cmake\n';
-  else if (!hasApt()) how = '  Install cmake, a C++ compiler and libclang with your package manager (Fedora: sudo dnf install -y cmake gcc-c++ clang-devel),\n  or point LIBCLANG_PATH at the folder holding libclang.so\n';
+  else if (!hasApt())
+    how =
+      '  Install cmake, a C++ compiler and libclang with your package manager (Fedora: sudo dnf install -y cmake gcc-c++ clang-devel),\n  or point LIBCLANG_PATH at the folder holding libclang.so\n';
   log.fail(`missing build prerequisites:\n${list}${how}  (in a checkout, \`npm run setup\` installs them for you)`);
 }
 
@@ -93,7 +95,10 @@ function installAddon(builtLib, dest) {
   } finally {
     fs.rmSync(tmp, { force: true });
   }
-  fs.writeFileSync(dest.replace(/\.node$/, '.json'), `${JSON.stringify({ features: featureList(), cpu: cpuChoice() }, null, 2)}\n`);
+  fs.writeFileSync(
+    dest.replace(/\.node$/, '.json'),
+    `${JSON.stringify({ features: featureList(), cpu: cpuChoice() }, null, 2)}\n`,
+  );
 }
 
 /** Where to install the addon: build/llama_branch.node, or DIR/llama_branch.node with --out DIR. */
@@ -140,13 +145,21 @@ async function main() {
   }
 
   if (process.env.LLAMA_BRANCH_BUILD_FROM_SOURCE === '1' || featureList().length > 0) {
-    log(featureList().length > 0 ? `features ${featureList().join(', ')}: building from source` : 'LLAMA_BRANCH_BUILD_FROM_SOURCE=1: building from source');
+    log(
+      featureList().length > 0
+        ? `features ${featureList().join(', ')}: building from source`
+        : 'LLAMA_BRANCH_BUILD_FROM_SOURCE=1: building from source',
+    );
   } else {
     const prebuilt = probePrebuilt();
     if (prebuilt.ok) {
       const variant = /CPU_VARIANT = (\S+)/.exec(prebuilt.info);
-      log(`using the prebuilt binary from ${prebuilt.name}${variant ? ` (CPU variant ${variant[1]})` : ''}; nothing to compile`);
-      log('(set LLAMA_BRANCH_BUILD_FROM_SOURCE=1 and run `npm rebuild llama-branch` to compile for this machine instead)');
+      log(
+        `using the prebuilt binary from ${prebuilt.name}${variant ? ` (CPU variant ${variant[1]})` : ''}; nothing to compile`,
+      );
+      log(
+        '(set LLAMA_BRANCH_BUILD_FROM_SOURCE=1 and run `npm rebuild llama-branch` to compile for this machine instead)',
+      );
       return;
     }
     log(`no usable prebuilt binary (${prebuilt.reason}); building from source`);

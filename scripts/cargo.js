@@ -21,14 +21,26 @@ if (args.length === 0) {
 }
 
 // Subcommands that compile the crate and therefore accept --features.
-const COMPILING = new Set(['build', 'b', 'check', 'c', 'test', 't', 'bench', 'run', 'r', 'clippy', 'doc', 'd', 'rustc']);
+const COMPILING = new Set([
+  'build',
+  'b',
+  'check',
+  'c',
+  'test',
+  't',
+  'bench',
+  'run',
+  'r',
+  'clippy',
+  'doc',
+  'd',
+  'rustc',
+]);
 const features = COMPILING.has(args[0]) ? [...featureArgs(), ...cpuArgs()] : [];
 
 // Cargo options must precede a `--` separator (arguments after it go to the test binary).
 const sep = args.indexOf('--');
-const cargoArgs = sep === -1
-  ? [...args, ...features]
-  : [...args.slice(0, sep), ...features, ...args.slice(sep)];
+const cargoArgs = sep === -1 ? [...args, ...features] : [...args.slice(0, sep), ...features, ...args.slice(sep)];
 
 if (!findCargo()) {
   console.error('error: cargo not found; install Rust with rustup (https://rustup.rs)');

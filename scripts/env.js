@@ -37,7 +37,10 @@ function targetDir() {
 
 /** Cargo features from LLAMA_BRANCH_FEATURES (comma or space separated), sorted. */
 function featureList() {
-  return (process.env.LLAMA_BRANCH_FEATURES || '').split(/[\s,]+/).filter(Boolean).sort();
+  return (process.env.LLAMA_BRANCH_FEATURES || '')
+    .split(/[\s,]+/)
+    .filter(Boolean)
+    .sort();
 }
 
 /**
@@ -111,7 +114,10 @@ function cargoEnv() {
 function nativeCpuFile(target) {
   if (cpuChoice() !== 'native' || process.platform !== 'linux') return null;
   try {
-    const flags = fs.readFileSync('/proc/cpuinfo', 'utf8').split('\n').find((l) => /^(flags|Features)\s*:/.test(l));
+    const flags = fs
+      .readFileSync('/proc/cpuinfo', 'utf8')
+      .split('\n')
+      .find((l) => /^(flags|Features)\s*:/.test(l));
     if (!flags) return null;
     const file = path.join(target, 'native-cpu-flags.txt');
     const content = `${os.arch()} ${flags.split(':')[1].trim()}\n`;
@@ -166,7 +172,9 @@ function staleLlamaBuild(target = targetDir()) {
  */
 function cleanStaleLlamaBuild(target = targetDir(), env = undefined) {
   if (!staleLlamaBuild(target)) return;
-  console.error(`[llama-branch] llama.cpp in ${target} was built without GGML_RPC; cleaning it once (cargo clean -p llama-cpp-sys-2)`);
+  console.error(
+    `[llama-branch] llama.cpp in ${target} was built without GGML_RPC; cleaning it once (cargo clean -p llama-cpp-sys-2)`,
+  );
   const cleanEnv = env || cargoEnv();
   for (const profile of [['--release'], []]) {
     run('cargo', ['clean', ...profile, '-p', 'llama-cpp-sys-2'], { env: { ...cleanEnv, CARGO_TARGET_DIR: target } });
@@ -210,9 +218,7 @@ const addonPath = path.join(repoRoot, 'build', 'llama_branch.node');
  */
 function which(cmd) {
   const dirs = (process.env.PATH || '').split(path.delimiter).filter(Boolean);
-  const exts = process.platform === 'win32'
-    ? ['', ...(process.env.PATHEXT || '.EXE;.CMD;.BAT;.COM').split(';')]
-    : [''];
+  const exts = process.platform === 'win32' ? ['', ...(process.env.PATHEXT || '.EXE;.CMD;.BAT;.COM').split(';')] : [''];
   for (const dir of dirs) {
     for (const ext of exts) {
       const candidate = path.join(dir, cmd + ext);
@@ -289,7 +295,9 @@ function spawnWithHeartbeat(cmd, args, { env = process.env, log, every = 30000, 
   return new Promise((resolve) => {
     const started = Date.now();
     const child = spawn(cmd, args, { cwd: repoRoot, env, stdio: ['ignore', onStdout ? 'pipe' : 'inherit', 'inherit'] });
-    const heartbeat = process.stderr.isTTY ? null : setInterval(() => log(`still building (${formatDuration(Date.now() - started)} so far) ...`), every);
+    const heartbeat = process.stderr.isTTY
+      ? null
+      : setInterval(() => log(`still building (${formatDuration(Date.now() - started)} so far) ...`), every);
     if (onStdout) {
       let pending = '';
       child.stdout.setEncoding('utf8');
@@ -317,7 +325,10 @@ function spawnWithHeartbeat(cmd, args, { env = process.env, log, every = 30000, 
  */
 function npmCli() {
   if (process.env.npm_execpath && /npm-cli\.js$/.test(process.env.npm_execpath)) return process.env.npm_execpath;
-  const res = spawnSync(process.platform === 'win32' ? 'npm.cmd' : 'npm', ['root', '-g'], { encoding: 'utf8', shell: process.platform === 'win32' });
+  const res = spawnSync(process.platform === 'win32' ? 'npm.cmd' : 'npm', ['root', '-g'], {
+    encoding: 'utf8',
+    shell: process.platform === 'win32',
+  });
   const cli = path.join(String(res.stdout).trim(), 'npm', 'bin', 'npm-cli.js');
   return fs.existsSync(cli) ? cli : null;
 }
@@ -353,7 +364,8 @@ function listMatching(dir, re) {
 function findLibclang() {
   const dirs = process.env.LIBCLANG_PATH ? [process.env.LIBCLANG_PATH] : [];
   for (const llvm of listMatching('/usr/lib', /^llvm-\d+/)) dirs.push(`/usr/lib/${llvm}/lib`);
-  for (const base of ['/usr/lib', '/lib']) for (const multiarch of listMatching(base, /-linux-(gnu|musl)/)) dirs.push(`${base}/${multiarch}`);
+  for (const base of ['/usr/lib', '/lib'])
+    for (const multiarch of listMatching(base, /-linux-(gnu|musl)/)) dirs.push(`${base}/${multiarch}`);
   dirs.push('/usr/lib64', '/usr/lib', '/usr/local/lib', '/usr/local/lib64');
   const re = /^libclang(-[0-9.]+)?\.so(\.[0-9]+)*$/;
   for (const dir of dirs) {
@@ -361,7 +373,8 @@ function findLibclang() {
     if (hit) return path.join(dir, hit);
   }
   const res = spawnSync('ldconfig', ['-p'], { encoding: 'utf8' }); // last resort: the linker cache
-  const line = !res.error && res.status === 0 && res.stdout.split('\n').find((l) => /\blibclang(-[0-9.]+)?\.so/.test(l));
+  const line =
+    !res.error && res.status === 0 && res.stdout.split('\n').find((l) => /\blibclang(-[0-9.]+)?\.so/.test(l));
   return line ? line.split('=>').pop().trim() : null;
 }
 
@@ -388,9 +401,11 @@ function missingBuildTools() {
   if (!which('cmake')) missing.push({ what: 'cmake (builds llama.cpp)', apt: 'cmake' });
   if (process.platform !== 'linux') return missing;
   if (!which('make') && !which('ninja')) missing.push({ what: 'make (cmake build tool)', apt: 'make' });
-  if (!process.env.CXX && !which('c++') && !which('g++') && !which('clang++')) missing.push({ what: 'a C++ compiler (g++)', apt: 'g++' });
+  if (!process.env.CXX && !which('c++') && !which('g++') && !which('clang++'))
+    missing.push({ what: 'a C++ compiler (g++)', apt: 'g++' });
   if (!findLibclang()) missing.push({ what: 'libclang (needed by bindgen)', apt: 'libclang-dev' });
-  if (!process.env.BINDGEN_EXTRA_CLANG_ARGS && !findClangHeaders()) missing.push({ what: 'clang resource headers, e.g. stdbool.h (needed by bindgen)', apt: 'libclang-dev' });
+  if (!process.env.BINDGEN_EXTRA_CLANG_ARGS && !findClangHeaders())
+    missing.push({ what: 'clang resource headers, e.g. stdbool.h (needed by bindgen)', apt: 'libclang-dev' });
   return missing;
 }
 
@@ -409,7 +424,8 @@ function aptInstall(packages, log) {
   if (!hasApt() || !sudo) return false;
   const unique = [...new Set(packages)];
   const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
-  const apt = (args) => (sudo.length ? run(sudo[0], [...sudo.slice(1), 'apt-get', ...args], { env }) : run('apt-get', args, { env }));
+  const apt = (args) =>
+    sudo.length ? run(sudo[0], [...sudo.slice(1), 'apt-get', ...args], { env }) : run('apt-get', args, { env });
   log(`installing with apt-get: ${unique.join(' ')}`);
   if (apt(['update']) !== 0) log('warning: apt-get update failed; trying the existing package lists');
   return apt(['install', '-y', '--no-install-recommends', ...unique]) === 0;

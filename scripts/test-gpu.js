@@ -31,7 +31,9 @@ function step(name, fn) {
   console.error(`\n=== ${name}`);
   const started = Date.now();
   const code = fn();
-  console.error(`=== ${name}: ${code === 0 ? 'ok' : `FAILED (exit ${code})`} in ${formatDuration(Date.now() - started)}`);
+  console.error(
+    `=== ${name}: ${code === 0 ? 'ok' : `FAILED (exit ${code})`} in ${formatDuration(Date.now() - started)}`,
+  );
   if (code !== 0) process.exit(code);
 }
 

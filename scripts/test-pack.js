@@ -42,12 +42,26 @@ function npm(args, cwd, extraEnv = {}) {
   });
 }
 
-const REQUIRED_FILES = ['package.json', 'README.md', 'index.d.ts', 'lib/index.js', 'src/lib.rs', 'Cargo.toml', 'Cargo.lock', 'build.rs', '.cargo/config.toml', 'scripts/build.js', 'scripts/env.js'];
+const REQUIRED_FILES = [
+  'package.json',
+  'README.md',
+  'index.d.ts',
+  'lib/index.js',
+  'src/lib.rs',
+  'Cargo.toml',
+  'Cargo.lock',
+  'build.rs',
+  '.cargo/config.toml',
+  'scripts/build.js',
+  'scripts/env.js',
+];
 const FORBIDDEN = [/^test\//, /^models\//, /^build\//, /^target\//, /^node_modules\//, /\.gguf$/, /\.node$/, /^\.ci\//];
 
 function main() {
   const started = Date.now();
-  const model = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : require('./fetch-model').ensureModel();
+  const model = process.env.LLAMA_TEST_MODEL
+    ? path.resolve(process.env.LLAMA_TEST_MODEL)
+    : require('./fetch-model').ensureModel();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-pack-'));
   try {
     // 1. Pack.
@@ -63,10 +77,18 @@ function main() {
     // 2. Install into a scratch project (runs the install hook: the native build).
     const project = path.join(dir, 'project');
     fs.mkdirSync(project);
-    fs.writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'scratch', version: '1.0.0', private: true }, null, 2));
-    log('npm install <tarball> in a scratch project (builds the addon; llama.cpp comes from the shared cargo target dir) ...');
+    fs.writeFileSync(
+      path.join(project, 'package.json'),
+      JSON.stringify({ name: 'scratch', version: '1.0.0', private: true }, null, 2),
+    );
+    log(
+      'npm install <tarball> in a scratch project (builds the addon; llama.cpp comes from the shared cargo target dir) ...',
+    );
     const installStarted = Date.now();
-    const installed = npm(['install', '--offline', '--no-audit', '--no-fund', '--foreground-scripts', path.join(dir, info.filename)], project);
+    const installed = npm(
+      ['install', '--offline', '--no-audit', '--no-fund', '--foreground-scripts', path.join(dir, info.filename)],
+      project,
+    );
     if (installed.status !== 0) die(`npm install exited with ${installed.status}`);
     log(`installed in ${formatDuration(Date.now() - installStarted)}`);
 
@@ -93,8 +115,12 @@ function main() {
     if (ran.status !== 0) die(`the installed package did not run: ${ran.stderr || ran.stdout}`);
     const result = JSON.parse(ran.stdout.trim().split('\n').pop());
     log(`generated ${JSON.stringify(result.text)} from the installed package`);
-    const resolved = spawnSync(process.execPath, ['-p', "require.resolve('llama-branch')"], { cwd: project, encoding: 'utf8' }).stdout.trim();
-    if (!resolved.startsWith(path.join(project, 'node_modules'))) die(`llama-branch resolved outside the scratch project: ${resolved}`);
+    const resolved = spawnSync(process.execPath, ['-p', "require.resolve('llama-branch')"], {
+      cwd: project,
+      encoding: 'utf8',
+    }).stdout.trim();
+    if (!resolved.startsWith(path.join(project, 'node_modules')))
+      die(`llama-branch resolved outside the scratch project: ${resolved}`);
     log(`ok in ${formatDuration(Date.now() - started)}`);
   } finally {
     if (process.env.KEEP_PACK_DIR === '1') log(`kept ${dir}`);

@@ -36,7 +36,20 @@ const { platformKey, platformPackageName } = require('../lib/loader');
 const INSTALL_LIMIT_MS = 60000;
 const COMPILERS = ['cargo', 'rustc', 'cmake', 'cc', 'gcc', 'g++', 'c++', 'clang', 'make'];
 /** What the build reads: a newer file than the tarballs means dist/ is stale. */
-const BUILD_INPUTS = ['src', 'lib', 'types', 'scripts', 'build.rs', 'Cargo.toml', 'Cargo.lock', '.cargo', 'package.json', 'index.d.ts', 'README.md', 'npm'];
+const BUILD_INPUTS = [
+  'src',
+  'lib',
+  'types',
+  'scripts',
+  'build.rs',
+  'Cargo.toml',
+  'Cargo.lock',
+  '.cargo',
+  'package.json',
+  'index.d.ts',
+  'README.md',
+  'npm',
+];
 
 function log(msg) {
   console.log(`[test-prebuilt] ${msg}`);
@@ -69,12 +82,23 @@ function ensureTarballs() {
   const built = Math.min(...Object.values(tarballs).map((t) => (fs.existsSync(t) ? fs.statSync(t).mtimeMs : 0)));
   const inputs = Math.max(...BUILD_INPUTS.map((p) => newestMtime(path.join(repoRoot, p))));
   if (built > inputs) {
-    log(`dist/ is up to date (${Object.values(tarballs).map((t) => path.basename(t)).join(', ')})`);
+    log(
+      `dist/ is up to date (${Object.values(tarballs)
+        .map((t) => path.basename(t))
+        .join(', ')})`,
+    );
     return tarballs;
   }
-  log(built === 0 ? 'dist/ has no tarballs for this version: npm run build:prebuilt ...' : 'dist/ is older than the sources: npm run build:prebuilt ...');
+  log(
+    built === 0
+      ? 'dist/ has no tarballs for this version: npm run build:prebuilt ...'
+      : 'dist/ is older than the sources: npm run build:prebuilt ...',
+  );
   const started = Date.now();
-  const res = spawnSync(process.execPath, [path.join(__dirname, 'build-prebuilt.js')], { cwd: repoRoot, stdio: 'inherit' });
+  const res = spawnSync(process.execPath, [path.join(__dirname, 'build-prebuilt.js')], {
+    cwd: repoRoot,
+    stdio: 'inherit',
+  });
   if (res.status !== 0) die(`npm run build:prebuilt exited with ${res.status}`);
   log(`prebuild took ${formatDuration(Date.now() - started)}`);
   for (const t of Object.values(tarballs)) if (!fs.existsSync(t)) die(`prebuild did not produce ${t}`);
@@ -93,12 +117,19 @@ function noCompilerEnv(dir) {
   fs.symlinkSync(process.execPath, path.join(bin, 'node'));
   // npm runs lifecycle scripts through `sh` found on PATH.
   fs.symlinkSync(fs.existsSync('/bin/sh') ? '/bin/sh' : '/usr/bin/sh', path.join(bin, 'sh'));
-  fs.writeFileSync(path.join(bin, 'npm'), `#!/bin/sh\nexec "${process.execPath}" "${npmCliOrDie()}" "$@"\n`, { mode: 0o755 });
+  fs.writeFileSync(path.join(bin, 'npm'), `#!/bin/sh\nexec "${process.execPath}" "${npmCliOrDie()}" "$@"\n`, {
+    mode: 0o755,
+  });
   const env = {};
   for (const [k, v] of Object.entries(process.env)) {
     // Keep the test's own settings; drop npm's per-run variables, llama-branch's build and
     // binary switches, cargo's and the compilers'.
-    if (/^(npm_|LLAMA_BRANCH_|CARGO|RUSTUP|RUSTC|CC$|CXX$|CMAKE|LIBCLANG|BINDGEN|HTTPS?_PROXY|https?_proxy|NODE_OPTIONS)/.test(k)) continue;
+    if (
+      /^(npm_|LLAMA_BRANCH_|CARGO|RUSTUP|RUSTC|CC$|CXX$|CMAKE|LIBCLANG|BINDGEN|HTTPS?_PROXY|https?_proxy|NODE_OPTIONS)/.test(
+        k,
+      )
+    )
+      continue;
     env[k] = v;
   }
   return {
@@ -146,7 +177,9 @@ function runNode(args, cwd, env) {
 
 function main() {
   const started = Date.now();
-  const model = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : require('./fetch-model').ensureModel();
+  const model = process.env.LLAMA_TEST_MODEL
+    ? path.resolve(process.env.LLAMA_TEST_MODEL)
+    : require('./fetch-model').ensureModel();
   const tarballs = ensureTarballs();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-prebuilt-'));
   try {
@@ -160,20 +193,39 @@ function main() {
     // 2. Install both tarballs.
     const project = path.join(dir, 'project');
     fs.mkdirSync(project);
-    fs.writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'scratch', version: '1.0.0', private: true }, null, 2));
+    fs.writeFileSync(
+      path.join(project, 'package.json'),
+      JSON.stringify({ name: 'scratch', version: '1.0.0', private: true }, null, 2),
+    );
     const installStarted = Date.now();
-    const installed = spawnSync(path.join(dir, 'bin', 'npm'), ['install', '--offline', '--no-audit', '--no-fund', '--foreground-scripts', tarballs.main, tarballs.platform], { cwd: project, env, encoding: 'utf8' });
+    const installed = spawnSync(
+      path.join(dir, 'bin', 'npm'),
+      ['install', '--offline', '--no-audit', '--no-fund', '--foreground-scripts', tarballs.main, tarballs.platform],
+      { cwd: project, env, encoding: 'utf8' },
+    );
     const installMs = Date.now() - installStarted;
     const output = `${installed.stdout}\n${installed.stderr}`;
     if (installed.status !== 0) die(`npm install exited with ${installed.status}:\n${output}`);
-    if (!/using the prebuilt binary from llama-branch-/.test(output)) die(`the install script did not report using the prebuilt binary:\n${output}`);
+    if (!/using the prebuilt binary from llama-branch-/.test(output))
+      die(`the install script did not report using the prebuilt binary:\n${output}`);
     if (/building native addon|cargo build/.test(output)) die(`the install script started a build:\n${output}`);
     const installedPkg = path.join(project, 'node_modules', 'llama-branch');
-    if (fs.existsSync(path.join(installedPkg, 'build'))) die('node_modules/llama-branch/build exists: something was compiled');
-    if (installMs >= INSTALL_LIMIT_MS) die(`the install took ${formatDuration(installMs)} (limit ${INSTALL_LIMIT_MS / 1000} s)`);
-    const optional = JSON.parse(fs.readFileSync(path.join(installedPkg, 'package.json'), 'utf8')).optionalDependencies || {};
-    if (!optional[platformPackageName(null)]) die(`the main package does not list ${platformPackageName(null)} in optionalDependencies: ${JSON.stringify(optional)}`);
-    log(`installed both tarballs in ${formatDuration(installMs)} without compiling: ${output.split('\n').find((l) => l.includes('using the prebuilt')).trim()}`);
+    if (fs.existsSync(path.join(installedPkg, 'build')))
+      die('node_modules/llama-branch/build exists: something was compiled');
+    if (installMs >= INSTALL_LIMIT_MS)
+      die(`the install took ${formatDuration(installMs)} (limit ${INSTALL_LIMIT_MS / 1000} s)`);
+    const optional =
+      JSON.parse(fs.readFileSync(path.join(installedPkg, 'package.json'), 'utf8')).optionalDependencies || {};
+    if (!optional[platformPackageName(null)])
+      die(
+        `the main package does not list ${platformPackageName(null)} in optionalDependencies: ${JSON.stringify(optional)}`,
+      );
+    log(
+      `installed both tarballs in ${formatDuration(installMs)} without compiling: ${output
+        .split('\n')
+        .find((l) => l.includes('using the prebuilt'))
+        .trim()}`,
+    );
 
     // 3. Use it.
     const ran = runNode(['-e', CONSUMER, model], project, env);
@@ -182,21 +234,31 @@ function main() {
     const variant = /CPU_VARIANT = (\S+)/.exec(result.info);
     if (!variant) die(`systemInfo() names no CPU variant: ${result.info}`);
     const platformDir = path.join(project, 'node_modules', platformPackageName(null));
-    if (result.binary !== fs.realpathSync(path.join(platformDir, addonFileName(platformKey())))) die(`the binary came from ${result.binary}, not the platform package`);
-    if (!/[A-Za-z]{2,}.*\s+[A-Za-z]{2,}/.test(result.text)) die(`greedy generation gave no text: ${JSON.stringify(result.text)}`);
+    if (result.binary !== fs.realpathSync(path.join(platformDir, addonFileName(platformKey()))))
+      die(`the binary came from ${result.binary}, not the platform package`);
+    if (!/[A-Za-z]{2,}.*\s+[A-Za-z]{2,}/.test(result.text))
+      die(`greedy generation gave no text: ${JSON.stringify(result.text)}`);
     log(`systemInfo(): ${result.info.trim()}`);
     log(`CPU variant: ${variant[1]}; greedy text: ${JSON.stringify(result.text)}`);
     if (fs.existsSync(addonPath)) {
-      const source = runNode(['-e', CONSUMER.replace("require('llama-branch')", `require(${JSON.stringify(repoRoot)})`), model], repoRoot, { ...process.env, LLAMA_BRANCH_BINARY: '' });
+      const source = runNode(
+        ['-e', CONSUMER.replace("require('llama-branch')", `require(${JSON.stringify(repoRoot)})`), model],
+        repoRoot,
+        { ...process.env, LLAMA_BRANCH_BINARY: '' },
+      );
       if (source.status !== 0) die(`the source build did not run: ${source.stderr}`);
       const reference = JSON.parse(source.stdout.trim().split('\n').pop());
       // Different builds run different CPU kernels (llama.cpp is not kernel-invariant): each
       // first greedy token must be in the other build's top 5, not necessarily equal.
       if (!reference.top5.includes(result.tokens[0]) || !result.top5.includes(reference.tokens[0])) {
-        die(`first greedy tokens disagree beyond the tolerance: prebuilt ${result.tokens[0]} (top 5 ${result.top5}), source build ${reference.tokens[0]} (top 5 ${reference.top5})`);
+        die(
+          `first greedy tokens disagree beyond the tolerance: prebuilt ${result.tokens[0]} (top 5 ${result.top5}), source build ${reference.tokens[0]} (top 5 ${reference.top5})`,
+        );
       }
       const same = result.tokens.findIndex((t, i) => t !== reference.tokens[i]);
-      log(`source build: ${JSON.stringify(reference.text)} (${same === -1 ? 'all 8 tokens equal' : `equal up to token ${same}`})`);
+      log(
+        `source build: ${JSON.stringify(reference.text)} (${same === -1 ? 'all 8 tokens equal' : `equal up to token ${same}`})`,
+      );
     }
 
     // 4a. Backend modules missing: a coded error at require, not a crash.
@@ -205,32 +267,68 @@ function main() {
     for (const f of fs.readdirSync(platformDir)) {
       if (!f.startsWith('libggml-cpu-')) fs.copyFileSync(path.join(platformDir, f), path.join(stripped, f));
     }
-    const missing = runNode(['-e', "try { require('llama-branch'); console.log('loaded'); } catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }"], project, { ...env, LLAMA_BRANCH_BINARY: path.join(stripped, addonFileName(platformKey())) });
-    if (missing.status !== 0) die(`without backend modules the process died (status ${missing.status}, signal ${missing.signal}): ${missing.stderr}`);
+    const missing = runNode(
+      [
+        '-e',
+        "try { require('llama-branch'); console.log('loaded'); } catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }",
+      ],
+      project,
+      { ...env, LLAMA_BRANCH_BINARY: path.join(stripped, addonFileName(platformKey())) },
+    );
+    if (missing.status !== 0)
+      die(
+        `without backend modules the process died (status ${missing.status}, signal ${missing.signal}): ${missing.stderr}`,
+      );
     const missingErr = JSON.parse(missing.stdout.trim().split('\n').pop());
-    if (missingErr.code !== 'ERR_NATIVE_LOAD' || !/libggml-cpu-/.test(missingErr.message)) die(`without backend modules: expected ERR_NATIVE_LOAD naming libggml-cpu-*.so, got ${missing.stdout}`);
+    if (missingErr.code !== 'ERR_NATIVE_LOAD' || !/libggml-cpu-/.test(missingErr.message))
+      die(`without backend modules: expected ERR_NATIVE_LOAD naming libggml-cpu-*.so, got ${missing.stdout}`);
     log('without its backend modules: ERR_NATIVE_LOAD at require');
 
     // 4b. A second prebuilt build in the same process (a copy posing as the vulkan package):
     // the dynamic linker would hand it the first one's llama.cpp, so the loader refuses it.
     const fakeGpu = path.join(project, 'node_modules', platformPackageName('vulkan'));
     fs.cpSync(platformDir, fakeGpu, { recursive: true });
-    const second = runNode(['-e', "const l = require('llama-branch'); try { l.loadBinary('vulkan'); console.log('{}'); } catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }"], project, env);
+    const second = runNode(
+      [
+        '-e',
+        "const l = require('llama-branch'); try { l.loadBinary('vulkan'); console.log('{}'); } catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }",
+      ],
+      project,
+      env,
+    );
     const secondErr = JSON.parse((second.stdout || '{}').trim().split('\n').pop());
-    if (second.status !== 0 || secondErr.code !== 'ERR_NATIVE_LOAD' || !/another prebuilt build is already loaded/.test(secondErr.message)) {
-      die(`a second prebuilt build in one process: expected ERR_NATIVE_LOAD, got status ${second.status}: ${second.stdout} ${second.stderr}`);
+    if (
+      second.status !== 0 ||
+      secondErr.code !== 'ERR_NATIVE_LOAD' ||
+      !/another prebuilt build is already loaded/.test(secondErr.message)
+    ) {
+      die(
+        `a second prebuilt build in one process: expected ERR_NATIVE_LOAD, got status ${second.status}: ${second.stdout} ${second.stderr}`,
+      );
     }
     fs.rmSync(fakeGpu, { recursive: true });
     log('a second prebuilt build in the same process: ERR_NATIVE_LOAD');
 
     // 4c. LLAMA_BRANCH_BUILD_FROM_SOURCE=1 forces a source build (which needs cargo: fails here).
-    const forced = spawnSync(path.join(dir, 'bin', 'npm'), ['rebuild', 'llama-branch', '--foreground-scripts'], { cwd: project, env: { ...env, LLAMA_BRANCH_BUILD_FROM_SOURCE: '1' }, encoding: 'utf8' });
+    const forced = spawnSync(path.join(dir, 'bin', 'npm'), ['rebuild', 'llama-branch', '--foreground-scripts'], {
+      cwd: project,
+      env: { ...env, LLAMA_BRANCH_BUILD_FROM_SOURCE: '1' },
+      encoding: 'utf8',
+    });
     const forcedOut = `${forced.stdout}\n${forced.stderr}`;
-    if (forced.status === 0) die(`LLAMA_BRANCH_BUILD_FROM_SOURCE=1 npm rebuild succeeded without a compiler:\n${forcedOut}`);
-    if (!/LLAMA_BRANCH_BUILD_FROM_SOURCE=1: building from source/.test(forcedOut) || !/cargo\) was not found/.test(forcedOut)) die(`LLAMA_BRANCH_BUILD_FROM_SOURCE=1 did not try a source build:\n${forcedOut}`);
+    if (forced.status === 0)
+      die(`LLAMA_BRANCH_BUILD_FROM_SOURCE=1 npm rebuild succeeded without a compiler:\n${forcedOut}`);
+    if (
+      !/LLAMA_BRANCH_BUILD_FROM_SOURCE=1: building from source/.test(forcedOut) ||
+      !/cargo\) was not found/.test(forcedOut)
+    )
+      die(`LLAMA_BRANCH_BUILD_FROM_SOURCE=1 did not try a source build:\n${forcedOut}`);
     const after = runNode(['-e', "console.log(require('llama-branch').systemInfo())"], project, env);
-    if (after.status !== 0 || !/CPU_VARIANT/.test(after.stdout)) die(`after the failed source build the prebuilt no longer loads: ${after.stderr}`);
-    log('LLAMA_BRANCH_BUILD_FROM_SOURCE=1: the install script builds (and without cargo fails with the rustup hint); the prebuilt still loads');
+    if (after.status !== 0 || !/CPU_VARIANT/.test(after.stdout))
+      die(`after the failed source build the prebuilt no longer loads: ${after.stderr}`);
+    log(
+      'LLAMA_BRANCH_BUILD_FROM_SOURCE=1: the install script builds (and without cargo fails with the rustup hint); the prebuilt still loads',
+    );
 
     log(`ok in ${formatDuration(Date.now() - started)}`);
   } finally {

@@ -30,15 +30,7 @@
 
 const fs = require('node:fs');
 const path = require('node:path');
-const {
-  repoRoot,
-  featureArgs,
-  cpuArgs,
-  cargoEnv,
-  findCargo,
-  run,
-  formatDuration,
-} = require('./env');
+const { repoRoot, featureArgs, cpuArgs, cargoEnv, findCargo, run, formatDuration } = require('./env');
 
 const node = process.execPath;
 const script = (...p) => path.join(repoRoot, ...p);
@@ -73,7 +65,23 @@ function mocha(...args) {
   return run(node, [bin, ...args], opts);
 }
 
+/** Runs a devDependency's CLI (`node_modules/<pkg>/<bin>`) with `args`. */
+function devCli(pkg, bin, args) {
+  const file = devTool(pkg, ...bin.split('/'));
+  if (!file) {
+    console.error(`error: ${pkg} is not installed; run \`npm install\` first`);
+    return 1;
+  }
+  return run(node, [file, ...args]);
+}
+
 const steps = [
+  {
+    name: 'lint: prettier --check, eslint (npm run lint adds rustfmt and clippy)',
+    run: () =>
+      devCli('prettier', 'bin/prettier.cjs', ['--check', '--log-level', 'warn', '.']) ||
+      devCli('eslint', 'bin/eslint.js', ['.']),
+  },
   {
     name: 'build native addon',
     run: () => run(node, [script('scripts', 'build.js')]),
@@ -121,7 +129,10 @@ const steps = [
     // failure instead of a stuck CI run.
     name: 'tier 2: RPC across two loopback rpc-server processes (test/rpc.test.js)',
     run: () =>
-      mocha('--no-config', '--timeout', '240000', '--node-option', 'expose-gc', script('test', 'rpc.test.js'), { timeout: 600000, killSignal: 'SIGKILL' }),
+      mocha('--no-config', '--timeout', '240000', '--node-option', 'expose-gc', script('test', 'rpc.test.js'), {
+        timeout: 600000,
+        killSignal: 'SIGKILL',
+      }),
   },
   {
     name: 'tier 2: examples (node test/examples.js)',

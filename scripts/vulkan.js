@@ -21,7 +21,6 @@
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { spawnSync } = require('node:child_process');
 const { which, run, hasApt, logger, aptCommand, aptInstall } = require('./env');
 
 /** Oldest Vulkan header version known to build the vendored ggml-vulkan (tested here). */
@@ -113,16 +112,26 @@ function missingBuildParts() {
 function fetchNewerHeaders(release) {
   const work = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-vulkan-'));
   try {
-    for (const d of ['lists/partial', 'cache/archives/partial', 'deb', 'unpacked']) fs.mkdirSync(path.join(work, d), { recursive: true });
+    for (const d of ['lists/partial', 'cache/archives/partial', 'deb', 'unpacked'])
+      fs.mkdirSync(path.join(work, d), { recursive: true });
     const sources = path.join(work, 'sources.list');
-    fs.writeFileSync(sources, `deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian ${release} main\n`);
+    fs.writeFileSync(
+      sources,
+      `deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian ${release} main\n`,
+    );
     const opts = [
-      `-o`, `Dir::Etc::SourceList=${sources}`,
-      `-o`, `Dir::Etc::SourceParts=/dev/null`,
-      `-o`, `Dir::State::Lists=${path.join(work, 'lists')}`,
-      `-o`, `Dir::Cache=${path.join(work, 'cache')}`,
-      `-o`, `APT::Sandbox::User=${os.userInfo().username}`,
-      `-o`, `Debug::NoLocking=1`,
+      `-o`,
+      `Dir::Etc::SourceList=${sources}`,
+      `-o`,
+      `Dir::Etc::SourceParts=/dev/null`,
+      `-o`,
+      `Dir::State::Lists=${path.join(work, 'lists')}`,
+      `-o`,
+      `Dir::Cache=${path.join(work, 'cache')}`,
+      `-o`,
+      `APT::Sandbox::User=${os.userInfo().username}`,
+      `-o`,
+      `Debug::NoLocking=1`,
     ];
     log(`fetching the Vulkan headers of Debian ${release} (libvulkan-dev; only its header files are used)`);
     const quiet = { env: aptEnv(), stdio: ['ignore', 'ignore', 'inherit'] };
@@ -185,7 +194,8 @@ function prepareVulkanBuild() {
     log(`Vulkan: using VULKAN_SDK=${process.env.VULKAN_SDK}`);
     return {};
   }
-  if (process.platform !== 'linux') fail(['on this platform install the LunarG Vulkan SDK and set VULKAN_SDK (https://vulkan.lunarg.com/)']);
+  if (process.platform !== 'linux')
+    fail(['on this platform install the LunarG Vulkan SDK and set VULKAN_SDK (https://vulkan.lunarg.com/)']);
   const missing = missingBuildParts();
   const system = headerVersion('/usr/include');
   const headers = system && atLeast(system, MIN_HEADER) ? null : cachedHeaders();
@@ -195,7 +205,11 @@ function prepareVulkanBuild() {
   }
   fail([
     ...(missing.length ? ['missing:', ...missing.map((m) => `  - ${m}`)] : []),
-    ...(missing.length || !hasApt() ? [] : [`the Vulkan headers in /usr/include are ${showVersion(system)}; ggml's Vulkan backend needs ${showVersion(MIN_HEADER)} or newer.`]),
+    ...(missing.length || !hasApt()
+      ? []
+      : [
+          `the Vulkan headers in /usr/include are ${showVersion(system)}; ggml's Vulkan backend needs ${showVersion(MIN_HEADER)} or newer.`,
+        ]),
     hasApt()
       ? `run \`node scripts/vulkan.js\` (installs ${BUILD_PACKAGES.join(' ')} with apt and fetches newer headers), or: ${aptCommand(BUILD_PACKAGES)}`
       : 'install them with your package manager, or set VULKAN_SDK; newer headers go in PREFIX/include with CMAKE_PREFIX_PATH=PREFIX',
@@ -205,13 +219,16 @@ function prepareVulkanBuild() {
 /** Installs what the Vulkan build needs (apt packages, newer headers into the cache); exits on failure. */
 function installVulkanBuild() {
   if (process.env.VULKAN_SDK || process.platform !== 'linux') return;
-  if (missingBuildParts().length > 0 && !aptInstall(BUILD_PACKAGES, log)) fail([`could not install ${BUILD_PACKAGES.join(' ')}; run: ${aptCommand(BUILD_PACKAGES)}`]);
+  if (missingBuildParts().length > 0 && !aptInstall(BUILD_PACKAGES, log))
+    fail([`could not install ${BUILD_PACKAGES.join(' ')}; run: ${aptCommand(BUILD_PACKAGES)}`]);
   const missing = missingBuildParts();
   if (missing.length > 0) fail(['still missing after apt-get install:', ...missing.map((m) => `  - ${m}`)]);
   if (atLeast(headerVersion('/usr/include'), MIN_HEADER) || cachedHeaders()) return;
   const release = NEWER_HEADERS_FROM[debianCodename()];
   if (!release || !which('apt-get') || !fetchNewerHeaders(release)) {
-    fail([`no Vulkan headers ${showVersion(MIN_HEADER)} or newer could be fetched: install the LunarG SDK and set VULKAN_SDK`]);
+    fail([
+      `no Vulkan headers ${showVersion(MIN_HEADER)} or newer could be fetched: install the LunarG SDK and set VULKAN_SDK`,
+    ]);
   }
 }
 

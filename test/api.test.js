@@ -284,7 +284,10 @@ describe('Context API: sample, metrics, grammar handles, embeddings', function (
         throwsSync(() => ctx.createSampler(bad), 'ERR_GRAMMAR');
       }
       const tokens = await decodeText('Output: ');
-      throwsSync(() => Branch.create(ctx, 0, tokens.length, { temperature: 0 }, undefined, 'root ::= ['), 'ERR_GRAMMAR');
+      throwsSync(
+        () => Branch.create(ctx, 0, tokens.length, { temperature: 0 }, undefined, 'root ::= ['),
+        'ERR_GRAMMAR',
+      );
       throwsSync(() => Branch.create(ctx, 0, tokens.length, { grammar: 'root ::= [' }), 'ERR_GRAMMAR');
       const b = Branch.create(ctx, 0, tokens.length, { temperature: 0 });
       throwsSync(() => b.setSamplerParams({ grammar: 'root ::= [' }), 'ERR_GRAMMAR');

@@ -52,13 +52,22 @@ describe('Branch and BranchStore', function () {
     assert.equal(a1.disposed, true);
     assert.equal(a1x.disposed, false);
     const subtree = a.pruneSubtree(); // a, a2 and (re-parented) a1x
-    assert.deepEqual([a, a2, a1x].map((x) => x.disposed), [true, true, true]);
-    assert.deepEqual([root, b].map((x) => x.disposed), [false, false]);
+    assert.deepEqual(
+      [a, a2, a1x].map((x) => x.disposed),
+      [true, true, true],
+    );
+    assert.deepEqual(
+      [root, b].map((x) => x.disposed),
+      [false, false],
+    );
     const live = [root, a, b, a1, a2, a1x].filter((x) => !x.disposed);
     assert.deepEqual(live, [root, b]);
     await Promise.all([committing, pruning, subtree]);
     assert.deepEqual(nativeOf(ctx)._storeLiveHandles().sort(), [root.handle, b.handle].sort());
-    assert.throws(() => a1x.position, (e) => e.code === 'ERR_BRANCH_DISPOSED');
+    assert.throws(
+      () => a1x.position,
+      (e) => e.code === 'ERR_BRANCH_DISPOSED',
+    );
     await root.pruneSubtree();
     assert.equal(b.disposed, true);
     assert.equal(store.available, 8);
@@ -83,7 +92,10 @@ describe('Branch and BranchStore', function () {
     assert.ok(distinct.size >= 2, 'reseeded forks should not all produce the same stream');
     assertConsistent(ctx, all);
     await root.pruneSubtree();
-    assert.ok(all.every((b) => b.disposed), 'pruneSubtree disposes every wrapper in the subtree');
+    assert.ok(
+      all.every((b) => b.disposed),
+      'pruneSubtree disposes every wrapper in the subtree',
+    );
     assert.equal(store.available, 8);
   });
 
@@ -97,16 +109,27 @@ describe('Branch and BranchStore', function () {
     assert.equal(a.forkHead, n);
     assert.equal(a.parent, root.handle);
     assert.deepEqual(root.children, [a.handle, b.handle]);
-    await store.commit([[root, 1000], [a, 2000], [b, 3000]]);
+    await store.commit([
+      [root, 1000],
+      [a, 2000],
+      [b, 3000],
+    ]);
     assert.equal(store.kvPressure().cellsUsed, n + 3);
     const c = a.fork();
-    await store.commit([[a, 11], [c, 12]]);
+    await store.commit([
+      [a, 11],
+      [c, 12],
+    ]);
     assert.equal(store.kvPressure().cellsUsed, n + 5);
     // prune the parent first: its children keep working and are re-parented
     await a.prune();
     assert.equal(a.disposed, true);
     assert.equal(c.parent, root.handle, 're-parented to the grandparent');
-    assert.equal(store.kvPressure().cellsUsed, n + 5 - 1, 'only a\'s own last cell is freed; the shared one stays with c');
+    assert.equal(
+      store.kvPressure().cellsUsed,
+      n + 5 - 1,
+      "only a's own last cell is freed; the shared one stays with c",
+    );
     await c.commit(c.produce().token);
     assertConsistent(ctx, [root, b, c]);
     await root.prune();
@@ -192,7 +215,10 @@ describe('Branch and BranchStore', function () {
     const afterSingle = root.position;
     for (let i = 0; i < 3; i++) {
       const [p1, p2] = store.produce([root, b]);
-      await store.commit([[root, p1.token], [b, p2.token]]);
+      await store.commit([
+        [root, p1.token],
+        [b, p2.token],
+      ]);
     }
     assert.equal(root.position, afterSingle + 3);
     for (let i = 0; i < 3; i++) await b.commit(b.produce().token);
@@ -236,12 +262,20 @@ describe('Branch and BranchStore', function () {
       const root = Branch.create(small, prompt.length, GREEDY);
       root.captureLogits();
       const [b1, b2, b3] = [root.fork(), root.fork(), root.fork()];
-      const text = await small.tokenize(' there was a dragon who loved to read books about the sea and the stars. '.repeat(8), false);
+      const text = await small.tokenize(
+        ' there was a dragon who loved to read books about the sea and the stars. '.repeat(8),
+        false,
+      );
       assert.ok(text.length >= 96);
       const runs = [[], text.slice(0, 1), text.slice(0, 32), text.slice(0, 96)];
       const before = [root, b1, b2, b3].map((b) => b.position);
       const snapshotBefore = root.getLogits();
-      await s.prefill([[root, runs[0]], [b1, runs[1]], [b2, runs[2]], [b3, runs[3]]]);
+      await s.prefill([
+        [root, runs[0]],
+        [b1, runs[1]],
+        [b2, runs[2]],
+        [b3, runs[3]],
+      ]);
       [root, b1, b2, b3].forEach((b, i) => assert.equal(b.position, before[i] + runs[i].length));
       assert.deepEqual(root.getLogits(), snapshotBefore, 'an empty run leaves the snapshot untouched');
       assertConsistent(small, [root, b1, b2, b3]);
@@ -249,7 +283,11 @@ describe('Branch and BranchStore', function () {
       // different continuations after different histories, then batched steps
       for (let i = 0; i < 3; i++) {
         const ps = s.produce([b1, b2, b3]);
-        await s.commit([[b1, ps[0].token], [b2, ps[1].token], [b3, ps[2].token]]);
+        await s.commit([
+          [b1, ps[0].token],
+          [b2, ps[1].token],
+          [b3, ps[2].token],
+        ]);
       }
       assertConsistent(small, [root, b1, b2, b3]);
       assert.equal(s.kvPressure().cellsUsed, prompt.length + 1 + 32 + 96 + 9);
@@ -333,9 +371,32 @@ describe('Branch and BranchStore', function () {
     await rejects(() => store.commit([[root, ctx.vocabSize]]), 'ERR_TOKEN_OUT_OF_RANGE');
     await rejects(() => store.commit([[root, -1]]), 'ERR_TOKEN_OUT_OF_RANGE');
     await rejects(() => store.commit([[root, 1.5]]), 'ERR_TOKEN_OUT_OF_RANGE');
-    await rejects(() => store.commit([[root, 5], [root, 6]]), 'ERR_INVALID_ARG', /more than once/);
-    await rejects(() => store.prefill([[b, [1, 2]], [b, [3]]]), 'ERR_INVALID_ARG', /more than once/);
-    await rejects(() => store.commit([[root, 5], [b, 999999]]), 'ERR_TOKEN_OUT_OF_RANGE');
+    await rejects(
+      () =>
+        store.commit([
+          [root, 5],
+          [root, 6],
+        ]),
+      'ERR_INVALID_ARG',
+      /more than once/,
+    );
+    await rejects(
+      () =>
+        store.prefill([
+          [b, [1, 2]],
+          [b, [3]],
+        ]),
+      'ERR_INVALID_ARG',
+      /more than once/,
+    );
+    await rejects(
+      () =>
+        store.commit([
+          [root, 5],
+          [b, 999999],
+        ]),
+      'ERR_TOKEN_OUT_OF_RANGE',
+    );
     await rejects(() => store.commit([[{}, 5]]), 'ERR_INVALID_ARG');
     await rejects(() => store.commit([root, 5]), 'ERR_INVALID_ARG');
     await rejects(() => store.prefill([[root, 'abc']]), 'ERR_INVALID_ARG');
@@ -353,7 +414,10 @@ describe('Branch and BranchStore', function () {
     assert.deepEqual(root.getLogits(), logits);
     assertConsistent(ctx, [root, b]);
     // still fully usable
-    await store.commit([[root, root.produce().token], [b, b.produce().token]]);
+    await store.commit([
+      [root, root.produce().token],
+      [b, b.produce().token],
+    ]);
     assert.deepEqual([root.position, b.position], [pos[0] + 1, pos[1] + 1]);
     await b.prune();
     await root.prune();

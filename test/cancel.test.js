@@ -82,16 +82,30 @@ describe('cancellation with AbortSignal', function () {
       () => root.prefill([], opts),
       () => root.commit(token, opts),
       () => root.decodeAndCaptureOne(token, opts),
-      () => store.commit([[root, token], [twin, token]], opts),
+      () =>
+        store.commit(
+          [
+            [root, token],
+            [twin, token],
+          ],
+          opts,
+        ),
       () => store.commit([], opts),
-      () => store.prefill([[root, [10, 11]], [twin, [12]]], opts),
+      () =>
+        store.prefill(
+          [
+            [root, [10, 11]],
+            [twin, [12]],
+          ],
+          opts,
+        ),
       () => ctx.decode([10, 11], 0, 3, opts),
       () => ctx.decode([10, 11], 0, opts),
     ];
     for (const call of calls) {
       const err = await rejects(call, 'ERR_ABORTED', /aborted/);
       assert.equal(err.name, 'AbortError');
-      assert.equal(err.cause, reason, 'the signal\'s reason is the cause');
+      assert.equal(err.cause, reason, "the signal's reason is the cause");
     }
     assertUnchanged(ctx, store, [root, twin], before);
     assert.equal(ctx.kvSeqPosMax(3), -1);
@@ -135,7 +149,9 @@ describe('cancellation with AbortSignal', function () {
     const err = await rejects(() => p, 'ERR_ABORTED');
     const latency = performance.now() - abortAt;
     assert.equal(err.name, 'AbortError');
-    console.log(`      abort latency ${latency.toFixed(1)} ms (prefill ran ${(abortAt - started).toFixed(0)} ms of ~${tokens.length} tokens)`);
+    console.log(
+      `      abort latency ${latency.toFixed(1)} ms (prefill ran ${(abortAt - started).toFixed(0)} ms of ~${tokens.length} tokens)`,
+    );
     // ~100 ms is the goal (measured in single-digit ms); the bound only guards against "ran to the end".
     assert.ok(latency < 2000, `abort took ${latency} ms`);
     assertUnchanged(ctx, store, [root, twin], before);
@@ -146,7 +162,13 @@ describe('cancellation with AbortSignal', function () {
   it('aborting BranchStore.prefill rolls back all branches; raw decode aborts leave the sequence empty', async () => {
     const before = snapshot(ctx, store, [root, twin]);
     const ac = new AbortController();
-    const p = store.prefill([[root, longRun(1024)], [twin, longRun(1024, 5)]], { signal: ac.signal });
+    const p = store.prefill(
+      [
+        [root, longRun(1024)],
+        [twin, longRun(1024, 5)],
+      ],
+      { signal: ac.signal },
+    );
     setTimeout(() => ac.abort(), 300);
     await rejects(() => p, 'ERR_ABORTED');
     assertUnchanged(ctx, store, [root, twin], before);
@@ -165,7 +187,13 @@ describe('cancellation with AbortSignal', function () {
   it('an abort after completion changes nothing; commits stay all-or-nothing under abort', async () => {
     const ac = new AbortController();
     const [t1, t2] = store.produce([root, twin]).map((p) => p.token);
-    await store.commit([[root, t1], [twin, t2]], { signal: ac.signal });
+    await store.commit(
+      [
+        [root, t1],
+        [twin, t2],
+      ],
+      { signal: ac.signal },
+    );
     const done = snapshot(ctx, store, [root, twin]);
     ac.abort();
     assertUnchanged(ctx, store, [root, twin], done);
@@ -173,13 +201,22 @@ describe('cancellation with AbortSignal', function () {
     const ac2 = new AbortController();
     const [u1, u2] = store.produce([root, twin]).map((p) => p.token);
     const pre = ctx.decode(longRun(512), 0, 3);
-    const commit = store.commit([[root, u1], [twin, u2]], { signal: ac2.signal });
+    const commit = store.commit(
+      [
+        [root, u1],
+        [twin, u2],
+      ],
+      { signal: ac2.signal },
+    );
     ac2.abort();
     await pre;
     await rejects(() => commit, 'ERR_ABORTED');
     await ctx.kvCacheRemove(3, -1, -1);
     assertUnchanged(ctx, store, [root, twin], done);
-    await store.commit([[root, u1], [twin, u2]]);
+    await store.commit([
+      [root, u1],
+      [twin, u2],
+    ]);
     assert.equal(root.position, done.branches[0].position + 1);
   });
 
@@ -196,7 +233,9 @@ describe('cancellation with AbortSignal', function () {
     histogram.disable();
     clearInterval(timer);
     const worstMs = histogram.max / 1e6;
-    console.log(`      prefill of 512 tokens took ${elapsed.toFixed(0)} ms; ${ticks} timer ticks; worst event-loop delay ${worstMs.toFixed(1)} ms (p99 ${(histogram.percentile(99) / 1e6).toFixed(1)} ms)`);
+    console.log(
+      `      prefill of 512 tokens took ${elapsed.toFixed(0)} ms; ${ticks} timer ticks; worst event-loop delay ${worstMs.toFixed(1)} ms (p99 ${(histogram.percentile(99) / 1e6).toFixed(1)} ms)`,
+    );
     // behavioural, not a timing threshold: timers fired while the worker decoded
     assert.ok(ticks >= 5, `only ${ticks} timer ticks during a ${elapsed.toFixed(0)} ms prefill`);
     throwsSync(() => twin.fork(new Array(2)), 'ERR_INVALID_ARG'); // and the context is usable again

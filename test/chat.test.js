@@ -63,7 +63,10 @@ async function generate(branch, max) {
 
 /** The tokens of a warm turn: close the previous assistant turn, then only the new user turn. */
 async function warmTurnTokens(ctx, userText) {
-  const { prompt } = await ctx.formatChat([{ role: 'system', content: '' }, { role: 'user', content: userText }]);
+  const { prompt } = await ctx.formatChat([
+    { role: 'system', content: '' },
+    { role: 'user', content: userText },
+  ]);
   return [...ctx.getTurnSeparator(), ...(await ctx.tokenize(prompt, false))];
 }
 
@@ -78,7 +81,10 @@ describe('Chat helpers', function () {
     it('is non-empty, contains a stop token, and is cached', () => {
       const sep = ctx.getTurnSeparator();
       assert.ok(Array.isArray(sep) && sep.length > 0);
-      assert.ok(sep.some((t) => ctx.isStopToken(t)), `no stop token in ${sep}`);
+      assert.ok(
+        sep.some((t) => ctx.isStopToken(t)),
+        `no stop token in ${sep}`,
+      );
       // tokens after the stop token are whitespace only (Gemma: <end_of_turn> "\n")
       const stopAt = sep.findIndex((t) => ctx.isStopToken(t));
       for (const t of sep.slice(stopAt + 1)) assert.match(ctx.tokenToText(t), /^\s+$/);
@@ -87,11 +93,21 @@ describe('Chat helpers', function () {
 
     it('renders what the template puts between an assistant turn and the next user turn', async () => {
       const { prompt } = await ctx.formatChat(
-        [{ role: 'user', content: 'A' }, { role: 'assistant', content: 'B' }, { role: 'user', content: 'C' }],
+        [
+          { role: 'user', content: 'A' },
+          { role: 'assistant', content: 'B' },
+          { role: 'user', content: 'C' },
+        ],
         { addGenerationPrompt: false },
       );
-      const sepText = ctx.getTurnSeparator().map((t) => ctx.tokenToText(t)).join('');
-      assert.ok(prompt.includes(`B${sepText}`), `${JSON.stringify(sepText)} does not follow the assistant text in ${JSON.stringify(prompt)}`);
+      const sepText = ctx
+        .getTurnSeparator()
+        .map((t) => ctx.tokenToText(t))
+        .join('');
+      assert.ok(
+        prompt.includes(`B${sepText}`),
+        `${JSON.stringify(sepText)} does not follow the assistant text in ${JSON.stringify(prompt)}`,
+      );
     });
   });
 
@@ -123,19 +139,32 @@ describe('Chat helpers', function () {
       assert.equal(asArray.prompt, asString.prompt);
       const noGen = await ctx.formatChat([{ role: 'user', content: 'Hello' }], { addGenerationPrompt: false });
       assert.equal(noGen.prompt + asString.generationPrompt, asString.prompt);
-      const legacy = await ctx.formatChat([{ role: 'user', content: 'Hi' }], '{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}');
+      const legacy = await ctx.formatChat(
+        [{ role: 'user', content: 'Hi' }],
+        '{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}',
+      );
       assert.equal(legacy.prompt, '[user] Hi\n');
     });
 
     it('strips a leading empty system message so only the new turn is rendered', async () => {
       const full = await ctx.formatChat([{ role: 'user', content: 'Tell me more.' }]);
-      const turn = await ctx.formatChat([{ role: 'system', content: '' }, { role: 'user', content: 'Tell me more.' }]);
+      const turn = await ctx.formatChat([
+        { role: 'system', content: '' },
+        { role: 'user', content: 'Tell me more.' },
+      ]);
       // the new turn exactly as the template renders it after earlier turns (here: as a first turn)
       assert.equal(turn.prompt, full.prompt);
       assert.equal(turn.prompt, '<start_of_turn>user\nTell me more.<end_of_turn>\n<start_of_turn>model\n');
       // ChatML (a template with a system header) loses the empty system block entirely
-      const chatml = '{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}';
-      const r = await ctx.formatChat([{ role: 'system', content: '' }, { role: 'user', content: 'Q' }], { templateOverride: chatml });
+      const chatml =
+        '{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}';
+      const r = await ctx.formatChat(
+        [
+          { role: 'system', content: '' },
+          { role: 'user', content: 'Q' },
+        ],
+        { templateOverride: chatml },
+      );
       assert.equal(r.prompt, '<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n');
     });
 
@@ -158,7 +187,10 @@ describe('Chat helpers', function () {
       assert.ok(r.prompt.includes('get_weather'), 'tools are rendered into the prompt');
       assert.ok(r.grammar.length > 0);
       assert.equal(r.grammarLazy, true);
-      assert.ok(r.grammarTriggers.some((t) => t.value.includes('<tool_call>')), JSON.stringify(r.grammarTriggers));
+      assert.ok(
+        r.grammarTriggers.some((t) => t.value.includes('<tool_call>')),
+        JSON.stringify(r.grammarTriggers),
+      );
       assert.ok(r.preservedTokens.includes('<tool_call>'));
       assert.ok(r.parser.length > 0);
     });
@@ -168,20 +200,70 @@ describe('Chat helpers', function () {
       await rejects(() => ctx.formatChat('{"role":"user"}'), 'ERR_INVALID_ARG', /array/);
       await rejects(() => ctx.formatChat([{ content: 'no role' }]), 'ERR_INVALID_ARG', /role/);
       await rejects(() => ctx.formatChat(42), 'ERR_INVALID_ARG', /messages must be/);
-      await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { toolChoice: 'sometimes', tools: [WEATHER_TOOL] }), 'ERR_INVALID_ARG', /toolChoice/);
-      await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { tools: 'nope' }), 'ERR_INVALID_ARG', /tools/);
-      await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { reasoningFormat: 'loud' }), 'ERR_INVALID_ARG', /reasoningFormat/);
-      await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { addGenerationPrompt: 'yes' }), 'ERR_INVALID_ARG', /addGenerationPrompt must be a boolean/);
-      await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { templateOverride: '{% for %}' }), 'ERR_CHAT_TEMPLATE', /could not be parsed/);
-      await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { templateOverride: '{{ raise_exception("no users here") }}' }), 'ERR_CHAT_TEMPLATE', /no users here/);
+      await rejects(
+        () => ctx.formatChat([{ role: 'user', content: 'x' }], { toolChoice: 'sometimes', tools: [WEATHER_TOOL] }),
+        'ERR_INVALID_ARG',
+        /toolChoice/,
+      );
+      await rejects(
+        () => ctx.formatChat([{ role: 'user', content: 'x' }], { tools: 'nope' }),
+        'ERR_INVALID_ARG',
+        /tools/,
+      );
+      await rejects(
+        () => ctx.formatChat([{ role: 'user', content: 'x' }], { reasoningFormat: 'loud' }),
+        'ERR_INVALID_ARG',
+        /reasoningFormat/,
+      );
+      await rejects(
+        () => ctx.formatChat([{ role: 'user', content: 'x' }], { addGenerationPrompt: 'yes' }),
+        'ERR_INVALID_ARG',
+        /addGenerationPrompt must be a boolean/,
+      );
+      await rejects(
+        () => ctx.formatChat([{ role: 'user', content: 'x' }], { templateOverride: '{% for %}' }),
+        'ERR_CHAT_TEMPLATE',
+        /could not be parsed/,
+      );
+      await rejects(
+        () =>
+          ctx.formatChat([{ role: 'user', content: 'x' }], {
+            templateOverride: '{{ raise_exception("no users here") }}',
+          }),
+        'ERR_CHAT_TEMPLATE',
+        /no users here/,
+      );
       // Gemma's template requires alternating roles
-      await rejects(() => ctx.formatChat([{ role: 'user', content: 'a' }, { role: 'user', content: 'b' }]), 'ERR_CHAT_TEMPLATE', /alternate/);
+      await rejects(
+        () =>
+          ctx.formatChat([
+            { role: 'user', content: 'a' },
+            { role: 'user', content: 'b' },
+          ]),
+        'ERR_CHAT_TEMPLATE',
+        /alternate/,
+      );
       // Values JSON.stringify throws on: a coded error, no pending exception left behind.
       const cyclic = [{ role: 'user', content: 'x' }];
       cyclic[0].self = cyclic;
       await rejects(() => ctx.formatChat(cyclic), 'ERR_INVALID_ARG', /JSON.stringify \(cyclic or not serialisable\)/);
-      throwsSync(() => ctx.formatChatSync([{ toJSON() { throw new Error('boom'); } }]), 'ERR_INVALID_ARG', /JSON.stringify/);
-      await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { tools: [{ big: 1n }] }), 'ERR_INVALID_ARG', /options.tools/);
+      throwsSync(
+        () =>
+          ctx.formatChatSync([
+            {
+              toJSON() {
+                throw new Error('boom');
+              },
+            },
+          ]),
+        'ERR_INVALID_ARG',
+        /JSON.stringify/,
+      );
+      await rejects(
+        () => ctx.formatChat([{ role: 'user', content: 'x' }], { tools: [{ big: 1n }] }),
+        'ERR_INVALID_ARG',
+        /options.tools/,
+      );
       assert.equal(typeof (await ctx.formatChat([{ role: 'user', content: 'still works' }])).prompt, 'string');
     });
   });
@@ -193,7 +275,11 @@ describe('Chat helpers', function () {
       assert.equal(out.content, 'Hello world');
       assert.equal(out.reasoningContent, '');
       assert.deepEqual(out.toolCalls, []);
-      const withOpts = ctx.parseChatOutput('Hello world', r.format, { reasoningFormat: r.reasoningFormat, isPartial: false, thinkingForcedOpen: false });
+      const withOpts = ctx.parseChatOutput('Hello world', r.format, {
+        reasoningFormat: r.reasoningFormat,
+        isPartial: false,
+        thinkingForcedOpen: false,
+      });
       assert.equal(withOpts.content, 'Hello world');
       // the whole formatChat result works as options (parser + generation prompt)
       assert.equal(ctx.parseChatOutput('Hello world', r.format, r).content, 'Hello world');
@@ -204,7 +290,11 @@ describe('Chat helpers', function () {
         templateOverride: TOOL_TEMPLATE,
         tools: [WEATHER_TOOL],
       });
-      const out = ctx.parseChatOutput('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', r.format, r);
+      const out = ctx.parseChatOutput(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        r.format,
+        r,
+      );
       assert.equal(out.toolCalls.length, 1);
       assert.equal(out.toolCalls[0].name, 'get_weather');
       assert.deepEqual(JSON.parse(out.toolCalls[0].arguments), { city: 'Paris' });
@@ -221,7 +311,10 @@ describe('Chat helpers', function () {
       const r = await ctx.formatChat([{ role: 'user', content: 'Hi' }], { reasoningFormat: 'deepseek_legacy' });
       assert.equal(r.reasoningFormat, ReasoningFormat.DEEPSEEK_LEGACY);
       for (const reasoningFormat of [ReasoningFormat.DEEPSEEK, 'auto']) {
-        assert.equal(ctx.parseChatOutput('Plain answer.', r.format, { ...r, reasoningFormat }).content, 'Plain answer.');
+        assert.equal(
+          ctx.parseChatOutput('Plain answer.', r.format, { ...r, reasoningFormat }).content,
+          'Plain answer.',
+        );
       }
     });
 
@@ -233,13 +326,19 @@ describe('Chat helpers', function () {
       throwsSync(() => ctx.parseChatOutput('x', r.format, { reasoningFormat: 7 }), 'ERR_INVALID_ARG');
       throwsSync(() => ctx.parseChatOutput('x', r.format, { isPartial: 1 }), 'ERR_INVALID_ARG');
       throwsSync(() => ctx.parseChatOutput('x', r.format, { parser: 'not a parser' }), 'ERR_INVALID_ARG');
-      throwsSync(() => ctx.parseChatOutput('x', r.format, { parser: r.parser, thinkingForcedOpen: true }), 'ERR_INVALID_ARG');
+      throwsSync(
+        () => ctx.parseChatOutput('x', r.format, { parser: r.parser, thinkingForcedOpen: true }),
+        'ERR_INVALID_ARG',
+      );
     });
 
     it('rejects output that does not match the format (ERR_CHAT_PARSE)', async () => {
       // a parser that must see the generation prompt first: without it, output cannot match
       const r = await ctx.formatChat([{ role: 'user', content: 'Hello' }]);
-      const e = throwsSync(() => ctx.parseChatOutput('Hello', r.format, { parser: r.parser, generationPrompt: 'something else' }), 'ERR_CHAT_PARSE');
+      const e = throwsSync(
+        () => ctx.parseChatOutput('Hello', r.format, { parser: r.parser, generationPrompt: 'something else' }),
+        'ERR_CHAT_PARSE',
+      );
       assert.match(e.message, /does not match/);
     });
   });
@@ -247,7 +346,10 @@ describe('Chat helpers', function () {
   describe('validateChatTemplate', () => {
     it('accepts valid Jinja templates and rejects broken ones', async () => {
       assert.equal(await ctx.validateChatTemplate(TOOL_TEMPLATE), true);
-      assert.equal(await ctx.validateChatTemplate('{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}'), true);
+      assert.equal(
+        await ctx.validateChatTemplate('{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}'),
+        true,
+      );
       assert.equal(await ctx.validateChatTemplate('{{ bad'), false);
       assert.equal(await ctx.validateChatTemplate('{% for m in messages %}'), false);
       assert.equal(await ctx.validateChatTemplate(''), false);
@@ -256,7 +358,11 @@ describe('Chat helpers', function () {
       const nested = (n) => `{{ ${'('.repeat(n)}1${')'.repeat(n)} }}`;
       assert.equal(await ctx.validateChatTemplate(nested(200)), true);
       assert.equal(await ctx.validateChatTemplate(nested(100000)), false);
-      await rejects(() => ctx.formatChat([{ role: 'user', content: 'x' }], { templateOverride: nested(100000) }), 'ERR_CHAT_TEMPLATE', /nests deeper/);
+      await rejects(
+        () => ctx.formatChat([{ role: 'user', content: 'x' }], { templateOverride: nested(100000) }),
+        'ERR_CHAT_TEMPLATE',
+        /nests deeper/,
+      );
     });
   });
 
@@ -331,7 +437,9 @@ describe('Chat helpers', function () {
 
       // Control: without the earlier turns in the KV cache the model does not know the answer.
       const fresh = Branch.create(ctx, 0, GREEDY);
-      await fresh.prefill(await ctx.tokenize((await ctx.formatChat([{ role: 'user', content: 'What is my favourite food?' }])).prompt));
+      await fresh.prefill(
+        await ctx.tokenize((await ctx.formatChat([{ role: 'user', content: 'What is my favourite food?' }])).prompt),
+      );
       assert.doesNotMatch(await generate(fresh, 10), /pizza/i);
       await fresh.prune();
     });

@@ -10,11 +10,16 @@ const { MODEL } = require('./helpers');
 
 function runProgram(name) {
   return new Promise((resolve, reject) => {
-    execFile(process.execPath, [path.join(__dirname, 'compat', name)], { env: { ...process.env, LLAMA_TEST_MODEL: MODEL }, timeout: 240000 }, (err, stdout, stderr) => {
-      if (err) return reject(new Error(`${name} failed: ${err.message}\n${stderr}`));
-      const line = stdout.trim().split('\n').pop();
-      resolve(JSON.parse(line));
-    });
+    execFile(
+      process.execPath,
+      [path.join(__dirname, 'compat', name)],
+      { env: { ...process.env, LLAMA_TEST_MODEL: MODEL }, timeout: 240000 },
+      (err, stdout, stderr) => {
+        if (err) return reject(new Error(`${name} failed: ${err.message}\n${stderr}`));
+        const line = stdout.trim().split('\n').pop();
+        resolve(JSON.parse(line));
+      },
+    );
   });
 }
 
@@ -62,7 +67,10 @@ describe('compatibility: programs in the reference style run unchanged', functio
     // The program pruned every candidate but its best without awaiting: exactly the one with the
     // lowest perplexity (found here) is alive, and the pruned ones' leases are free already.
     const lowest = r.candidates.findIndex((c) => c.ppl === Math.min(...r.candidates.map((x) => x.ppl)));
-    assert.deepEqual(r.kept, r.candidates.map((_, i) => i === lowest));
+    assert.deepEqual(
+      r.kept,
+      r.candidates.map((_, i) => i === lowest),
+    );
     assert.equal(r.available, 5 - 3, 'nSeqMax 5 minus root, baseline and the kept candidate');
   });
 
@@ -72,7 +80,11 @@ describe('compatibility: programs in the reference style run unchanged', functio
     assert.ok(r.text.trim().length > 0);
     // Every un-awaited commit on the main branch counted, none of the drafts' did, and every
     // draft's lease came back after its un-awaited prune.
-    assert.equal(r.position, r.promptLength + r.accepted + r.ownTokens, 'main advanced by exactly its accepted and own tokens');
+    assert.equal(
+      r.position,
+      r.promptLength + r.accepted + r.ownTokens,
+      'main advanced by exactly its accepted and own tokens',
+    );
     assert.ok(r.accepted + r.ownTokens > 0, 'the main branch advanced');
     assert.equal(r.available, 4 - 1, 'nSeqMax 4 minus the main branch');
     assert.ok(Number.isFinite(r.ppl));

@@ -57,7 +57,11 @@ describe('devices and placement options', function () {
     await rejects(() => open({ nGpuLayers: -1 }), 'ERR_INVALID_ARG');
     await rejects(() => open({ nGpuLayers: 1.5 }), 'ERR_INVALID_ARG');
     await rejects(() => open({ splitMode: 'diagonal' }), 'ERR_INVALID_ARG', /splitMode/);
-    await rejects(() => open({ tensorSplit: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1] }), 'ERR_DEVICE', /tensorSplit/);
+    await rejects(
+      () => open({ tensorSplit: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1] }),
+      'ERR_DEVICE',
+      /tensorSplit/,
+    );
     await rejects(() => open({ tensorSplit: [-1] }), 'ERR_DEVICE', /tensorSplit/);
     await rejects(() => open({ tensorSplit: ['a'] }), 'ERR_INVALID_ARG');
     await rejects(() => open({ mainGpu: 7 }), 'ERR_DEVICE', /mainGpu/);
@@ -71,7 +75,11 @@ describe('devices and placement options', function () {
     }
     const port = await closedPort();
     const started = Date.now();
-    await rejects(() => open({ rpcServers: [`127.0.0.1:${port}`] }), 'ERR_RPC_UNREACHABLE', new RegExp(`127.0.0.1:${port}`));
+    await rejects(
+      () => open({ rpcServers: [`127.0.0.1:${port}`] }),
+      'ERR_RPC_UNREACHABLE',
+      new RegExp(`127.0.0.1:${port}`),
+    );
     throwsSync(() => listDevices({ rpcServers: [`127.0.0.1:${port}`] }), 'ERR_RPC_UNREACHABLE');
     assert.ok(Date.now() - started < 10000, 'the probe has a timeout');
     await rejects(() => open({ rpcServers: ['127.0.0.1:1', '127.0.0.1:1'] }), 'ERR_INVALID_ARG', /twice/);

@@ -15,7 +15,15 @@ const ts = require('typescript');
 const { MODEL } = require('./helpers');
 
 const ROOT = path.join(__dirname, '..');
-const DOCS = ['README.md', ...fs.readdirSync(path.join(ROOT, 'docs')).filter((f) => f.endsWith('.md')).map((f) => `docs/${f}`), 'bench/RESULTS.md', 'ARCHITECTURE.md'];
+const DOCS = [
+  'README.md',
+  ...fs
+    .readdirSync(path.join(ROOT, 'docs'))
+    .filter((f) => f.endsWith('.md'))
+    .map((f) => `docs/${f}`),
+  'bench/RESULTS.md',
+  'ARCHITECTURE.md',
+];
 const DEFAULT_MODEL_IN_DOCS = 'models/gemma-3-270m-q4_k_m.gguf';
 /** `console.log(...); // → expected  (optional remark)` states what the line prints. */
 const STATED = /console\.log\((.*)\);\s*\/\/ → (.+?)(?:\s{2,}\(.*\))?\s*$/;
@@ -56,7 +64,8 @@ function declaredNames() {
   const exported = (n) => (ts.getModifiers(n) || []).some((m) => m.kind === ts.SyntaxKind.ExportKeyword);
   const read = (file) => ts.createSourceFile(file, fs.readFileSync(file, 'utf8'), ts.ScriptTarget.Latest, true);
   for (const stmt of read(path.join(ROOT, 'index.d.ts')).statements) {
-    if (ts.isExportDeclaration(stmt) && stmt.exportClause) names.push(...stmt.exportClause.elements.map((e) => e.name.text));
+    if (ts.isExportDeclaration(stmt) && stmt.exportClause)
+      names.push(...stmt.exportClause.elements.map((e) => e.name.text));
     if (!exported(stmt)) continue;
     if (ts.isFunctionDeclaration(stmt)) names.push(stmt.name.text);
     if (ts.isVariableStatement(stmt)) for (const d of stmt.declarationList.declarations) names.push(d.name.text);
@@ -106,7 +115,10 @@ describe('docs', function () {
     this.timeout(60000);
     const { stated } = withStatedOutputs('console.log(1 + 1); // → 2\n');
     assert.equal(stated, 1);
-    assert.throws(() => runBlock('const x = 1 + 1;\nconsole.log(x); // → 3  (wrong on purpose)\n', 'wrong'), /stated output #1 is "3" but the line printed "2"/);
+    assert.throws(
+      () => runBlock('const x = 1 + 1;\nconsole.log(x); // → 3  (wrong on purpose)\n', 'wrong'),
+      /stated output #1 is "3" but the line printed "2"/,
+    );
     assert.throws(() => runBlock('if (false) console.log(2); // → 2\n', 'skipped'), /only 0 of 1 stated outputs/);
     runBlock('console.log(1 + 1, true); // → 2 true\n', 'right');
   });
@@ -130,7 +142,10 @@ describe('docs', function () {
 
   it('the README stays short and names the two quick-start commands', function () {
     const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
-    assert.ok(Buffer.byteLength(readme) <= 15 * 1024, `README.md is ${Buffer.byteLength(readme)} bytes; move reference material to docs/`);
+    assert.ok(
+      Buffer.byteLength(readme) <= 15 * 1024,
+      `README.md is ${Buffer.byteLength(readme)} bytes; move reference material to docs/`,
+    );
     const quick = readme.slice(readme.indexOf('## Quick start'));
     assert.match(quick, /```sh\nnpm run setup\nnpm test\n```/);
   });

@@ -71,7 +71,7 @@ const CASES = [
       assert.equal(candidates[done.bestIndex].ppl, done.bestPpl);
       assert.equal(done.liveBranchesAfter, 1, 'retainOnly leaves one branch');
       assert.ok(done.kvCellsAfter < done.kvCellsBefore, 'retainOnly frees KV cells');
-      assert.equal(done.kvCellsAfter, done.winnerPosition, 'only the winner\'s cells remain');
+      assert.equal(done.kvCellsAfter, done.winnerPosition, "only the winner's cells remain");
     },
   },
   {
@@ -86,7 +86,10 @@ const CASES = [
         assert.ok(s.beams.length >= 1 && s.beams.length <= start.width);
         assert.ok(s.liveBranches <= start.width, 'never more than k live branches');
         const scores = s.beams.map((b) => b.score);
-        assert.ok(scores.every((x) => isNum(x) && x <= 0), 'log-prob scores are <= 0');
+        assert.ok(
+          scores.every((x) => isNum(x) && x <= 0),
+          'log-prob scores are <= 0',
+        );
       }
       const hyps = byEvent(events, 'hypothesis');
       assert.ok(hyps.length >= 1);
@@ -113,8 +116,14 @@ const CASES = [
       const done = one(events, 'complete');
       assert.ok(done.outputTokens > 0);
       assert.ok(done.acceptRate >= 0 && done.acceptRate <= 1);
-      assert.equal(done.drafted, iterations.reduce((s, it) => s + it.drafted, 0));
-      assert.equal(done.accepted, iterations.reduce((s, it) => s + it.accepted, 0));
+      assert.equal(
+        done.drafted,
+        iterations.reduce((s, it) => s + it.drafted, 0),
+      );
+      assert.equal(
+        done.accepted,
+        iterations.reduce((s, it) => s + it.accepted, 0),
+      );
       // Every round yields its accepted draft tokens plus one token of the main branch.
       const bonus = iterations.filter((it) => it.bonus !== null).length;
       assert.equal(done.outputTokens, done.accepted + bonus);
@@ -124,8 +133,14 @@ const CASES = [
       // batch-invariant): at least 85 % top-1, every one within the top 2.
       assert.equal(done.greedyRanks.length, done.outputTokens);
       const top1 = done.greedyRanks.filter((r) => r === 0).length;
-      assert.ok(top1 >= 0.85 * done.outputTokens, `only ${top1}/${done.outputTokens} output tokens are plain greedy's choice`);
-      assert.ok(done.greedyRanks.every((r) => r < 2), `ranks ${done.greedyRanks.join(',')}`);
+      assert.ok(
+        top1 >= 0.85 * done.outputTokens,
+        `only ${top1}/${done.outputTokens} output tokens are plain greedy's choice`,
+      );
+      assert.ok(
+        done.greedyRanks.every((r) => r < 2),
+        `ranks ${done.greedyRanks.join(',')}`,
+      );
       assert.ok(done.greedyAgreement >= 1, 'the first token agrees with plain greedy decoding');
     },
   },
@@ -182,7 +197,10 @@ const CASES = [
     validate(events) {
       const start = one(events, 'start');
       const check = one(events, 'entropy_check');
-      assert.ok(Math.abs(check.branchEntropy - check.modelEntropy) < 1e-4, 'branch.entropy() === ctx.modelEntropy(logits)');
+      assert.ok(
+        Math.abs(check.branchEntropy - check.modelEntropy) < 1e-4,
+        'branch.entropy() === ctx.modelEntropy(logits)',
+      );
       const points = byEvent(events, 'branch_point');
       const tokens = byEvent(events, 'token');
       for (const p of points) {
@@ -213,10 +231,17 @@ const CASES = [
       one(events, 'start');
       const turns = byEvent(events, 'turn');
       assert.equal(turns.length, 2);
-      assert.deepEqual(turns.map((t) => t.warm), [false, true]);
+      assert.deepEqual(
+        turns.map((t) => t.warm),
+        [false, true],
+      );
       for (const t of turns) {
         assert.ok(t.tokens > 0 && t.tokens <= 12, `turn tokens ${t.tokens}`);
-        assert.equal(byEvent(events, 'token').filter((e) => e.turn === t.turn).length, t.tokens, 'every token is streamed');
+        assert.equal(
+          byEvent(events, 'token').filter((e) => e.turn === t.turn).length,
+          t.tokens,
+          'every token is streamed',
+        );
         assert.equal(typeof t.content, 'string');
       }
       // Warm turn: only the separator and the new user turn are decoded, nothing twice.
@@ -248,7 +273,14 @@ const CASES = [
       const search = one(events, 'search');
       assert.deepEqual(search.ranking.map((r) => r.index).sort(), [0, 1, 2, 3, 4]);
       for (let i = 1; i < search.ranking.length; i++) assert.ok(search.ranking[i - 1].score >= search.ranking[i].score);
-      assert.deepEqual(search.ranking.slice(0, 2).map((r) => r.index).sort(), [0, 1], 'the cat documents rank first for a cat query');
+      assert.deepEqual(
+        search.ranking
+          .slice(0, 2)
+          .map((r) => r.index)
+          .sort(),
+        [0, 1],
+        'the cat documents rank first for a cat query',
+      );
       assert.equal(one(events, 'complete').embeddings, start.documents);
     },
   },

@@ -21,7 +21,9 @@ describe('Branch.forkAt: prefix reuse', function () {
   after(() => ctx && ctx.dispose());
 
   async function prompts(repeat) {
-    const shared = await ctx.tokenize('You are a careful assistant who answers questions about geography. '.repeat(repeat));
+    const shared = await ctx.tokenize(
+      'You are a careful assistant who answers questions about geography. '.repeat(repeat),
+    );
     const cachedQuestion = await ctx.tokenize(' Question: what is the capital of Italy? Answer:', false);
     const newQuestion = await ctx.tokenize(' Question: what is the capital of France? Answer:', false);
     return { shared, cachedQuestion, newQuestion };
@@ -29,7 +31,7 @@ describe('Branch.forkAt: prefix reuse', function () {
 
   it('a child at a shared prefix, prefilled with a new suffix, matches a cold prefill of the same tokens', async () => {
     const { shared, cachedQuestion, newQuestion } = await prompts(12);
-    assert.ok(shared.length + cachedQuestion.length < 512, 'inside Gemma 3\'s 512-position window');
+    assert.ok(shared.length + cachedQuestion.length < 512, "inside Gemma 3's 512-position window");
     const cached = Branch.create(ctx, 0, { temperature: 0 });
     await cached.prefill([...shared, ...cachedQuestion]);
     const before = new BranchStore(ctx).kvPressure().cellsUsed;

@@ -174,7 +174,10 @@ describe('dispose and sharing', function () {
     const inflight = ctx.decode(tokens, 0, 0);
     const queued = ctx.decode([2], tokens.length, 0);
     ctx.dispose();
-    await inflight.then(() => {}, (e) => assert.equal(e.code, 'ERR_CONTEXT_DISPOSED'));
+    await inflight.then(
+      () => {},
+      (e) => assert.equal(e.code, 'ERR_CONTEXT_DISPOSED'),
+    );
     await rejects(() => queued, 'ERR_CONTEXT_DISPOSED');
   });
 });

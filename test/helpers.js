@@ -47,7 +47,9 @@ function argmax(a) {
 }
 
 function topK(a, k) {
-  return Array.from(a.keys()).sort((x, y) => a[y] - a[x]).slice(0, k);
+  return Array.from(a.keys())
+    .sort((x, y) => a[y] - a[x])
+    .slice(0, k);
 }
 
 /** Greedy continuation of `prompt` on a fresh branch of `ctx`: the `n` tokens (the branch is pruned). */

@@ -47,7 +47,11 @@ describe('KV exhaustion', function () {
       const b = root.fork();
       const c = root.fork();
       a.reseedSampler(1);
-      await store.prefill([[a, run(60, 1)], [b, run(60, 2)], [c, run(29, 3)]]);
+      await store.prefill([
+        [a, run(60, 1)],
+        [b, run(60, 2)],
+        [c, run(29, 3)],
+      ]);
       const all = [root, a, b, c];
       assert.equal(nCtx, 256);
       assert.equal(store.kvPressure().cellsUsed, 101 + 149);
@@ -66,10 +70,24 @@ describe('KV exhaustion', function () {
       before = snapshot(ctx, store, all);
       assert.equal(before.pressure.remaining, 1);
       const [t1, t2] = store.produce([b, c]).map((p) => p.token);
-      await rejects(() => store.commit([[b, t1], [c, t2]]), 'ERR_KV_FULL');
+      await rejects(
+        () =>
+          store.commit([
+            [b, t1],
+            [c, t2],
+          ]),
+        'ERR_KV_FULL',
+      );
       assertUnchanged(ctx, store, all, before, 'two-branch commit');
       // a multi-branch prefill that would need more than the free cell
-      await rejects(() => store.prefill([[b, run(3, 5)], [c, run(3, 6)]]), 'ERR_KV_FULL');
+      await rejects(
+        () =>
+          store.prefill([
+            [b, run(3, 5)],
+            [c, run(3, 6)],
+          ]),
+        'ERR_KV_FULL',
+      );
       assertUnchanged(ctx, store, all, before, 'store.prefill');
 
       // the last free cell still works, then the cache is exactly full
@@ -85,7 +103,11 @@ describe('KV exhaustion', function () {
       assert.equal(store.kvPressure().remaining, 60);
       for (let i = 0; i < 5; i++) {
         const produced = store.produce([root, a, c]);
-        await store.commit([[root, produced[0].token], [a, produced[1].token], [c, produced[2].token]]);
+        await store.commit([
+          [root, produced[0].token],
+          [a, produced[1].token],
+          [c, produced[2].token],
+        ]);
       }
       for (const x of [root, a, c]) assert.equal(ctx.kvSeqPosMax(x.seqId), x.position - 1);
       assert.equal(store.kvPressure().remaining, 45);

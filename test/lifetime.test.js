@@ -42,7 +42,9 @@ describe('resource lifetime', function () {
         await child.prune();
       }
       const growth = (rss() - before) / MiB;
-      console.log(`      10,000 fork/prune cycles in ${Date.now() - started} ms; RSS growth ${growth.toFixed(1)} MiB (${((growth * 1024) / 10000).toFixed(2)} KiB per cycle)`);
+      console.log(
+        `      10,000 fork/prune cycles in ${Date.now() - started} ms; RSS growth ${growth.toFixed(1)} MiB (${((growth * 1024) / 10000).toFixed(2)} KiB per cycle)`,
+      );
       // A fork copies a 1 MiB logits snapshot: leaking it (or the sampler chain) would grow RSS by
       // gigabytes here. 32 MiB covers allocator noise.
       assert.ok(growth < 32, `RSS grew ${growth.toFixed(1)} MiB over 10,000 cycles`);
@@ -71,7 +73,9 @@ describe('resource lifetime', function () {
         if (i % 250 === 0) samples.push(((rss() - before) / MiB).toFixed(1));
       }
       const growth = (rss() - before) / MiB;
-      console.log(`      1,000 create/dispose cycles in ${Date.now() - started} ms; RSS growth ${growth.toFixed(1)} MiB (after 250/500/750/1000: ${samples.join(' / ')} MiB)`);
+      console.log(
+        `      1,000 create/dispose cycles in ${Date.now() - started} ms; RSS growth ${growth.toFixed(1)} MiB (after 250/500/750/1000: ${samples.join(' / ')} MiB)`,
+      );
       // A leaked llama.cpp context (KV cache + compute buffers, several MiB each) would add
       // gigabytes over 1,000 cycles.
       assert.ok(growth < 400, `RSS grew ${growth.toFixed(1)} MiB over 1,000 cycles`);
@@ -96,7 +100,10 @@ describe('resource lifetime', function () {
       const fresh = root.fork();
       assert.deepEqual(nativeOf(ctx)._storeLiveHandles().sort(), [root.handle, fresh.handle].sort());
       assert.equal(store.available, 6);
-      await store.commit([[root, root.produce().token], [fresh, fresh.produce().token]]);
+      await store.commit([
+        [root, root.produce().token],
+        [fresh, fresh.produce().token],
+      ]);
       assert.equal(store.kvPressure().cellsUsed, root.position + 1);
       // many rounds: leases never run out although nothing is pruned explicitly
       for (let round = 0; round < 20; round++) {
@@ -124,12 +131,18 @@ describe('resource lifetime', function () {
       ctx.dispose(); // idempotent
       const settled = await Promise.allSettled([running, ...queued]);
       const first = settled[0];
-      assert.ok(first.status === 'fulfilled' || first.reason.code === 'ERR_CONTEXT_DISPOSED', `running op: ${first.reason && first.reason.message}`);
+      assert.ok(
+        first.status === 'fulfilled' || first.reason.code === 'ERR_CONTEXT_DISPOSED',
+        `running op: ${first.reason && first.reason.message}`,
+      );
       for (const s of settled.slice(1)) {
         assert.equal(s.status, 'rejected', 'a queued operation must not run after dispose');
         assert.equal(s.reason.code, 'ERR_CONTEXT_DISPOSED');
       }
-      assert.throws(() => root.position, (e) => e.code === 'ERR_CONTEXT_DISPOSED');
+      assert.throws(
+        () => root.position,
+        (e) => e.code === 'ERR_CONTEXT_DISPOSED',
+      );
       await root.prune(); // no-op after dispose, never a crash
       await assert.rejects(ctx.decode([1], 0), (e) => e.code === 'ERR_CONTEXT_DISPOSED');
     }

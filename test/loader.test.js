@@ -52,8 +52,15 @@ describe('loader: loadBinary(variant)', function () {
       }
       const err = throwsSync(() => llama.loadBinary(variant), 'ERR_NATIVE_LOAD');
       assert.match(err.message, new RegExp(`platform package ${platformPackageName(variant)}: not installed`));
-      assert.match(err.message, new RegExp(`LLAMA_BRANCH_FEATURES=${variant} LLAMA_BRANCH_BUILD_FROM_SOURCE=1 npm rebuild llama-branch`));
-      await rejects(() => llama.createContext({ modelPath: MODEL }, { gpuVariant: variant }), 'ERR_NATIVE_LOAD', /npm rebuild llama-branch/);
+      assert.match(
+        err.message,
+        new RegExp(`LLAMA_BRANCH_FEATURES=${variant} LLAMA_BRANCH_BUILD_FROM_SOURCE=1 npm rebuild llama-branch`),
+      );
+      await rejects(
+        () => llama.createContext({ modelPath: MODEL }, { gpuVariant: variant }),
+        'ERR_NATIVE_LOAD',
+        /npm rebuild llama-branch/,
+      );
     });
   }
 
@@ -67,7 +74,14 @@ describe('loader: loadBinary(variant)', function () {
 
 describe('loader: createContext(options, loadOptions)', function () {
   it('creates the context with the default binding for no, null, {} and gpuVariant "default"/"cpu"', async function () {
-    for (const loadOptions of [undefined, null, {}, { gpuVariant: 'default' }, { gpuVariant: 'cpu' }, { gpuVariant: undefined }]) {
+    for (const loadOptions of [
+      undefined,
+      null,
+      {},
+      { gpuVariant: 'default' },
+      { gpuVariant: 'cpu' },
+      { gpuVariant: undefined },
+    ]) {
       const ctx = await llama.createContext({ modelPath: MODEL, nCtx: 64, nSeqMax: 1 }, loadOptions);
       assert.ok(ctx instanceof llama.SessionContext);
       assert.ok(ctx.vocabSize > 0);
@@ -79,8 +93,16 @@ describe('loader: createContext(options, loadOptions)', function () {
     const opts = { modelPath: MODEL };
     await rejects(() => llama.createContext(opts, 'vulkan'), 'ERR_INVALID_ARG', /loadOptions must be an object/);
     await rejects(() => llama.createContext(opts, ['vulkan']), 'ERR_INVALID_ARG', /an array/);
-    await rejects(() => llama.createContext(opts, { gpu: 'vulkan' }), 'ERR_INVALID_ARG', /unknown loadOptions gpu; the only one is gpuVariant/);
-    await rejects(() => llama.createContext(opts, { gpuVariant: 'metal' }), 'ERR_INVALID_ARG', /loadOptions\.gpuVariant/);
+    await rejects(
+      () => llama.createContext(opts, { gpu: 'vulkan' }),
+      'ERR_INVALID_ARG',
+      /unknown loadOptions gpu; the only one is gpuVariant/,
+    );
+    await rejects(
+      () => llama.createContext(opts, { gpuVariant: 'metal' }),
+      'ERR_INVALID_ARG',
+      /loadOptions\.gpuVariant/,
+    );
     await rejects(() => llama.createContext(opts, { gpuVariant: 1 }), 'ERR_INVALID_ARG', /got number/);
   });
 });
@@ -184,7 +206,12 @@ describe('loader: resolution order (scratch package in a child process)', functi
     fakePlatformPackage(pkg, platformPackageName(null), { withBinary: false });
     let r = load(pkg);
     assert.equal(r.code, 'ERR_NATIVE_LOAD');
-    assert.match(r.message, new RegExp(`platform package ${platformPackageName(null)}: llama_branch\\.${KEY}\\.node is missing from the package`));
+    assert.match(
+      r.message,
+      new RegExp(
+        `platform package ${platformPackageName(null)}: llama_branch\\.${KEY}\\.node is missing from the package`,
+      ),
+    );
     const notAnAddon = path.join(dir, 'not-an-addon.node');
     fs.writeFileSync(notAnAddon, 'this is not a shared library');
     r = load(pkg, { env: { LLAMA_BRANCH_BINARY: notAnAddon } });
@@ -195,7 +222,10 @@ describe('loader: resolution order (scratch package in a child process)', functi
   it('a GPU variant comes from llama-branch-<platform>-<variant>, or a source build with that feature', function () {
     const gpuBinary = fakePlatformPackage(pkg, platformPackageName('vulkan'));
     const defaultBinary = fakePlatformPackage(pkg, platformPackageName(null));
-    assert.deepEqual(load(pkg, { variant: 'vulkan' }).binaries.sort(), [fs.realpathSync(defaultBinary), fs.realpathSync(gpuBinary)].sort());
+    assert.deepEqual(
+      load(pkg, { variant: 'vulkan' }).binaries.sort(),
+      [fs.realpathSync(defaultBinary), fs.realpathSync(gpuBinary)].sort(),
+    );
 
     const other = scratchPackage();
     const source = fakeSourceBuild(other, ['vulkan']);
@@ -210,13 +240,19 @@ describe('loader: resolution order (scratch package in a child process)', functi
     const beside = fakeSourceBuild(pkg, ['vulkan'], 'vulkan');
     fakePlatformPackage(pkg, platformPackageName('vulkan'));
     // Both static builds are loaded in one process: the default one by require, the other by loadBinary.
-    assert.deepEqual(load(pkg, { variant: 'vulkan' }).binaries.sort(), [fs.realpathSync(cpu), fs.realpathSync(beside)].sort());
+    assert.deepEqual(
+      load(pkg, { variant: 'vulkan' }).binaries.sort(),
+      [fs.realpathSync(cpu), fs.realpathSync(beside)].sort(),
+    );
     const other = scratchPackage();
     fakeSourceBuild(other, []);
     fakeSourceBuild(other, ['cuda'], 'vulkan');
     const r = load(other, { variant: 'vulkan' });
     assert.equal(r.code, 'ERR_NATIVE_LOAD');
-    assert.match(r.message, /source build build\/vulkan\/llama_branch\.node: built without the vulkan feature \(features: cuda\)/);
+    assert.match(
+      r.message,
+      /source build build\/vulkan\/llama_branch\.node: built without the vulkan feature \(features: cuda\)/,
+    );
     assert.match(r.message, /npm run build -- --out build\/vulkan/);
   });
 
@@ -225,12 +261,23 @@ describe('loader: resolution order (scratch package in a child process)', functi
     const env = { ...process.env, CARGO_HOME: path.join(dir, 'no-cargo'), PATH: path.dirname(process.execPath) };
     delete env.LLAMA_BRANCH_BINARY;
     delete env.LLAMA_BRANCH_SKIP_BUILD;
-    const skipped = spawnSync(process.execPath, [path.join(pkg, 'scripts', 'build.js')], { cwd: pkg, env, encoding: 'utf8' });
+    const skipped = spawnSync(process.execPath, [path.join(pkg, 'scripts', 'build.js')], {
+      cwd: pkg,
+      env,
+      encoding: 'utf8',
+    });
     assert.equal(skipped.status, 0, skipped.stderr);
-    assert.match(skipped.stderr, new RegExp(`using the prebuilt binary from ${platformPackageName(null)}; nothing to compile`));
+    assert.match(
+      skipped.stderr,
+      new RegExp(`using the prebuilt binary from ${platformPackageName(null)}; nothing to compile`),
+    );
     assert.ok(!fs.existsSync(path.join(pkg, 'build')), 'nothing may be built');
 
-    const forced = spawnSync(process.execPath, [path.join(pkg, 'scripts', 'build.js')], { cwd: pkg, env: { ...env, LLAMA_BRANCH_BUILD_FROM_SOURCE: '1' }, encoding: 'utf8' });
+    const forced = spawnSync(process.execPath, [path.join(pkg, 'scripts', 'build.js')], {
+      cwd: pkg,
+      env: { ...env, LLAMA_BRANCH_BUILD_FROM_SOURCE: '1' },
+      encoding: 'utf8',
+    });
     assert.notEqual(forced.status, 0);
     assert.match(forced.stderr, /LLAMA_BRANCH_BUILD_FROM_SOURCE=1: building from source/);
     assert.match(forced.stderr, /the Rust toolchain \(cargo\) was not found/);

@@ -102,10 +102,16 @@ describe('Batched step fast paths', function () {
     const a = r.fork();
     const b = r.fork();
     const [ta, tb] = topK(r.getLogits(), 2);
-    await store.commit([[a, ta], [b, tb]]);
+    await store.commit([
+      [a, ta],
+      [b, tb],
+    ]);
     const snapA = a.getLogits();
     const snapR = r.getLogits();
-    await store.commit([[b, b.produce().token], [r, r.produce().token]]);
+    await store.commit([
+      [b, b.produce().token],
+      [r, r.produce().token],
+    ]);
     await b.commit(b.produce().token);
     assert.deepEqual(a.getLogits(), snapA);
     assert.notDeepEqual(r.getLogits(), snapR);

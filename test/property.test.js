@@ -25,7 +25,9 @@ describe('randomised operation sequences (fast-check, seeded)', function () {
       throw e;
     }
     const { stats, model } = result;
-    console.log(`      ${stats.steps} steps in ${((Date.now() - started) / 1000).toFixed(1)} s; ${JSON.stringify(stats.byKind)}; kvFull ${stats.kvFull}, noFreeSequence ${stats.noFreeSequence}, aborted ${stats.aborted}`);
+    console.log(
+      `      ${stats.steps} steps in ${((Date.now() - started) / 1000).toFixed(1)} s; ${JSON.stringify(stats.byKind)}; kvFull ${stats.kvFull}, noFreeSequence ${stats.noFreeSequence}, aborted ${stats.aborted}`,
+    );
     assert.equal(stats.steps, STEPS);
     assert.ok(stats.kvFull > 0, 'the run should reach ERR_KV_FULL at least once');
     assert.ok(stats.noFreeSequence > 0, 'the run should exhaust the leases at least once');
@@ -34,10 +36,16 @@ describe('randomised operation sequences (fast-check, seeded)', function () {
     ctx.dispose();
     ctx.dispose();
     for (const b of survivors) {
-      assert.throws(() => b.position, (e) => e.code === 'ERR_CONTEXT_DISPOSED');
+      assert.throws(
+        () => b.position,
+        (e) => e.code === 'ERR_CONTEXT_DISPOSED',
+      );
       await assert.rejects(b.commit(1), (e) => e.code === 'ERR_CONTEXT_DISPOSED');
       await b.prune(); // freeing a branch of a disposed context is a no-op, never a crash
     }
-    assert.throws(() => Branch.create(ctx, 0), (e) => e.code === 'ERR_CONTEXT_DISPOSED');
+    assert.throws(
+      () => Branch.create(ctx, 0),
+      (e) => e.code === 'ERR_CONTEXT_DISPOSED',
+    );
   });
 });

@@ -17,9 +17,20 @@ const { nativeOf } = require('../lib/Context'); // internals, for checks the pub
 // Weights favour the cheap bookkeeping operations; decodes are short so thousands of steps fit
 // in CI time, and the small nCtx of the test makes the cache fill up regularly.
 const KINDS = [
-  ['create', 2], ['fork', 6], ['prune', 4], ['pruneSubtree', 1], ['retainOnly', 1],
-  ['commit', 5], ['prefill', 2], ['storePrefill', 1], ['produce', 4], ['destroy', 1],
-  ['freeDetached', 2], ['abortPrefill', 1], ['useDisposed', 3], ['fill', 1],
+  ['create', 2],
+  ['fork', 6],
+  ['prune', 4],
+  ['pruneSubtree', 1],
+  ['retainOnly', 1],
+  ['commit', 5],
+  ['prefill', 2],
+  ['storePrefill', 1],
+  ['produce', 4],
+  ['destroy', 1],
+  ['freeDetached', 2],
+  ['abortPrefill', 1],
+  ['useDisposed', 3],
+  ['fill', 1],
 ];
 
 /** One random step: a kind plus the random choices it needs. */
@@ -130,10 +141,21 @@ function checkInvariants(ctx, store, model) {
     assert.ok(!seqs.has(seq), `sequence ${seq} leased twice`);
     seqs.add(seq);
     assert.equal(ctx.kvSeqPosMax(seq), s.position - 1, `branch ${b.handle}: position == pos_max + 1 of seq ${seq}`);
-    assert.equal(s.runs.reduce((n, r) => n + model.runs.get(r), 0), s.position, 'model: runs cover the position');
+    assert.equal(
+      s.runs.reduce((n, r) => n + model.runs.get(r), 0),
+      s.position,
+      'model: runs cover the position',
+    );
   }
-  const handles = nativeOf(ctx)._storeLiveHandles().slice().sort((a, b) => a - b);
-  assert.deepEqual(handles, [...model.live.keys()].map((b) => b.handle).sort((a, b) => a - b), 'live handles');
+  const handles = nativeOf(ctx)
+    ._storeLiveHandles()
+    .slice()
+    .sort((a, b) => a - b);
+  assert.deepEqual(
+    handles,
+    [...model.live.keys()].map((b) => b.handle).sort((a, b) => a - b),
+    'live handles',
+  );
   assert.equal(store.available, model.available(), 'leases in use + available == nSeqMax');
   assert.equal(model.live.size + model.detached.size + store.available, model.nSeqMax);
   const p = store.kvPressure();
@@ -143,7 +165,10 @@ function checkInvariants(ctx, store, model) {
   assert.equal(p.remaining, p.nCtx - p.cellsUsed);
   for (const d of model.disposed.slice(-3)) {
     assert.equal(d.disposed, true);
-    assert.throws(() => d.position, (e) => e.code === 'ERR_BRANCH_DISPOSED');
+    assert.throws(
+      () => d.position,
+      (e) => e.code === 'ERR_BRANCH_DISPOSED',
+    );
   }
 }
 
@@ -260,7 +285,8 @@ async function runStep(ctx, store, model, step, stats) {
       if (chosen.length === 0) return;
       const produced = store.produce(chosen);
       const entries = chosen.map((b, j) => [b, produced[j].token]);
-      const full = chosen.some((b) => model.live.get(b).position + 1 > model.nCtx) ||
+      const full =
+        chosen.some((b) => model.live.get(b).position + 1 > model.nCtx) ||
         model.physicalCells() + chosen.length > model.nCtx;
       if (full) {
         await expectCode(store.commit(entries), 'ERR_KV_FULL');
@@ -275,7 +301,8 @@ async function runStep(ctx, store, model, step, stats) {
     case 'fill':
     case 'prefill':
     case 'storePrefill': {
-      const chosen = step.kind !== 'storePrefill' ? (target ? [target] : []) : pickSome(live, step.pick, Math.min(step.count, 3));
+      const chosen =
+        step.kind !== 'storePrefill' ? (target ? [target] : []) : pickSome(live, step.pick, Math.min(step.count, 3));
       if (chosen.length === 0) return;
       let lengths = chosen.map((b, j) => step.length + j);
       if (step.kind === 'fill') {
@@ -286,9 +313,11 @@ async function runStep(ctx, store, model, step, stats) {
       }
       const runs = chosen.map((b, j) => tokensOf({ token: step.token + j }, lengths[j]));
       const needed = runs.reduce((n, r) => n + r.length, 0);
-      const full = chosen.some((b, j) => model.live.get(b).position + runs[j].length > model.nCtx) ||
+      const full =
+        chosen.some((b, j) => model.live.get(b).position + runs[j].length > model.nCtx) ||
         model.physicalCells() + needed > model.nCtx;
-      const call = () => (step.kind !== 'storePrefill' ? chosen[0].prefill(runs[0]) : store.prefill(chosen.map((b, j) => [b, runs[j]])));
+      const call = () =>
+        step.kind !== 'storePrefill' ? chosen[0].prefill(runs[0]) : store.prefill(chosen.map((b, j) => [b, runs[j]]));
       if (full) {
         await expectCode(call, 'ERR_KV_FULL');
         stats.kvFull++;

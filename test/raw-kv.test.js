@@ -52,7 +52,10 @@ describe('raw decode, logits view, KV and state', function () {
       const logits = ctx.getLogits();
       assert.ok(logits instanceof Float32Array);
       assert.equal(logits.length, ctx.vocabSize);
-      assert.ok(logits.some((x) => x !== 0), 'some logit is non-zero');
+      assert.ok(
+        logits.some((x) => x !== 0),
+        'some logit is non-zero',
+      );
       assert.ok(!logits.some((x) => Number.isNaN(x)), 'no NaN');
       const h = ctx.modelEntropy();
       assert.ok(Number.isFinite(h) && h >= 0);
@@ -136,7 +139,15 @@ describe('raw decode, logits view, KV and state', function () {
         const fill = Array.from({ length: small.nCtx - 4 }, (_, i) => 1000 + i);
         await small.decode(fill, 0, 0);
         // Positions 0..9 are valid for sequence 1, but only 4 cells are free: llama_decode fails.
-        await rejects(() => small.decode(Array.from({ length: 10 }, (_, i) => 2000 + i), 0, 1), 'ERR_KV_FULL');
+        await rejects(
+          () =>
+            small.decode(
+              Array.from({ length: 10 }, (_, i) => 2000 + i),
+              0,
+              1,
+            ),
+          'ERR_KV_FULL',
+        );
         assert.equal(small.kvSeqPosMax(1), -1, 'no half-written cells remain');
         assert.equal(small.kvSeqPosMax(0), fill.length - 1, 'the other sequence is intact');
       } finally {
@@ -189,8 +200,18 @@ describe('raw decode, logits view, KV and state', function () {
         await revokedBy(() => root.prefill(prompt));
         const child = root.fork();
         await revokedBy(() => root.commit(root.produce().token));
-        await revokedBy(() => store.commit([[root, root.produce().token], [child, child.produce().token]]));
-        await revokedBy(() => store.prefill([[root, [5, 6]], [child, [7]]]));
+        await revokedBy(() =>
+          store.commit([
+            [root, root.produce().token],
+            [child, child.produce().token],
+          ]),
+        );
+        await revokedBy(() =>
+          store.prefill([
+            [root, [5, 6]],
+            [child, [7]],
+          ]),
+        );
         await revokedBy(() => child.decodeAndCaptureOne(8));
       } finally {
         await root.pruneSubtree();
@@ -339,7 +360,11 @@ describe('raw decode, logits view, KV and state', function () {
         assert.ok((await ctx.kvCacheWriteFile(seq, file, prompt)) > 0);
         assert.equal(ctx.kvSeqPosMax(seq), prompt.length - 1);
         await rejects(() => ctx.decode([5], prompt.length, seq), 'ERR_INVALID_ARG', /leased/);
-        await rejects(() => ctx.decodeAndCapture([5], prompt.length, seq, new Float32Array(ctx.vocabSize)), 'ERR_INVALID_ARG', /leased/);
+        await rejects(
+          () => ctx.decodeAndCapture([5], prompt.length, seq, new Float32Array(ctx.vocabSize)),
+          'ERR_INVALID_ARG',
+          /leased/,
+        );
         await rejects(() => ctx.kvCacheRemove(seq, 0, -1), 'ERR_INVALID_ARG', /leased/);
         await rejects(() => ctx.kvCacheLoad(seq, state), 'ERR_INVALID_ARG', /leased/);
         await rejects(() => ctx.kvCacheReadFile(seq, file), 'ERR_INVALID_ARG', /leased/);
@@ -414,7 +439,11 @@ describe('raw decode, logits view, KV and state', function () {
 
     it('checks dest before decoding', async () => {
       const tokens = await ctx.tokenize('Hello');
-      await rejects(() => ctx.decodeAndCapture(tokens, 0, 0, new Float32Array(ctx.vocabSize - 1)), 'ERR_INVALID_ARG', /vocabSize/);
+      await rejects(
+        () => ctx.decodeAndCapture(tokens, 0, 0, new Float32Array(ctx.vocabSize - 1)),
+        'ERR_INVALID_ARG',
+        /vocabSize/,
+      );
       await rejects(() => ctx.decodeAndCapture(tokens, 0, 0, new ArrayBuffer(16)), 'ERR_INVALID_ARG', /vocabSize/);
       await rejects(() => ctx.decodeAndCapture(tokens, 0, 0, new Float64Array(ctx.vocabSize)), 'ERR_INVALID_ARG');
       await rejects(() => ctx.decodeAndCapture(tokens, 0, 0, []), 'ERR_INVALID_ARG');
@@ -522,9 +551,21 @@ describe('raw decode, logits view, KV and state', function () {
         state.subarray(0, 100),
         state.subarray(0, state.length - 1),
         Buffer.concat([state, Buffer.from([1, 2, 3])]),
-        (() => { const b = Buffer.from(state); b.writeUInt32LE(7, 8); return b; })(), // stream count
-        (() => { const b = Buffer.from(state); b.writeUInt32LE(1 << 30, 12); return b; })(), // cell count
-        (() => { const b = Buffer.from(state); b.writeUInt32LE(3, 20); return b; })(), // n_seq_id of a cell
+        (() => {
+          const b = Buffer.from(state);
+          b.writeUInt32LE(7, 8);
+          return b;
+        })(), // stream count
+        (() => {
+          const b = Buffer.from(state);
+          b.writeUInt32LE(1 << 30, 12);
+          return b;
+        })(), // cell count
+        (() => {
+          const b = Buffer.from(state);
+          b.writeUInt32LE(3, 20);
+          return b;
+        })(), // n_seq_id of a cell
       ];
       for (const bad of candidates) {
         await rejects(() => ctx.kvCacheLoad(1, bad), 'ERR_STATE');
@@ -541,11 +582,19 @@ describe('raw decode, logits view, KV and state', function () {
       const good = path.join(tmp, 'good.bin');
       await ctx.kvCacheWriteFile(0, good, prompt);
       const bytes = fs.readFileSync(good);
-      const write = (name, data) => { const p = path.join(tmp, name); fs.writeFileSync(p, data); return p; };
+      const write = (name, data) => {
+        const p = path.join(tmp, name);
+        fs.writeFileSync(p, data);
+        return p;
+      };
       await rejects(() => ctx.kvCacheReadFile(1, path.join(tmp, 'missing.bin')), 'ERR_INVALID_ARG', /cannot open/);
       await rejects(() => ctx.kvCacheReadFile(1, ''), 'ERR_INVALID_ARG');
       await rejects(() => ctx.kvCacheReadFile(1, tmp), 'ERR_INVALID_ARG');
-      await rejects(() => ctx.kvCacheReadFile(1, write('text.bin', 'hello, this is not a state file')), 'ERR_STATE', /magic/);
+      await rejects(
+        () => ctx.kvCacheReadFile(1, write('text.bin', 'hello, this is not a state file')),
+        'ERR_STATE',
+        /magic/,
+      );
       await rejects(() => ctx.kvCacheReadFile(1, write('short.bin', bytes.subarray(0, 6))), 'ERR_STATE');
       await rejects(() => ctx.kvCacheReadFile(1, write('cut.bin', bytes.subarray(0, bytes.length - 10))), 'ERR_STATE');
       const badVersion = Buffer.from(bytes);
@@ -558,7 +607,11 @@ describe('raw decode, logits view, KV and state', function () {
       badToken.writeInt32LE(ctx.vocabSize + 5, 12);
       await rejects(() => ctx.kvCacheReadFile(1, write('token.bin', badToken)), 'ERR_STATE', /vocabulary/);
       assert.equal(ctx.kvSeqPosMax(1), -1, 'nothing was loaded');
-      await rejects(() => ctx.kvCacheWriteFile(0, path.join(tmp, 'no', 'such', 'dir.bin'), prompt), 'ERR_INVALID_ARG', /cannot write/);
+      await rejects(
+        () => ctx.kvCacheWriteFile(0, path.join(tmp, 'no', 'such', 'dir.bin'), prompt),
+        'ERR_INVALID_ARG',
+        /cannot write/,
+      );
       await rejects(() => ctx.kvCacheWriteFile(0, '', prompt), 'ERR_INVALID_ARG');
       await rejects(() => ctx.kvCacheWriteFile(0, good, [ctx.vocabSize]), 'ERR_TOKEN_OUT_OF_RANGE');
       await rejects(() => ctx.kvCacheWriteFile(0, good, new Array(ctx.nCtx + 1).fill(1)), 'ERR_INVALID_ARG');
@@ -601,7 +654,10 @@ describe('raw decode, logits view, KV and state', function () {
       throwsSync(() => own.getLogits(), 'ERR_CONTEXT_DISPOSED');
       throwsSync(() => own.kvSeqKeep(0), 'ERR_CONTEXT_DISPOSED');
       await rejects(() => own.kvCacheSave(0), 'ERR_CONTEXT_DISPOSED');
-      await rejects(() => own.kvCacheLoad(0, Buffer.from([0xd8, 0x3c, 0x14, 0xaf, 0, 0, 0, 0])), 'ERR_CONTEXT_DISPOSED');
+      await rejects(
+        () => own.kvCacheLoad(0, Buffer.from([0xd8, 0x3c, 0x14, 0xaf, 0, 0, 0, 0])),
+        'ERR_CONTEXT_DISPOSED',
+      );
       await rejects(() => own.clearAndReseed([1], []), 'ERR_CONTEXT_DISPOSED');
       await rejects(() => own.kvCacheWriteFile(0, path.join(tmp, 'x.bin'), []), 'ERR_CONTEXT_DISPOSED');
       await rejects(() => own.kvCacheReadFile(0, path.join(tmp, 'x.bin')), 'ERR_CONTEXT_DISPOSED');

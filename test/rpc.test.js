@@ -27,7 +27,9 @@ function freePort() {
 /** Starts `llama-branch rpc-server` on a free loopback port; resolves once it says it listens. */
 async function startServer() {
   const port = await freePort();
-  const proc = spawn(process.execPath, [CLI, 'rpc-server', '--port', String(port), '--threads', '1'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(process.execPath, [CLI, 'rpc-server', '--port', String(port), '--threads', '1'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let output = '';
   await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`rpc-server did not start in 30 s:\n${output}`)), 30000);
@@ -64,7 +66,6 @@ function rss(pid) {
   }
 }
 
-
 describe('RPC backend: two loopback rpc-server processes', function () {
   this.timeout(240000);
   const servers = [];
@@ -85,29 +86,49 @@ describe('RPC backend: two loopback rpc-server processes', function () {
       }
     }
     for (const s of servers) stop(s);
-    await Promise.all(servers.map((s) => (s.proc.exitCode === null && s.proc.signalCode === null ? new Promise((r) => s.proc.once('exit', r)) : null)));
+    await Promise.all(
+      servers.map((s) =>
+        s.proc.exitCode === null && s.proc.signalCode === null ? new Promise((r) => s.proc.once('exit', r)) : null,
+      ),
+    );
   });
 
   it("lists each server's devices with their memory", () => {
     const devices = listDevices({ rpcServers: servers.map((s) => s.endpoint) });
     const remote = devices.filter((d) => d.type === 'rpc');
     assert.equal(remote.length, 2, JSON.stringify(devices));
-    assert.deepEqual(remote.map((d) => d.description), servers.map((s) => s.endpoint));
+    assert.deepEqual(
+      remote.map((d) => d.description),
+      servers.map((s) => s.endpoint),
+    );
     for (const d of remote) assert.ok(d.memoryTotal > 0 && d.memoryFree > 0, JSON.stringify(d));
   });
 
   it('loads the model spread over both servers (each server holds layers)', async () => {
     const before = servers.map((s) => rss(s.proc.pid));
-    rpc = await createContext({ modelPath: MODEL, nCtx: 1024, nThreads: 2, nSeqMax: 9, rpcServers: servers.map((s) => s.endpoint) });
+    rpc = await createContext({
+      modelPath: MODEL,
+      nCtx: 1024,
+      nThreads: 2,
+      nSeqMax: 9,
+      rpcServers: servers.map((s) => s.endpoint),
+    });
     contexts.push(rpc);
     const { layers, totalLayers, devices } = rpc.offload;
     assert.equal(layers, totalLayers);
     assert.equal(devices.length, 2);
-    assert.ok(devices.every((d) => /^RPC\d+$/.test(d)), devices.join());
+    assert.ok(
+      devices.every((d) => /^RPC\d+$/.test(d)),
+      devices.join(),
+    );
     if (before.every((b) => b !== null)) {
       const grew = servers.map((s, i) => rss(s.proc.pid) - before[i]);
       // Each holds about half of the ~100 MB of block weights (the second also the output layer).
-      for (const g of grew) assert.ok(g > 8 * 1024 * 1024, `server memory grew by ${grew.map((x) => (x / 1048576).toFixed(1)).join(' and ')} MiB`);
+      for (const g of grew)
+        assert.ok(
+          g > 8 * 1024 * 1024,
+          `server memory grew by ${grew.map((x) => (x / 1048576).toFixed(1)).join(' and ')} MiB`,
+        );
     }
   });
 
@@ -169,8 +190,16 @@ describe('RPC backend: two loopback rpc-server processes', function () {
 
   it('bad placement with servers: wrong tensorSplit length, unknown device', async () => {
     const rpcServers = servers.map((s) => s.endpoint);
-    await rejects(() => createContext({ modelPath: MODEL, rpcServers, tensorSplit: [1, 1, 1] }), 'ERR_DEVICE', /tensorSplit has 3 entries but 2 devices/);
-    await rejects(() => createContext({ modelPath: MODEL, rpcServers, devices: ['RPC99'] }), 'ERR_DEVICE', /unknown device/);
+    await rejects(
+      () => createContext({ modelPath: MODEL, rpcServers, tensorSplit: [1, 1, 1] }),
+      'ERR_DEVICE',
+      /tensorSplit has 3 entries but 2 devices/,
+    );
+    await rejects(
+      () => createContext({ modelPath: MODEL, rpcServers, devices: ['RPC99'] }),
+      'ERR_DEVICE',
+      /unknown device/,
+    );
   });
 
   it('a context disposed before its server dies is collected later without hanging', async () => {
@@ -222,12 +251,19 @@ describe('RPC backend: two loopback rpc-server processes', function () {
     assert.ok(error, 'generation went on after the server died');
     assert.equal(error.code, 'ERR_CONTEXT_LOST', error.message);
     assert.match(error.message, new RegExp(dying.endpoint));
-    assert.doesNotMatch(error.message, new RegExp(surviving.endpoint), `only the dead server is blamed: ${error.message}; surviving exit ${surviving.proc.exitCode} ${surviving.proc.signalCode}`);
+    assert.doesNotMatch(
+      error.message,
+      new RegExp(surviving.endpoint),
+      `only the dead server is blamed: ${error.message}; surviving exit ${surviving.proc.exitCode} ${surviving.proc.signalCode}`,
+    );
     assert.ok(waited < 15000, `the error took ${waited} ms`);
     console.log(`      (ERR_CONTEXT_LOST ${waited} ms after the kill)`);
     assert.equal(rpc.lost, true);
     await rejects(() => rpc.tokenize('x'), 'ERR_CONTEXT_LOST');
-    assert.throws(() => b.produce(), (e) => e.code === 'ERR_CONTEXT_LOST');
+    assert.throws(
+      () => b.produce(),
+      (e) => e.code === 'ERR_CONTEXT_LOST',
+    );
     // The dead endpoint is refused from now on (ggml keeps its parked connection).
     await rejects(() => createContext({ modelPath: MODEL, rpcServers: [dying.endpoint] }), 'ERR_RPC_UNREACHABLE');
     // Other contexts keep working: the one on the surviving server, and a new local one.

@@ -209,7 +209,11 @@ describe('Sampling parameters, grammar and determinism', function () {
   });
 
   it('a JSON-schema grammar yields parseable JSON that matches the schema; forks diverge independently', async () => {
-    const schema = { type: 'object', properties: { name: { type: 'string' }, age: { type: 'integer' } }, required: ['name', 'age'] };
+    const schema = {
+      type: 'object',
+      properties: { name: { type: 'string' }, age: { type: 'integer' } },
+      required: ['name', 'age'],
+    };
     const grammar = await jsonSchemaToGrammar(schema);
     assert.match(grammar, /root/);
     await rejects(() => jsonSchemaToGrammar('not valid json {{{'), 'ERR_GRAMMAR');

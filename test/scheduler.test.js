@@ -10,7 +10,8 @@ const { Scheduler } = require('..');
 const { open, rejects } = require('./helpers');
 
 const GREEDY = { temperature: 0 };
-const SYSTEM = 'You are a patient teacher. Answer every question in one short sentence, with simple words, and never use lists.';
+const SYSTEM =
+  'You are a patient teacher. Answer every question in one short sentence, with simple words, and never use lists.';
 
 /** Resolves once `gen` has emitted `count` token events. */
 async function tokensSeen(gen, count) {
@@ -22,7 +23,10 @@ async function tokensSeen(gen, count) {
 }
 
 function chat(question) {
-  return [{ role: 'system', content: SYSTEM }, { role: 'user', content: question }];
+  return [
+    { role: 'system', content: SYSTEM },
+    { role: 'user', content: question },
+  ];
 }
 
 describe('Scheduler', function () {
@@ -86,7 +90,10 @@ describe('Scheduler', function () {
     const shared = steps.slice(joinedAt, shortEnded).filter((st) => st.rows === 2);
     assert.ok(shared.length >= 4, `steps with both requests in one decode: ${shared.length}`);
     assert.ok(steps.slice(shortEnded).every((st) => st.rows <= 1));
-    assert.ok(steps.slice(shortEnded).some((st) => st.rows === 1), 'the long request went on alone');
+    assert.ok(
+      steps.slice(shortEnded).some((st) => st.rows === 1),
+      'the long request went on alone',
+    );
     assert.equal(s.stats().running, 0);
   });
 
@@ -128,13 +135,18 @@ describe('Scheduler', function () {
     assert.ok(common >= 16 && common < b.length, `common prefix ${common} of ${b.length}`);
     assert.equal(second.usage.cachedPromptTokens, common);
     assert.equal(s.stats().prefilledTokens - before, b.length - common);
-    assert.ok(second.choices[0].perplexity < 50, `coherent after the fork (perplexity ${second.choices[0].perplexity})`);
+    assert.ok(
+      second.choices[0].perplexity < 50,
+      `coherent after the fork (perplexity ${second.choices[0].perplexity})`,
+    );
   });
 
   it('concurrent requests sharing a new system prompt prefill it once', async () => {
     const s = start();
     const questions = ['What is snow?', 'What is a river?', 'What is wind?'];
-    const results = await Promise.all(questions.map((q) => s.generate({ messages: chat(q), maxTokens: 3, params: GREEDY })));
+    const results = await Promise.all(
+      questions.map((q) => s.generate({ messages: chat(q), maxTokens: 3, params: GREEDY })),
+    );
     const cached = results.map((r) => r.usage.cachedPromptTokens);
     assert.equal(cached[0], 0);
     assert.ok(cached[1] > 0 && cached[1] === cached[2], `cached ${cached}`);
@@ -144,19 +156,31 @@ describe('Scheduler', function () {
 
   it('n = 4: one prompt prefill, four forks decoded together, reproducible with a seed', async () => {
     const s = start();
-    const request = { prompt: 'My favourite animal is the', n: 4, maxTokens: 6, seed: 1234, params: { temperature: 1.2, topK: 100, topP: 1, minP: 0 } };
+    const request = {
+      prompt: 'My favourite animal is the',
+      n: 4,
+      maxTokens: 6,
+      seed: 1234,
+      params: { temperature: 1.2, topK: 100, topP: 1, minP: 0 },
+    };
     const first = await s.generate(request);
     const promptTokens = first.usage.promptTokens;
     assert.equal(s.stats().prefilledTokens, promptTokens, 'the prompt was decoded once, not once per choice');
     assert.equal(first.choices.length, 4);
     assert.equal(first.usage.completionTokens, 24);
-    assert.ok(steps.some((st) => st.rows === 4), 'the four choices advanced in one decode');
+    assert.ok(
+      steps.some((st) => st.rows === 4),
+      'the four choices advanced in one decode',
+    );
     const texts = first.choices.map((c) => c.text);
     assert.ok(new Set(texts).size >= 2, `differently seeded choices should differ: ${JSON.stringify(texts)}`);
     // run alone again: the whole prompt now comes from the cache; seeds make it the same
     const second = await s.generate(request);
     assert.equal(second.usage.cachedPromptTokens, promptTokens);
-    assert.deepEqual(second.choices.map((c) => c.tokens), first.choices.map((c) => c.tokens));
+    assert.deepEqual(
+      second.choices.map((c) => c.tokens),
+      first.choices.map((c) => c.tokens),
+    );
   });
 
   it('stop strings end a choice across token boundaries; text is cut before them', async () => {
@@ -174,8 +198,18 @@ describe('Scheduler', function () {
 
   it('jsonSchema: the output is JSON of that shape', async () => {
     const s = start();
-    const schema = { type: 'object', properties: { name: { type: 'string', maxLength: 8 }, age: { type: 'integer', maximum: 200 } }, required: ['name', 'age'], additionalProperties: false };
-    const { choices } = await s.generate({ messages: [{ role: 'user', content: 'Invent a person. Reply in JSON.' }], jsonSchema: schema, maxTokens: 40, params: GREEDY });
+    const schema = {
+      type: 'object',
+      properties: { name: { type: 'string', maxLength: 8 }, age: { type: 'integer', maximum: 200 } },
+      required: ['name', 'age'],
+      additionalProperties: false,
+    };
+    const { choices } = await s.generate({
+      messages: [{ role: 'user', content: 'Invent a person. Reply in JSON.' }],
+      jsonSchema: schema,
+      maxTokens: 40,
+      params: GREEDY,
+    });
     assert.equal(choices[0].finishReason, 'stop', choices[0].text);
     const value = JSON.parse(choices[0].text);
     assert.equal(typeof value.name, 'string');
@@ -206,7 +240,10 @@ describe('Scheduler', function () {
     const waiting = scheduler.generate({ prompt: 'Hello there', maxTokens: 4, signal: queuedAbort.signal });
     queuedAbort.abort();
     const w = await waiting;
-    assert.deepEqual(w.choices.map((x) => [x.finishReason, x.tokens.length]), [['abort', 0]]);
+    assert.deepEqual(
+      w.choices.map((x) => [x.finishReason, x.tokens.length]),
+      [['abort', 0]],
+    );
     await blocker;
   });
 
@@ -254,7 +291,10 @@ describe('Scheduler', function () {
       scheduler = s;
       // the topic comes first so that no two prompts share a prefix: partial reuse (forkAt)
       // would otherwise touch older entries and change which one is least recently used
-      const paragraph = (topic) => `${topic}: here is a long and detailed description, written for students who want to understand it well. `.repeat(4);
+      const paragraph = (topic) =>
+        `${topic}: here is a long and detailed description, written for students who want to understand it well. `.repeat(
+          4,
+        );
       // fill the cache with three ~80-token prompts, oldest first
       for (const topic of ['volcanoes', 'glaciers', 'deserts']) {
         await s.generate({ prompt: paragraph(topic), maxTokens: 2, params: GREEDY });
@@ -266,7 +306,12 @@ describe('Scheduler', function () {
       // ~80 prompt + 200 new cells only fit once the two oldest prefixes are gone; it is
       // aborted after two tokens (admission is what matters here)
       const controller = new AbortController();
-      const big = s.generate({ prompt: paragraph('oceans'), maxTokens: 200, params: GREEDY, signal: controller.signal });
+      const big = s.generate({
+        prompt: paragraph('oceans'),
+        maxTokens: 200,
+        params: GREEDY,
+        signal: controller.signal,
+      });
       await tokensSeen(big, 2);
       controller.abort();
       const [r, b] = await Promise.all([running, big]);
@@ -274,10 +319,14 @@ describe('Scheduler', function () {
       assert.equal(b.choices[0].finishReason, 'abort');
       assert.equal(r.choices[0].finishReason, 'length');
       assert.equal(r.choices[0].tokens.length, 12);
-      assert.ok(r.choices[0].perplexity < 20, `the running request's text stayed coherent (perplexity ${r.choices[0].perplexity})`);
+      assert.ok(
+        r.choices[0].perplexity < 20,
+        `the running request's text stayed coherent (perplexity ${r.choices[0].perplexity})`,
+      );
       // the running request's prompt was pinned while it ran, and the newest idle prefix
       // survived; the least recently used one was evicted
-      const cachedShare = async (topic) => (await s.generate({ prompt: paragraph(topic), maxTokens: 1, params: GREEDY })).usage.cachedPromptTokens;
+      const cachedShare = async (topic) =>
+        (await s.generate({ prompt: paragraph(topic), maxTokens: 1, params: GREEDY })).usage.cachedPromptTokens;
       assert.ok((await cachedShare('forests')) > 0);
       assert.ok((await cachedShare('deserts')) > 0);
       assert.equal(await cachedShare('volcanoes'), 0);

@@ -15,12 +15,19 @@ const GREEDY = { temperature: 0 };
 
 /** Starts the server; resolves `{ child, url }` once it printed its `listening on` line. */
 function startServer(args) {
-  const child = spawn(process.execPath, [BIN, 'serve', '--model', MODEL, '--port', '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [BIN, 'serve', '--model', MODEL, '--port', '0', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let out = '';
   let err = '';
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`no "listening on" line within 60 s; stdout: ${out} stderr: ${err}`)), 60000);
-    child.stderr.on('data', (d) => { err += d; });
+    const timer = setTimeout(
+      () => reject(new Error(`no "listening on" line within 60 s; stdout: ${out} stderr: ${err}`)),
+      60000,
+    );
+    child.stderr.on('data', (d) => {
+      err += d;
+    });
     child.stdout.on('data', (d) => {
       out += d;
       const m = /listening on (http:\/\/\S+)/.exec(out);
@@ -72,12 +79,20 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
     model = path.basename(MODEL).replace(/\.gguf$/, '');
   });
   after(async () => {
-    if (server) assert.equal(await stopServer(server.child), 0, `the server exits cleanly on SIGTERM; stderr: ${server.stderr()}`);
+    if (server)
+      assert.equal(
+        await stopServer(server.child),
+        0,
+        `the server exits cleanly on SIGTERM; stderr: ${server.stderr()}`,
+      );
   });
 
   it('lists its model and reports health', async () => {
     const list = await client.models.list();
-    assert.deepEqual(list.data.map((m) => m.id), [model]);
+    assert.deepEqual(
+      list.data.map((m) => m.id),
+      [model],
+    );
     const h = await health();
     assert.equal(h.status, 'ok');
     assert.equal(h.running, 0);
@@ -93,7 +108,14 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
     assert.equal(r.usage.completion_tokens, 8);
     assert.ok(r.usage.prompt_tokens > 0);
 
-    const stream = await client.completions.create({ model, prompt: 'The capital of Italy is', max_tokens: 8, stream: true, stream_options: { include_usage: true }, ...GREEDY });
+    const stream = await client.completions.create({
+      model,
+      prompt: 'The capital of Italy is',
+      max_tokens: 8,
+      stream: true,
+      stream_options: { include_usage: true },
+      ...GREEDY,
+    });
     let text = '';
     let finish = null;
     let usage = null;
@@ -113,14 +135,23 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
   });
 
   it('chat: non-streaming and streaming, through the chat template', async () => {
-    const messages = [{ role: 'system', content: 'You answer in one word.' }, { role: 'user', content: 'What colour is the sky?' }];
+    const messages = [
+      { role: 'system', content: 'You answer in one word.' },
+      { role: 'user', content: 'What colour is the sky?' },
+    ];
     const r = await client.chat.completions.create({ model, messages, max_tokens: 12, ...GREEDY });
     assert.equal(r.object, 'chat.completion');
     assert.equal(r.choices[0].message.role, 'assistant');
     assert.ok(r.choices[0].message.content.trim().length > 0);
     assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason));
 
-    const stream = await client.chat.completions.create({ model, messages: [messages[0], { role: 'user', content: 'What colour is grass?' }], max_tokens: 12, stream: true, ...GREEDY });
+    const stream = await client.chat.completions.create({
+      model,
+      messages: [messages[0], { role: 'user', content: 'What colour is grass?' }],
+      max_tokens: 12,
+      stream: true,
+      ...GREEDY,
+    });
     let content = '';
     let role = null;
     let finish = null;
@@ -134,20 +165,47 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
     assert.ok(content.trim().length > 0);
     assert.ok(['stop', 'length'].includes(finish));
     // the shared system prompt came from the prefix cache
-    const again = await client.chat.completions.create({ model, messages: [messages[0], { role: 'user', content: 'What colour is snow?' }], max_tokens: 2, ...GREEDY });
+    const again = await client.chat.completions.create({
+      model,
+      messages: [messages[0], { role: 'user', content: 'What colour is snow?' }],
+      max_tokens: 2,
+      ...GREEDY,
+    });
     assert.ok(again.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(again.usage));
   });
 
   it('n = 3 gives three choices from one prompt', async () => {
-    const r = await client.completions.create({ model, prompt: 'My favourite fruit is', max_tokens: 6, n: 3, temperature: 1, seed: 7 });
-    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+    const r = await client.completions.create({
+      model,
+      prompt: 'My favourite fruit is',
+      max_tokens: 6,
+      n: 3,
+      temperature: 1,
+      seed: 7,
+    });
+    assert.deepEqual(
+      r.choices.map((c) => c.index),
+      [0, 1, 2],
+    );
     assert.equal(r.usage.completion_tokens, 18);
-    const chat = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Name a fruit.' }], max_tokens: 4, n: 3, temperature: 1, seed: 7 });
+    const chat = await client.chat.completions.create({
+      model,
+      messages: [{ role: 'user', content: 'Name a fruit.' }],
+      max_tokens: 4,
+      n: 3,
+      temperature: 1,
+      seed: 7,
+    });
     assert.equal(chat.choices.length, 3);
   });
 
-  it('response_format json_schema: the content parses and has the schema\'s fields', async () => {
-    const schema = { type: 'object', properties: { city: { type: 'string', maxLength: 12 }, population: { type: 'integer', maximum: 100000000 } }, required: ['city', 'population'], additionalProperties: false };
+  it("response_format json_schema: the content parses and has the schema's fields", async () => {
+    const schema = {
+      type: 'object',
+      properties: { city: { type: 'string', maxLength: 12 }, population: { type: 'integer', maximum: 100000000 } },
+      required: ['city', 'population'],
+      additionalProperties: false,
+    };
     const r = await client.chat.completions.create({
       model,
       messages: [{ role: 'user', content: 'Give a city and its population as JSON.' }],
@@ -161,7 +219,13 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
   });
 
   it('stop strings end the text before them', async () => {
-    const r = await client.completions.create({ model, prompt: '1, 2, 3, 4, 5,', max_tokens: 10, stop: [', 8'], ...GREEDY });
+    const r = await client.completions.create({
+      model,
+      prompt: '1, 2, 3, 4, 5,',
+      max_tokens: 10,
+      stop: [', 8'],
+      ...GREEDY,
+    });
     assert.equal(r.choices[0].text, ' 6, 7');
     assert.equal(r.choices[0].finish_reason, 'stop');
   });
@@ -169,7 +233,10 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
   it('a client aborting mid-stream frees its request; the server keeps serving', async () => {
     const before = await health(); // tests run one at a time: what changes below is this request's
     const controller = new AbortController();
-    const stream = await client.completions.create({ model, prompt: 'Write a long story about a dragon.', max_tokens: 400, stream: true, ...GREEDY }, { signal: controller.signal });
+    const stream = await client.completions.create(
+      { model, prompt: 'Write a long story about a dragon.', max_tokens: 400, stream: true, ...GREEDY },
+      { signal: controller.signal },
+    );
     let chunks = 0;
     // the client's stream iterator ends quietly once its signal aborts
     for await (const _chunk of stream) {
@@ -182,16 +249,28 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
     }, 'the aborted request to be freed');
     const own = h.generatedTokens - before.generatedTokens;
     // Ignoring the abort would generate all 400; a few steps pass before the server notices.
-    assert.ok(own >= 3 && own < 40, `the aborted request generated ${own} tokens; it should stop within a few steps of the abort`);
+    assert.ok(
+      own >= 3 && own < 40,
+      `the aborted request generated ${own} tokens; it should stop within a few steps of the abort`,
+    );
     const r = await client.completions.create({ model, prompt: 'Still alive?', max_tokens: 3, ...GREEDY });
     assert.equal(r.usage.completion_tokens, 3);
   });
 
   it('8 concurrent requests all complete', async () => {
     const topics = ['cats', 'dogs', 'birds', 'fish', 'trees', 'rivers', 'stars', 'clouds'];
-    const results = await Promise.all(topics.map((t, i) => (i % 2
-      ? client.completions.create({ model, prompt: `A short fact about ${t}:`, max_tokens: 6, ...GREEDY })
-      : client.chat.completions.create({ model, messages: [{ role: 'user', content: `Tell me about ${t}.` }], max_tokens: 6, ...GREEDY }))));
+    const results = await Promise.all(
+      topics.map((t, i) =>
+        i % 2
+          ? client.completions.create({ model, prompt: `A short fact about ${t}:`, max_tokens: 6, ...GREEDY })
+          : client.chat.completions.create({
+              model,
+              messages: [{ role: 'user', content: `Tell me about ${t}.` }],
+              max_tokens: 6,
+              ...GREEDY,
+            }),
+      ),
+    );
     for (const r of results) {
       assert.equal(r.choices.length, 1);
       assert.equal(r.usage.completion_tokens <= 6, true);
@@ -201,7 +280,8 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
   });
 
   it('malformed bodies, bad fields and unknown models get a 4xx with an OpenAI error body', async () => {
-    const post = (route, body, headers = { 'content-type': 'application/json' }) => fetch(`${server.url}${route}`, { method: 'POST', headers, body });
+    const post = (route, body, headers = { 'content-type': 'application/json' }) =>
+      fetch(`${server.url}${route}`, { method: 'POST', headers, body });
     const expectError = async (responsePromise, status, pattern) => {
       const res = await responsePromise;
       assert.equal(res.status, status);
@@ -216,14 +296,29 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
     await expectError(post('/v1/completions', JSON.stringify({ prompt: 'x', n: 0 })), 400, /\bn\b/);
     await expectError(post('/v1/completions', JSON.stringify({ prompt: 'x', temperature: 'hot' })), 400, /temperature/);
     await expectError(post('/v1/chat/completions', JSON.stringify({ messages: 'hi' })), 400, /messages/);
-    await expectError(post('/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema', json_schema: { schema: { type: 'nonsense-type' } } } })), 400);
+    await expectError(
+      post(
+        '/v1/chat/completions',
+        JSON.stringify({
+          messages: [{ role: 'user', content: 'x' }],
+          response_format: { type: 'json_schema', json_schema: { schema: { type: 'nonsense-type' } } },
+        }),
+      ),
+      400,
+    );
     await expectError(post('/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 100000 })), 400, /nCtx/);
     await expectError(post('/v1/completions', 'x'.repeat(2 << 20)), 413);
     await expectError(fetch(`${server.url}/v1/nothing-here`), 404);
     await expectError(fetch(`${server.url}/v1/completions`), 405);
     // through the official client: its error classes carry the status
-    await assert.rejects(() => client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 1 }), (e) => e.status === 404 && /does not exist/.test(e.message));
-    await assert.rejects(() => client.chat.completions.create({ model, messages: [], max_tokens: 1 }), (e) => e.status === 400);
+    await assert.rejects(
+      () => client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 1 }),
+      (e) => e.status === 404 && /does not exist/.test(e.message),
+    );
+    await assert.rejects(
+      () => client.chat.completions.create({ model, messages: [], max_tokens: 1 }),
+      (e) => e.status === 400,
+    );
     // and the server still serves
     const r = await client.completions.create({ model, prompt: 'After all that,', max_tokens: 2, ...GREEDY });
     assert.equal(r.usage.completion_tokens, 2);

@@ -49,7 +49,9 @@ describe('typings: index.d.ts declares the runtime exports', function () {
   const declared = readDeclarations();
 
   it('declares every runtime export and nothing else', function () {
-    const runtime = Object.keys(llama).filter((k) => !k.startsWith('_')).sort();
+    const runtime = Object.keys(llama)
+      .filter((k) => !k.startsWith('_'))
+      .sort();
     assert.deepEqual([...declared.exports].sort(), runtime);
   });
 
@@ -102,5 +104,4 @@ describe('typings: index.d.ts declares the runtime exports', function () {
       ctx.dispose();
     }
   });
-
 });

@@ -152,8 +152,6 @@ export declare class CancelToken {
 }
 
 export declare class SessionContext {
-  /** Bench only: see `raw_generate`. Needs a context without live branches. */
-  _benchRawGenerate(prompt: number[], n: number, steps: number): Promise<number>
   _branchCreate(position: number, params?: SamplingParams | undefined | null, nBatch?: number | undefined | null, seqId?: number | undefined | null): number
   /**
    * A child sharing the parent's cells; with `position`, only those below it (the child then

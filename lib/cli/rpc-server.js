@@ -9,9 +9,15 @@
 const options = {
   port: { type: 'string', short: 'p', default: '50052', help: 'TCP port' },
   host: { type: 'string', default: '127.0.0.1', help: 'address to bind (non-loopback needs --allow-remote)' },
-  threads: { type: 'string', short: 't', help: 'CPU threads for the server\'s computations (default: all cores)' },
-  'cache-dir': { type: 'string', help: 'folder where the server caches tensors it received (by hash), so clients reload faster' },
-  'allow-remote': { type: 'boolean', help: 'allow a non-loopback --host (the protocol has NO authentication: trusted networks only)' },
+  threads: { type: 'string', short: 't', help: "CPU threads for the server's computations (default: all cores)" },
+  'cache-dir': {
+    type: 'string',
+    help: 'folder where the server caches tensors it received (by hash), so clients reload faster',
+  },
+  'allow-remote': {
+    type: 'boolean',
+    help: 'allow a non-loopback --host (the protocol has NO authentication: trusted networks only)',
+  },
 };
 
 class UsageError extends Error {}
@@ -20,7 +26,8 @@ function integer(values, name, min, max) {
   const raw = values[name];
   if (raw === undefined) return undefined;
   const n = Number(raw);
-  if (!Number.isInteger(n) || n < min || n > max) throw new UsageError(`--${name} must be an integer in [${min}, ${max}], got ${raw}`);
+  if (!Number.isInteger(n) || n < min || n > max)
+    throw new UsageError(`--${name} must be an integer in [${min}, ${max}], got ${raw}`);
   return n;
 }
 
@@ -30,7 +37,13 @@ async function run(values, { log }) {
   const threads = integer(values, 'threads', 1, 1024);
   let info;
   try {
-    info = serveRpc({ host: values.host, port, threads, cacheDir: values['cache-dir'], allowRemote: values['allow-remote'] === true });
+    info = serveRpc({
+      host: values.host,
+      port,
+      threads,
+      cacheDir: values['cache-dir'],
+      allowRemote: values['allow-remote'] === true,
+    });
   } catch (e) {
     if (e.code === 'ERR_INVALID_ARG') throw Object.assign(new UsageError(e.message), { code: e.code });
     throw e;
@@ -48,7 +61,7 @@ async function run(values, { log }) {
 }
 
 module.exports = {
-  summary: 'llama.cpp RPC server: lend this machine\'s devices to createContext({ rpcServers })',
+  summary: "llama.cpp RPC server: lend this machine's devices to createContext({ rpcServers })",
   usage: 'llama-branch rpc-server [--port 50052] [--host 127.0.0.1] [--threads N] [--cache-dir DIR] [--allow-remote]',
   options,
   run,

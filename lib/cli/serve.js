@@ -10,14 +10,33 @@ const { server: serverDefaults, scheduler: schedulerDefaults } = defaults;
 const options = {
   model: { type: 'string', short: 'm', help: 'path of the .gguf model (required)' },
   port: { type: 'string', short: 'p', default: String(serverDefaults.port), help: 'TCP port; 0 picks a free one' },
-  host: { type: 'string', default: serverDefaults.host, help: 'address to bind; 0.0.0.0 exposes the server to the network' },
+  host: {
+    type: 'string',
+    default: serverDefaults.host,
+    help: 'address to bind; 0.0.0.0 exposes the server to the network',
+  },
   parallel: { type: 'string', default: String(serverDefaults.parallel), help: 'requests generating at once' },
-  'ctx-size': { type: 'string', default: String(serverDefaults.nCtx), help: 'KV cells of the context (all requests and cached prefixes)' },
-  'n-seq-max': { type: 'string', help: `sequence leases (default parallel × ${serverDefaults.leasesPerRequest} + ${serverDefaults.cacheLeases}, at most ${serverDefaults.maxSeqMax})` },
+  'ctx-size': {
+    type: 'string',
+    default: String(serverDefaults.nCtx),
+    help: 'KV cells of the context (all requests and cached prefixes)',
+  },
+  'n-seq-max': {
+    type: 'string',
+    help: `sequence leases (default parallel × ${serverDefaults.leasesPerRequest} + ${serverDefaults.cacheLeases}, at most ${serverDefaults.maxSeqMax})`,
+  },
   threads: { type: 'string', help: 'CPU threads per decode (default: all cores)' },
   'model-name': { type: 'string', help: 'model id in /v1/models (default: the file name)' },
-  'prefill-chunk': { type: 'string', default: String(schedulerDefaults.prefillChunk), help: 'prompt tokens prefilled per scheduler step' },
-  'max-queue': { type: 'string', default: String(schedulerDefaults.maxQueue), help: 'requests that may wait; more get HTTP 429' },
+  'prefill-chunk': {
+    type: 'string',
+    default: String(schedulerDefaults.prefillChunk),
+    help: 'prompt tokens prefilled per scheduler step',
+  },
+  'max-queue': {
+    type: 'string',
+    default: String(schedulerDefaults.maxQueue),
+    help: 'requests that may wait; more get HTTP 429',
+  },
 };
 
 function integer(values, name) {

@@ -82,9 +82,12 @@ class PrefixCache {
     const { prefix, shared } = this._tree.match(tokens);
     const prefixLength = prefix ? prefix.length : 0;
     if (shared && prefix !== shared && shared.length > prefixLength && shared.length >= MIN_PARTIAL_REUSE) {
-      if (this._canForkAt(shared.value.branch, shared.length)) return { entry: shared.value, length: shared.length, partial: true };
+      if (this._canForkAt(shared.value.branch, shared.length))
+        return { entry: shared.value, length: shared.length, partial: true };
     }
-    return prefix ? { entry: prefix.value, length: prefix.length, partial: false } : { entry: null, length: 0, partial: false };
+    return prefix
+      ? { entry: prefix.value, length: prefix.length, partial: false }
+      : { entry: null, length: 0, partial: false };
   }
 
   /**

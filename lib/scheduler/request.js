@@ -47,33 +47,46 @@ function positiveInt(value, name, fallback) {
 
 /** The one input of a request (prompt, tokens or messages), checked. */
 function checkInput(request, vocab) {
-  if (request === null || typeof request !== 'object') throw invalid('generate(request): request must be an object with prompt, tokens or messages');
+  if (request === null || typeof request !== 'object')
+    throw invalid('generate(request): request must be an object with prompt, tokens or messages');
   const inputs = ['prompt', 'tokens', 'messages'].filter((k) => request[k] !== undefined);
-  if (inputs.length !== 1) throw invalid(`generate(request): give exactly one of prompt, tokens or messages (got ${inputs.length ? inputs.join(', ') : 'none'})`);
-  if (request.prompt !== undefined && (typeof request.prompt !== 'string' || request.prompt === '')) throw invalid('request.prompt must be a non-empty string');
+  if (inputs.length !== 1)
+    throw invalid(
+      `generate(request): give exactly one of prompt, tokens or messages (got ${inputs.length ? inputs.join(', ') : 'none'})`,
+    );
+  if (request.prompt !== undefined && (typeof request.prompt !== 'string' || request.prompt === ''))
+    throw invalid('request.prompt must be a non-empty string');
   const { tokens, messages } = request;
-  if (tokens !== undefined && (!Array.isArray(tokens) || tokens.length === 0 || !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < vocab))) {
+  if (
+    tokens !== undefined &&
+    (!Array.isArray(tokens) || tokens.length === 0 || !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < vocab))
+  ) {
     throw invalid(`request.tokens must be a non-empty array of token ids in [0, ${vocab})`);
   }
-  if (messages !== undefined && (!Array.isArray(messages) || messages.length === 0)) throw invalid('request.messages must be a non-empty array of {role, content}');
+  if (messages !== undefined && (!Array.isArray(messages) || messages.length === 0))
+    throw invalid('request.messages must be a non-empty array of {role, content}');
 }
 
 /** The stop strings of a request (a string or an array of them; empty ones dropped). */
 function checkStops(stop) {
   let stops = stop === undefined || stop === null ? [] : stop;
   if (typeof stops === 'string') stops = [stops];
-  if (!Array.isArray(stops) || !stops.every((s) => typeof s === 'string')) throw invalid('request.stop must be a string or an array of strings');
+  if (!Array.isArray(stops) || !stops.every((s) => typeof s === 'string'))
+    throw invalid('request.stop must be a string or an array of strings');
   return stops.filter((s) => s !== '');
 }
 
 /** Sampling params without seed and grammar, the seed, and the grammar (GBNF or null). */
 function checkSampling(request) {
-  if (request.params !== undefined && (request.params === null || typeof request.params !== 'object')) throw invalid('request.params must be a SamplingParams object');
+  if (request.params !== undefined && (request.params === null || typeof request.params !== 'object'))
+    throw invalid('request.params must be a SamplingParams object');
   const { seed: paramsSeed, grammar: paramsGrammar, ...params } = request.params || {};
   const seed = request.seed !== undefined ? request.seed : paramsSeed;
-  if (seed !== undefined && seed !== -1 && !(Number.isInteger(seed) && seed >= 0 && seed < SEED_SPACE)) throw invalid(`request.seed must be an integer in [0, 2^32), got ${seed}`);
+  if (seed !== undefined && seed !== -1 && !(Number.isInteger(seed) && seed >= 0 && seed < SEED_SPACE))
+    throw invalid(`request.seed must be an integer in [0, 2^32), got ${seed}`);
   const grammar = request.grammar !== undefined ? request.grammar : paramsGrammar;
-  if (grammar !== undefined && grammar !== null && typeof grammar !== 'string') throw invalid('request.grammar must be a GBNF string');
+  if (grammar !== undefined && grammar !== null && typeof grammar !== 'string')
+    throw invalid('request.grammar must be a GBNF string');
   if (grammar && request.jsonSchema !== undefined) throw invalid('give grammar or jsonSchema, not both');
   return { params, seed, grammar: grammar || null };
 }
@@ -121,7 +134,10 @@ class Request {
   /** Moves to `state`, or throws: a transition the life cycle lacks is a bug in the Scheduler. */
   to(state) {
     if (!TRANSITIONS[this.state].includes(state)) {
-      throw makeError('ERR_INTERNAL', `Scheduler request: no transition from ${this.state} to ${state}; please report this bug`);
+      throw makeError(
+        'ERR_INTERNAL',
+        `Scheduler request: no transition from ${this.state} to ${state}; please report this bug`,
+      );
     }
     this.state = state;
   }
@@ -145,7 +161,8 @@ class Request {
       this.tokens = ctx.tokenizeSync(formatted.prompt, true);
       this.stops.push(...formatted.stopTokens.filter((s) => s !== ''));
       const lead = await systemPrompts.prefixOf(messages);
-      if (lead && lead.length < this.tokens.length && lead.every((t, i) => t === this.tokens[i])) this.cachePoints.push(lead.length);
+      if (lead && lead.length < this.tokens.length && lead.every((t, i) => t === this.tokens[i]))
+        this.cachePoints.push(lead.length);
     } else {
       this.tokens = tokens !== undefined ? tokens.slice() : ctx.tokenizeSync(prompt, true);
     }
@@ -154,11 +171,15 @@ class Request {
     if (this.grammarPending) this.grammar = await this.grammarPending;
     const cells = this.tokens.length + this.n * this.maxTokens;
     if (cells > ctx.nCtx) {
-      throw invalid(`the request needs up to ${cells} KV cells (prompt ${this.tokens.length} + n ${this.n} × maxTokens ${this.maxTokens}) but the context has nCtx ${ctx.nCtx}; lower maxTokens or n, or create the context with a larger nCtx`);
+      throw invalid(
+        `the request needs up to ${cells} KV cells (prompt ${this.tokens.length} + n ${this.n} × maxTokens ${this.maxTokens}) but the context has nCtx ${ctx.nCtx}; lower maxTokens or n, or create the context with a larger nCtx`,
+      );
     }
     const leases = this.n + this.cachePoints.length;
     if (leases > ctx.nSeqMax) {
-      throw invalid(`the request needs ${leases} sequence leases (n ${this.n} + ${this.cachePoints.length} prompt branches) but the context has nSeqMax ${ctx.nSeqMax}; lower n or create the context with a larger nSeqMax`);
+      throw invalid(
+        `the request needs ${leases} sequence leases (n ${this.n} + ${this.cachePoints.length} prompt branches) but the context has nSeqMax ${ctx.nSeqMax}; lower n or create the context with a larger nSeqMax`,
+      );
     }
   }
 
@@ -171,7 +192,14 @@ class Request {
     this.to('generating');
     for (let i = 0; i < this.n; i++) {
       const branch = from.fork();
-      this.choices.push({ index: i, branch, tokens: [], matcher: new StopMatcher(this.stops), finishReason: null, perplexity: Infinity });
+      this.choices.push({
+        index: i,
+        branch,
+        tokens: [],
+        matcher: new StopMatcher(this.stops),
+        finishReason: null,
+        perplexity: Infinity,
+      });
       const params = { ...this.params, seed: (this.seedBase + i) % SEED_SPACE };
       if (this.grammar) params.grammar = this.grammar;
       branch.setSamplerParams(params);
@@ -196,7 +224,14 @@ class Request {
 
   /** A request that ends before it generated: n empty choices, all ended with `reason`. */
   endUnstarted(reason) {
-    this.choices = Array.from({ length: this.n }, (_, index) => ({ index, branch: null, tokens: [], matcher: new StopMatcher([]), finishReason: null, perplexity: Infinity }));
+    this.choices = Array.from({ length: this.n }, (_, index) => ({
+      index,
+      branch: null,
+      tokens: [],
+      matcher: new StopMatcher([]),
+      finishReason: null,
+      perplexity: Infinity,
+    }));
     for (const choice of this.choices) this.finishChoice(choice, reason);
   }
 
@@ -214,7 +249,12 @@ class Request {
   /** The result `generate` resolves with. */
   result() {
     return {
-      choices: this.choices.map((c) => ({ text: c.matcher.text, tokens: c.tokens, finishReason: c.finishReason, perplexity: c.perplexity })),
+      choices: this.choices.map((c) => ({
+        text: c.matcher.text,
+        tokens: c.tokens,
+        finishReason: c.finishReason,
+        perplexity: c.perplexity,
+      })),
       usage: { ...this.usage },
     };
   }

@@ -36,7 +36,8 @@ class SystemPrompts {
     let prefix = null;
     try {
       const ctx = this._ctx;
-      const render = async (content) => ctx.tokenizeSync((await ctx.formatChat([...lead, { role: 'user', content }])).prompt, true);
+      const render = async (content) =>
+        ctx.tokenizeSync((await ctx.formatChat([...lead, { role: 'user', content }])).prompt, true);
       const a = await render('A');
       const b = await render('B');
       let k = 0;

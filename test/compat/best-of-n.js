@@ -55,7 +55,14 @@ async function main() {
   for (const c of candidates) if (c.text !== best.text || c.branch.perplexity !== best.ppl) c.branch.prune();
   // What the un-awaited prunes left: which candidates live on, and the leases given back.
   const kept = candidates.map((c) => !c.branch.disposed);
-  console.log(JSON.stringify({ baseline: { text: baselineText, ppl: baseline.perplexity, position: baseline.position }, candidates: scored, kept, available: store.available }));
+  console.log(
+    JSON.stringify({
+      baseline: { text: baselineText, ppl: baseline.perplexity, position: baseline.position },
+      candidates: scored,
+      kept,
+      available: store.available,
+    }),
+  );
   ctx.dispose();
 }
 

@@ -48,7 +48,18 @@ async function main() {
     }
   }
   const available = new BranchStore(ctx).available; // every draft's lease is back
-  console.log(JSON.stringify({ text, drafted, accepted, ownTokens, position: main.position, promptLength: prompt.length, ppl: main.perplexity, available }));
+  console.log(
+    JSON.stringify({
+      text,
+      drafted,
+      accepted,
+      ownTokens,
+      position: main.position,
+      promptLength: prompt.length,
+      ppl: main.perplexity,
+      available,
+    }),
+  );
   ctx.dispose();
 }
 

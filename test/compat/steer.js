@@ -24,7 +24,16 @@ async function main() {
   }
   branch.clearSteer();
   const afterClear = branch.produce().token;
-  console.log(JSON.stringify({ unsteered, steered, afterClear, text: await ctx.detokenize(steered), position: branch.position, promptLength: prompt.length }));
+  console.log(
+    JSON.stringify({
+      unsteered,
+      steered,
+      afterClear,
+      text: await ctx.detokenize(steered),
+      position: branch.position,
+      promptLength: prompt.length,
+    }),
+  );
   ctx.dispose();
 }
 

@@ -9,7 +9,12 @@ const modelPath = require('./_model');
 
 async function main() {
   const ctx = await createContext({ modelPath, nCtx: 1024, nSeqMax: 4 });
-  const schema = { type: 'object', properties: { answer: { type: 'integer', maximum: 1000 } }, required: ['answer'], additionalProperties: false };
+  const schema = {
+    type: 'object',
+    properties: { answer: { type: 'integer', maximum: 1000 } },
+    required: ['answer'],
+    additionalProperties: false,
+  };
   const viaPromise = await ctx.jsonSchemaToGrammar(schema);
   const viaSync = ctx.jsonSchemaToGrammarSync(JSON.stringify(schema));
 
@@ -33,15 +38,17 @@ async function main() {
   const spare = root.forkSync();
   spare.produceSync();
   child.pruneSubtreeSync();
-  console.log(JSON.stringify({
-    sameGrammar: viaPromise === viaSync,
-    promptHasUser: chat.prompt.includes('Give me a number'),
-    json,
-    afterPruneSync,
-    childDisposed: child.disposed,
-    spareLive: !spare.disposed,
-    liveLeases: 4 - new BranchStore(ctx).available,
-  }));
+  console.log(
+    JSON.stringify({
+      sameGrammar: viaPromise === viaSync,
+      promptHasUser: chat.prompt.includes('Give me a number'),
+      json,
+      afterPruneSync,
+      childDisposed: child.disposed,
+      spareLive: !spare.disposed,
+      liveLeases: 4 - new BranchStore(ctx).available,
+    }),
+  );
   ctx.dispose();
 }
 

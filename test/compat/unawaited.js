@@ -27,7 +27,10 @@ async function main() {
   const store = new BranchStore(ctx);
   const a = child.produce();
   const b = root.produce();
-  store.commit([[child, a.token], [root, b.token]]); // not awaited
+  store.commit([
+    [child, a.token],
+    [root, b.token],
+  ]); // not awaited
   const positions = [root.position, child.position];
 
   child.prune(); // not awaited
@@ -38,7 +41,17 @@ async function main() {
   await retained; // its promise marks the freed branches' wrappers disposed
   const survivors = { root: root.disposed, again: again.disposed, available };
 
-  console.log(JSON.stringify({ promptLength: prompt.length, text: pieces.join(''), afterLoop, positions, refork, survivors, kv: ctx.kvSeqPosMax(0) }));
+  console.log(
+    JSON.stringify({
+      promptLength: prompt.length,
+      text: pieces.join(''),
+      afterLoop,
+      positions,
+      refork,
+      survivors,
+      kv: ctx.kvSeqPosMax(0),
+    }),
+  );
   ctx.dispose();
 }
 

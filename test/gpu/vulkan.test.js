@@ -58,9 +58,14 @@ describe('GPU tier: Vulkan device', function () {
   before(async () => {
     binding = loadBinary('vulkan');
     const gpus = binding.listDevices().filter((d) => d.type === 'gpu');
-    assert.ok(gpus.length > 0, `the Vulkan build sees no GPU device (is GGML_VK_VISIBLE_DEVICES set for a CPU-type device such as lavapipe?): ${JSON.stringify(binding.listDevices())}`);
+    assert.ok(
+      gpus.length > 0,
+      `the Vulkan build sees no GPU device (is GGML_VK_VISIBLE_DEVICES set for a CPU-type device such as lavapipe?): ${JSON.stringify(binding.listDevices())}`,
+    );
     device = gpus[0];
-    console.log(`      (device ${device.name}: ${device.description}, ${(device.memoryTotal / 2 ** 30).toFixed(1)} GiB)`);
+    console.log(
+      `      (device ${device.name}: ${device.description}, ${(device.memoryTotal / 2 ** 30).toFixed(1)} GiB)`,
+    );
   });
 
   after(() => {
@@ -69,10 +74,18 @@ describe('GPU tier: Vulkan device', function () {
 
   it('lists the Vulkan device with its memory; the CPU build lists none', () => {
     assert.match(device.name, /^Vulkan\d+$/);
-    assert.ok(device.memoryTotal > 0 && device.memoryFree > 0 && device.memoryFree <= device.memoryTotal, JSON.stringify(device));
+    assert.ok(
+      device.memoryTotal > 0 && device.memoryFree > 0 && device.memoryFree <= device.memoryTotal,
+      JSON.stringify(device),
+    );
     // Two builds in one process: the default one (CPU) sees no GPU.
     assert.notEqual(binding, loadBinary());
-    assert.deepEqual(loadBinary().listDevices().filter((d) => d.type === 'gpu'), []);
+    assert.deepEqual(
+      loadBinary()
+        .listDevices()
+        .filter((d) => d.type === 'gpu'),
+      [],
+    );
   });
 
   it('offloads every layer by default (ctx.offload and llama.cpp’s own log agree)', async () => {
@@ -148,7 +161,10 @@ describe('GPU tier: Vulkan device', function () {
       await fresh.prune();
     }
     const distinct = new Set(kids.map((k) => argmax(k.getLogits())));
-    assert.ok(distinct.size > 1 || new Set(kids.map((k) => k.getLogits().slice(0, 64).join())).size > 1, 'the forks diverged');
+    assert.ok(
+      distinct.size > 1 || new Set(kids.map((k) => k.getLogits().slice(0, 64).join())).size > 1,
+      'the forks diverged',
+    );
     // retainOnly keeps one branch, frees the rest on the device, and the winner goes on.
     const winner = kids[1];
     await store.retainOnly(winner);

@@ -9,7 +9,10 @@ const { finishError } = require('../../lib/errors');
 const native = require('../../lib/native');
 
 async function rejectsWith(promise, code, pattern) {
-  const err = await promise.then(() => null, (e) => e);
+  const err = await promise.then(
+    () => null,
+    (e) => e,
+  );
   assert.ok(err, `expected a rejection with ${code}`);
   assert.equal(err.code, code, err.message);
   if (pattern) assert.match(err.message, pattern);

@@ -115,13 +115,27 @@ describe('Scheduler parts (no model)', () => {
       cache.unpin(cache.pin(b)); // used after a
       cache.pin(c); // in use
       assert.equal(cache.leastRecentlyUsed(), a);
-      assert.equal(cache.evictUntil(() => pruned.length >= 1), true);
+      assert.equal(
+        cache.evictUntil(() => pruned.length >= 1),
+        true,
+      );
       assert.deepEqual(pruned, [a.branch]);
-      assert.equal(cache.evictUntil(() => pruned.length >= 3), false, 'c is pinned and d unfilled: only b could go');
+      assert.equal(
+        cache.evictUntil(() => pruned.length >= 3),
+        false,
+        'c is pinned and d unfilled: only b could go',
+      );
       assert.deepEqual(pruned, [a.branch, b.branch]);
-      assert.deepEqual([...cache.entries()].sort((x, y) => x.tokens[0] - y.tokens[0]), [c, d]);
+      assert.deepEqual(
+        [...cache.entries()].sort((x, y) => x.tokens[0] - y.tokens[0]),
+        [c, d],
+      );
       cache.unpin(c);
-      assert.equal(cache.evictUntil(() => false, c), false, 'the entry a request is about to fork is kept');
+      assert.equal(
+        cache.evictUntil(() => false, c),
+        false,
+        'the entry a request is about to fork is kept',
+      );
       assert.equal(cache.size, 2);
       assert.equal(c.pins, 0, 'keeping it does not leave a pin behind');
       cache.evict(d, false); // an unfilled entry whose request ended: not an eviction
@@ -139,9 +153,15 @@ describe('Scheduler parts (no model)', () => {
     it('starts queued and moves only along its life cycle', () => {
       const req = make({ prompt: 'hi' });
       assert.equal(req.state, 'queued');
-      assert.throws(() => req.to('generating'), (e) => e.code === 'ERR_INTERNAL' && /from queued to generating/.test(e.message));
+      assert.throws(
+        () => req.to('generating'),
+        (e) => e.code === 'ERR_INTERNAL' && /from queued to generating/.test(e.message),
+      );
       for (const state of ['ready', 'prefilling', 'generating', 'aborting', 'done']) req.to(state);
-      assert.throws(() => req.to('failed'), (e) => e.code === 'ERR_INTERNAL');
+      assert.throws(
+        () => req.to('failed'),
+        (e) => e.code === 'ERR_INTERNAL',
+      );
       const failing = make({ tokens: [1, 2] });
       failing.to('failed');
       assert.equal(failing.running, false);
@@ -157,7 +177,12 @@ describe('Scheduler parts (no model)', () => {
         [{ prompt: 'a', seed: 2 ** 32 }, /request.seed/],
         [{ prompt: 'a', grammar: 'g', jsonSchema: {} }, /grammar or jsonSchema/],
       ];
-      for (const [request, message] of bad) assert.throws(() => make(request), (e) => e.code === 'ERR_INVALID_ARG' && message.test(e.message), JSON.stringify(request));
+      for (const [request, message] of bad)
+        assert.throws(
+          () => make(request),
+          (e) => e.code === 'ERR_INVALID_ARG' && message.test(e.message),
+          JSON.stringify(request),
+        );
       const ok = make({ prompt: 'a', stop: ['', 'x'], params: { seed: 5, temperature: 0 } });
       assert.deepEqual([ok.stops, ok.seedBase, ok.params, ok.maxTokens], [['x'], 5, { temperature: 0 }, 8]);
     });
