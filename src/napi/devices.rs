@@ -130,9 +130,11 @@ fn parse_endpoints(list: &[String]) -> crate::error::Result<Vec<Endpoint>> {
 /// connections): freeing buffers there can complete (see `Model::set_free_check`). A server
 /// that hangs without closing its socket still counts as answering.
 pub fn servers_answer(endpoints: &[Endpoint]) -> bool {
+    // The registry is not held across the probes (each may take PROBE_TIMEOUT).
+    let dead = registry().dead.clone();
     endpoints
         .iter()
-        .all(|e| !registry().dead.contains(e) && !e.refuses(PROBE_TIMEOUT))
+        .all(|e| !dead.contains(e) && !e.refuses(PROBE_TIMEOUT))
 }
 
 /// Probes each endpoint and hands it to ggml; its devices, in order.
