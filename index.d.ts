@@ -125,108 +125,11 @@ export declare const PoolingType: {
 /** One of the values of {@link PoolingType}. */
 export type PoolingType = (typeof PoolingType)[keyof typeof PoolingType];
 
-/** Options for {@link createContext}. */
-export interface ContextOptions {
-  /**
-   * Path of a `.gguf` model file, or a `file:` URL. Contexts created on the same file (and the
-   * same `useMmap`) share one loaded model.
-   */
-  modelPath: string | URL;
-  /**
-   * KV cache size in cells (tokens, summed over all sequences). Default 2048; range 16 to 2^24.
-   * llama.cpp may round it up (read the effective value from `ctx.nCtx`).
-   */
-  nCtx?: number;
-  /** Maximum tokens per `llama_decode` call. Default 512 (llama.cpp caps it at `nCtx`). */
-  nBatch?: number;
-  /** CPU threads used by decodes. Default: the number of available CPU cores. */
-  nThreads?: number;
-  /**
-   * Number of KV sequences, i.e. how many branches can be alive at once (one lease each).
-   * Default 1; range 1 to 256.
-   */
-  nSeqMax?: number;
-  /**
-   * Create an embedding context: enables {@link SessionContext.encode} and
-   * {@link SessionContext.getEmbeddings}. Default false. Every token of a decode is an output
-   * row in such a context, so plain generation is slower there.
-   */
-  embeddings?: boolean;
-  /** Pooling type for embedding contexts. Default `PoolingType.MEAN` with embeddings, else `NONE`. */
-  poolingType?: PoolingType;
-  /** Memory-map the model file. Default true. */
-  useMmap?: boolean;
-  /** Sets the (process-wide) llama.cpp log level before loading. Default: silent (`'none'`), or `LLAMA_BRANCH_LOG`. */
-  logLevel?: LogLevel;
-  /**
-   * Layers placed on the GPU / RPC devices, counted from the output end: 0 to the model's layers
-   * + 1 (the output layer). Default: all of them when such a device takes part, else 0 (ignored
-   * when there is none). More than the model has: `ERR_DEVICE` (before anything loads).
-   */
-  nGpuLayers?: number;
-  /** Index (into the offload devices) of the device for `splitMode: 'none'` and row-split results. Default 0. */
-  mainGpu?: number;
-  /** How layers spread over several devices. Default `'layer'`. */
-  splitMode?: 'none' | 'layer' | 'row';
-  /**
-   * Relative share of the offloaded layers per device, one number per offload device in order
-   * (`ctx.offload.devices`), e.g. `[1, 3]`. Default: by free memory. A wrong length: `ERR_DEVICE`.
-   */
-  tensorSplit?: number[];
-  /**
-   * Names (from {@link listDevices}) of the GPU / RPC devices to place layers on, in order.
-   * Default: every local GPU, then the `rpcServers`' devices. Unknown names and the CPU: `ERR_DEVICE`.
-   */
-  devices?: string[];
-  /**
-   * llama.cpp RPC servers (`"host:port"`, IPv4 or a host name; started with
-   * `npx llama-branch rpc-server`) whose devices take layers. Each is parsed and probed before
-   * use: malformed → `ERR_INVALID_ARG`, not answering → `ERR_RPC_UNREACHABLE`. If a server dies
-   * later, contexts using it are lost (`ERR_CONTEXT_LOST`); see docs/gpu-and-rpc.md, "Multi-host (RPC)".
-   */
-  rpcServers?: string[];
-}
-
-/** A backend device, from {@link listDevices}. */
-export interface DeviceDescription {
-  /** The name `devices` takes, e.g. `'CPU'`, `'Vulkan0'`, `'RPC0'`. */
-  name: string;
-  /** For an RPC device: its server's `host:port`. */
-  description: string;
-  type: 'cpu' | 'gpu' | 'rpc';
-  /** Bytes (as the backend reports them; for the CPU and RPC CPU devices, the host's RAM). */
-  memoryFree: number;
-  memoryTotal: number;
-}
-
-export interface ListDevicesOptions {
-  /** Also list the devices of these RPC servers (probed first; same errors as in {@link ContextOptions.rpcServers}). */
-  rpcServers?: string[];
-}
-
 /**
  * The backend devices of this process (CPU, GPUs) and, with `rpcServers`, each server's.
  * Synchronous; with servers it waits for their answers (at most 15 s, then `ERR_RPC_UNREACHABLE`).
  */
 export declare function listDevices(options?: ListDevicesOptions): DeviceDescription[];
-
-export interface ServeRpcOptions {
-  /** Address to bind. Default `'127.0.0.1'`; anything but loopback needs `allowRemote`. */
-  host?: string;
-  port: number;
-  /** CPU threads for the server's computations. Default: all cores. */
-  threads?: number;
-  /** Folder where the server caches tensors by hash, so clients reload faster. */
-  cacheDir?: string;
-  /** Allow a non-loopback `host`. The RPC protocol has NO authentication or encryption. */
-  allowRemote?: boolean;
-}
-
-export interface RpcServerInfo {
-  endpoint: string;
-  /** The local devices it serves (the GPUs, else the CPU). */
-  devices: string[];
-}
 
 /**
  * Starts llama.cpp's RPC server on this process's devices, on a thread of its own. It serves
@@ -235,16 +138,6 @@ export interface RpcServerInfo {
  * `allowRemote`, or a port it cannot bind.
  */
 export declare function serveRpc(options: ServeRpcOptions): RpcServerInfo;
-
-/** Where a context's layers went ({@link SessionContext.offload}). */
-export interface OffloadInfo {
-  /** Layers on GPU / RPC devices (the output layer counts as one, as in llama.cpp's log). */
-  layers: number;
-  /** The model's layers + 1. */
-  totalLayers: number;
-  /** The devices that took layers, in order (empty: CPU only). */
-  devices: string[];
-}
 
 /**
  * Which build of the native addon to use. `'default'` (same as `'cpu'`): the normal resolution,
@@ -299,6 +192,54 @@ import { Branch } from './types/Branch';
 import { BranchStore } from './types/BranchStore';
 import { Scheduler } from './types/Scheduler';
 export { SessionContext, Branch, BranchStore, Scheduler };
+
+// The option and result shapes the addon takes and returns are declared once, in Rust (the
+// `#[napi(object)]` structs of src/napi/, documented there), and generated into lib/native.d.ts.
+import type {
+  ContextOptions as NativeContextOptions,
+  AdvancedSamplingParams,
+  DeviceDescription,
+  DryParams,
+  KvFileContents,
+  KvPressureInfo,
+  ListDevicesOptions,
+  MirostatParams,
+  OffloadInfo,
+  PenaltyParams,
+  Produced,
+  RpcServerInfo,
+  SamplingParams,
+  ServeRpcOptions,
+  TokenBias,
+  XtcParams,
+} from './lib/native';
+export type {
+  AdvancedSamplingParams,
+  DeviceDescription,
+  DryParams,
+  KvFileContents,
+  ListDevicesOptions,
+  MirostatParams,
+  OffloadInfo,
+  PenaltyParams,
+  Produced,
+  RpcServerInfo,
+  SamplingParams,
+  ServeRpcOptions,
+  TokenBias,
+  XtcParams,
+};
+/** KV cache usage, counting cells shared by forks once: `{ nCtx, cellsUsed, remaining }`. */
+export type KvPressure = KvPressureInfo;
+
+/** Options for {@link createContext}: the native ones, with `modelPath` also taking a `file:` URL. */
+export interface ContextOptions extends Omit<NativeContextOptions, 'modelPath'> {
+  /**
+   * Path of a `.gguf` model file, or a `file:` URL. Contexts created on the same file (and the
+   * same `useMmap`) share one loaded model.
+   */
+  modelPath: string | URL;
+}
 
 /**
  * llama.cpp's chat formats (`common_chat_format`) by name: the numbers
@@ -429,14 +370,6 @@ export interface ParseChatOutputResult {
   toolCalls: ParsedToolCall[];
 }
 
-/** What {@link SessionContext.kvCacheReadFile} resolves. */
-export interface KvFileContents {
-  /** The tokens stored with the state. */
-  tokens: number[];
-  /** Size of the file, in bytes. */
-  bytesRead: number;
-}
-
 /**
  * Runs `fn` synchronously on the context's logits view ({@link SessionContext.getLogits}) and
  * returns its result. The view is revoked by the next decode, so the work must finish inside.
@@ -467,93 +400,6 @@ export declare function systemInfo(): string;
 // -------------------------------------------------------------------------------------------------
 // Sampling
 
-/** A static or dynamic logit bias. `bias` is added to the token's logit; `-Infinity` bans it. */
-export interface TokenBias {
-  token: number;
-  bias: number;
-}
-
-/** Repetition penalties. Present (even `{}`) = enabled with these defaults. */
-export interface PenaltyParams {
-  /** Repeat penalty, > 0; 1 = off. Default 1. */
-  repeat?: number;
-  /** Frequency penalty. Default 0. */
-  frequency?: number;
-  /** Presence penalty. Default 0. */
-  presence?: number;
-  /** Window in tokens; -1 = the whole context. Default 64. */
-  lastN?: number;
-}
-
-/** Mirostat sampling (replaces temperature/dist as the final stage). */
-export interface MirostatParams {
-  /** 0 = off, 1 = Mirostat, 2 = Mirostat 2.0. Default 2 when this object is present. */
-  mode?: 0 | 1 | 2;
-  /** Target surprise, > 0. Default 5. */
-  tau?: number;
-  /** Learning rate, > 0. Default 0.1. */
-  eta?: number;
-}
-
-/** DRY ("don't repeat yourself") penalty. Enabled when `multiplier` > 0. */
-export interface DryParams {
-  /** >= 0; 0 = off. Default 0.8. */
-  multiplier?: number;
-  /** >= 1. Default 1.75. */
-  base?: number;
-  /** Default 2. */
-  allowedLength?: number;
-  /** -1 = the whole context. Default -1. */
-  penaltyLastN?: number;
-  /** Default `["\n", ":", "\"", "*"]`. */
-  sequenceBreakers?: string[];
-}
-
-/** XTC ("exclude top choices"). Enabled when `probability` > 0. */
-export interface XtcParams {
-  /** In [0, 1]. Default 0.5. */
-  probability?: number;
-  /** In [0, 1]. Default 0.1. */
-  threshold?: number;
-}
-
-/** Less common samplers. */
-export interface AdvancedSamplingParams {
-  /** Locally typical sampling, in (0, 1]; 1 = off. Default 1. */
-  typicalP?: number;
-  mirostat?: MirostatParams;
-  dry?: DryParams;
-  xtc?: XtcParams;
-  /** Top-n-sigma, > 0. Default off. */
-  topNSigma?: number;
-}
-
-/**
- * A branch's sampler chain. Invalid values are errors (`ERR_INVALID_ARG`), never silently clamped.
- *
- * Order: logit bias + steer → grammar → penalties → DRY → top-n-sigma → top-k → typical → top-p →
- * min-p → XTC → greedy | temperature + dist | temperature + mirostat.
- */
-export interface SamplingParams {
-  /** Default 0.8. `<= 0` = greedy (argmax), unless mirostat is enabled. */
-  temperature?: number;
-  /** Integer >= 0; 0 = off. Default 40. */
-  topK?: number;
-  /** In (0, 1]; 1 = off. Default 0.95. */
-  topP?: number;
-  /** In [0, 1]; 0 = off. Default 0.05. */
-  minP?: number;
-  /** RNG seed, integer in [0, 2^32). `-1` or absent = random. */
-  seed?: number;
-  /** GBNF grammar (root rule `root`) constraining the branch's tokens. */
-  grammar?: string;
-  /** Repetition penalties; off when absent. */
-  penalties?: PenaltyParams;
-  advanced?: AdvancedSamplingParams;
-  /** Static per-token biases (kept by forks). */
-  logitBias?: TokenBias[];
-}
-
 /** Lazy-grammar triggers for {@link Branch.setGrammar}: unconstrained until one appears. */
 export interface LazyGrammarTriggers {
   /** Regexes over the generated text (the grammar applies from the first capture group). */
@@ -564,29 +410,10 @@ export interface LazyGrammarTriggers {
   triggerTokens?: number[];
 }
 
-/** A sampled token, not yet committed. */
-export interface Produced {
-  token: number;
-  /** The token's text piece. */
-  text: string;
-  /** True for end-of-generation tokens. */
-  isStop: boolean;
-}
-
 /** One step of `for await (const { token, text } of branch)`. */
 export interface BranchToken {
   token: number;
   text: string;
-}
-
-/** KV cache usage, counting cells shared by forks once. */
-export interface KvPressure {
-  /** Total KV cells of the context. */
-  nCtx: number;
-  /** Cells held by live branches and by unleased sequences with content. */
-  cellsUsed: number;
-  /** `nCtx - cellsUsed`. */
-  remaining: number;
 }
 
 // -------------------------------------------------------------------------------------------------

@@ -225,6 +225,73 @@ const ENDPOINTS = {
 // -------------------------------------------------------------------------------------------------
 // The server
 
+/** The Scheduler request of an OpenAI request `body` to endpoint `kind` ('completions' | 'chat'). */
+function generateRequest(kind, body, modelName) {
+  if (body.model !== undefined && body.model !== null && body.model !== modelName) {
+    throw new HttpError(
+      404,
+      `The model \`${body.model}\` does not exist; this server serves \`${modelName}\` (GET /v1/models)`,
+      { param: 'model', code: 'model_not_found' },
+    );
+  }
+  const request = commonRequest(body, kind === 'completions' ? defaults.server.completionsMaxTokens : undefined);
+  Object.assign(request, kind === 'chat' ? { messages: chatMessages(body) } : completionsPrompt(body));
+  if (body.stream !== undefined && typeof body.stream !== 'boolean')
+    throw badRequest('stream must be a boolean', 'stream');
+  return request;
+}
+
+/**
+ * Streams a generation as server-sent events. The first event (or the error) decides the status,
+ * so that a request the scheduler refuses (queue full, bad grammar) still gets a 4xx with an
+ * error body; an error after that ends the stream with an error event.
+ */
+async function streamGeneration(res, gen, { shape, head, n, includeUsage }) {
+  const events = gen[Symbol.asyncIterator]();
+  let first;
+  try {
+    first = await events.next();
+  } catch (e) {
+    sendError(res, e);
+    return;
+  }
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+  const chunkHead = { ...head, object: shape.chunkObject };
+  const send = (payload) => res.write(`data: ${JSON.stringify(payload)}\n\n`);
+  if (shape.opening) for (let i = 0; i < n; i++) send({ ...chunkHead, choices: [shape.opening(i)] });
+  try {
+    for (let step = first; !step.done; step = await events.next()) {
+      const e = step.value;
+      if (e.finishReason === 'abort') continue;
+      if (e.text === '' && !e.finishReason) continue;
+      send({ ...chunkHead, choices: [shape.delta(e.choice, e.text, e.finishReason || null)] });
+    }
+    const result = await gen;
+    if (includeUsage) send({ ...chunkHead, choices: [], usage: usageOf(result.usage) });
+    res.end('data: [DONE]\n\n');
+  } catch (e) {
+    const err = toHttpError(e);
+    send({ error: { message: err.message, type: err.type, param: err.param, code: err.errorCode } });
+    res.end();
+  }
+}
+
+/** GET /v1/models/<id>, or the 404 or 405 a path without a route gets. */
+function unrouted(method, pathname, routes, res, modelCard) {
+  if (pathname.startsWith('/v1/models/') && method === 'GET') {
+    const id = decodeURIComponent(pathname.slice('/v1/models/'.length));
+    if (id === modelCard.id) return sendJson(res, 200, modelCard);
+    throw new HttpError(404, `The model \`${id}\` does not exist`, { param: 'model', code: 'model_not_found' });
+  }
+  if (Object.keys(routes).some((r) => r.endsWith(` ${pathname}`))) {
+    throw new HttpError(405, `${method} is not allowed on ${pathname}`);
+  }
+  throw new HttpError(
+    404,
+    `no route ${method} ${pathname}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health`,
+  );
+}
+
 /** Builds the HTTP app around a scheduler. */
 function createApp({ scheduler, modelName, maxBodyBytes }) {
   const created = Math.floor(Date.now() / 1000);
@@ -232,19 +299,7 @@ function createApp({ scheduler, modelName, maxBodyBytes }) {
 
   async function generateEndpoint(kind, req, res) {
     const body = await readJsonBody(req, maxBodyBytes);
-    if (body.model !== undefined && body.model !== null && body.model !== modelName) {
-      throw new HttpError(
-        404,
-        `The model \`${body.model}\` does not exist; this server serves \`${modelName}\` (GET /v1/models)`,
-        { param: 'model', code: 'model_not_found' },
-      );
-    }
-    const shape = ENDPOINTS[kind];
-    const request = commonRequest(body, kind === 'completions' ? defaults.server.completionsMaxTokens : undefined);
-    Object.assign(request, kind === 'chat' ? { messages: chatMessages(body) } : completionsPrompt(body));
-    if (body.stream !== undefined && typeof body.stream !== 'boolean')
-      throw badRequest('stream must be a boolean', 'stream');
-
+    const request = generateRequest(kind, body, modelName);
     // The client going away (before the response is complete) aborts the generation.
     const controller = new AbortController();
     res.on('error', () => {}); // a write racing the client's disconnect: the abort below handles it
@@ -253,48 +308,21 @@ function createApp({ scheduler, modelName, maxBodyBytes }) {
     });
     request.signal = controller.signal;
     const gen = scheduler.generate(request);
-    const id = shape.idPrefix + randomUUID();
-    const head = { id, object: shape.object, created: Math.floor(Date.now() / 1000), model: modelName };
-
-    if (!body.stream) {
-      const result = await gen;
-      if (controller.signal.aborted) return;
-      sendJson(res, 200, { ...head, choices: result.choices.map(shape.choice), usage: usageOf(result.usage) });
+    const shape = ENDPOINTS[kind];
+    const head = {
+      id: shape.idPrefix + randomUUID(),
+      object: shape.object,
+      created: Math.floor(Date.now() / 1000),
+      model: modelName,
+    };
+    if (body.stream) {
+      const includeUsage = Boolean(body.stream_options && body.stream_options.include_usage);
+      await streamGeneration(res, gen, { shape, head, n: request.n || 1, includeUsage });
       return;
     }
-
-    // Streaming: the first event (or the error) decides the status, so that a request the
-    // scheduler refuses (queue full, bad grammar) still gets a 4xx with an error body.
-    const events = gen[Symbol.asyncIterator]();
-    let first;
-    try {
-      first = await events.next();
-    } catch (e) {
-      sendError(res, e);
-      return;
-    }
-    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
-    const chunkHead = { ...head, object: shape.chunkObject };
-    const send = (payload) => res.write(`data: ${JSON.stringify(payload)}\n\n`);
-    if (shape.opening) {
-      for (let i = 0; i < (request.n || 1); i++) send({ ...chunkHead, choices: [shape.opening(i)] });
-    }
-    try {
-      for (let step = first; !step.done; step = await events.next()) {
-        const e = step.value;
-        if (e.finishReason === 'abort') continue;
-        if (e.text === '' && !e.finishReason) continue;
-        send({ ...chunkHead, choices: [shape.delta(e.choice, e.text, e.finishReason || null)] });
-      }
-      const result = await gen;
-      if (body.stream_options && body.stream_options.include_usage)
-        send({ ...chunkHead, choices: [], usage: usageOf(result.usage) });
-      res.end('data: [DONE]\n\n');
-    } catch (e) {
-      const err = toHttpError(e);
-      send({ error: { message: err.message, type: err.type, param: err.param, code: err.errorCode } });
-      res.end();
-    }
+    const result = await gen;
+    if (controller.signal.aborted) return;
+    sendJson(res, 200, { ...head, choices: result.choices.map(shape.choice), usage: usageOf(result.usage) });
   }
 
   const routes = {
@@ -308,21 +336,8 @@ function createApp({ scheduler, modelName, maxBodyBytes }) {
     try {
       const { pathname } = new URL(req.url, 'http://localhost');
       const route = routes[`${req.method} ${pathname.replace(/\/+$/, '') || '/'}`];
-      if (route) {
-        await route(req, res);
-      } else if (pathname.startsWith('/v1/models/') && req.method === 'GET') {
-        const id = decodeURIComponent(pathname.slice('/v1/models/'.length));
-        if (id === modelName) sendJson(res, 200, modelCard);
-        else
-          throw new HttpError(404, `The model \`${id}\` does not exist`, { param: 'model', code: 'model_not_found' });
-      } else if (Object.keys(routes).some((r) => r.endsWith(` ${pathname}`))) {
-        throw new HttpError(405, `${req.method} is not allowed on ${pathname}`);
-      } else {
-        throw new HttpError(
-          404,
-          `no route ${req.method} ${pathname}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health`,
-        );
-      }
+      if (route) await route(req, res);
+      else unrouted(req.method, pathname, routes, res, modelCard);
     } catch (e) {
       sendError(res, e);
     }

@@ -64,7 +64,7 @@ function declaredNames() {
   const exported = (n) => (ts.getModifiers(n) || []).some((m) => m.kind === ts.SyntaxKind.ExportKeyword);
   const read = (file) => ts.createSourceFile(file, fs.readFileSync(file, 'utf8'), ts.ScriptTarget.Latest, true);
   for (const stmt of read(path.join(ROOT, 'index.d.ts')).statements) {
-    if (ts.isExportDeclaration(stmt) && stmt.exportClause)
+    if (ts.isExportDeclaration(stmt) && !stmt.isTypeOnly && stmt.exportClause)
       names.push(...stmt.exportClause.elements.map((e) => e.name.text));
     if (!exported(stmt)) continue;
     if (ts.isFunctionDeclaration(stmt)) names.push(stmt.name.text);

@@ -30,7 +30,7 @@ function readDeclarations() {
   const exports = new Set();
   const consts = {};
   for (const stmt of source.statements) {
-    if (ts.isExportDeclaration(stmt) && stmt.exportClause && ts.isNamedExports(stmt.exportClause)) {
+    if (ts.isExportDeclaration(stmt) && !stmt.isTypeOnly && stmt.exportClause && ts.isNamedExports(stmt.exportClause)) {
       for (const spec of stmt.exportClause.elements) exports.add(spec.name.text);
     }
     if (!hasModifier(stmt, ts.SyntaxKind.ExportKeyword)) continue;

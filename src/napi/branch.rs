@@ -15,10 +15,13 @@ use crate::engine::store::{CreateOptions, ForkOptions};
 use crate::error::Error;
 use crate::llama::Token;
 
+/// A sampled token, not yet committed.
 #[napi(object)]
 pub struct Produced {
     pub token: i32,
+    /// The token's text piece.
     pub text: String,
+    /// True for end-of-generation tokens.
     pub is_stop: bool,
 }
 

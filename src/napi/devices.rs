@@ -31,45 +31,55 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long `listDevices` waits for the servers' answers.
 const LIST_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// A backend device, from {@link listDevices}.
 #[napi(object)]
 pub struct DeviceDescription {
+    /// The name `devices` takes, e.g. `'CPU'`, `'Vulkan0'`, `'RPC0'`.
     pub name: String,
+    /// For an RPC device: its server's `host:port`.
     pub description: String,
     #[napi(ts_type = "'cpu' | 'gpu' | 'rpc'")]
     pub r#type: String,
+    /// Bytes (as the backend reports them; for the CPU and RPC CPU devices, the host's RAM).
     pub memory_free: f64,
     pub memory_total: f64,
 }
 
 #[napi(object)]
 pub struct ListDevicesOptions {
+    /// Also list the devices of these RPC servers (probed first; same errors as in {@link ContextOptions.rpcServers}).
     pub rpc_servers: Option<Vec<String>>,
 }
 
 #[napi(object)]
 pub struct ServeRpcOptions {
+    /// Address to bind. Default `'127.0.0.1'`; anything but loopback needs `allowRemote`.
     pub host: Option<String>,
     pub port: f64,
+    /// CPU threads for the server's computations. Default: all cores.
     pub threads: Option<f64>,
+    /// Folder where the server caches tensors by hash, so clients reload faster.
     pub cache_dir: Option<String>,
+    /// Allow a non-loopback `host`. The RPC protocol has NO authentication or encryption.
     pub allow_remote: Option<bool>,
 }
 
 #[napi(object)]
 pub struct RpcServerInfo {
     pub endpoint: String,
+    /// The local devices it serves (the GPUs, else the CPU).
     pub devices: Vec<String>,
 }
 
-/// What `ctx.offload` reports.
+/// Where a context's layers went ({@link SessionContext.offload}).
 #[napi(object)]
 #[derive(Clone)]
 pub struct OffloadInfo {
-    /// Layers placed on non-CPU devices (the output layer counts as one, as in llama.cpp's log).
+    /// Layers on GPU / RPC devices (the output layer counts as one, as in llama.cpp's log).
     pub layers: u32,
-    /// The model's layers plus its output layer.
+    /// The model's layers + 1.
     pub total_layers: u32,
-    /// The devices layers were placed on, in order (empty: CPU only).
+    /// The devices that took layers, in order (empty: CPU only).
     pub devices: Vec<String>,
 }
 

@@ -20,27 +20,53 @@ use crate::engine::store::BranchStore;
 use crate::error::Error;
 use crate::llama::{self, Context, ContextConfig, Model};
 
+/// Options for {@link createContext}.
 #[napi(object)]
 pub struct ContextOptions {
+    /// Path of a `.gguf` model file, or a `file:` URL. Contexts created on the same file (and the
+    /// same `useMmap`) share one loaded model.
     pub model_path: String,
+    /// KV cache size in cells (tokens, summed over all sequences). Default 2048; range 16 to 2^24.
+    /// llama.cpp may round it up (read the effective value from `ctx.nCtx`).
     pub n_ctx: Option<f64>,
+    /// Maximum tokens per `llama_decode` call. Default 512 (llama.cpp caps it at `nCtx`).
     pub n_batch: Option<f64>,
+    /// CPU threads used by decodes. Default: the number of available CPU cores.
     pub n_threads: Option<f64>,
+    /// Number of KV sequences, i.e. how many branches can be alive at once (one lease each).
+    /// Default 1; range 1 to 256.
     pub n_seq_max: Option<f64>,
+    /// Create an embedding context: enables {@link SessionContext.encode} and
+    /// {@link SessionContext.getEmbeddings}. Default false. Every token of a decode is an output
+    /// row in such a context, so plain generation is slower there.
     pub embeddings: Option<bool>,
+    /// Pooling type for embedding contexts. Default `PoolingType.MEAN` with embeddings, else `NONE`.
+    #[napi(ts_type = "PoolingType")]
     pub pooling_type: Option<f64>,
+    /// Memory-map the model file. Default true.
     pub use_mmap: Option<bool>,
-    /// llama.cpp log level: "none" (default), "error", "warn", "info", "debug".
+    /// Sets the (process-wide) llama.cpp log level before loading. Default: silent (`'none'`), or `LLAMA_BRANCH_LOG`.
+    #[napi(ts_type = "LogLevel")]
     pub log_level: Option<String>,
-    /// Layers offloaded to GPU / RPC devices (default: all when there is one, else 0).
+    /// Layers placed on the GPU / RPC devices, counted from the output end: 0 to the model's layers
+    /// + 1 (the output layer). Default: all of them when such a device takes part, else 0 (ignored
+    /// when there is none). More than the model has: `ERR_DEVICE` (before anything loads).
     pub n_gpu_layers: Option<f64>,
+    /// Index (into the offload devices) of the device for `splitMode: 'none'` and row-split results. Default 0.
     pub main_gpu: Option<f64>,
+    /// How layers spread over several devices. Default `'layer'`.
     #[napi(ts_type = "'none' | 'layer' | 'row'")]
     pub split_mode: Option<String>,
+    /// Relative share of the offloaded layers per device, one number per offload device in order
+    /// (`ctx.offload.devices`), e.g. `[1, 3]`. Default: by free memory. A wrong length: `ERR_DEVICE`.
     pub tensor_split: Option<Vec<f64>>,
-    /// Device names from `listDevices()` to place layers on, in order.
+    /// Names (from {@link listDevices}) of the GPU / RPC devices to place layers on, in order.
+    /// Default: every local GPU, then the `rpcServers`' devices. Unknown names and the CPU: `ERR_DEVICE`.
     pub devices: Option<Vec<String>>,
-    /// RPC servers ("host:port") whose devices take layers.
+    /// llama.cpp RPC servers (`"host:port"`, IPv4 or a host name; started with
+    /// `npx llama-branch rpc-server`) whose devices take layers. Each is parsed and probed before
+    /// use: malformed → `ERR_INVALID_ARG`, not answering → `ERR_RPC_UNREACHABLE`. If a server dies
+    /// later, contexts using it are lost (`ERR_CONTEXT_LOST`); see docs/gpu-and-rpc.md, "Multi-host (RPC)".
     pub rpc_servers: Option<Vec<String>>,
 }
 

@@ -22,61 +22,96 @@ use crate::engine::sampling::{pick, Chain, SamplingConfig};
 use crate::error::Error;
 use crate::llama::{self, Sampler, TokenData};
 
+/// Repetition penalties. Present (even `{}`) = enabled with these defaults.
 #[napi(object)]
 pub struct PenaltyParams {
+    /// Repeat penalty, > 0; 1 = off. Default 1.
     pub repeat: Option<f64>,
+    /// Frequency penalty. Default 0.
     pub frequency: Option<f64>,
+    /// Presence penalty. Default 0.
     pub presence: Option<f64>,
+    /// Window in tokens; -1 = the whole context. Default 64.
     pub last_n: Option<f64>,
 }
 
+/// Mirostat sampling (replaces temperature/dist as the final stage).
 #[napi(object)]
 pub struct MirostatParams {
+    /// 0 = off, 1 = Mirostat, 2 = Mirostat 2.0. Default 2 when this object is present.
+    #[napi(ts_type = "0 | 1 | 2")]
     pub mode: Option<f64>,
+    /// Target surprise, > 0. Default 5.
     pub tau: Option<f64>,
+    /// Learning rate, > 0. Default 0.1.
     pub eta: Option<f64>,
 }
 
+/// DRY ("don't repeat yourself") penalty. Enabled when `multiplier` > 0.
 #[napi(object)]
 pub struct DryParams {
+    /// >= 0; 0 = off. Default 0.8.
     pub multiplier: Option<f64>,
+    /// >= 1. Default 1.75.
     pub base: Option<f64>,
+    /// Default 2.
     pub allowed_length: Option<f64>,
+    /// -1 = the whole context. Default -1.
     pub penalty_last_n: Option<f64>,
+    /// Default `["\n", ":", "\"", "*"]`.
     pub sequence_breakers: Option<Vec<String>>,
 }
 
+/// XTC ("exclude top choices"). Enabled when `probability` > 0.
 #[napi(object)]
 pub struct XtcParams {
+    /// In [0, 1]. Default 0.5.
     pub probability: Option<f64>,
+    /// In [0, 1]. Default 0.1.
     pub threshold: Option<f64>,
 }
 
+/// Less common samplers.
 #[napi(object)]
 pub struct AdvancedSamplingParams {
+    /// Locally typical sampling, in (0, 1]; 1 = off. Default 1.
     pub typical_p: Option<f64>,
     pub mirostat: Option<MirostatParams>,
     pub dry: Option<DryParams>,
     pub xtc: Option<XtcParams>,
+    /// Top-n-sigma, > 0. Default off.
     pub top_n_sigma: Option<f64>,
 }
 
+/// A static or dynamic logit bias. `bias` is added to the token's logit; `-Infinity` bans it.
 #[napi(object)]
 pub struct TokenBias {
     pub token: f64,
     pub bias: f64,
 }
 
+/// A branch's sampler chain. Invalid values are errors (`ERR_INVALID_ARG`), never silently clamped.
+///
+/// Order: logit bias + steer → grammar → penalties → DRY → top-n-sigma → top-k → typical → top-p →
+/// min-p → XTC → greedy | temperature + dist | temperature + mirostat.
 #[napi(object)]
 pub struct SamplingParams {
+    /// Default 0.8. `<= 0` = greedy (argmax), unless mirostat is enabled.
     pub temperature: Option<f64>,
+    /// Integer >= 0; 0 = off. Default 40.
     pub top_k: Option<f64>,
+    /// In (0, 1]; 1 = off. Default 0.95.
     pub top_p: Option<f64>,
+    /// In [0, 1]; 0 = off. Default 0.05.
     pub min_p: Option<f64>,
+    /// RNG seed, integer in [0, 2^32). `-1` or absent = random.
     pub seed: Option<f64>,
+    /// GBNF grammar (root rule `root`) constraining the branch's tokens.
     pub grammar: Option<String>,
+    /// Repetition penalties; off when absent.
     pub penalties: Option<PenaltyParams>,
     pub advanced: Option<AdvancedSamplingParams>,
+    /// Static per-token biases (kept by forks).
     pub logit_bias: Option<Vec<TokenBias>>,
 }
 

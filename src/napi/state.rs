@@ -96,11 +96,12 @@ fn read_file(path: &str) -> crate::error::Result<Vec<u8>> {
         .map_err(|e| Error::invalid(format!("cannot open the state file {path}: {e}")))
 }
 
+/// What {@link SessionContext.kvCacheReadFile} resolves.
 #[napi(object)]
 pub struct KvFileContents {
-    /// The tokens stored next to the state by `kvCacheWriteFile`.
+    /// The tokens stored with the state.
     pub tokens: Vec<i32>,
-    /// Size of the file read, in bytes.
+    /// Size of the file, in bytes.
     pub bytes_read: f64,
 }
 

@@ -11,10 +11,14 @@ use super::context::{Engine, SessionContext};
 use super::convert::{js, Arg, Result};
 use crate::error::Error;
 
+/// KV cache usage, counting cells shared by forks once.
 #[napi(object)]
 pub struct KvPressureInfo {
+    /// Total KV cells of the context.
     pub n_ctx: u32,
+    /// Cells held by live branches and by unleased sequences with content.
     pub cells_used: u32,
+    /// `nCtx - cellsUsed`.
     pub remaining: u32,
 }
 
