@@ -51,6 +51,8 @@
  * | `ERR_NATIVE_LOAD` | no build of the native addon could be loaded, or it loaded no compute backend (thrown by `require`, `loadBinary`, and `createContext` with a `gpuVariant`) |
  * | `ERR_QUEUE_FULL` | {@link Scheduler.generate}: `maxQueue` requests are waiting already |
  * | `ERR_SCHEDULER_CLOSED` | {@link Scheduler.generate} after {@link Scheduler.close}, or a request still queued when it was called |
+ * | `ERR_TOO_MANY_BRANCHES` | {@link ProgramLine.fork} past the program's `maxBranches` |
+ * | `ERR_PROGRAM_STATE` | a program line used while a gen runs on it, after `release()`, or after its program ended |
  */
 export type ErrorCode =
   | 'ERR_INVALID_ARG'
@@ -80,7 +82,9 @@ export type ErrorCode =
   | 'ERR_CONTEXT_LOST'
   | 'ERR_NATIVE_LOAD'
   | 'ERR_QUEUE_FULL'
-  | 'ERR_SCHEDULER_CLOSED';
+  | 'ERR_SCHEDULER_CLOSED'
+  | 'ERR_TOO_MANY_BRANCHES'
+  | 'ERR_PROGRAM_STATE';
 
 /**
  * The shape of every error this package throws or rejects with. Narrow a caught value with
@@ -191,7 +195,8 @@ import { SessionContext } from './types/Context';
 import { Branch } from './types/Branch';
 import { BranchStore } from './types/BranchStore';
 import { Scheduler } from './types/Scheduler';
-export { SessionContext, Branch, BranchStore, Scheduler };
+import { ProgramLine } from './types/ProgramLine';
+export { SessionContext, Branch, BranchStore, Scheduler, ProgramLine };
 
 // The option and result shapes the addon takes and returns are declared once, in Rust (the
 // `#[napi(object)]` structs of src/napi/, documented there), and generated into lib/native.d.ts.
@@ -531,9 +536,54 @@ export interface Generation extends PromiseLike<GenerationResult>, AsyncIterable
   finally(onFinally?: (() => void) | null): Promise<GenerationResult>;
 }
 
+/** Options of {@link Scheduler.run}. */
+export interface RunOptions {
+  /**
+   * Lines the program holds at most at once (its root and live forks). It is admitted only when
+   * that many sequence leases are free; `fork` past it throws `ERR_TOO_MANY_BRANCHES`. Default 4.
+   */
+  maxBranches?: number;
+  /**
+   * KV cells the program may write (tokens prefilled plus generated; a shared prefix counts once).
+   * Reserved at admission; a gen past it rejects with `ERR_KV_FULL`. Default min(1024, nCtx).
+   */
+  maxCells?: number;
+  /** Seeds of gens that give none are drawn from this base in order; absent or -1: random. */
+  seed?: number;
+  /** Aborting ends the program within one step: `run()` rejects with `ERR_ABORTED`, every line is freed. */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link ProgramLine.gen}. */
+export interface ProgramGenOptions {
+  /** New tokens at most. Default: the scheduler's `defaultMaxTokens`. */
+  maxTokens?: number;
+  /** Stop strings: the gen ends before the first one (it is not part of the text). */
+  stop?: string | string[];
+  /** Sampler of this gen. */
+  params?: SamplingParams;
+  /** GBNF grammar constraining this gen's text. */
+  grammar?: string;
+  /** A JSON schema (object or JSON text) constraining this gen's text. */
+  jsonSchema?: object | string;
+  /** Seed of this gen; absent: the program's next seed. */
+  seed?: number;
+}
+
+/** What {@link ProgramLine.gen} resolves to. */
+export interface ProgramGenResult {
+  text: string;
+  /** The generated tokens (an end-of-generation token is not included). */
+  tokens: number[];
+  /** `'stop'` (stop string or end of generation) or `'length'` (`maxTokens`). */
+  finishReason: Exclude<FinishReason, 'abort'>;
+}
+
 /** What {@link Scheduler.stats} reports. */
 export interface SchedulerStats {
   running: number;
+  /** Branch programs admitted and not yet ended. */
+  programs: number;
   queued: number;
   /** Cached prompt prefixes (each holds one sequence lease). */
   cachedPrefixes: number;

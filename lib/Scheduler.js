@@ -7,8 +7,11 @@
  * cache's policy lives in lib/scheduler/prefix-cache.js. ARCHITECTURE.md, "Data path of one
  * Scheduler step", walks through a step.
  *
+ * Branch programs (`run()`, lib/scheduler/program.js) share the queue, the cache and the steps:
+ * their lines' pending tokens join the prefill and their gens join the decode.
+ *
  * One step (the loop runs while there is work; nothing runs when idle):
- *   1. requests whose signal aborted give their branches back;
+ *   1. requests whose signal aborted give their branches back; ended programs are freed;
  *   2. queued requests are prepared (chat template, tokenization) and admitted in FIFO order
  *      while leases and KV cells suffice for everything the running ones may still need
  *      (evicting least-recently-used cached prefixes that no running request uses);
@@ -22,17 +25,15 @@
 
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
-const { makeError } = require('./errors');
 const { jsonSchemaToGrammar } = require('./schema');
 const defaults = require('./defaults');
-const { PrefixCache, release } = require('./scheduler/prefix-cache');
+const { PrefixCache } = require('./scheduler/prefix-cache');
 const { Request, positiveInt, invalid } = require('./scheduler/request');
 const { SystemPrompts } = require('./scheduler/system-prompts');
 const { Generation } = require('./scheduler/generation');
-const { SchedulerErrorCode, schedulerError } = require('./scheduler/errors');
-
-/** Sampler of prompt branches: they are only forked, never sampled. */
-const PROMPT_BRANCH_PARAMS = Object.freeze({ temperature: 0 });
+const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
+const { Program, Programs, abortedProgram } = require('./scheduler/program');
+const { produceAll, commitAll } = require('./scheduler/rows');
 
 /**
  * Continuous batching over one context (see the file comment and docs/serving.md). The context
@@ -62,10 +63,16 @@ class Scheduler {
     this._queue = [];
     /** @type {Request[]} prefilling, generating and aborting requests */
     this._running = [];
+    /** Admitted programs, until their step of ending. */
+    this._programs = new Programs();
+    /** The queue's head waits for a program to give room back: no step until something changes. */
+    this._blocked = false;
     this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow });
     this._loop = null;
     this._closed = false;
     this._systemPrompts = new SystemPrompts(ctx);
+    /** Prompt branches are only forked, never sampled. */
+    this._createPromptBranch = () => Branch.create(ctx, 0, { temperature: 0 });
     this._pressure = this._store.kvPressure();
     this._counters = {
       steps: 0,
@@ -85,44 +92,58 @@ class Scheduler {
    */
   generate(request) {
     const gen = new Generation();
-    let req;
     try {
-      req = new Request(request, gen, {
-        vocabSize: this._ctx.vocabSize,
-        defaultMaxTokens: this._defaultMaxTokens,
-        jsonSchemaToGrammar,
-      });
+      const env = { vocabSize: this._ctx.vocabSize, defaultMaxTokens: this._defaultMaxTokens, jsonSchemaToGrammar };
+      this._enqueue(new Request(request, gen, env));
     } catch (e) {
       gen._fail(e);
-      return gen;
-    }
-    if (this._closed) {
-      this._fail(
-        req,
-        schedulerError(
-          SchedulerErrorCode.SCHEDULER_CLOSED,
-          'the scheduler was closed; create a new Scheduler for new requests',
-        ),
-      );
-    } else if (req.signal && req.signal.aborted) {
-      this._settle(req, 'abort');
-    } else if (this._queue.length >= this._maxQueue) {
-      this._fail(
-        req,
-        schedulerError(
-          SchedulerErrorCode.QUEUE_FULL,
-          `the scheduler's queue is full (maxQueue ${this._maxQueue} requests wait already); retry later or raise maxQueue`,
-        ),
-      );
-    } else {
-      if (req.signal) {
-        req.onAbort = () => this._abort(req);
-        req.signal.addEventListener('abort', req.onAbort, { once: true });
-      }
-      this._queue.push(req);
-      this._kick();
     }
     return gen;
+  }
+
+  /**
+   * Runs a branch program: `program(s)` drives a line of generation `s` (append, gen, fork,
+   * release) and every line's work shares the scheduler's steps with everything else. Resolves
+   * with what the program returns; rejects with what it throws, ERR_ABORTED when
+   * `options.signal` fires, or ERR_QUEUE_FULL / ERR_SCHEDULER_CLOSED. Everything the program
+   * holds is freed when it ends. See docs/programs.md.
+   * @template T
+   * @param {(s: import('./ProgramLine').ProgramLine) => T | Promise<T>} program
+   * @param {import('./types').RunOptions} [options]
+   * @returns {Promise<T>}
+   */
+  run(program, options = {}) {
+    try {
+      const wake = () => this._kick();
+      const p = new Program(program, options, {
+        ctx: this._ctx,
+        defaultMaxTokens: this._defaultMaxTokens,
+        jsonSchemaToGrammar,
+        wake,
+      });
+      this._enqueue(p);
+      return p.promise;
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+
+  /** Queues a request or program, or refuses it through its own promise. */
+  _enqueue(item) {
+    if (this._closed) {
+      this._fail(item, closedError());
+    } else if (item.signal && item.signal.aborted) {
+      this._abortQueued(item);
+    } else if (this._queue.length >= this._maxQueue) {
+      this._fail(item, queueFullError(this._maxQueue));
+    } else {
+      if (item.signal) {
+        item.onAbort = () => this._abort(item);
+        item.signal.addEventListener('abort', item.onAbort, { once: true });
+      }
+      this._queue.push(item);
+      this._kick();
+    }
   }
 
   /**
@@ -133,6 +154,7 @@ class Scheduler {
     const c = this._counters;
     return {
       running: this._running.length,
+      programs: this._programs.size,
       queued: this._queue.length,
       cachedPrefixes: this._cache.size,
       cellsUsed: this._pressure.cellsUsed,
@@ -151,32 +173,37 @@ class Scheduler {
    */
   async close() {
     this._closed = true;
-    for (const req of this._queue.splice(0))
-      this._fail(
-        req,
-        schedulerError(SchedulerErrorCode.SCHEDULER_CLOSED, 'the scheduler was closed before this request started'),
-      );
+    for (const req of this._queue.splice(0)) this._fail(req, closedError(false));
     for (const req of this._running) if (req.state !== 'aborting') req.to('aborting');
+    this._programs.endAll({ error: closedError() });
     while (this._loop) await this._loop;
     this._cache.clear();
     if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
   }
 
-  /** A queued request ends now; a running one at the start of the next step. */
-  _abort(req) {
-    const queued = this._queue.indexOf(req);
+  /** A queued request or program ends now; a running one at the start of the next step. */
+  _abort(item) {
+    const queued = this._queue.indexOf(item);
     if (queued !== -1) {
       this._queue.splice(queued, 1);
-      this._settle(req, 'abort');
-    } else if (req.running && req.state !== 'aborting') {
-      req.to('aborting');
+      this._abortQueued(item);
+    } else if (item instanceof Program) {
+      item.end({ error: abortedProgram(item.signal) });
+    } else if (item.running && item.state !== 'aborting') {
+      item.to('aborting');
     }
+  }
+
+  _abortQueued(item) {
+    if (item instanceof Program) item.reject(abortedProgram(item.signal));
+    else this._settle(item, 'abort');
   }
 
   // ---------------------------------------------------------------------------------------------
   // The loop
 
   _kick() {
+    this._blocked = false;
     if (this._loop) return;
     this._loop = this._run().finally(() => {
       this._loop = null;
@@ -185,7 +212,7 @@ class Scheduler {
   }
 
   _hasWork() {
-    return this._queue.length > 0 || this._running.length > 0;
+    return this._running.length > 0 || this._programs.hasWork() || (this._queue.length > 0 && !this._blocked);
   }
 
   async _run() {
@@ -195,6 +222,7 @@ class Scheduler {
       } catch (e) {
         // Not attributable to one request (e.g. the context was disposed): nobody can go on.
         for (const req of [...this._running]) this._fail(req, e);
+        this._programs.endAll({ error: e });
         if (this._ctx.disposed) for (const req of this._queue.splice(0)) this._fail(req, e);
       }
     }
@@ -203,6 +231,7 @@ class Scheduler {
   async _step() {
     const started = performance.now();
     for (const req of this._running.filter((r) => r.state === 'aborting')) this._settle(req, 'abort');
+    await this._programs.collect();
     await this._prepareQueued();
     this._admit();
     const prefillStart = performance.now();
@@ -214,7 +243,7 @@ class Scheduler {
     if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
     if (this._onStep) {
       const { cellsUsed } = this._pressure;
-      const [running, queued] = [this._running.length, this._queue.length];
+      const [running, queued] = [this._running.length + this._programs.size, this._queue.length];
       const [prefillMs, decodeMs, stepMs] = [decodeStart - prefillStart, ended - decodeStart, ended - started];
       this._onStep({ rows, prefillTokens, prefillMs, decodeMs, stepMs, cellsUsed, running, queued });
     }
@@ -225,7 +254,7 @@ class Scheduler {
 
   /** Tokenizes queued requests in order (chat templates run on the context's worker: here, between steps). */
   async _prepareQueued() {
-    for (const req of this._queue.filter((r) => r.state === 'queued')) {
+    for (const req of this._queue.filter((r) => r.state === 'queued' && r instanceof Request)) {
       try {
         await req.prepare(this._ctx, this._systemPrompts);
         if (req.state === 'queued') req.to('ready'); // (an abort while it was prepared settled it)
@@ -246,23 +275,22 @@ class Scheduler {
     while (this._queue.length > 0 && this._running.length < this._maxRunning) {
       const req = this._queue[0];
       if (req.state !== 'ready') return;
-      const { entry, length } = this._cache.bestStart(req.tokens);
-      const cells = req.tokens.length - length + req.n * req.maxTokens;
-      const leases = req.n + req.cachePoints.filter((p) => p > length).length;
+      const program = req instanceof Program;
+      const { entry, length } = program ? { entry: null, length: 0 } : this._cache.bestStart(req.tokens);
+      const cells = program ? req.maxCells : req.tokens.length - length + req.n * req.maxTokens;
+      const leases = program ? req.maxBranches : req.n + req.cachePoints.filter((p) => p > length).length;
       if (!this._cache.evictUntil(() => this._fits(cells, leases), entry)) {
         if (this._running.length > 0) return; // wait for running requests to finish
+        if (this._programs.size > 0) return void (this._blocked = true); // until a program ends
         this._queue.shift();
-        const p = this._store.kvPressure();
-        this._fail(
-          req,
-          makeError(
-            'ERR_KV_FULL',
-            `the request does not fit even with every cached prefix evicted (needs ${cells} cells and ${leases} leases; ${p.remaining} of ${p.nCtx} cells and ${this._store.available} leases are free): lower maxTokens or n, or create the context with a larger nCtx / nSeqMax`,
-          ),
-        );
+        this._fail(req, neverFitsError(cells, leases, this._store.kvPressure(), this._store.available));
         continue;
       }
       this._queue.shift();
+      if (program) {
+        this._programs.admit(req);
+        continue;
+      }
       req.plannedStart = length;
       req.leasesToCome = leases;
       req.usage.promptTokens = req.tokens.length;
@@ -273,47 +301,14 @@ class Scheduler {
 
   /** Whether `cells` and `leases` are free beyond what running requests may still take. */
   _fits(cells, leases) {
-    const freeCells = this._store.kvPressure().remaining - this._running.reduce((sum, r) => sum + r.cellsToCome(), 0);
-    const freeLeases = this._store.available - this._running.reduce((sum, r) => sum + r.leasesToCome, 0);
+    const holders = [...this._running, ...this._programs.list];
+    const freeCells = this._store.kvPressure().remaining - holders.reduce((sum, r) => sum + r.cellsToCome(), 0);
+    const freeLeases = this._store.available - holders.reduce((sum, r) => sum + r.leasesToCome, 0);
     return freeCells >= cells && freeLeases >= leases;
   }
 
   // ---------------------------------------------------------------------------------------------
   // Prefill
-
-  /**
-   * Gives a newly admitted request its prompt branch, forked from the best cached start. Returns
-   * false while the start it wants is still being prefilled by an earlier request.
-   */
-  _begin(req) {
-    const start = this._cache.bestStart(req.tokens);
-    const { entry } = start;
-    // Never fork the whole prompt's logits from a partial fork: at least one token is decoded.
-    const length = start.partial ? Math.min(start.length, req.tokens.length - 1) : start.length;
-    if (entry && !entry.ready && entry.branch.position < length) return false;
-    if (entry) req.pins.push(this._cache.pin(entry));
-    req.usage.cachedPromptTokens = length;
-    this._counters.promptTokens += req.tokens.length;
-    this._counters.cachedPromptTokens += length;
-    if (entry && length === req.tokens.length) {
-      req.spawnChoices(entry.branch); // the whole prompt is cached, logits included
-      return true;
-    }
-    if (!entry) req.branch = Branch.create(this._ctx, 0, PROMPT_BRANCH_PARAMS);
-    else if (start.partial) req.branch = entry.branch.forkAt(length);
-    else req.branch = entry.branch.fork();
-    req.leasesToCome--;
-    req.pos = length;
-    this._openSegment(req);
-    return true;
-  }
-
-  /** The request's prompt branch becomes a (growing) cache entry up to its next cache point. */
-  _openSegment(req) {
-    const end = req.cachePoints.find((p) => p > req.pos);
-    req.segment = this._cache.open(req.tokens.slice(0, end), req.branch);
-    req.pins.push(this._cache.pin(req.segment));
-  }
 
   /** Prefills up to `prefillChunk` prompt tokens of prefilling requests in one batch; returns the count. */
   async _prefillPhase() {
@@ -321,7 +316,7 @@ class Scheduler {
     const batch = [];
     for (const req of this._running.filter((r) => r.state === 'prefilling')) {
       try {
-        if (!req.segment && !this._begin(req)) continue;
+        if (!req.segment && !this._begin(req)) continue; // its cached start is still being filled
       } catch (e) {
         this._fail(req, e); // e.g. no free lease after all
         continue;
@@ -331,14 +326,22 @@ class Scheduler {
       batch.push({ req, take });
       budget -= take;
     }
-    if (batch.length === 0) return 0;
+    const lines = this._programs.linesToPrefill(budget, this._cache, this._createPromptBranch);
+    if (batch.length === 0 && lines.length === 0) return 0;
     try {
-      await this._store.prefill(batch.map(({ req, take }) => [req.branch, req.tokens.slice(req.pos, req.pos + take)]));
+      /** @type {Array<[any, number[]]>} */
+      const entries = [];
+      for (const { req, take } of batch) entries.push([req.branch, req.tokens.slice(req.pos, req.pos + take)]);
+      for (const { line, take } of lines) entries.push([line._branch, line._pending.slice(0, take)]);
+      await this._store.prefill(entries);
     } catch (e) {
       for (const { req } of batch) if (req.running) this._fail(req, e); // all-or-nothing: none advanced
+      for (const { line } of lines) line._endJob(null, e);
       return 0;
     }
     let tokens = 0;
+    for (const { line, take } of lines) tokens += line._prefilled(take);
+    this._programs.materialize(this._cache, this._createPromptBranch); // forks whose parent reached its fork point just now
     for (const { req, take } of batch) {
       req.pos += take;
       tokens += take;
@@ -350,17 +353,18 @@ class Scheduler {
     return tokens;
   }
 
+  /** Starts a newly admitted request from the best cached start; false while that start is being filled. */
+  _begin(req) {
+    const cached = req.begin(this._cache, this._createPromptBranch);
+    if (cached === null) return false;
+    this._counters.promptTokens += req.tokens.length;
+    this._counters.cachedPromptTokens += cached;
+    return true;
+  }
+
   _segmentFilled(req) {
-    const entry = req.segment;
-    this._cache.filled(entry);
     try {
-      if (req.pos === req.tokens.length) {
-        req.spawnChoices(entry.branch);
-        return;
-      }
-      req.branch = entry.branch.fork(); // the cached prefix stays; the request goes on in a fork
-      req.leasesToCome--;
-      this._openSegment(req);
+      req.segmentFilled(this._cache);
     } catch (e) {
       this._fail(req, e); // e.g. invalid sampling params or grammar
     }
@@ -369,105 +373,43 @@ class Scheduler {
   // ---------------------------------------------------------------------------------------------
   // Decode
 
-  /** ONE produce and ONE commit for every unfinished choice of every generating request. */
+  /**
+   * ONE produce and ONE commit for every unfinished choice of every generating request and every
+   * program line in a gen. A row: its branch, its owner (failures stay the owner's), `live()`,
+   * `take(produced)` (true: commit the token) and `fail(error)`.
+   */
   async _decodePhase() {
-    const active = [];
-    for (const req of this._running.filter((r) => r.state === 'generating')) {
-      for (const choice of req.choices) if (!choice.finishReason) active.push({ req, choice });
-    }
-    if (active.length === 0) return 0;
-    const produced = this._produceAll(active);
-    active.forEach(({ req }, i) => {
-      if (produced[i] instanceof Error && req.running) this._fail(req, produced[i]);
+    const onToken = () => this._counters.generatedTokens++;
+    const requests = this._running.filter((r) => r.state === 'generating');
+    const failRequest = (req, e) => req.running && this._fail(req, e);
+    /** @type {import('./scheduler/rows').DecodeRow[]} */
+    const rows = [
+      ...requests.flatMap((r) => r.decodeRows(onToken, failRequest)),
+      ...this._programs.decodeRows(onToken),
+    ];
+    if (rows.length === 0) return 0;
+    const produced = produceAll(this._store, rows);
+    rows.forEach((row, i) => {
+      if (produced[i] instanceof Error && row.live()) row.fail(produced[i]);
     });
-    const entries = [];
-    const owners = [];
-    active.forEach(({ req, choice }, i) => {
-      if (req.state !== 'generating') return;
-      if (this._advanceChoice(req, choice, produced[i])) {
-        entries.push([choice.branch, produced[i].token]);
-        owners.push(req);
-      }
+    const commits = [];
+    rows.forEach((row, i) => {
+      if (row.live() && row.take(produced[i])) commits.push({ row, token: produced[i].token });
     });
-    if (entries.length > 0) await this._commitAll(entries, owners);
+    if (commits.length > 0) await commitAll(this._store, commits);
     for (const req of this._running.filter((r) => r.choices && r.state !== 'prefilling')) {
       if (req.choices.every((c) => c.finishReason)) this._settle(req, null);
     }
-    return entries.length;
-  }
-
-  /** One `store.produce` for all; if it throws (e.g. a grammar masks everything), per branch to find whose. */
-  _produceAll(active) {
-    try {
-      return this._store.produce(active.map((a) => a.choice.branch));
-    } catch {
-      return active.map(({ choice }) => {
-        try {
-          return choice.branch.produce();
-        } catch (e) {
-          return e;
-        }
-      });
-    }
-  }
-
-  /** ONE `store.commit`; if it fails, per request, so that one request's failure stays its own. */
-  async _commitAll(entries, owners) {
-    try {
-      await this._store.commit(entries);
-      return;
-    } catch {
-      // fall through: isolate the failing request(s)
-    }
-    for (const req of new Set(owners)) {
-      try {
-        await this._store.commit(entries.filter((_, i) => owners[i] === req));
-      } catch (e) {
-        if (req.running) this._fail(req, e);
-      }
-    }
-  }
-
-  /** Takes a produced token into its choice; true when it is still to be committed. */
-  _advanceChoice(req, choice, produced) {
-    if (produced.isStop) {
-      req.finishChoice(choice, 'stop');
-      return false;
-    }
-    choice.tokens.push(produced.token);
-    req.usage.completionTokens++;
-    this._counters.generatedTokens++;
-    const text = choice.matcher.push(produced.text);
-    req.gen._push({ choice: choice.index, token: produced.token, text });
-    const reason = choice.matcher.stopped ? 'stop' : choice.tokens.length >= req.maxTokens ? 'length' : null;
-    if (!reason) return true;
-    // Not decoded (nothing will be sampled after it), but accepted so perplexity counts it.
-    try {
-      choice.branch.accept(produced.token);
-    } catch {
-      // perplexity then leaves the last token out; the text is complete either way
-    }
-    req.finishChoice(choice, reason);
-    return false;
+    return commits.length;
   }
 
   // ---------------------------------------------------------------------------------------------
-  // Ending requests
+  // Ending requests and programs
 
-  /** Gives back everything the request holds; an unfinished prompt segment leaves the cache. */
   _releaseRequest(req) {
     const at = this._running.indexOf(req);
     if (at !== -1) this._running.splice(at, 1);
-    if (req.segment && !req.segment.ready) this._cache.evict(req.segment, false);
-    if (req.branch && req.branch !== (req.segment && req.segment.branch)) release(req.branch);
-    for (const choice of req.choices || []) {
-      if (!choice.finishReason) req.finishChoice(choice, 'abort');
-    }
-    for (const entry of req.pins) this._cache.unpin(entry);
-    req.pins = [];
-    req.segment = null;
-    req.branch = null;
-    if (req.signal && req.onAbort) req.signal.removeEventListener('abort', req.onAbort);
+    req.giveBack(this._cache);
   }
 
   /** Resolves the request: `reason` 'abort' ends unfinished choices so; null when all finished. */
@@ -480,6 +422,7 @@ class Scheduler {
   }
 
   _fail(req, error) {
+    if (req instanceof Program) return req.reject(error); // still queued: it holds nothing
     req.choices = req.choices || [];
     this._releaseRequest(req);
     req.to('failed');

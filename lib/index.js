@@ -9,6 +9,7 @@ const { BranchStore } = require('./BranchStore');
 const { SessionContext, wrapContext } = require('./Context');
 const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
 const { Scheduler } = require('./Scheduler');
+const { ProgramLine } = require('./ProgramLine');
 const { createServer } = require('./server');
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType', 'nGpuLayers', 'mainGpu'];
@@ -179,6 +180,7 @@ module.exports = {
   Branch,
   BranchStore,
   Scheduler,
+  ProgramLine,
   createServer,
   withLogits,
   SessionContext,

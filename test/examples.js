@@ -75,6 +75,40 @@ const CASES = [
     },
   },
   {
+    name: 'self-consistency',
+    file: 'self-consistency.js',
+    args: ['--paths', '4', '--questions', '2', '--max-tokens', '24'],
+    validate(events) {
+      const start = one(events, 'start');
+      assert.equal(start.paths, 4);
+      assert.equal(start.questions, 2);
+      const paths = byEvent(events, 'path');
+      assert.equal(paths.length, 8);
+      const votes = byEvent(events, 'vote');
+      assert.equal(votes.length, 2);
+      for (const v of votes) {
+        const own = paths.filter((p) => p.question === v.question);
+        assert.equal(own.length, 4);
+        for (const p of own) {
+          assert.ok(['stop', 'length'].includes(p.finishReason));
+          assert.ok(!p.text.includes('\n'), 'the stop string ends each chain');
+        }
+        assert.deepEqual(
+          v.answers,
+          own.map((p) => p.answer),
+        );
+        const counts = {};
+        for (const a of v.answers) if (a !== null) counts[a] = (counts[a] || 0) + 1;
+        const top = Math.max(0, ...Object.values(counts));
+        assert.equal(v.votes, top, 'the winner has the most votes');
+        if (top > 0) assert.equal(counts[v.answer], top);
+      }
+      const done = one(events, 'complete');
+      assert.equal(done.maxRowsPerStep, 8, 'all 8 chains of both programs advanced in one decode');
+      assert.equal(done.prefilledTokens, start.promptTokens[0] + start.promptTokens[1], 'each prompt decoded once');
+    },
+  },
+  {
     name: 'beam-search',
     file: 'beam-search.js',
     args: ['--width', '3', '--max-tokens', '8'],

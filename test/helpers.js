@@ -69,4 +69,28 @@ async function greedy(ctx, prompt, n) {
   }
 }
 
-module.exports = { MODEL, open, rejects, throwsSync, argmax, topK, greedy };
+/**
+ * Teacher-forced ranks: after `prompt` (tokens), for each of `tokens` in turn, its rank among
+ * plain one-branch decoding's logits (0: the argmax), then it is decoded. A greedy output made
+ * in another batch shape should be all (or nearly all) rank 0: llama.cpp on CPU is not
+ * batch-invariant, so near-ties may flip.
+ */
+async function greedyRanks(ctx, prompt, tokens) {
+  const b = Branch.create(ctx, 0, { temperature: 0 });
+  try {
+    await b.prefill(prompt);
+    const ranks = [];
+    for (const t of tokens) {
+      const logits = b.getLogits();
+      let rank = 0;
+      for (let i = 0; i < logits.length; i++) if (logits[i] > logits[t]) rank++;
+      ranks.push(rank);
+      await b.commit(t);
+    }
+    return ranks;
+  } finally {
+    await b.prune();
+  }
+}
+
+module.exports = { MODEL, open, rejects, throwsSync, argmax, topK, greedy, greedyRanks };

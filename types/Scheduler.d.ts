@@ -20,6 +20,18 @@ export class Scheduler {
      */
     generate(request: import("./types").GenerateRequest): import("./types").Generation;
     /**
+     * Runs a branch program: `program(s)` drives a line of generation `s` (append, gen, fork,
+     * release) and every line's work shares the scheduler's steps with everything else. Resolves
+     * with what the program returns; rejects with what it throws, ERR_ABORTED when
+     * `options.signal` fires, or ERR_QUEUE_FULL / ERR_SCHEDULER_CLOSED. Everything the program
+     * holds is freed when it ends. See docs/programs.md.
+     * @template T
+     * @param {(s: import('./ProgramLine').ProgramLine) => T | Promise<T>} program
+     * @param {import('./types').RunOptions} [options]
+     * @returns {Promise<T>}
+     */
+    run<T>(program: (s: import("./ProgramLine").ProgramLine) => T | Promise<T>, options?: import("./types").RunOptions): Promise<T>;
+    /**
      * Counters and gauges (never busy); `cellsUsed` is as of the end of the last step.
      * @returns {import('./types').SchedulerStats}
      */
@@ -33,3 +45,4 @@ export class Scheduler {
     close(): Promise<void>;
 }
 import { BranchStore } from "./BranchStore";
+import { Branch } from "./Branch";

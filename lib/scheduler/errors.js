@@ -1,9 +1,9 @@
 'use strict';
 
 /**
- * The error codes the Scheduler and the server add to the package's error contract, defined in
- * one place (to be folded into lib/errors.js). Everything else reuses the existing codes
- * (ERR_INVALID_ARG, ERR_ABORTED, ERR_KV_FULL, ...).
+ * The error codes the Scheduler and the server add to the package's error contract, and the
+ * Scheduler's errors with their messages, defined in one place. Everything else reuses the
+ * existing codes (ERR_INVALID_ARG, ERR_ABORTED, ERR_KV_FULL, ...).
  */
 
 const { makeError } = require('../errors');
@@ -13,6 +13,10 @@ const SchedulerErrorCode = Object.freeze({
   QUEUE_FULL: 'ERR_QUEUE_FULL',
   /** `generate()` after `close()`, or a request still queued/running when `close()` was called. */
   SCHEDULER_CLOSED: 'ERR_SCHEDULER_CLOSED',
+  /** A program's `fork` would hold more lines than its `maxBranches`. */
+  TOO_MANY_BRANCHES: 'ERR_TOO_MANY_BRANCHES',
+  /** A program line used while busy with a gen, after `release()`, or after its program ended. */
+  PROGRAM_STATE: 'ERR_PROGRAM_STATE',
 });
 
 /** An Error with one of the codes above (or an existing package code) and a message saying what to do. */
@@ -20,4 +24,28 @@ function schedulerError(code, message) {
   return makeError(code, message);
 }
 
-module.exports = { SchedulerErrorCode, schedulerError };
+function closedError(started = true) {
+  return schedulerError(
+    SchedulerErrorCode.SCHEDULER_CLOSED,
+    started
+      ? 'the scheduler was closed; create a new Scheduler for new requests'
+      : 'the scheduler was closed before this request started',
+  );
+}
+
+function queueFullError(maxQueue) {
+  return schedulerError(
+    SchedulerErrorCode.QUEUE_FULL,
+    `the scheduler's queue is full (maxQueue ${maxQueue} requests wait already); retry later or raise maxQueue`,
+  );
+}
+
+/** A request or program that cannot fit even into a context with every cached prefix evicted. */
+function neverFitsError(cells, leases, pressure, available) {
+  return makeError(
+    'ERR_KV_FULL',
+    `the request does not fit even with every cached prefix evicted (needs ${cells} cells and ${leases} leases; ${pressure.remaining} of ${pressure.nCtx} cells and ${available} leases are free): lower maxTokens or n (maxCells or maxBranches for a program), or create the context with a larger nCtx / nSeqMax`,
+  );
+}
+
+module.exports = { SchedulerErrorCode, schedulerError, closedError, queueFullError, neverFitsError };

@@ -183,6 +183,52 @@ class Request {
     }
   }
 
+  /**
+   * Gives the admitted request its prompt branch, forked from the best cached start (or made by
+   * `createBranch`). Returns the count of prompt tokens the cache saved, or null while the start
+   * it wants is still being prefilled by an earlier request.
+   */
+  begin(cache, createBranch) {
+    const start = cache.bestStart(this.tokens);
+    const { entry } = start;
+    // Never fork the whole prompt's logits from a partial fork: at least one token is decoded.
+    const length = start.partial ? Math.min(start.length, this.tokens.length - 1) : start.length;
+    if (entry && !entry.ready && entry.branch.position < length) return null;
+    if (entry) this.pins.push(cache.pin(entry));
+    this.usage.cachedPromptTokens = length;
+    if (entry && length === this.tokens.length) {
+      this.spawnChoices(entry.branch); // the whole prompt is cached, logits included
+      return length;
+    }
+    if (!entry) this.branch = createBranch();
+    else if (start.partial) this.branch = entry.branch.forkAt(length);
+    else this.branch = entry.branch.fork();
+    this.leasesToCome--;
+    this.pos = length;
+    this.openSegment(cache);
+    return length;
+  }
+
+  /** The prompt branch becomes a (growing) cache entry up to the next cache point. */
+  openSegment(cache) {
+    const end = this.cachePoints.find((p) => p > this.pos);
+    this.segment = cache.open(this.tokens.slice(0, end), this.branch);
+    this.pins.push(cache.pin(this.segment));
+  }
+
+  /** The segment is filled: the choices start from it, or the next segment opens in a fork. */
+  segmentFilled(cache) {
+    const entry = this.segment;
+    cache.filled(entry);
+    if (this.pos === this.tokens.length) {
+      this.spawnChoices(entry.branch);
+      return;
+    }
+    this.branch = entry.branch.fork(); // the cached prefix stays; the request goes on in a fork
+    this.leasesToCome--;
+    this.openSegment(cache);
+  }
+
   /** The n choices, each sampling from a fork of `from` with the request's params and its own seed. */
   spawnChoices(from) {
     this.segment = null;
@@ -222,6 +268,20 @@ class Request {
     this.gen._push({ choice: choice.index, token: null, text: rest, finishReason: reason });
   }
 
+  /** Gives back everything the request holds; an unfinished prompt segment leaves the cache. */
+  giveBack(cache) {
+    if (this.segment && !this.segment.ready) cache.evict(this.segment, false);
+    if (this.branch && this.branch !== (this.segment && this.segment.branch)) release(this.branch);
+    for (const choice of this.choices || []) {
+      if (!choice.finishReason) this.finishChoice(choice, 'abort');
+    }
+    for (const entry of this.pins) cache.unpin(entry);
+    this.pins = [];
+    this.segment = null;
+    this.branch = null;
+    if (this.signal && this.onAbort) this.signal.removeEventListener('abort', this.onAbort);
+  }
+
   /** A request that ends before it generated: n empty choices, all ended with `reason`. */
   endUnstarted(reason) {
     this.choices = Array.from({ length: this.n }, (_, index) => ({
@@ -233,6 +293,46 @@ class Request {
       perplexity: Infinity,
     }));
     for (const choice of this.choices) this.finishChoice(choice, reason);
+  }
+
+  /**
+   * The decode phase's rows of the unfinished choices (see ./rows.js); `onToken()` counts each
+   * token sampled, `fail(request, error)` fails the whole request.
+   */
+  decodeRows(onToken, fail) {
+    return this.choices
+      .filter((c) => !c.finishReason)
+      .map((choice) => ({
+        branch: choice.branch,
+        owner: this,
+        live: () => this.state === 'generating',
+        take: (produced) => this.take(choice, produced, onToken),
+        committed: () => {},
+        fail: (e) => fail(this, e),
+      }));
+  }
+
+  /** Takes a produced token into its choice; true when it is still to be committed. */
+  take(choice, produced, onToken) {
+    if (produced.isStop) {
+      this.finishChoice(choice, 'stop');
+      return false;
+    }
+    choice.tokens.push(produced.token);
+    this.usage.completionTokens++;
+    onToken();
+    const text = choice.matcher.push(produced.text);
+    this.gen._push({ choice: choice.index, token: produced.token, text });
+    const reason = choice.matcher.stopped ? 'stop' : choice.tokens.length >= this.maxTokens ? 'length' : null;
+    if (!reason) return true;
+    // Not decoded (nothing will be sampled after it), but accepted so perplexity counts it.
+    try {
+      choice.branch.accept(produced.token);
+    } catch {
+      // perplexity then leaves the last token out; the text is complete either way
+    }
+    this.finishChoice(choice, reason);
+    return false;
   }
 
   /** KV cells this request may still write: its unfilled prompt and every token left to generate. */
@@ -260,4 +360,4 @@ class Request {
   }
 }
 
-module.exports = { Request, positiveInt, invalid, SEED_SPACE };
+module.exports = { Request, positiveInt, invalid, checkStops, checkSampling, SEED_SPACE };

@@ -17,6 +17,7 @@ import {
   ReasoningFormat,
   GrammarTriggerType,
   Scheduler,
+  ProgramLine,
   createServer,
 } from '../../index';
 import type {
@@ -45,6 +46,9 @@ import type {
   GenerationUsage,
   FinishReason,
   SchedulerStats,
+  RunOptions,
+  ProgramGenOptions,
+  ProgramGenResult,
   ServerOptions,
   LlamaBranchServer,
 } from '../../index';
@@ -434,6 +438,25 @@ async function servingUsage(ctx: SessionContext): Promise<void> {
   await scheduler.generate({ tokens: [1, 2, 3], stop: 'x' }).catch((e) => (e as LlamaBranchError).code === 'ERR_QUEUE_FULL');
   const stats: SchedulerStats = scheduler.stats();
   const gauges: number[] = [stats.running, stats.queued, stats.cachedPrefixes, stats.cellsUsed, stats.nCtx, stats.hitRate, stats.steps, stats.promptTokens, stats.cachedPromptTokens, stats.prefilledTokens, stats.generatedTokens, stats.evictions, stats.completed];
+  const programs: number = stats.programs;
+
+  // Branch programs: run() resolves with what the program returns.
+  const runOptions: RunOptions = { maxBranches: 3, maxCells: 512, seed: 1, signal: new AbortController().signal };
+  const best: string = await scheduler.run(async (s: ProgramLine) => {
+    s.append('Q: 2 + 2?\nA:').append([1, 2]);
+    const genOptions: ProgramGenOptions = { maxTokens: 8, stop: ['\n'], params: { temperature: 0.7 }, seed: 3 };
+    const forks: ProgramLine[] = s.fork(2);
+    const outs: ProgramGenResult[] = await Promise.all(forks.map((f) => f.gen(genOptions)));
+    const reason: 'stop' | 'length' = outs[0].finishReason;
+    forks[1].release();
+    const facts: [string, number[], boolean] = [s.text, s.tokens, forks[1].released];
+    await s.gen({ jsonSchema: { type: 'object' } });
+    return outs[0].text + reason + facts.length;
+  }, runOptions);
+  const counted: number = await scheduler.run((s) => s.tokens.length);
+  // @ts-expect-error: maxBranches is a number
+  scheduler.run(async () => 1, { maxBranches: 'many' });
+  const programCodes: ErrorCode[] = ['ERR_TOO_MANY_BRANCHES', 'ERR_PROGRAM_STATE'];
   await scheduler.close();
   const closedCode: ErrorCode = 'ERR_SCHEDULER_CLOSED';
   // @ts-expect-error: finishReason is one of three strings

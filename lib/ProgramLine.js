@@ -1,0 +1,334 @@
+'use strict';
+
+/**
+ * One line of generation inside a branch program (the `s` of `scheduler.run(async (s) => ...)`):
+ * a prompt it appends to, gens that continue it, forks that share its KV prefix. A line never
+ * decodes by itself: it states what it needs and the Scheduler serves that in its steps, in the
+ * same decode as everything else (lib/scheduler/program.js has the program's side; docs/programs.md
+ * the guide). Members named `_…` are the Scheduler's.
+ */
+
+const { makeError } = require('./errors');
+const { StopMatcher } = require('./scheduler/stops');
+const { positiveInt, invalid, checkStops, checkSampling } = require('./scheduler/request');
+const { SchedulerErrorCode: Code, schedulerError } = require('./scheduler/errors');
+
+/** Sampler of a line's branch between gens: it is only prefilled and forked, never sampled. */
+const IDLE_PARAMS = Object.freeze({ temperature: 0 });
+
+function tooManyBranches(maxBranches, live, n) {
+  return schedulerError(
+    Code.TOO_MANY_BRANCHES,
+    `fork(${n}) would hold ${live + n} lines but the program declared maxBranches ${maxBranches}; release lines you no longer need (line.release()) or pass a larger maxBranches to run()`,
+  );
+}
+
+/** One line of generation inside a program (the `s` of `run(async (s) => ...)`). */
+class ProgramLine {
+  /**
+   * Made by `Scheduler.run` (the root) and `fork`, never directly.
+   * @param {any} program the program the line belongs to (lib/scheduler/program.js)
+   * @param {ProgramLine | null} parent the line this one was forked from (null: a fresh line)
+   * @param {number[]} tokens the line's tokens so far (a copy of the parent's at the fork)
+   */
+  constructor(program, parent, tokens) {
+    this._program = program;
+    this._parent = parent;
+    /** Every token of the line: what is in its KV, then `_pending`. */
+    this._tokens = tokens;
+    /** Tokens of the line not yet in its branch's KV (prefilled when the line next needs them). */
+    this._pending = parent ? [] : tokens.slice();
+    /** The parent's token count at the fork: this line's branch forks the parent there. */
+    this._anchor = tokens.length - this._pending.length;
+    this._text = '';
+    this._branch = null;
+    /** Lines forked from this one that have not taken their branch from it yet. */
+    this._dependents = 0;
+    /** The gen in flight: options, output so far and its promise's resolve/reject. */
+    this._job = null;
+    /** release() was called (the branch is freed at the next step, once no child waits on it). */
+    this._released = false;
+    /** The branch was given back: nothing more happens on this line. */
+    this._freed = false;
+  }
+
+  /** The line's text: what was appended as text and what gen produced, in order. */
+  get text() {
+    return this._text;
+  }
+
+  /** Every token of the line (prompt, generated and appended), in order. */
+  get tokens() {
+    return this._tokens.slice();
+  }
+
+  /** Whether release() was called or the program ended. */
+  get released() {
+    return this._released || this._freed;
+  }
+
+  /**
+   * Appends prompt text (tokenized now, without special tokens except the BOS of a program's
+   * first text) or token ids. Nothing is decoded until the line next needs its KV: a gen, or a
+   * fork's first step. Returns the line, for chaining.
+   * @param {string | number[]} input
+   * @returns {this}
+   */
+  append(input) {
+    this._checkIdle('append');
+    const ctx = this._program.ctx;
+    let tokens;
+    if (typeof input === 'string') {
+      tokens = input === '' ? [] : ctx.tokenizeSync(input, this._tokens.length === 0);
+      this._text += input;
+    } else if (Array.isArray(input) && input.every((t) => Number.isInteger(t) && t >= 0 && t < ctx.vocabSize)) {
+      tokens = input.slice();
+      this._text += ctx.detokenizeSync(tokens);
+    } else {
+      throw invalid(`append(input): input must be a string or an array of token ids in [0, ${ctx.vocabSize})`);
+    }
+    this._tokens.push(...tokens);
+    this._pending.push(...tokens);
+    return this;
+  }
+
+  /**
+   * Generates after the line's text and appends the result to it. The tokens are sampled in the
+   * scheduler's steps, one per step, in the same decode as everything else that runs.
+   * @param {import('./types').ProgramGenOptions} [options]
+   * @returns {Promise<import('./types').ProgramGenResult>}
+   */
+  async gen(options = {}) {
+    this._checkIdle('gen');
+    if (options === null || typeof options !== 'object') throw invalid('gen(options?): options must be an object');
+    if (this._tokens.length === 0) throw invalid('gen(): the line is empty; append a prompt first');
+    const program = this._program;
+    const { params, seed, grammar } = checkSampling(options);
+    const job = {
+      maxTokens: positiveInt(options.maxTokens, 'options.maxTokens', program.defaultMaxTokens),
+      matcher: new StopMatcher(checkStops(options.stop)),
+      params: { ...params, seed: seed === undefined || seed === -1 ? program.nextSeed() : seed },
+      grammar,
+      tokens: [],
+      started: false,
+      resolve: null,
+      reject: null,
+    };
+    const done = new Promise((resolve, reject) => {
+      job.resolve = resolve;
+      job.reject = reject;
+    });
+    this._job = job; // the line is busy from now on, even while a JSON schema converts
+    try {
+      if (options.jsonSchema !== undefined) job.grammar = await program.jsonSchemaToGrammar(options.jsonSchema);
+    } catch (e) {
+      this._job = null;
+      throw e;
+    }
+    if (this._job !== job) throw program.endedError(); // the program ended meanwhile
+    program.wake();
+    return done;
+  }
+
+  /**
+   * `n` new lines that continue from this one (they share its KV prefix; each samples with its
+   * own seed). The parent stays usable. Throws ERR_TOO_MANY_BRANCHES past the program's
+   * `maxBranches`, at once (never waits for leases).
+   * @param {number} [n]
+   * @returns {ProgramLine[]}
+   */
+  fork(n = 1) {
+    this._checkIdle('fork');
+    positiveInt(n, 'fork(n): n', 1);
+    const program = this._program;
+    const live = program.liveLines();
+    if (live + n > program.maxBranches) throw tooManyBranches(program.maxBranches, live, n);
+    const children = [];
+    for (let i = 0; i < n; i++) {
+      const fresh = this._tokens.length === 0;
+      const child = new ProgramLine(program, fresh ? null : this, this._tokens.slice());
+      child._text = this._text;
+      if (!fresh) this._dependents++;
+      program.lines.push(child);
+      children.push(child);
+    }
+    return children;
+  }
+
+  /**
+   * Gives the line's branch back at the next step (a gen in flight rejects with ERR_ABORTED).
+   * Idempotent. Everything a program holds is released when it returns anyway.
+   */
+  release() {
+    if (this._released || this._freed) return;
+    this._released = true;
+    if (this._job) this._endJob(null, makeError('ERR_ABORTED', 'the line was released while it generated'));
+    if (this._parent) {
+      this._parent._dependents--; // it will never fork the parent now
+      this._parent = null;
+    }
+    this._program.wake();
+  }
+
+  _checkIdle(op) {
+    if (this._program.state !== 'running') throw this._program.endedError();
+    if (this.released) throw schedulerError(Code.PROGRAM_STATE, `${op}(): this line was released; use another line`);
+    if (this._job) throw schedulerError(Code.PROGRAM_STATE, `${op}(): a gen is running on this line; await it first`);
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // What the Scheduler calls, between and within its steps.
+
+  /** Whether the line needs its KV now: a gen runs on it, or a child waits to fork it. */
+  get _needed() {
+    // (A released line with children still to fork it is needed until they have.)
+    return !this._freed && (this._job !== null || this._dependents > 0);
+  }
+
+  /** Tokens in the branch's KV. */
+  get _filled() {
+    return this._tokens.length - this._pending.length;
+  }
+
+  /**
+   * Gives a needed line its branch: a fork of its parent once the parent's KV reaches the
+   * anchor; a fresh line forks the longest cached prompt prefix, or starts empty. Returns
+   * whether the line has a branch now.
+   */
+  _materialize(cache, createBranch) {
+    if (this._branch) return true;
+    if (!this._needed) return false;
+    const parent = this._parent;
+    if (parent) {
+      if (!parent._branch || parent._filled < this._anchor) return false;
+      if (parent._filled === this._anchor) {
+        this._branch = parent._branch.fork();
+      } else {
+        // The parent went on past the fork point: take its KV up to one token before it and
+        // decode that token again, for the logits at the fork point.
+        this._branch = parent._branch.forkAt(this._anchor - 1);
+        this._pending.unshift(parent._tokens[this._anchor - 1]);
+      }
+      parent._dependents--;
+      this._parent = null;
+    } else {
+      this._branch = this._forkCached(cache) || createBranch();
+    }
+    this._program.leasesHeld++;
+    return true;
+  }
+
+  /** A fork of the longest cached prefix of the line's tokens (never all but logits-less). */
+  _forkCached(cache) {
+    const start = cache.bestStart(this._pending);
+    const { entry } = start;
+    if (!entry) return null;
+    const length = start.partial ? Math.min(start.length, this._pending.length - 1) : start.length;
+    if (length <= 0 || !entry.ready) return null;
+    cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
+    const branch = start.partial ? entry.branch.forkAt(length) : entry.branch.fork();
+    this._pending = this._pending.slice(length);
+    this._program.usage.cachedPromptTokens += length;
+    return branch;
+  }
+
+  /** Whether the line's pending tokens should be prefilled this step. */
+  get _wantsPrefill() {
+    return this._branch !== null && this._needed && this._pending.length > 0;
+  }
+
+  /** `count` pending tokens are in the KV now; returns `count`. */
+  _prefilled(count) {
+    this._pending = this._pending.slice(count);
+    this._program.cellsUsed += count;
+    this._program.usage.promptTokens += count;
+    return count;
+  }
+
+  /** Whether the line samples this step. */
+  get _decoding() {
+    return this._job !== null && this._branch !== null && this._pending.length === 0;
+  }
+
+  /**
+   * Before the line's first sample of a gen: its sampler gets the gen's params and grammar.
+   * Returns false (and fails the gen through `fail`) when they are refused.
+   */
+  _arm(fail) {
+    const job = this._job;
+    if (job.started) return true;
+    try {
+      this._branch.setSamplerParams(job.grammar ? { ...job.params, grammar: job.grammar } : job.params);
+    } catch (e) {
+      fail(e);
+      return false;
+    }
+    job.started = true;
+    return true;
+  }
+
+  /** Takes a produced token into the gen; true when it is to be committed (decoded) now. */
+  _take(produced) {
+    const job = this._job;
+    if (produced.isStop) {
+      this._endJob('stop');
+      return false;
+    }
+    job.tokens.push(produced.token);
+    job.matcher.push(produced.text);
+    this._program.usage.completionTokens++;
+    const reason = job.matcher.stopped ? 'stop' : job.tokens.length >= job.maxTokens ? 'length' : null;
+    if (!reason) return true;
+    // Nothing is sampled after the last token now: it waits in `_pending` for the line's next use.
+    this._tokens.push(produced.token);
+    this._pending.push(produced.token);
+    this._endJob(reason);
+    return false;
+  }
+
+  /** The token `_take` kept is in the KV now. */
+  _committed(token) {
+    this._tokens.push(token);
+    this._program.cellsUsed++;
+  }
+
+  /** Settles the gen in flight: with `reason` as its finishReason, or rejected with `error`. */
+  _endJob(reason, error) {
+    const job = this._job;
+    if (!job) return;
+    this._job = null;
+    if (this._branch && job.started && !this._freed) {
+      try {
+        this._branch.setSamplerParams(IDLE_PARAMS); // the gen's grammar ends with it
+      } catch {
+        // busy or disposed: the next gen sets its own params anyway
+      }
+    }
+    if (error) {
+      job.reject(error);
+      return;
+    }
+    job.matcher.flush();
+    const text = job.matcher.text;
+    this._text += text;
+    job.resolve({ text, tokens: job.tokens, finishReason: reason });
+  }
+
+  /**
+   * Gives the branch back (when no child still waits to fork it, unless `force`); the prune's
+   * promise goes into `prunes`.
+   */
+  _free(force, prunes) {
+    if (this._freed || (!force && this._dependents > 0)) return;
+    if (this._job) this._endJob(null, this._program.endedError());
+    this._freed = true;
+    if (this._branch) {
+      if (!this._branch.disposed) prunes.push(this._branch.prune().catch(() => {}));
+      this._branch = null;
+      this._program.leasesHeld--;
+    }
+    this._parent = null;
+  }
+}
+
+module.exports = { ProgramLine };

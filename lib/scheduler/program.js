@@ -1,0 +1,298 @@
+'use strict';
+
+/**
+ * Branch programs: `scheduler.run(async (s) => { ... })`. A program is a JavaScript function that
+ * drives lines of generation (`ProgramLine`): it appends prompt text, generates, forks and
+ * releases. It never decodes by itself: each line states what it needs (its pending tokens
+ * prefilled, a fork of its parent made, one token per step while a `gen` runs) and the Scheduler
+ * serves those needs in its own steps, in the same `store.prefill` and the same `store.commit`
+ * as every plain request and every other program.
+ *
+ * A program's life cycle is one explicit `state`:
+ *
+ *   ready ──▶ running ──▶ ending ──▶ done
+ *     │                     │
+ *     └─────────────────────┴──▶ failed
+ *
+ * ready: waiting in the queue for its leases and cells; running: admitted, its function runs;
+ * ending: the function returned or threw, or the signal fired, or the scheduler closed: the next
+ * step frees everything it holds and settles `run()`'s promise; done / failed: settled.
+ *
+ * Leases: a program declares `maxBranches` and is admitted only when that many leases are free
+ * beyond what running requests may still take; `fork` past it throws ERR_TOO_MANY_BRANCHES at
+ * once instead of waiting, so two programs never wait on each other's leases. Cells: it declares
+ * `maxCells` (KV cells it may write: prompt tokens prefilled plus tokens generated, a shared
+ * prefix counted once); a gen or prefill past it rejects with ERR_KV_FULL.
+ */
+
+const { makeError } = require('../errors');
+const { signalOf } = require('../cancel');
+const { positiveInt, invalid, checkSampling, SEED_SPACE } = require('./request');
+const { ProgramLine } = require('../ProgramLine');
+const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
+
+const TRANSITIONS = {
+  ready: ['running', 'failed'],
+  running: ['ending'],
+  ending: ['done', 'failed'],
+  done: [],
+  failed: [],
+};
+
+/** What a program may hold unless it says: a few lines, and about what 4 requests of 256 tokens write. */
+const DEFAULT_MAX_BRANCHES = 4;
+const DEFAULT_MAX_CELLS = 1024;
+
+function abortedProgram(signal) {
+  const err = makeError(
+    'ERR_ABORTED',
+    'the program was aborted by its AbortSignal; every line it held was released and no result is coming',
+  );
+  err.name = 'AbortError';
+  if (signal && signal.reason !== undefined) err.cause = signal.reason;
+  return err;
+}
+
+/** One `scheduler.run()`: the function, its lines and what it may hold. */
+class Program {
+  /**
+   * @param {(s: ProgramLine) => any} fn
+   * @param {import('../types').RunOptions} options
+   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void }} env
+   */
+  constructor(fn, options, env) {
+    if (typeof fn !== 'function') throw invalid('run(program, options?): program must be a function (s) => ...');
+    if (options === null || typeof options !== 'object')
+      throw invalid('run(program, options?): options must be an object');
+    const { ctx } = env;
+    this.ctx = ctx;
+    this.state = 'ready';
+    this.fn = fn;
+    this.maxBranches = positiveInt(options.maxBranches, 'options.maxBranches', DEFAULT_MAX_BRANCHES);
+    if (this.maxBranches > ctx.nSeqMax)
+      throw invalid(`options.maxBranches is ${this.maxBranches} but the context has nSeqMax ${ctx.nSeqMax}`);
+    this.maxCells = positiveInt(options.maxCells, 'options.maxCells', Math.min(DEFAULT_MAX_CELLS, ctx.nCtx));
+    if (this.maxCells > ctx.nCtx)
+      throw invalid(`options.maxCells is ${this.maxCells} but the context has nCtx ${ctx.nCtx}`);
+    const { seed } = checkSampling({ seed: options.seed });
+    this._seed = seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
+    this.signal = signalOf({ signal: options.signal }, 'run');
+    this.onAbort = null;
+    this.defaultMaxTokens = env.defaultMaxTokens;
+    this.jsonSchemaToGrammar = env.jsonSchemaToGrammar;
+    this.wake = env.wake;
+    /** @type {ProgramLine[]} every line made, released ones until they are freed */
+    this.lines = [];
+    this.leasesHeld = 0;
+    this.cellsUsed = 0;
+    this.usage = { promptTokens: 0, cachedPromptTokens: 0, completionTokens: 0 };
+    /** Why the program ends: its value, or an error (set once, when it moves to `ending`). */
+    this.outcome = null;
+    this.promise = new Promise((resolve, reject) => {
+      this._resolve = resolve;
+      this._reject = reject;
+    });
+  }
+
+  to(state) {
+    if (!TRANSITIONS[this.state].includes(state)) {
+      throw makeError(
+        'ERR_INTERNAL',
+        `Scheduler program: no transition from ${this.state} to ${state}; please report this bug`,
+      );
+    }
+    this.state = state;
+  }
+
+  /** Leases the program may still take. */
+  get leasesToCome() {
+    return this.state === 'running' ? Math.max(0, this.maxBranches - this.leasesHeld) : 0;
+  }
+
+  /** Cells the program may still write. */
+  cellsToCome() {
+    return this.state === 'running' ? Math.max(0, this.maxCells - this.cellsUsed) : 0;
+  }
+
+  nextSeed() {
+    this._seed = (this._seed + 1) % SEED_SPACE;
+    return this._seed;
+  }
+
+  /** Lines that hold a lease or will take one. */
+  liveLines() {
+    return this.lines.filter((l) => !l._freed && !(l._released && l._dependents === 0)).length;
+  }
+
+  endedError() {
+    if (this.outcome && this.outcome.error && this.outcome.error.code === 'ERR_ABORTED') return this.outcome.error;
+    return schedulerError(Code.PROGRAM_STATE, 'the program has ended; its lines can no longer be used');
+  }
+
+  /** Admitted: the function starts on a fresh root line. */
+  start() {
+    this.to('running');
+    const root = new ProgramLine(this, null, []);
+    this.lines.push(root);
+    Promise.resolve()
+      .then(() => this.fn(root))
+      .then(
+        (value) => this.end({ value }),
+        (error) => this.end({ error }),
+      );
+  }
+
+  /** Ends the program (first reason wins); the next step frees what it holds and settles it. */
+  end(outcome) {
+    if (this.state !== 'running') return;
+    this.outcome = outcome;
+    this.to('ending');
+    for (const line of this.lines) if (line._job) line._endJob(null, this.endedError());
+    this.wake();
+  }
+
+  /** Whether the scheduler has something to do for this program. */
+  hasWork() {
+    if (this.state === 'ending') return true;
+    return this.lines.some((l) => l._needed || (l._released && !l._freed && l._dependents === 0));
+  }
+
+  /**
+   * At the start of a step: frees released lines, or every line of an ending program (then
+   * returns true: `settle()` once `prunes` are done).
+   */
+  collect(prunes) {
+    const ending = this.state === 'ending';
+    for (const line of this.lines) if (ending || line._released) line._free(ending, prunes);
+    this.lines = this.lines.filter((l) => !l._freed);
+    return ending;
+  }
+
+  /** Resolves or rejects `run()`'s promise with the outcome (its branches are back). */
+  settle() {
+    const { error, value } = this.outcome;
+    this.detach();
+    this.to(error ? 'failed' : 'done');
+    if (error) this._reject(error);
+    else this._resolve(value);
+  }
+
+  /** Why a gen or prefill of `more` cells is refused: the program wrote all its maxCells. */
+  cellsExceeded(more) {
+    return makeError(
+      'ERR_KV_FULL',
+      `the program has written ${this.cellsUsed} KV cells and ${more} more would pass its maxCells ${this.maxCells}; release lines sooner, lower maxTokens, or pass a larger maxCells to run()`,
+    );
+  }
+
+  /** A queued program that will never start (closed scheduler, abort, never fits). */
+  reject(error) {
+    this.to('failed');
+    this.detach();
+    this._reject(error);
+  }
+
+  detach() {
+    if (this.signal && this.onAbort) this.signal.removeEventListener('abort', this.onAbort);
+  }
+}
+
+/**
+ * The admitted programs of one Scheduler and what their lines ask of each step: branches to
+ * make (`materialize`), pending tokens to prefill (`linesToPrefill`), tokens to sample and
+ * commit (`decodeRows`, rows of the Scheduler's decode phase).
+ */
+class Programs {
+  constructor() {
+    /** @type {Program[]} */
+    this.list = [];
+  }
+
+  get size() {
+    return this.list.length;
+  }
+
+  admit(program) {
+    this.list.push(program);
+    program.start();
+  }
+
+  hasWork() {
+    return this.list.some((p) => p.hasWork());
+  }
+
+  endAll(outcome) {
+    for (const p of this.list) p.end(outcome);
+  }
+
+  /** At the start of a step: frees what programs released; settles the ones that ended. */
+  async collect() {
+    const prunes = [];
+    const ended = this.list.filter((p) => p.collect(prunes));
+    if (ended.length > 0) this.list = this.list.filter((p) => !ended.includes(p));
+    await Promise.all(prunes);
+    for (const p of ended) p.settle();
+  }
+
+  *_runningLines() {
+    for (const p of this.list) if (p.state === 'running') yield* p.lines;
+  }
+
+  /** Gives needed lines their branches (a failure fails the line's gen, not the step). */
+  materialize(cache, createBranch) {
+    for (const line of this._runningLines()) {
+      try {
+        line._materialize(cache, createBranch);
+      } catch (e) {
+        line._endJob(null, e);
+      }
+    }
+  }
+
+  /** Lines whose pending tokens are prefilled this step, `{line, take}`, within `budget` tokens. */
+  linesToPrefill(budget, cache, createBranch) {
+    this.materialize(cache, createBranch);
+    const out = [];
+    for (const line of this._runningLines()) {
+      if (budget === 0 || !line._wantsPrefill) continue;
+      const take = Math.min(line._pending.length, budget);
+      const program = line._program;
+      if (program.cellsUsed + take > program.maxCells) {
+        line._endJob(null, program.cellsExceeded(take));
+        continue;
+      }
+      out.push({ line, take });
+      budget -= take;
+    }
+    return out;
+  }
+
+  /** The decode phase's rows of lines in a gen; `onToken()` counts each token sampled. */
+  decodeRows(onToken) {
+    const rows = [];
+    for (const line of this._runningLines()) {
+      if (!line._decoding) continue;
+      const program = line._program;
+      const fail = (e) => line._endJob(null, e);
+      if (program.cellsUsed >= program.maxCells) {
+        fail(program.cellsExceeded(1));
+        continue;
+      }
+      if (!line._arm(fail)) continue;
+      rows.push({
+        branch: line._branch,
+        owner: line,
+        live: () => line._decoding,
+        take: (produced) => {
+          if (!produced.isStop) onToken();
+          return line._take(produced);
+        },
+        committed: (token) => line._committed(token),
+        fail,
+      });
+    }
+    return rows;
+  }
+}
+
+module.exports = { Program, Programs, abortedProgram };

@@ -1,0 +1,326 @@
+'use strict';
+
+// Branch programs: scheduler.run(async (s) => ...) with append, gen, fork and release, sharing
+// the Scheduler's steps with plain requests and other programs. Greedy outputs made in mixed
+// batches are checked token by token against plain decoding (teacher-forced ranks), never for
+// exact equality (llama.cpp on CPU is not batch-invariant).
+
+const assert = require('node:assert/strict');
+const { Scheduler, BranchStore } = require('..');
+const { open, rejects, greedyRanks } = require('./helpers');
+
+const GREEDY = { temperature: 0 };
+
+/** Asserts a greedy output is plain decoding's choice token by token (near-ties may flip). */
+async function assertGreedy(ctx, prompt, tokens, label) {
+  const ranks = await greedyRanks(ctx, prompt, tokens);
+  const top1 = ranks.filter((r) => r === 0).length;
+  assert.ok(top1 >= Math.ceil(tokens.length * 0.8), `${label}: ${top1}/${tokens.length} top-1 (ranks ${ranks})`);
+  assert.ok(
+    ranks.every((r) => r < 3),
+    `${label}: ranks ${ranks}`,
+  );
+}
+
+describe('Scheduler.run: branch programs', function () {
+  this.timeout(300000);
+  let ctx;
+  let store;
+  before(async () => {
+    ctx = await open({ nCtx: 2048, nSeqMax: 16 });
+    store = new BranchStore(ctx);
+  });
+  after(() => ctx && ctx.dispose());
+
+  let scheduler;
+  let steps;
+  function start(options = {}) {
+    steps = [];
+    scheduler = new Scheduler(ctx, { onStep: (s) => steps.push(s), ...options });
+    return scheduler;
+  }
+  afterEach(async () => {
+    if (scheduler) await scheduler.close();
+    scheduler = null;
+  });
+
+  it('gen appends to the line; forks continue from it, decoded in the same steps', async () => {
+    const s = start();
+    const available = store.available;
+    const result = await s.run(async (line) => {
+      line.append('The capital of France is');
+      const first = await line.gen({ maxTokens: 6, params: GREEDY });
+      assert.equal(line.text, `The capital of France is${first.text}`);
+      const forks = line.fork(3);
+      const seen = forks.map((f) => f.tokens);
+      const outs = await Promise.all(forks.map((f) => f.gen({ maxTokens: 8, params: GREEDY })));
+      return { first, outs, seen, prefix: line.tokens, forkTexts: forks.map((f) => f.text) };
+    });
+    assert.equal(result.first.finishReason, 'length');
+    assert.equal(result.first.tokens.length, 6);
+    const prompt = ctx.tokenizeSync('The capital of France is', true);
+    assert.deepEqual(result.prefix, [...prompt, ...result.first.tokens]);
+    for (const seen of result.seen) assert.deepEqual(seen, result.prefix, 'a fork starts with its parent tokens');
+    await assertGreedy(ctx, prompt, result.first.tokens, 'root gen');
+    for (const [i, out] of result.outs.entries()) {
+      assert.equal(out.tokens.length, 8);
+      assert.ok(result.forkTexts[i].endsWith(out.text));
+      await assertGreedy(ctx, result.prefix, out.tokens, `fork ${i}`);
+    }
+    // The three forks sampled in shared decodes: 3 rows per step while they ran.
+    assert.ok(steps.filter((st) => st.rows === 3).length >= 7, `rows per step: ${steps.map((st) => st.rows)}`);
+    assert.equal(store.available, available, 'every branch of the program is back');
+  });
+
+  it('a program interleaves with plain requests; each output is still greedy', async () => {
+    const s = start();
+    const plain = s.generate({ prompt: 'Once upon a time, in a small village,', maxTokens: 16, params: GREEDY });
+    const program = s.run(async (line) => {
+      line.append('The three primary colors are');
+      const a = await line.gen({ maxTokens: 10, params: GREEDY });
+      line.append(' and');
+      const b = await line.gen({ maxTokens: 6, params: GREEDY });
+      return { a, b, tokens: line.tokens };
+    });
+    const other = s.generate({ prompt: 'My favourite food is', maxTokens: 12, params: GREEDY });
+    const [p, r1, r2] = await Promise.all([program, plain, other]);
+    const colors = ctx.tokenizeSync('The three primary colors are', true);
+    await assertGreedy(ctx, colors, p.a.tokens, 'program gen 1');
+    const before = p.tokens.slice(0, p.tokens.length - p.b.tokens.length);
+    assert.deepEqual(before.slice(0, colors.length + 10), [...colors, ...p.a.tokens]);
+    await assertGreedy(ctx, before, p.b.tokens, 'program gen 2');
+    await assertGreedy(
+      ctx,
+      ctx.tokenizeSync('Once upon a time, in a small village,', true),
+      r1.choices[0].tokens,
+      'plain 1',
+    );
+    await assertGreedy(ctx, ctx.tokenizeSync('My favourite food is', true), r2.choices[0].tokens, 'plain 2');
+    // Program lines and plain requests shared decodes.
+    assert.ok(
+      steps.some((st) => st.rows === 3),
+      `rows per step: ${steps.map((st) => st.rows)}`,
+    );
+  });
+
+  it('two programs forking 4 ways each advance in the same steps', async () => {
+    const s = start();
+    const program = (prompt) => async (line) => {
+      line.append(prompt);
+      const forks = line.fork(4);
+      return Promise.all(forks.map((f) => f.gen({ maxTokens: 10, params: { temperature: 0.9 } })));
+    };
+    const [a, b] = await Promise.all([
+      s.run(program('The best way to learn a language is'), { maxBranches: 5, maxCells: 128, seed: 1 }),
+      s.run(program('In the morning, the baker'), { maxBranches: 5, maxCells: 128, seed: 2 }),
+    ]);
+    for (const outs of [a, b]) for (const o of outs) assert.equal(o.tokens.length, 10);
+    const eight = steps.filter((st) => st.rows === 8).length;
+    assert.ok(eight >= 8, `8 rows in ${eight} steps: ${steps.map((st) => st.rows)}`);
+    // Each fork samples with its own seed: the four continuations are not all the same.
+    assert.ok(new Set(a.map((o) => o.text)).size > 1, JSON.stringify(a.map((o) => o.text)));
+  });
+
+  it('the same seed gives the same program output', async () => {
+    const s = start();
+    const program = async (line) => {
+      line.append('Here is a list of fruits:');
+      const forks = line.fork(3);
+      return (await Promise.all(forks.map((f) => f.gen({ maxTokens: 8, params: { temperature: 1 } })))).map(
+        (o) => o.text,
+      );
+    };
+    const first = await s.run(program, { seed: 42 });
+    const second = await s.run(program, { seed: 42 });
+    assert.deepEqual(second, first);
+  });
+
+  it('a fork taken before more text was appended and decoded still sees only its own text', async () => {
+    const s = start();
+    const result = await s.run(async (line) => {
+      line.append('Numbers: one, two, three,');
+      const [child] = line.fork(1);
+      const anchor = line.tokens;
+      line.append(' four, five,');
+      await line.gen({ maxTokens: 4, params: GREEDY }); // the parent goes past the fork point first
+      const out = await child.gen({ maxTokens: 6, params: GREEDY }); // forks the parent part-way
+      return { anchor, out, childTokens: child.tokens };
+    });
+    assert.deepEqual(result.childTokens, [...result.anchor, ...result.out.tokens]);
+    await assertGreedy(ctx, result.anchor, result.out.tokens, 'child forked part-way');
+  });
+
+  it('stop strings and jsonSchema work inside a program', async () => {
+    const s = start();
+    const schema = {
+      type: 'object',
+      properties: { name: { type: 'string', maxLength: 12 }, age: { type: 'integer', minimum: 0, maximum: 120 } },
+      required: ['name', 'age'],
+    };
+    const r = await s.run(async (line) => {
+      line.append('A person, as JSON: ');
+      const json = await line.gen({ maxTokens: 48, jsonSchema: schema, params: GREEDY });
+      line.append('\nCount: 1, 2, 3,');
+      const counted = await line.gen({ maxTokens: 30, stop: ' 6', params: GREEDY });
+      return { json, counted, text: line.text };
+    });
+    const parsed = JSON.parse(r.json.text);
+    assert.equal(typeof parsed.name, 'string');
+    assert.ok(Number.isInteger(parsed.age));
+    assert.equal(r.counted.finishReason, 'stop');
+    assert.ok(!r.counted.text.includes(' 6'), r.counted.text);
+    assert.ok(r.text.endsWith(r.counted.text));
+  });
+
+  it('fork past maxBranches throws ERR_TOO_MANY_BRANCHES at once; release makes room', async () => {
+    const s = start();
+    await s.run(
+      async (line) => {
+        line.append('Hello there');
+        const forks = line.fork(2); // 3 lines
+        assert.throws(
+          () => line.fork(1),
+          (e) => e.code === 'ERR_TOO_MANY_BRANCHES' && /maxBranches 3/.test(e.message),
+        );
+        await forks[0].gen({ maxTokens: 2 });
+        forks[0].release();
+        assert.equal(forks[0].released, true);
+        await rejects(() => forks[0].gen(), 'ERR_PROGRAM_STATE');
+        const [again] = line.fork(1); // a fork after a queued free
+        return again.gen({ maxTokens: 3 });
+      },
+      { maxBranches: 3 },
+    );
+  });
+
+  it('a program that throws frees every branch and rejects with its error', async () => {
+    const s = start();
+    const available = store.available;
+    await assert.rejects(
+      s.run(
+        async (line) => {
+          line.append('Once upon a time');
+          const forks = line.fork(3);
+          await Promise.all(forks.map((f) => f.gen({ maxTokens: 4 })));
+          line.fork(1)[0].append(' more'); // never generated: still freed
+          throw new Error('the program gives up');
+        },
+        { maxBranches: 5 },
+      ),
+      /the program gives up/,
+    );
+    assert.equal(store.available, available);
+    assert.equal(s.stats().programs, 0);
+  });
+
+  it('an AbortSignal stops a program within a step and frees everything', async () => {
+    const s = start();
+    const available = store.available;
+    const controller = new AbortController();
+    let gens = 0;
+    let abortedAt = -1;
+    const run = s.run(
+      async (line) => {
+        line.append('The history of the world, in many chapters.');
+        const forks = line.fork(4);
+        gens = forks.length;
+        await Promise.all(forks.map((f) => f.gen({ maxTokens: 200 })));
+      },
+      { signal: controller.signal, maxBranches: 5 },
+    );
+    while (steps.filter((st) => st.rows === 4).length < 3) await new Promise((r) => setTimeout(r, 5));
+    abortedAt = steps.length;
+    controller.abort();
+    const error = await run.then(
+      () => null,
+      (e) => e,
+    );
+    assert.equal(gens, 4);
+    assert.equal(error && error.code, 'ERR_ABORTED');
+    assert.equal(error.name, 'AbortError');
+    assert.ok(steps.length - abortedAt <= 2, `${steps.length - abortedAt} steps after the abort`);
+    assert.equal(store.available, available);
+    // Aborted before it starts: rejected at once.
+    await rejects(() => s.run(async () => 1, { signal: AbortSignal.abort() }), 'ERR_ABORTED');
+  });
+
+  it('programs that fill every lease never deadlock: they wait for admission, not inside fork', async () => {
+    const small = await open({ nCtx: 1024, nSeqMax: 4 });
+    try {
+      const s = new Scheduler(small);
+      const program = (prompt) => async (line) => {
+        line.append(prompt);
+        const forks = line.fork(3); // all 4 leases of the context
+        return Promise.all(forks.map((f) => f.gen({ maxTokens: 4 })));
+      };
+      const runs = [
+        s.run(program('First,'), { maxBranches: 4, maxCells: 256 }),
+        s.run(program('Second,'), { maxBranches: 4, maxCells: 256 }),
+      ];
+      const plain = s.generate({ prompt: 'Third,', maxTokens: 4 });
+      const done = await Promise.all([...runs, plain]);
+      assert.equal(done[0].length, 3);
+      assert.equal(done[1].length, 3);
+      assert.equal(done[2].choices[0].tokens.length, 4);
+      await s.close();
+    } finally {
+      small.dispose();
+    }
+  });
+
+  it('maxCells bounds what a program writes: ERR_KV_FULL, and the program can catch it', async () => {
+    const s = start();
+    const r = await s.run(
+      async (line) => {
+        line.append('Tell me a long story about a dragon.');
+        const err = await line.gen({ maxTokens: 100 }).then(
+          () => null,
+          (e) => e,
+        );
+        return { code: err && err.code, message: err && err.message };
+      },
+      { maxCells: 40 },
+    );
+    assert.equal(r.code, 'ERR_KV_FULL');
+    assert.match(r.message, /maxCells 40/);
+  });
+
+  it('refuses bad programs and bad line calls with coded errors', async () => {
+    const s = start();
+    await rejects(() => s.run('not a function'), 'ERR_INVALID_ARG');
+    await rejects(() => s.run(async () => 1, { maxBranches: 0 }), 'ERR_INVALID_ARG');
+    await rejects(() => s.run(async () => 1, { maxBranches: ctx.nSeqMax + 1 }), 'ERR_INVALID_ARG');
+    await rejects(() => s.run(async () => 1, { maxCells: ctx.nCtx + 1 }), 'ERR_INVALID_ARG');
+    let kept;
+    const value = await s.run(async (line) => {
+      kept = line;
+      await rejects(() => line.gen({ maxTokens: 2 }), 'ERR_INVALID_ARG'); // empty line
+      assert.throws(
+        () => line.append([ctx.vocabSize]),
+        (e) => e.code === 'ERR_INVALID_ARG',
+      );
+      assert.throws(
+        () => line.fork(0),
+        (e) => e.code === 'ERR_INVALID_ARG',
+      );
+      line.append('Hi');
+      const pending = line.gen({ maxTokens: 3 });
+      assert.throws(
+        () => line.append('x'),
+        (e) => e.code === 'ERR_PROGRAM_STATE',
+      );
+      await rejects(() => line.gen(), 'ERR_PROGRAM_STATE');
+      await rejects(() => line.gen({ maxTokens: -1 }), 'ERR_PROGRAM_STATE');
+      await pending;
+      await rejects(() => line.gen({ maxTokens: -1 }), 'ERR_INVALID_ARG');
+      return 7;
+    });
+    assert.equal(value, 7);
+    assert.throws(
+      () => kept.append('after the end'),
+      (e) => e.code === 'ERR_PROGRAM_STATE',
+    );
+    await s.close();
+    await rejects(() => s.run(async () => 1), 'ERR_SCHEDULER_CLOSED');
+  });
+});
