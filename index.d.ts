@@ -216,6 +216,8 @@ import type {
   SamplingParams,
   ServeRpcOptions,
   TokenBias,
+  TokenLogprob,
+  TopLogprob,
   XtcParams,
 } from './lib/native';
 export type {
@@ -232,6 +234,8 @@ export type {
   SamplingParams,
   ServeRpcOptions,
   TokenBias,
+  TokenLogprob,
+  TopLogprob,
   XtcParams,
 };
 /** KV cache usage, counting cells shared by forks once: `{ nCtx, cellsUsed, remaining }`. */
@@ -486,8 +490,25 @@ export interface GenerateRequest {
   jsonSchema?: object | string;
   /** Choice `i` samples with seed `(seed + i) mod 2^32`; absent or -1: a random base. */
   seed?: number;
+  /**
+   * Log-probabilities of the generated tokens: `true`, or how many most likely alternatives
+   * (0..20) each token also reports. They come from the logits each token was sampled from (no
+   * extra decode). Events then carry `logprob` and `top`, choices `logprobs`.
+   */
+  logprobs?: boolean | number;
   /** Aborting ends the request within one step: its choices finish with `'abort'`. */
   signal?: AbortSignal;
+}
+
+/**
+ * A generated token with its natural-log probability under the model's distribution (raw
+ * logits, before samplers and grammar) and the most likely alternatives at its position.
+ */
+export interface GeneratedLogprob {
+  token: number;
+  text: string;
+  logprob: number;
+  top: TopLogprob[];
 }
 
 /**
@@ -500,6 +521,10 @@ export interface GenerationEvent {
   token: number | null;
   text: string;
   finishReason?: FinishReason;
+  /** With `logprobs`: the token's log-probability. */
+  logprob?: number;
+  /** With `logprobs`: the most likely alternatives at the token's position. */
+  top?: TopLogprob[];
 }
 
 /** One choice of a {@link GenerationResult}. */
@@ -510,6 +535,8 @@ export interface GenerationChoice {
   finishReason: FinishReason;
   /** Model perplexity of the generated tokens; `Infinity` when there are none. */
   perplexity: number;
+  /** With `logprobs`: one entry per generated token. */
+  logprobs?: GeneratedLogprob[];
 }
 
 /** Token counts of a request. */
@@ -566,8 +593,12 @@ export interface ProgramGenOptions {
   grammar?: string;
   /** A JSON schema (object or JSON text) constraining this gen's text. */
   jsonSchema?: object | string;
+  /** The text is exactly one of these strings (a grammar of the alternatives). */
+  choices?: string[];
   /** Seed of this gen; absent: the program's next seed. */
   seed?: number;
+  /** Log-probabilities of the generated tokens: `true`, or how many alternatives (0..20) each reports. */
+  logprobs?: boolean | number;
 }
 
 /** What {@link ProgramLine.gen} resolves to. */
@@ -577,6 +608,17 @@ export interface ProgramGenResult {
   tokens: number[];
   /** `'stop'` (stop string or end of generation) or `'length'` (`maxTokens`). */
   finishReason: Exclude<FinishReason, 'abort'>;
+  /** With `logprobs`: one entry per generated token. */
+  logprobs?: GeneratedLogprob[];
+}
+
+/** What {@link ProgramLine.select} resolves to. */
+export interface SelectResult {
+  /** The winning option (now appended to the line). */
+  choice: string;
+  index: number;
+  /** Each option's score by the method asked for (natural-log units). */
+  scores: number[];
 }
 
 /** What {@link Scheduler.stats} reports. */

@@ -14,6 +14,7 @@
  * Usage: node bench/run.js [--quick] [--n=1,2,4,8] [--steps=32] [--reps=3]
  *        node bench/run.js --serve [--c=1,4,8,16] [--reps=2]   (bench/serve.js: the Scheduler)
  *        node bench/run.js --rpc [--steps=24] [--reps=3]       (bench/rpc.js: local vs two RPC servers)
+ *        node bench/run.js --programs [--c=1,4] [--reps=2]     (bench/programs.js: branch programs)
  * Writes bench/results/bench-<timestamp>.json and bench/results/chart.svg (chart-partial.svg
  * when --quick, --n, --steps or --reps narrow the run); prints a table.
  *
@@ -522,7 +523,14 @@ function benchBuild() {
 
 const hasRawLoop = () => typeof require('../lib/native').SessionContext.prototype._benchRawGenerate === 'function';
 
-if (require.main === module && !process.env.LLAMA_BRANCH_BINARY && !hasRawLoop() && !args.serve && !args.rpc) {
+if (
+  require.main === module &&
+  !process.env.LLAMA_BRANCH_BINARY &&
+  !hasRawLoop() &&
+  !args.serve &&
+  !args.rpc &&
+  !args.programs
+) {
   // Run again on the bench build (the loader takes LLAMA_BRANCH_BINARY before anything loads).
   const binary = benchBuild();
   const res = spawnSync(process.execPath, process.argv.slice(1), {
@@ -533,18 +541,20 @@ if (require.main === module && !process.env.LLAMA_BRANCH_BINARY && !hasRawLoop()
 } else if (require.main === module) {
   // `--serve` runs the serving benchmark (bench/serve.js); `--compare-prebuilt` the source build
   // against the prebuilt package; `--series-json` is the child process of that comparison.
-  const entry = args.serve
-    ? require('./serve').main
-    : args.rpc
-      ? () =>
-          require('./rpc')
-            .main()
-            .then(() => process.exit(0))
-      : args['series-json']
-        ? seriesJson
-        : COMPARE
-          ? comparePrebuilt
-          : main;
+  const entry = args.programs
+    ? require('./programs').main
+    : args.serve
+      ? require('./serve').main
+      : args.rpc
+        ? () =>
+            require('./rpc')
+              .main()
+              .then(() => process.exit(0))
+        : args['series-json']
+          ? seriesJson
+          : COMPARE
+            ? comparePrebuilt
+            : main;
   entry().catch((e) => {
     console.error(e);
     process.exit(1);

@@ -297,4 +297,4 @@ if (require.main === module) {
   });
 }
 
-module.exports = { main };
+module.exports = { main, workload, greedyParams };

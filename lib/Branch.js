@@ -17,6 +17,18 @@ function isNum(v) {
   return typeof v === 'number';
 }
 
+/** The `logprobs` option of produce (top alternatives, 0..20), or undefined when absent. */
+function logprobsOption(options, where) {
+  if (options === undefined || options === null) return undefined;
+  if (typeof options !== 'object') throw makeError('ERR_INVALID_ARG', `${where}(options?): options must be an object`);
+  const k = options.logprobs;
+  if (k === undefined || k === false) return undefined;
+  if (k === true) return 0;
+  if (!Number.isInteger(k) || k < 0 || k > 20)
+    throw makeError('ERR_INVALID_ARG', `${where}: options.logprobs must be true or an integer in 0..20, got ${k}`);
+  return k;
+}
+
 /**
  * One line of generation: a leased KV sequence plus its own sampler chain, grammar, logits
  * snapshot and perplexity trackers. Create roots with {@link Branch.create}, children with
@@ -174,11 +186,31 @@ class Branch {
   }
 
   /**
-   * {@link sample} plus the token's text and stop flag.
-   * @returns {Produced}
+   * {@link sample} plus the token's text and stop flag; with `{ logprobs: k }` also the token's
+   * log-probability and the `k` (0..20) most likely tokens at this position (see {@link logprob}).
+   * @param {{ logprobs?: number }} [options]
+   * @returns {Produced & Partial<Pick<import('./types').TokenLogprob, 'logprob' | 'top'>>}
    */
-  produce() {
-    return this._live()._branchProduce(this._handle);
+  produce(options) {
+    const native = this._live();
+    const top = logprobsOption(options, 'produce');
+    const produced = native._branchProduce(this._handle);
+    if (top === undefined) return produced;
+    const { logprob, top: best } = native._branchLogprob(this._handle, produced.token, top);
+    return { ...produced, logprob, top: best };
+  }
+
+  /**
+   * The natural-log probability of `token` at this branch's position under the model's own
+   * distribution (the logits snapshot, before samplers, biases and grammar), and the `top`
+   * (0..20, default 0) most likely tokens with theirs, most likely first. No decode; throws
+   * `ERR_NO_LOGITS` without a snapshot.
+   * @param {number} token
+   * @param {number} [top]
+   * @returns {import('./types').TokenLogprob}
+   */
+  logprob(token, top = 0) {
+    return this._live()._branchLogprob(this._handle, token, top);
   }
 
   /**

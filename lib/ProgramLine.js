@@ -10,17 +10,23 @@
 
 const { makeError } = require('./errors');
 const { StopMatcher } = require('./scheduler/stops');
-const { positiveInt, invalid, checkStops, checkSampling } = require('./scheduler/request');
+const { positiveInt, invalid, checkStops, checkSampling, checkLogprobs, tokenLogprob } = require('./scheduler/request');
 const { SchedulerErrorCode: Code, schedulerError } = require('./scheduler/errors');
 
-/** Sampler of a line's branch between gens: it is only prefilled and forked, never sampled. */
-const IDLE_PARAMS = Object.freeze({ temperature: 0 });
+/** A GBNF string literal of `text`. */
+function gbnfLiteral(text) {
+  return `"${text
+    .replace(/[\\"]/g, (c) => `\\${c}`)
+    .replace(/\n/g, '\\n')
+    .replace(/\r/g, '\\r')
+    .replace(/\t/g, '\\t')}"`;
+}
 
-function tooManyBranches(maxBranches, live, n) {
-  return schedulerError(
-    Code.TOO_MANY_BRANCHES,
-    `fork(${n}) would hold ${live + n} lines but the program declared maxBranches ${maxBranches}; release lines you no longer need (line.release()) or pass a larger maxBranches to run()`,
-  );
+/** The grammar of `choices`: the text is exactly one of them. */
+function choicesGrammar(choices) {
+  if (!Array.isArray(choices) || choices.length === 0 || !choices.every((c) => typeof c === 'string' && c !== ''))
+    throw invalid('gen: choices must be a non-empty array of non-empty strings');
+  return `root ::= ${choices.map(gbnfLiteral).join(' | ')}`;
 }
 
 /** One line of generation inside a program (the `s` of `run(async (s) => ...)`). */
@@ -46,6 +52,8 @@ class ProgramLine {
     this._dependents = 0;
     /** The gen in flight: options, output so far and its promise's resolve/reject. */
     this._job = null;
+    /** A select runs on this line (its options are scored in forks). */
+    this._selecting = false;
     /** release() was called (the branch is freed at the next step, once no child waits on it). */
     this._released = false;
     /** The branch was given back: nothing more happens on this line. */
@@ -104,12 +112,17 @@ class ProgramLine {
     if (this._tokens.length === 0) throw invalid('gen(): the line is empty; append a prompt first');
     const program = this._program;
     const { params, seed, grammar } = checkSampling(options);
+    const choices = options.choices === undefined ? null : choicesGrammar(options.choices);
+    if (choices && (grammar || options.jsonSchema !== undefined))
+      throw invalid('gen: give one of grammar, jsonSchema or choices');
     const job = {
       maxTokens: positiveInt(options.maxTokens, 'options.maxTokens', program.defaultMaxTokens),
       matcher: new StopMatcher(checkStops(options.stop)),
       params: { ...params, seed: seed === undefined || seed === -1 ? program.nextSeed() : seed },
-      grammar,
+      grammar: grammar || choices,
       tokens: [],
+      logprobs: checkLogprobs(options.logprobs, 'options.logprobs'),
+      tokenLogprobs: [],
       started: false,
       resolve: null,
       reject: null,
@@ -140,9 +153,58 @@ class ProgramLine {
   fork(n = 1) {
     this._checkIdle('fork');
     positiveInt(n, 'fork(n): n', 1);
+    this._program.reserveLines(n);
+    return this._spawn(n);
+  }
+
+  /**
+   * Scores each option as the continuation of the line's text and appends the best: a fork per
+   * option, teacher-forced through the option's tokens in the scheduler's steps (every option
+   * in the same decodes), summing each token's log-probability. `method`: `'total'` (the sum,
+   * default), `'normalized'` (the mean per token) or `'unconditional'` (the sum minus the
+   * option's sum after only the BOS token: how much the line's text raises it). The forks count
+   * against `maxBranches` while they score (twice as many for `'unconditional'`).
+   * @param {string[]} options
+   * @param {{ method?: 'total' | 'normalized' | 'unconditional' }} [settings]
+   * @returns {Promise<import('./types').SelectResult>}
+   */
+  async select(options, settings = {}) {
+    this._checkIdle('select');
+    const ctx = this._program.ctx;
+    if (!Array.isArray(options) || options.length === 0 || !options.every((o) => typeof o === 'string' && o !== ''))
+      throw invalid('select(options): options must be a non-empty array of non-empty strings');
+    const method = settings && settings.method !== undefined ? settings.method : 'total';
+    if (!['total', 'normalized', 'unconditional'].includes(method))
+      throw invalid(`select: method must be 'total', 'normalized' or 'unconditional', got ${JSON.stringify(method)}`);
+    if (this._tokens.length === 0) throw invalid('select(): the line is empty; append a prompt first');
+    const tokens = options.map((o) => ctx.tokenizeSync(o, false));
+    if (tokens.some((t) => t.length === 0)) throw invalid('select: an option tokenized to nothing');
+    const bos = method === 'unconditional' ? ctx.tokenizeSync('', true) : [];
+    if (method === 'unconditional' && bos.length === 0)
+      throw makeError('ERR_UNSUPPORTED', "select: method 'unconditional' needs a model with a BOS token");
+    this._program.reserveLines(options.length * (method === 'unconditional' ? 2 : 1));
+    this._selecting = true;
+    const scorers = this._spawn(options.length);
+    if (bos.length > 0) scorers.push(...options.map(() => this._program.freshLine(bos)));
+    try {
+      const sums = await Promise.all(scorers.map((line, i) => line._score(tokens[i % options.length])));
+      const scores = options.map((_, i) => {
+        if (method === 'normalized') return sums[i] / tokens[i].length;
+        return method === 'unconditional' ? sums[i] - sums[i + options.length] : sums[i];
+      });
+      const index = scores.reduce((best, s, i) => (s > scores[best] ? i : best), 0);
+      this._selecting = false;
+      this.append(options[index]);
+      return { choice: options[index], index, scores };
+    } finally {
+      this._selecting = false;
+      for (const line of scorers) line.release();
+    }
+  }
+
+  /** `n` children of this line (or fresh lines when it is empty); leases were reserved. */
+  _spawn(n) {
     const program = this._program;
-    const live = program.liveLines();
-    if (live + n > program.maxBranches) throw tooManyBranches(program.maxBranches, live, n);
     const children = [];
     for (let i = 0; i < n; i++) {
       const fresh = this._tokens.length === 0;
@@ -153,6 +215,14 @@ class ProgramLine {
       children.push(child);
     }
     return children;
+  }
+
+  /** Teacher-forces `tokens` through the line; resolves with the sum of their log-probabilities. */
+  _score(tokens) {
+    return new Promise((resolve, reject) => {
+      this._job = { force: tokens, at: 0, sum: 0, resolve, reject, started: true, tokens: [] };
+      this._program.wake();
+    });
   }
 
   /**
@@ -173,7 +243,8 @@ class ProgramLine {
   _checkIdle(op) {
     if (this._program.state !== 'running') throw this._program.endedError();
     if (this.released) throw schedulerError(Code.PROGRAM_STATE, `${op}(): this line was released; use another line`);
-    if (this._job) throw schedulerError(Code.PROGRAM_STATE, `${op}(): a gen is running on this line; await it first`);
+    if (this._job || this._selecting)
+      throw schedulerError(Code.PROGRAM_STATE, `${op}(): a gen or select is running on this line; await it first`);
   }
 
   // -------------------------------------------------------------------------------------------
@@ -258,7 +329,10 @@ class ProgramLine {
     const job = this._job;
     if (job.started) return true;
     try {
-      this._branch.setSamplerParams(job.grammar ? { ...job.params, grammar: job.grammar } : job.params);
+      this._branch.setSamplerParams(job.params);
+      // setSamplerParams keeps a grammar it is not given: an earlier gen's (complete) grammar
+      // would allow nothing but end-of-generation.
+      this._branch.setGrammar(job.grammar || null);
     } catch (e) {
       fail(e);
       return false;
@@ -270,12 +344,14 @@ class ProgramLine {
   /** Takes a produced token into the gen; true when it is to be committed (decoded) now. */
   _take(produced) {
     const job = this._job;
+    if (job.force) return this._takeForced(job);
     if (produced.isStop) {
       this._endJob('stop');
       return false;
     }
     job.tokens.push(produced.token);
     job.matcher.push(produced.text);
+    if (job.logprobs !== undefined) job.tokenLogprobs.push(tokenLogprob(this._branch, produced, job.logprobs));
     this._program.usage.completionTokens++;
     const reason = job.matcher.stopped ? 'stop' : job.tokens.length >= job.maxTokens ? 'length' : null;
     if (!reason) return true;
@@ -284,6 +360,22 @@ class ProgramLine {
     this._pending.push(produced.token);
     this._endJob(reason);
     return false;
+  }
+
+  /** A scoring step: the forced token's log-probability is added; true while more follow. */
+  _takeForced(job) {
+    const token = job.force[job.at];
+    job.sum += this._branch.logprob(token, 0).logprob;
+    job.at++;
+    if (job.at < job.force.length) return true;
+    this._job = null;
+    job.resolve(job.sum);
+    return false;
+  }
+
+  /** The token the line commits this step when it is teacher-forced (scoring), else undefined. */
+  get _forced() {
+    return this._job && this._job.force ? this._job.force[this._job.at] : undefined;
   }
 
   /** The token `_take` kept is in the KV now. */
@@ -297,13 +389,6 @@ class ProgramLine {
     const job = this._job;
     if (!job) return;
     this._job = null;
-    if (this._branch && job.started && !this._freed) {
-      try {
-        this._branch.setSamplerParams(IDLE_PARAMS); // the gen's grammar ends with it
-      } catch {
-        // busy or disposed: the next gen sets its own params anyway
-      }
-    }
     if (error) {
       job.reject(error);
       return;
@@ -311,7 +396,9 @@ class ProgramLine {
     job.matcher.flush();
     const text = job.matcher.text;
     this._text += text;
-    job.resolve({ text, tokens: job.tokens, finishReason: reason });
+    const result = { text, tokens: job.tokens, finishReason: reason };
+    if (job.logprobs !== undefined) result.logprobs = job.tokenLogprobs;
+    job.resolve(result);
   }
 
   /**

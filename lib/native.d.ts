@@ -230,6 +230,25 @@ export interface TokenBias {
   bias: number
 }
 
+/** A token's log-probability at the branch's position, and the most likely tokens there. */
+export interface TokenLogprob {
+  token: number
+  /**
+   * Natural log of the token's probability under the model's distribution (raw logits,
+   * before any sampler or grammar); `-Infinity` for a token the model rules out.
+   */
+  logprob: number
+  /** The `top` most likely tokens, most likely first. */
+  top: Array<TopLogprob>
+}
+
+/** One of the most likely tokens at a position, with its log-probability. */
+export interface TopLogprob {
+  token: number
+  /** Natural log of its probability under the model's distribution (before sampling). */
+  logprob: number
+}
+
 /** XTC ("exclude top choices"). Enabled when `probability` > 0. */
 export interface XtcParams {
   /** In [0, 1]. Default 0.5. */
@@ -275,6 +294,7 @@ export declare class SessionContext {
   _branchPosition(handle: number): number
   _branchCaptureLogits(handle: number): void
   _branchGetLogits(handle: number): Float32Array
+  _branchLogprob(handle: number, token: number, top: number): TokenLogprob
   _branchEntropy(handle: number, base?: string | undefined | null): number
   _branchSample(handle: number): number
   _branchAccept(handle: number, token: number): void

@@ -6,7 +6,7 @@
 // exact equality (llama.cpp on CPU is not batch-invariant).
 
 const assert = require('node:assert/strict');
-const { Scheduler, BranchStore } = require('..');
+const { Scheduler, BranchStore, Branch } = require('..');
 const { open, rejects, greedyRanks } = require('./helpers');
 
 const GREEDY = { temperature: 0 };
@@ -168,6 +168,8 @@ describe('Scheduler.run: branch programs', function () {
     assert.equal(typeof parsed.name, 'string');
     assert.ok(Number.isInteger(parsed.age));
     assert.equal(r.counted.finishReason, 'stop');
+    // The schema's grammar ended with its gen: the count goes on unconstrained to the stop string.
+    assert.match(r.counted.text, / 4, 5,/);
     assert.ok(!r.counted.text.includes(' 6'), r.counted.text);
     assert.ok(r.text.endsWith(r.counted.text));
   });
@@ -322,5 +324,179 @@ describe('Scheduler.run: branch programs', function () {
     );
     await s.close();
     await rejects(() => s.run(async () => 1), 'ERR_SCHEDULER_CLOSED');
+  });
+
+  describe('select, choices and logprobs', () => {
+    /** Σ log p(option token | prefix, earlier option tokens), one option on its own branch. */
+    async function referenceScore(prefix, option) {
+      const b = Branch.create(ctx, 0, GREEDY);
+      try {
+        await b.prefill(prefix);
+        let sum = 0;
+        for (const t of option) {
+          sum += b.logprob(t).logprob;
+          await b.commit(t);
+        }
+        return sum;
+      } finally {
+        await b.prune();
+      }
+    }
+
+    it('select scores each option in shared steps and appends the best', async () => {
+      const s = start();
+      const options = [' Paris', ' a city in the north of Spain', ' London', ' the moon'];
+      const result = await s.run(
+        async (line) => {
+          line.append('The capital of France is');
+          const prefix = line.tokens;
+          const picked = await line.select(options);
+          return { picked, prefix, text: line.text, tokens: line.tokens };
+        },
+        { maxBranches: 5 },
+      );
+      const { picked, prefix } = result;
+      assert.equal(picked.scores.length, 4);
+      const best = picked.scores.indexOf(Math.max(...picked.scores));
+      assert.equal(picked.index, best);
+      assert.equal(picked.choice, options[best]);
+      assert.ok(result.text.endsWith(picked.choice));
+      const tokens = options.map((o) => ctx.tokenizeSync(o, false));
+      assert.deepEqual(result.tokens, [...prefix, ...tokens[best]]);
+      // The options were scored in the same decodes: each step commits the next token of every
+      // option that has more (an option's last token is scored, not decoded).
+      const longest = Math.max(...tokens.map((t) => t.length));
+      const decodes = steps.filter((st) => st.rows > 0).map((st) => st.rows);
+      const expected = Array.from({ length: longest - 1 }, (_, k) => tokens.filter((t) => t.length > k + 1).length);
+      assert.deepEqual(decodes, expected);
+      const reference = [];
+      for (const t of tokens) reference.push(await referenceScore(prefix, t));
+      for (const [i, score] of picked.scores.entries()) {
+        assert.ok(Math.abs(score - reference[i]) < 0.05, `option ${i}: ${score} vs one at a time ${reference[i]}`);
+      }
+      const refBest = reference.indexOf(Math.max(...reference));
+      const sorted = [...reference].sort((a, b) => b - a);
+      if (sorted[0] - sorted[1] > 0.1) assert.equal(picked.index, refBest);
+    });
+
+    it('one option alone (the same batch shape as one branch) matches the reference within 1e-3', async () => {
+      const s = start();
+      const { scores, prefix } = await s.run(async (line) => {
+        line.append('Once upon a time there was');
+        const prefix = line.tokens;
+        return { prefix, scores: (await line.select([' a little girl who lived in a village'])).scores };
+      });
+      const reference = await referenceScore(prefix, ctx.tokenizeSync(' a little girl who lived in a village', false));
+      assert.ok(Math.abs(scores[0] - reference) < 1e-3, `${scores[0]} vs ${reference}`);
+    });
+
+    it("select's normalized and unconditional methods", async () => {
+      const s = start();
+      const options = [' blue', ' very very green'];
+      const out = await s.run(
+        async (line) => {
+          line.append('The sky is');
+          const prefix = line.tokens;
+          const [a, b] = line.fork(2);
+          const total = await a.select(options);
+          const normalized = await b.select(options, { method: 'normalized' });
+          const unconditional = await line.select(options, { method: 'unconditional' });
+          return { prefix, total, normalized, unconditional };
+        },
+        { maxBranches: 7 },
+      );
+      const lengths = options.map((o) => ctx.tokenizeSync(o, false).length);
+      for (const i of [0, 1]) {
+        assert.ok(Math.abs(out.normalized.scores[i] - out.total.scores[i] / lengths[i]) < 0.05);
+        const bos = ctx.tokenizeSync('', true);
+        const alone = await referenceScore(bos, ctx.tokenizeSync(options[i], false));
+        const expected = out.total.scores[i] - alone;
+        assert.ok(
+          Math.abs(out.unconditional.scores[i] - expected) < 0.1,
+          `${out.unconditional.scores[i]} vs ${expected}`,
+        );
+      }
+      await rejects(
+        () => s.run(async (line) => line.append('x').select(['a', 'b', 'c'], { method: 'unconditional' })),
+        'ERR_TOO_MANY_BRANCHES',
+      );
+      await rejects(() => s.run(async (line) => line.append('x').select([])), 'ERR_INVALID_ARG');
+      await rejects(() => s.run(async (line) => line.append('x').select(['a'], { method: 'best' })), 'ERR_INVALID_ARG');
+    });
+
+    it('choices: every sampled output is one of them', async () => {
+      const s = start();
+      const choices = ['red', 'green', 'blue', 'yellow "quoted"\\'];
+      const outs = await s.run(
+        async (line) => {
+          line.append('My favourite colour is ');
+          const forks = line.fork(6);
+          return Promise.all(forks.map((f) => f.gen({ choices, params: { temperature: 1.5 }, maxTokens: 16 })));
+        },
+        { maxBranches: 7, seed: 3 },
+      );
+      for (const o of outs) assert.ok(choices.includes(o.text), JSON.stringify(o.text));
+      await rejects(() => s.run(async (line) => line.append('x').gen({ choices: [] })), 'ERR_INVALID_ARG');
+      await rejects(
+        () => s.run(async (line) => line.append('x').gen({ choices: ['a'], grammar: 'root ::= "a"' })),
+        'ERR_INVALID_ARG',
+      );
+    });
+
+    it('logprobs: per token, from the logits it was sampled from, with top alternatives', async () => {
+      const s = start();
+      const prompt = 'The three primary colors are';
+      const out = await s.run(async (line) => {
+        line.append(prompt);
+        return line.gen({ maxTokens: 6, params: GREEDY, logprobs: 3 });
+      });
+      assert.equal(out.logprobs.length, out.tokens.length);
+      const b = Branch.create(ctx, 0, GREEDY);
+      await b.prefill(ctx.tokenizeSync(prompt, true));
+      for (const [i, lp] of out.logprobs.entries()) {
+        assert.equal(lp.token, out.tokens[i]);
+        assert.equal(lp.top.length, 3);
+        assert.equal(lp.top[0].token, lp.token, 'greedy picks the most likely token');
+        assert.ok(lp.top[0].logprob >= lp.top[1].logprob && lp.top[1].logprob >= lp.top[2].logprob);
+        // Against a log-softmax of the same position's logits, computed here.
+        const logits = b.getLogits();
+        let max = -Infinity;
+        for (const x of logits) if (x > max) max = x;
+        let z = 0;
+        for (const x of logits) z += Math.exp(x - max);
+        const expected = logits[lp.token] - max - Math.log(z);
+        assert.ok(Math.abs(lp.logprob - expected) < 0.05, `${lp.logprob} vs ${expected}`);
+        await b.commit(lp.token);
+      }
+      await b.prune();
+      // The plain surfaces: Branch.produce and Scheduler.generate.
+      const c = Branch.create(ctx, 0, GREEDY);
+      await c.prefill(ctx.tokenizeSync(prompt, true));
+      const produced = c.produce({ logprobs: 2 });
+      assert.equal(produced.top.length, 2);
+      assert.equal(produced.top[0].token, produced.token);
+      assert.ok(produced.logprob < 0 && produced.logprob === produced.top[0].logprob);
+      assert.equal(c.produce().logprob, undefined);
+      assert.throws(
+        () => c.produce({ logprobs: 21 }),
+        (e) => e.code === 'ERR_INVALID_ARG',
+      );
+      assert.throws(
+        () => c.logprob(ctx.vocabSize),
+        (e) => e.code === 'ERR_TOKEN_OUT_OF_RANGE' || e.code === 'ERR_INVALID_ARG',
+      );
+      await c.prune();
+      const gen = s.generate({ prompt, maxTokens: 4, params: GREEDY, logprobs: true });
+      const events = [];
+      for await (const e of gen) if (e.token !== null) events.push(e);
+      const result = await gen;
+      assert.equal(result.choices[0].logprobs.length, 4);
+      assert.deepEqual(
+        events.map((e) => e.logprob),
+        result.choices[0].logprobs.map((l) => l.logprob),
+      );
+      assert.ok(events.every((e) => e.top.length === 0 && e.logprob <= 0));
+      assert.equal((await s.generate({ prompt, maxTokens: 2 })).choices[0].logprobs, undefined);
+    });
   });
 });

@@ -103,10 +103,24 @@ export class Branch implements AsyncIterable<BranchToken> {
      */
     accept(token: number): void;
     /**
-     * {@link sample} plus the token's text and stop flag.
-     * @returns {Produced}
+     * {@link sample} plus the token's text and stop flag; with `{ logprobs: k }` also the token's
+     * log-probability and the `k` (0..20) most likely tokens at this position (see {@link logprob}).
+     * @param {{ logprobs?: number }} [options]
+     * @returns {Produced & Partial<Pick<import('./types').TokenLogprob, 'logprob' | 'top'>>}
      */
-    produce(): Produced;
+    produce(options?: {
+        logprobs?: number;
+    }): Produced & Partial<Pick<import("./types").TokenLogprob, "logprob" | "top">>;
+    /**
+     * The natural-log probability of `token` at this branch's position under the model's own
+     * distribution (the logits snapshot, before samplers, biases and grammar), and the `top`
+     * (0..20, default 0) most likely tokens with theirs, most likely first. No decode; throws
+     * `ERR_NO_LOGITS` without a snapshot.
+     * @param {number} token
+     * @param {number} [top]
+     * @returns {import('./types').TokenLogprob}
+     */
+    logprob(token: number, top?: number): import("./types").TokenLogprob;
     /**
      * Accepts `token` and decodes it, refreshing the logits snapshot. All-or-nothing: on failure
      * the branch is unchanged. Rejects with `ERR_GRAMMAR_REJECTED`, `ERR_KV_FULL`, `ERR_ABORTED`, ...

@@ -39,6 +39,20 @@ export class ProgramLine {
      */
     fork(n?: number): ProgramLine[];
     /**
+     * Scores each option as the continuation of the line's text and appends the best: a fork per
+     * option, teacher-forced through the option's tokens in the scheduler's steps (every option
+     * in the same decodes), summing each token's log-probability. `method`: `'total'` (the sum,
+     * default), `'normalized'` (the mean per token) or `'unconditional'` (the sum minus the
+     * option's sum after only the BOS token: how much the line's text raises it). The forks count
+     * against `maxBranches` while they score (twice as many for `'unconditional'`).
+     * @param {string[]} options
+     * @param {{ method?: 'total' | 'normalized' | 'unconditional' }} [settings]
+     * @returns {Promise<import('./types').SelectResult>}
+     */
+    select(options: string[], settings?: {
+        method?: "total" | "normalized" | "unconditional";
+    }): Promise<import("./types").SelectResult>;
+    /**
      * Gives the line's branch back at the next step (a gen in flight rejects with ERR_ABORTED).
      * Idempotent. Everything a program holds is released when it returns anyway.
      */

@@ -21,8 +21,11 @@ export type {
   ProgramGenOptions,
   ProgramGenResult,
   RunOptions,
+  SelectResult,
+  GeneratedLogprob,
   SamplingParams,
   SchedulerOptions,
   SchedulerStats,
   TokenBias,
+  TokenLogprob,
 } from '../index';

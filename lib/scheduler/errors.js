@@ -48,4 +48,12 @@ function neverFitsError(cells, leases, pressure, available) {
   );
 }
 
-module.exports = { SchedulerErrorCode, schedulerError, closedError, queueFullError, neverFitsError };
+/** A program's fork or select would hold more lines than it declared. */
+function tooManyBranches(maxBranches, live, n) {
+  return schedulerError(
+    SchedulerErrorCode.TOO_MANY_BRANCHES,
+    `${n} more lines would make ${live + n} but the program declared maxBranches ${maxBranches}; release lines you no longer need (line.release()) or pass a larger maxBranches to run()`,
+  );
+}
+
+module.exports = { SchedulerErrorCode, schedulerError, closedError, queueFullError, neverFitsError, tooManyBranches };

@@ -29,7 +29,7 @@ const { makeError } = require('../errors');
 const { signalOf } = require('../cancel');
 const { positiveInt, invalid, checkSampling, SEED_SPACE } = require('./request');
 const { ProgramLine } = require('../ProgramLine');
-const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
+const { SchedulerErrorCode: Code, schedulerError, tooManyBranches } = require('./errors');
 
 const TRANSITIONS = {
   ready: ['running', 'failed'],
@@ -117,6 +117,19 @@ class Program {
   nextSeed() {
     this._seed = (this._seed + 1) % SEED_SPACE;
     return this._seed;
+  }
+
+  /** Throws ERR_TOO_MANY_BRANCHES unless `n` more lines fit in `maxBranches`. */
+  reserveLines(n) {
+    const live = this.liveLines();
+    if (live + n > this.maxBranches) throw tooManyBranches(this.maxBranches, live, n);
+  }
+
+  /** A new line of this program holding only `tokens` (decoded when it first needs its KV). */
+  freshLine(tokens) {
+    const line = new ProgramLine(this, null, tokens.slice());
+    this.lines.push(line);
+    return line;
   }
 
   /** Lines that hold a lease or will take one. */
@@ -279,12 +292,14 @@ class Programs {
         continue;
       }
       if (!line._arm(fail)) continue;
+      const force = line._forced;
       rows.push({
         branch: line._branch,
         owner: line,
+        force,
         live: () => line._decoding,
         take: (produced) => {
-          if (!produced.isStop) onToken();
+          if (force === undefined && !produced.isStop) onToken();
           return line._take(produced);
         },
         committed: (token) => line._committed(token),

@@ -76,6 +76,21 @@ function checkStops(stop) {
   return stops.filter((s) => s !== '');
 }
 
+/** The `logprobs` option: undefined (none), or how many top alternatives (0..20) each token reports. */
+function checkLogprobs(value, name) {
+  if (value === undefined || value === false || value === null) return undefined;
+  if (value === true) return 0;
+  if (!Number.isInteger(value) || value < 0 || value > 20)
+    throw invalid(`${name} must be true or an integer in 0..20 (top alternatives per token), got ${value}`);
+  return value;
+}
+
+/** `{token, text, logprob, top}` of a sampled token, read from the logits it was sampled from. */
+function tokenLogprob(branch, produced, top) {
+  const { logprob, top: best } = branch.logprob(produced.token, top);
+  return { token: produced.token, text: produced.text, logprob, top: best };
+}
+
 /** Sampling params without seed and grammar, the seed, and the grammar (GBNF or null). */
 function checkSampling(request) {
   if (request.params !== undefined && (request.params === null || typeof request.params !== 'object'))
@@ -107,6 +122,8 @@ class Request {
     this.n = positiveInt(request.n, 'request.n', 1);
     this.maxTokens = positiveInt(request.maxTokens, 'request.maxTokens', env.defaultMaxTokens);
     this.stops = checkStops(request.stop);
+    /** Top alternatives per token when log-probabilities were asked for, else undefined. */
+    this.logprobs = checkLogprobs(request.logprobs, 'request.logprobs');
     this.params = params;
     this.seedBase = seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
     this.grammar = grammar;
@@ -245,6 +262,7 @@ class Request {
         matcher: new StopMatcher(this.stops),
         finishReason: null,
         perplexity: Infinity,
+        logprobs: this.logprobs === undefined ? null : [],
       });
       const params = { ...this.params, seed: (this.seedBase + i) % SEED_SPACE };
       if (this.grammar) params.grammar = this.grammar;
@@ -291,6 +309,7 @@ class Request {
       matcher: new StopMatcher([]),
       finishReason: null,
       perplexity: Infinity,
+      logprobs: null,
     }));
     for (const choice of this.choices) this.finishChoice(choice, reason);
   }
@@ -322,7 +341,13 @@ class Request {
     this.usage.completionTokens++;
     onToken();
     const text = choice.matcher.push(produced.text);
-    this.gen._push({ choice: choice.index, token: produced.token, text });
+    if (choice.logprobs) {
+      const lp = tokenLogprob(choice.branch, produced, this.logprobs);
+      choice.logprobs.push(lp);
+      this.gen._push({ choice: choice.index, token: produced.token, text, logprob: lp.logprob, top: lp.top });
+    } else {
+      this.gen._push({ choice: choice.index, token: produced.token, text });
+    }
     const reason = choice.matcher.stopped ? 'stop' : choice.tokens.length >= this.maxTokens ? 'length' : null;
     if (!reason) return true;
     // Not decoded (nothing will be sampled after it), but accepted so perplexity counts it.
@@ -354,10 +379,20 @@ class Request {
         tokens: c.tokens,
         finishReason: c.finishReason,
         perplexity: c.perplexity,
+        ...(c.logprobs ? { logprobs: c.logprobs } : {}),
       })),
       usage: { ...this.usage },
     };
   }
 }
 
-module.exports = { Request, positiveInt, invalid, checkStops, checkSampling, SEED_SPACE };
+module.exports = {
+  Request,
+  positiveInt,
+  invalid,
+  checkStops,
+  checkSampling,
+  checkLogprobs,
+  tokenLogprob,
+  SEED_SPACE,
+};

@@ -13,18 +13,25 @@
  * @typedef {object} DecodeRow
  * @property {any} branch
  * @property {any} owner
+ * @property {number} [force] the token a teacher-forced row commits (no sampling)
  * @property {() => boolean} live
  * @property {(produced: any) => boolean} take
  * @property {(token: number) => void} committed
  * @property {(error: any) => void} fail
  */
 
-/** One `store.produce` for all rows; if it throws (e.g. a grammar masks everything), per branch to find whose. */
+/**
+ * One `store.produce` for all rows that sample; if it throws (e.g. a grammar masks everything),
+ * per branch to find whose. A teacher-forced row (`force`: a scoring line) takes its token as
+ * given. Returns each row's `Produced` or Error, in row order.
+ */
 function produceAll(store, rows) {
+  const sampled = rows.filter((r) => r.force === undefined);
+  let produced;
   try {
-    return store.produce(rows.map((r) => r.branch));
+    produced = store.produce(sampled.map((r) => r.branch));
   } catch {
-    return rows.map(({ branch }) => {
+    produced = sampled.map(({ branch }) => {
       try {
         return branch.produce();
       } catch (e) {
@@ -32,6 +39,8 @@ function produceAll(store, rows) {
       }
     });
   }
+  let next = 0;
+  return rows.map((r) => (r.force === undefined ? produced[next++] : { token: r.force, text: '', isStop: false }));
 }
 
 /** ONE `store.commit` of `{row, token}`s; if it fails, per owner, so that one owner's failure stays its own. */

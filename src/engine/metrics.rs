@@ -162,6 +162,36 @@ pub fn entropy(logits: &[f32], base: Base) -> f64 {
     base.convert((sum.ln() - weighted / sum).max(0.0))
 }
 
+/// The natural-log probability of `token` under softmax(logits) and the `top` most likely
+/// tokens with theirs, most likely first (ties: the lower id first). One pass for the
+/// normaliser, one partial selection for the top: no sort of the whole vocabulary.
+pub fn token_logprobs(logits: &[f32], token: usize, top: usize) -> (f64, Vec<(usize, f64)>) {
+    let log_z = log_sum_exp(logits);
+    let of = |i: usize| match logits.get(i) {
+        Some(&x) if x.is_finite() => x as f64 - log_z,
+        _ => f64::NEG_INFINITY,
+    };
+    let top = top.min(logits.len());
+    let mut ids: Vec<usize> = (0..logits.len()).collect();
+    // Descending logit, NaN last, then ascending id: a total order, so the result is stable.
+    let order = |a: &usize, b: &usize| {
+        let key = |i: usize| {
+            if logits[i].is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                logits[i]
+            }
+        };
+        key(*b).total_cmp(&key(*a)).then(a.cmp(b))
+    };
+    if top > 0 && top < ids.len() {
+        ids.select_nth_unstable_by(top - 1, order);
+    }
+    ids.truncate(top);
+    ids.sort_by(order);
+    (of(token), ids.into_iter().map(|i| (i, of(i))).collect())
+}
+
 /// Running perplexity: exp(mean surprisal) of the accepted tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Perplexity {
@@ -300,5 +330,26 @@ mod tests {
         (0..262_144u32)
             .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) % 4000) as f32 * 0.01 - 25.0)
             .collect()
+    }
+
+    #[test]
+    fn token_logprobs_normalise_and_rank() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, f32::NEG_INFINITY];
+        let (lp, top) = token_logprobs(&logits, 2, 3);
+        let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
+        assert!(close(lp, 2.0 - z.ln()));
+        // Ties (ids 1 and 3) in id order, then id 2.
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        assert!(close(top[0].1, 3.0 - z.ln()));
+        let total: f64 = (0..5).map(|i| token_logprobs(&logits, i, 0).0.exp()).sum();
+        assert!(close(total, 1.0));
+        assert_eq!(token_logprobs(&logits, 4, 0).0, f64::NEG_INFINITY);
+        assert_eq!(token_logprobs(&logits, 99, 0).0, f64::NEG_INFINITY);
+        assert_eq!(
+            token_logprobs(&logits, 0, 50).1.len(),
+            5,
+            "top is capped at the vocabulary"
+        );
+        assert!(token_logprobs(&logits, 0, 0).1.is_empty());
     }
 }

@@ -15,6 +15,9 @@ use crate::engine::store::{CreateOptions, ForkOptions};
 use crate::error::Error;
 use crate::llama::Token;
 
+/// The most alternatives a logprobs request may ask for (OpenAI's limit).
+const MAX_TOP_LOGPROBS: i64 = 20;
+
 /// A sampled token, not yet committed.
 #[napi(object)]
 pub struct Produced {
@@ -23,6 +26,25 @@ pub struct Produced {
     pub text: String,
     /// True for end-of-generation tokens.
     pub is_stop: bool,
+}
+
+/// One of the most likely tokens at a position, with its log-probability.
+#[napi(object)]
+pub struct TopLogprob {
+    pub token: i32,
+    /// Natural log of its probability under the model's distribution (before sampling).
+    pub logprob: f64,
+}
+
+/// A token's log-probability at the branch's position, and the most likely tokens there.
+#[napi(object)]
+pub struct TokenLogprob {
+    pub token: i32,
+    /// Natural log of the token's probability under the model's distribution (raw logits,
+    /// before any sampler or grammar); `-Infinity` for a token the model rules out.
+    pub logprob: f64,
+    /// The `top` most likely tokens, most likely first.
+    pub top: Vec<TopLogprob>,
 }
 
 #[napi(object)]
@@ -216,6 +238,28 @@ impl SessionContext {
         let h = self.ids.from_js(handle).map_err(js)?;
         self.sync("getLogits", |e| {
             Ok(Float32Array::new(e.store.get(h)?.logits()?.to_vec()))
+        })
+    }
+
+    #[napi(js_name = "_branchLogprob")]
+    pub fn _branch_logprob(&self, handle: f64, token: f64, top: f64) -> Result<TokenLogprob> {
+        let h = self.ids.from_js(handle).map_err(js)?;
+        let token = self.token(token).map_err(js)?;
+        let top = int_in("top", top, 0, MAX_TOP_LOGPROBS).map_err(js)? as usize;
+        self.sync("logprob", |e| {
+            let (logprob, best) =
+                metrics::token_logprobs(e.store.get(h)?.logits()?, token as usize, top);
+            Ok(TokenLogprob {
+                token,
+                logprob,
+                top: best
+                    .into_iter()
+                    .map(|(t, logprob)| TopLogprob {
+                        token: t as i32,
+                        logprob,
+                    })
+                    .collect(),
+            })
         })
     }
 
