@@ -12,6 +12,10 @@ const { makeError } = require('./errors');
 const { StopMatcher } = require('./scheduler/stops');
 const { positiveInt, invalid, checkStops, checkSampling, checkLogprobs, tokenLogprob } = require('./scheduler/request');
 const { SchedulerErrorCode: Code, schedulerError } = require('./scheduler/errors');
+const { MIN_PARTIAL_REUSE } = require('./scheduler/prefix-cache');
+
+/** What `_forkCached` says when the prompt's entry is still being filled. */
+const WAIT = Symbol('wait');
 
 /** A GBNF string literal of `text`. */
 function gbnfLiteral(text) {
@@ -52,6 +56,8 @@ class ProgramLine {
     this._dependents = 0;
     /** The gen in flight: options, output so far and its promise's resolve/reject. */
     this._job = null;
+    /** The cache entry this line's branch is filling (its prompt, for others to fork), if any. */
+    this._segment = null;
     /** A select runs on this line (its options are scored in forks). */
     this._selecting = false;
     /** release() was called (the branch is freed at the next step, once no child waits on it). */
@@ -202,6 +208,56 @@ class ProgramLine {
     }
   }
 
+  /**
+   * The natural-log probability of `text` (or token ids) as the line's continuation; the line
+   * does not change. One token is read from the logits the line holds once its pending tokens
+   * are decoded (no extra decode), with the `top` (0..20) most likely next tokens; several are
+   * scored in a fork, teacher-forced as `select` does (the fork counts against `maxBranches`).
+   * @param {string | number[]} text
+   * @param {{ top?: number }} [options]
+   * @returns {Promise<{ logprob: number, top: import('./types').TopLogprob[] }>}
+   */
+  async logprob(text, options = {}) {
+    this._checkIdle('logprob');
+    const ctx = this._program.ctx;
+    const tokens = typeof text === 'string' ? ctx.tokenizeSync(text, false) : text;
+    if (
+      !Array.isArray(tokens) ||
+      tokens.length === 0 ||
+      !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < ctx.vocabSize)
+    )
+      throw invalid(`logprob(text): give a non-empty string or token ids in [0, ${ctx.vocabSize})`);
+    if (this._tokens.length === 0) throw invalid('logprob(): the line is empty; append a prompt first');
+    const top = checkLogprobs((options && options.top) || 0, 'options.top');
+    if (tokens.length === 1) {
+      return new Promise((resolve, reject) => {
+        this._job = { peek: tokens[0], top, resolve, reject, started: true, tokens: [] };
+        this._program.wake();
+      });
+    }
+    this._program.reserveLines(1);
+    this._selecting = true;
+    const [scorer] = this._spawn(1);
+    try {
+      return { logprob: await scorer._score(tokens), top: [] };
+    } finally {
+      this._selecting = false;
+      scorer.release();
+    }
+  }
+
+  /** A peek (single-token `logprob`): read from the logits the line now holds. */
+  _peek() {
+    const job = this._job;
+    this._job = null;
+    try {
+      const { logprob, top } = this._branch.logprob(job.peek, job.top);
+      job.resolve({ logprob, top });
+    } catch (e) {
+      job.reject(e);
+    }
+  }
+
   /** `n` children of this line (or fresh lines when it is empty); leases were reserved. */
   _spawn(n) {
     const program = this._program;
@@ -266,7 +322,7 @@ class ProgramLine {
    * anchor; a fresh line forks the longest cached prompt prefix, or starts empty. Returns
    * whether the line has a branch now.
    */
-  _materialize(cache, createBranch) {
+  _materialize(cache, createBranch, spareLease) {
     if (this._branch) return true;
     if (!this._needed) return false;
     const parent = this._parent;
@@ -283,10 +339,45 @@ class ProgramLine {
       parent._dependents--;
       this._parent = null;
     } else {
-      this._branch = this._forkCached(cache) || createBranch();
+      const cached = this._forkCached(cache);
+      if (cached === WAIT) return false;
+      this._branch = cached || this._openCacheEntry(cache, createBranch(), spareLease);
     }
     this._program.leasesHeld++;
     return true;
+  }
+
+  /**
+   * A fresh line's prompt becomes a cache entry while the line fills it (when a lease is free
+   * beyond every reservation, for the entry to keep once filled), so that programs and
+   * requests starting with the same text fork it instead of prefilling it again.
+   */
+  _openCacheEntry(cache, branch, spareLease) {
+    if (this._pending.length >= MIN_PARTIAL_REUSE && spareLease()) {
+      this._segment = cache.pin(cache.open(this._pending.slice(), branch));
+    }
+    return branch;
+  }
+
+  /** The cache entry is filled: the cache keeps that branch, the line goes on in a fork of it. */
+  _cacheFilled(cache) {
+    const entry = this._segment;
+    this._segment = null;
+    cache.unpin(entry);
+    try {
+      this._branch = entry.branch.fork();
+      cache.filled(entry);
+    } catch {
+      cache.forget(entry); // no lease after all: the line keeps the branch, nothing is cached
+    }
+  }
+
+  /** An unfilled cache entry of this line leaves the cache (the line frees its branch itself). */
+  _dropSegment(cache) {
+    if (!this._segment) return;
+    cache.unpin(this._segment);
+    cache.forget(this._segment);
+    this._segment = null;
   }
 
   /** A fork of the longest cached prefix of the line's tokens (never all but logits-less). */
@@ -295,7 +386,9 @@ class ProgramLine {
     const { entry } = start;
     if (!entry) return null;
     const length = start.partial ? Math.min(start.length, this._pending.length - 1) : start.length;
-    if (length <= 0 || !entry.ready) return null;
+    if (length <= 0) return null;
+    // Another line or request is filling this prompt: fork it once it is filled that far.
+    if (!entry.ready && entry.branch.position < length) return WAIT;
     cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
     const branch = start.partial ? entry.branch.forkAt(length) : entry.branch.fork();
     this._pending = this._pending.slice(length);
@@ -309,10 +402,11 @@ class ProgramLine {
   }
 
   /** `count` pending tokens are in the KV now; returns `count`. */
-  _prefilled(count) {
+  _prefilled(count, cache) {
     this._pending = this._pending.slice(count);
     this._program.cellsUsed += count;
     this._program.usage.promptTokens += count;
+    if (this._segment && this._pending.length === 0) this._cacheFilled(cache);
     return count;
   }
 
@@ -389,6 +483,8 @@ class ProgramLine {
     const job = this._job;
     if (!job) return;
     this._job = null;
+    // A prompt nobody will finish filling must not keep others waiting to fork it.
+    if (this._segment && !this._needed) this._dropSegment(this._program.cache);
     if (error) {
       job.reject(error);
       return;
@@ -407,6 +503,7 @@ class ProgramLine {
    */
   _free(force, prunes) {
     if (this._freed || (!force && this._dependents > 0)) return;
+    this._dropSegment(this._program.cache);
     if (this._job) this._endJob(null, this._program.endedError());
     this._freed = true;
     if (this._branch) {

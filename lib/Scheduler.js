@@ -115,12 +115,14 @@ class Scheduler {
   run(program, options = {}) {
     try {
       const wake = () => this._kick();
-      const p = new Program(program, options, {
+      const env = {
         ctx: this._ctx,
         defaultMaxTokens: this._defaultMaxTokens,
         jsonSchemaToGrammar,
         wake,
-      });
+        cache: this._cache,
+      };
+      const p = new Program(program, options, env);
       this._enqueue(p);
       return p.promise;
     } catch (e) {
@@ -326,7 +328,8 @@ class Scheduler {
       batch.push({ req, take });
       budget -= take;
     }
-    const lines = this._programs.linesToPrefill(budget, this._cache, this._createPromptBranch);
+    const spareLease = () => this._fits(0, 1);
+    const lines = this._programs.linesToPrefill(budget, this._cache, this._createPromptBranch, spareLease);
     if (batch.length === 0 && lines.length === 0) return 0;
     try {
       /** @type {Array<[any, number[]]>} */
@@ -336,12 +339,15 @@ class Scheduler {
       await this._store.prefill(entries);
     } catch (e) {
       for (const { req } of batch) if (req.running) this._fail(req, e); // all-or-nothing: none advanced
-      for (const { line } of lines) line._endJob(null, e);
+      for (const { line } of lines) {
+        line._dropSegment(this._cache);
+        line._endJob(null, e);
+      }
       return 0;
     }
     let tokens = 0;
-    for (const { line, take } of lines) tokens += line._prefilled(take);
-    this._programs.materialize(this._cache, this._createPromptBranch); // forks whose parent reached its fork point just now
+    for (const { line, take } of lines) tokens += line._prefilled(take, this._cache);
+    this._programs.materialize(this._cache, this._createPromptBranch, spareLease); // forks whose parent reached its fork point just now
     for (const { req, take } of batch) {
       req.pos += take;
       tokens += take;

@@ -28,4 +28,5 @@ export type {
   SchedulerStats,
   TokenBias,
   TokenLogprob,
+  TopLogprob,
 } from '../index';

@@ -109,6 +109,57 @@ const CASES = [
     },
   },
   {
+    name: 'rerank',
+    file: 'rerank.js',
+    args: [],
+    validate(events) {
+      const start = one(events, 'start');
+      const docs = byEvent(events, 'document');
+      assert.equal(docs.length, start.documents);
+      assert.deepEqual(
+        docs.map((d) => d.rank),
+        [...docs.keys()],
+      );
+      assert.deepEqual([...new Set(docs.map((d) => d.index))].sort(), [...docs.keys()]);
+      for (const [i, d] of docs.entries()) {
+        assert.ok(d.yes < 0 && d.no < 0, 'log-probabilities');
+        assert.ok(Math.abs(d.score - (d.yes - d.no)) < 1e-3, 'score = log p(yes) - log p(no)');
+        if (i > 0) assert.ok(docs[i - 1].score >= d.score, 'ranked by score');
+      }
+      const done = one(events, 'complete');
+      assert.equal(done.generatedTokens, 0, 'nothing is generated');
+      assert.equal(done.prefillSteps, 2, 'the query once, then every document in one prefill');
+    },
+  },
+  {
+    name: 'json-best-of-n',
+    file: 'json-best-of-n.js',
+    args: ['--n', '4', '--max-tokens', '64'],
+    validate(events) {
+      const candidates = byEvent(events, 'candidate');
+      assert.equal(candidates.length, 4);
+      for (const c of candidates) {
+        assert.ok(c.perplexity >= 1, `perplexity ${c.perplexity}`);
+        if (c.kept) {
+          const v = JSON.parse(c.text);
+          assert.deepEqual(Object.keys(v).sort(), ['age', 'city', 'name']);
+          assert.ok(Number.isInteger(v.age) && v.age >= 0 && v.age <= 120);
+        } else {
+          assert.ok(c.reason, 'a refused candidate says why');
+        }
+      }
+      const kept = candidates.filter((c) => c.kept);
+      const done = one(events, 'complete');
+      assert.equal(done.kept, kept.length);
+      if (kept.length > 0) {
+        const best = candidates[done.bestIndex];
+        assert.ok(best.kept);
+        assert.equal(best.perplexity, Math.min(...kept.map((c) => c.perplexity)));
+        assert.deepEqual(done.best, JSON.parse(best.text));
+      }
+    },
+  },
+  {
     name: 'beam-search',
     file: 'beam-search.js',
     args: ['--width', '3', '--max-tokens', '8'],

@@ -121,6 +121,28 @@ describe('Scheduler.run: branch programs', function () {
     assert.ok(new Set(a.map((o) => o.text)).size > 1, JSON.stringify(a.map((o) => o.text)));
   });
 
+  it('programs sharing a prompt prefill it once: the first fills a cache entry, the others fork it', async () => {
+    const s = start();
+    const shared = 'You answer questions about the weather in one short sentence, kindly and without lists.';
+    const questions = ['\nQ: Is it cold in winter?\nA:', '\nQ: Does it rain in April?\nA:'];
+    const outs = await Promise.all(
+      questions.map((q) =>
+        s.run(async (line) => {
+          line.append(shared + q);
+          const [a, b] = line.fork(2);
+          await Promise.all([a.gen({ maxTokens: 3 }), b.gen({ maxTokens: 3 })]);
+          return line.tokens;
+        }),
+      ),
+    );
+    let common = 0;
+    while (outs[0][common] === outs[1][common]) common++;
+    assert.ok(common >= 16, `the prompts share ${common} tokens`);
+    const expected = outs[0].length + outs[1].length - common;
+    assert.equal(s.stats().prefilledTokens, expected, 'the shared start was prefilled once');
+    assert.equal(s.stats().cachedPrefixes, 1);
+  });
+
   it('the same seed gives the same program output', async () => {
     const s = start();
     const program = async (line) => {
@@ -388,6 +410,28 @@ describe('Scheduler.run: branch programs', function () {
       });
       const reference = await referenceScore(prefix, ctx.tokenizeSync(' a little girl who lived in a village', false));
       assert.ok(Math.abs(scores[0] - reference) < 1e-3, `${scores[0]} vs ${reference}`);
+    });
+
+    it('logprob(text): one token from the held logits, several scored in a fork; the line is unchanged', async () => {
+      const s = start();
+      const out = await s.run(async (line) => {
+        line.append('The capital of France is');
+        const prefix = line.tokens;
+        const one = await line.logprob(' Paris', { top: 5 });
+        const many = await line.logprob(' a small village');
+        return { prefix, one, many, after: line.tokens, text: line.text };
+      });
+      assert.deepEqual(out.after, out.prefix);
+      assert.equal(out.text, 'The capital of France is');
+      const paris = ctx.tokenizeSync(' Paris', false);
+      assert.equal(paris.length, 1);
+      assert.equal(out.one.top.length, 5);
+      assert.ok(out.one.top[0].logprob >= out.one.logprob);
+      const refOne = await referenceScore(out.prefix, paris);
+      assert.ok(Math.abs(out.one.logprob - refOne) < 0.05, `${out.one.logprob} vs ${refOne}`);
+      const refMany = await referenceScore(out.prefix, ctx.tokenizeSync(' a small village', false));
+      assert.ok(Math.abs(out.many.logprob - refMany) < 0.05, `${out.many.logprob} vs ${refMany}`);
+      assert.ok(out.many.logprob < out.one.logprob);
     });
 
     it("select's normalized and unconditional methods", async () => {

@@ -53,6 +53,21 @@ export class ProgramLine {
         method?: "total" | "normalized" | "unconditional";
     }): Promise<import("./types").SelectResult>;
     /**
+     * The natural-log probability of `text` (or token ids) as the line's continuation; the line
+     * does not change. One token is read from the logits the line holds once its pending tokens
+     * are decoded (no extra decode), with the `top` (0..20) most likely next tokens; several are
+     * scored in a fork, teacher-forced as `select` does (the fork counts against `maxBranches`).
+     * @param {string | number[]} text
+     * @param {{ top?: number }} [options]
+     * @returns {Promise<{ logprob: number, top: import('./types').TopLogprob[] }>}
+     */
+    logprob(text: string | number[], options?: {
+        top?: number;
+    }): Promise<{
+        logprob: number;
+        top: import("./types").TopLogprob[];
+    }>;
+    /**
      * Gives the line's branch back at the next step (a gen in flight rejects with ERR_ABORTED).
      * Idempotent. Everything a program holds is released when it returns anyway.
      */

@@ -172,6 +172,11 @@ class PrefixCache {
     if (counted) this.evictions++;
   }
 
+  /** Removes `entry` without freeing its branch (its opener keeps using it). */
+  forget(entry) {
+    if (this._tree.get(entry.tokens) === entry) this._tree.delete(entry.tokens);
+  }
+
   /** Frees every entry. */
   clear() {
     for (const entry of [...this._tree.values()]) this.evict(entry, false);

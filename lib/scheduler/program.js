@@ -58,7 +58,7 @@ class Program {
   /**
    * @param {(s: ProgramLine) => any} fn
    * @param {import('../types').RunOptions} options
-   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void }} env
+   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any }} env
    */
   constructor(fn, options, env) {
     if (typeof fn !== 'function') throw invalid('run(program, options?): program must be a function (s) => ...');
@@ -81,6 +81,8 @@ class Program {
     this.defaultMaxTokens = env.defaultMaxTokens;
     this.jsonSchemaToGrammar = env.jsonSchemaToGrammar;
     this.wake = env.wake;
+    /** The Scheduler's prefix cache (a line's prompt may become an entry of it). */
+    this.cache = env.cache;
     /** @type {ProgramLine[]} every line made, released ones until they are freed */
     this.lines = [];
     this.leasesHeld = 0;
@@ -252,10 +254,10 @@ class Programs {
   }
 
   /** Gives needed lines their branches (a failure fails the line's gen, not the step). */
-  materialize(cache, createBranch) {
+  materialize(cache, createBranch, spareLease) {
     for (const line of this._runningLines()) {
       try {
-        line._materialize(cache, createBranch);
+        line._materialize(cache, createBranch, spareLease);
       } catch (e) {
         line._endJob(null, e);
       }
@@ -263,8 +265,8 @@ class Programs {
   }
 
   /** Lines whose pending tokens are prefilled this step, `{line, take}`, within `budget` tokens. */
-  linesToPrefill(budget, cache, createBranch) {
-    this.materialize(cache, createBranch);
+  linesToPrefill(budget, cache, createBranch, spareLease) {
+    this.materialize(cache, createBranch, spareLease);
     const out = [];
     for (const line of this._runningLines()) {
       if (budget === 0 || !line._wantsPrefill) continue;
@@ -285,6 +287,10 @@ class Programs {
     const rows = [];
     for (const line of this._runningLines()) {
       if (!line._decoding) continue;
+      if (line._job.peek !== undefined) {
+        line._peek(); // its logits are current: nothing to decode
+        continue;
+      }
       const program = line._program;
       const fail = (e) => line._endJob(null, e);
       if (program.cellsUsed >= program.maxCells) {
