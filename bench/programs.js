@@ -19,25 +19,18 @@
 const fs = require('node:fs');
 const path = require('node:path');
 const { createContext, Branch, BranchStore, Scheduler, systemInfo } = require('..');
-const { ensureModel } = require('../scripts/fetch-model');
 const { workload, greedyParams } = require('./serve');
+const { args, modelPath, median } = require('./common');
 
-const args = Object.fromEntries(
-  process.argv.slice(2).map((a) => {
-    const [k, v] = a.replace(/^--/, '').split('=');
-    return [k, v === undefined ? true : v];
-  }),
-);
 const CS = args.c ? String(args.c).split(',').map(Number) : [1, 4];
 const REPS = Number(args.reps || 2);
 const THREADS = Number(args.threads || 2);
 const PATHS = 8;
 const NEW_TOKENS = 48;
-const MODEL = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : ensureModel();
+const MODEL = modelPath();
 
 const now = () => performance.now();
 const log = (...a) => console.error('[bench:programs]', ...a);
-const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor((xs.length - 1) / 2)];
 
 /** Sampled (temperature 0.8), every end-of-generation token banned: each path makes NEW_TOKENS. */
 function sampledParams(ctx) {

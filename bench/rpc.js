@@ -14,21 +14,15 @@ const net = require('node:net');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
 const { createContext, Branch, BranchStore } = require('..');
-const { ensureModel } = require('../scripts/fetch-model');
 
-const args = Object.fromEntries(
-  process.argv.slice(2).map((a) => {
-    const [k, v] = a.replace(/^--/, '').split('=');
-    return [k, v === undefined ? true : v];
-  }),
-);
+const { args, median, modelPath } = require('./common');
+
 const STEPS = Number(args.steps || 24);
 const REPS = Number(args.reps || 3);
 const NS = [1, 8];
-const MODEL = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : ensureModel();
+const MODEL = modelPath();
 const CLI = path.join(__dirname, '..', 'bin', 'llama-branch.js');
 const now = () => Number(process.hrtime.bigint()) / 1e6;
-const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 
 function freePort() {
   return new Promise((resolve) => {

@@ -29,15 +29,9 @@ const fs = require('node:fs');
 const path = require('node:path');
 const { execFileSync, spawnSync } = require('node:child_process');
 const { createContext, Branch, BranchStore, jsonSchemaToGrammar, systemInfo } = require('..');
-const { ensureModel } = require('../scripts/fetch-model');
+const { args, modelPath, median } = require('./common');
 const { nativeOf } = require('../lib/Context'); // the raw-loop baseline is internal
 
-const args = Object.fromEntries(
-  process.argv.slice(2).map((a) => {
-    const [k, v] = a.replace(/^--/, '').split('=');
-    return [k, v === undefined ? true : v];
-  }),
-);
 const QUICK = Boolean(args.quick);
 const COMPARE = args['compare-prebuilt'] !== undefined;
 const NS = args.n
@@ -52,13 +46,8 @@ const REPS = Number(args.reps || (QUICK ? 1 : 3));
 const THREADS = 2;
 const N_CTX = 4096;
 const PROMPT_TOKENS = 128;
-const MODEL = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : ensureModel();
+const MODEL = modelPath();
 
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-};
 const now = () => Number(process.hrtime.bigint()) / 1e6;
 const log = (...a) => console.error('[bench]', ...a);
 const WORDS =

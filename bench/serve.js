@@ -22,29 +22,18 @@
 const fs = require('node:fs');
 const path = require('node:path');
 const { createContext, Branch, BranchStore, Scheduler, systemInfo } = require('..');
-const { ensureModel } = require('../scripts/fetch-model');
+const { args, modelPath, median, percentile } = require('./common');
 
-const args = Object.fromEntries(
-  process.argv.slice(2).map((a) => {
-    const [k, v] = a.replace(/^--/, '').split('=');
-    return [k, v === undefined ? true : v];
-  }),
-);
 const CS = args.c ? String(args.c).split(',').map(Number) : [1, 4, 8, 16];
 const REPS = Number(args.reps || 2);
 const NEW_TOKENS = 64;
 const THREADS = Number(args.threads || 2);
 const CELL_PROMPTS = [64, 256, 512, 1000];
 const PARTS = new Set(String(args.parts || 'concurrency,ttft,cells').split(','));
-const MODEL = process.env.LLAMA_TEST_MODEL ? path.resolve(process.env.LLAMA_TEST_MODEL) : ensureModel();
+const MODEL = modelPath();
 
 const now = () => performance.now();
 const log = (...a) => console.error('[bench:serve]', ...a);
-const median = (xs) => percentile(xs, 50);
-function percentile(xs, p) {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
-}
 
 const SYSTEM_SENTENCES = [
   'You are the support assistant of a small public library in a coastal town.',
