@@ -97,7 +97,7 @@ class ProgramLine {
       this._text += input;
     } else if (Array.isArray(input) && input.every((t) => Number.isInteger(t) && t >= 0 && t < ctx.vocabSize)) {
       tokens = input.slice();
-      this._text += ctx.detokenizeSync(tokens);
+      this._text += tokens.map((t) => ctx.tokenToText(t)).join('');
     } else {
       throw invalid(`append(input): input must be a string or an array of token ids in [0, ${ctx.vocabSize})`);
     }
@@ -325,6 +325,9 @@ class ProgramLine {
   _materialize(cache, createBranch, spareLease) {
     if (this._branch) return true;
     if (!this._needed) return false;
+    // Lines released this step still hold their leases until the next step frees them: wait
+    // rather than take more than the program declared (and was admitted with).
+    if (this._program.leasesHeld >= this._program.maxBranches) return false;
     const parent = this._parent;
     if (parent) {
       if (!parent._branch || parent._filled < this._anchor) return false;

@@ -160,6 +160,53 @@ const CASES = [
     },
   },
   {
+    name: 'tree-of-thought',
+    file: 'tree-of-thought.js',
+    args: ['--k', '3', '--b', '2', '--levels', '3', '--max-tokens', '10'],
+    validate(events) {
+      const start = one(events, 'start');
+      const levels = byEvent(events, 'level');
+      assert.equal(levels.length, 3);
+      assert.deepEqual(
+        levels.map((l) => l.candidates),
+        [3, 6, 6],
+        'k candidates from each of the b kept lines',
+      );
+      for (const l of levels) {
+        assert.equal(l.kept.length, 2);
+        const sorted = [...l.scores].sort((a, b) => b - a);
+        assert.deepEqual(
+          l.kept.map((k) => k.score),
+          sorted.slice(0, 2),
+          'the best b are kept',
+        );
+      }
+      const done = one(events, 'complete');
+      assert.equal(done.steps.length, 3, 'one step per level');
+      assert.equal(done.score, levels[2].kept[0].score);
+      assert.ok(done.mostRowsPerDecode > 3, 'candidates of both kept lines in one decode');
+      assert.equal(start.maxBranches, 1 + 2 + 2 * 3);
+    },
+  },
+  {
+    name: 'cot-decoding',
+    file: 'cot-decoding.js',
+    args: ['--k', '4', '--max-tokens', '24'],
+    validate(events) {
+      const paths = byEvent(events, 'path');
+      assert.equal(paths.length, 4);
+      assert.equal(new Set(paths.map((p) => p.first)).size, 4, 'each path starts with a different first token');
+      for (const [i, p] of paths.entries()) {
+        assert.ok(p.text.startsWith(p.first));
+        assert.ok(p.confidence >= 0 && p.confidence <= 1, `confidence ${p.confidence}`);
+        if (i > 0) assert.ok(paths[i - 1].firstLogprob >= p.firstLogprob, 'the top-k first tokens, most likely first');
+      }
+      const done = one(events, 'complete');
+      assert.equal(paths[done.bestIndex].confidence, Math.max(...paths.map((p) => p.confidence)));
+      assert.equal(done.mostRowsPerDecode, 4, 'the k paths continue in one decode');
+    },
+  },
+  {
     name: 'beam-search',
     file: 'beam-search.js',
     args: ['--width', '3', '--max-tokens', '8'],

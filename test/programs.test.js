@@ -292,6 +292,31 @@ describe('Scheduler.run: branch programs', function () {
     }
   });
 
+  it('forks made right after releases wait for the freed leases: never more than maxBranches', async () => {
+    const small = await open({ nCtx: 1024, nSeqMax: 4 });
+    try {
+      const s = new Scheduler(small);
+      const out = await s.run(
+        async (root) => {
+          root.append('Once upon a time');
+          const children = root.fork(3);
+          await Promise.all(children.map((c) => c.gen({ maxTokens: 2 })));
+          for (let i = 0; i < 4; i++) await null; // as a program with more awaits in between
+          root.release();
+          children[1].release();
+          children[2].release(); // three leases come back at the next step, not now
+          const grandchildren = children[0].fork(2);
+          return Promise.all(grandchildren.map((g) => g.gen({ maxTokens: 2 })));
+        },
+        { maxBranches: 4 },
+      );
+      assert.equal(out.length, 2);
+      await s.close();
+    } finally {
+      small.dispose();
+    }
+  });
+
   it('maxCells bounds what a program writes: ERR_KV_FULL, and the program can catch it', async () => {
     const s = start();
     const r = await s.run(
@@ -327,7 +352,8 @@ describe('Scheduler.run: branch programs', function () {
         () => line.fork(0),
         (e) => e.code === 'ERR_INVALID_ARG',
       );
-      line.append('Hi');
+      line.append('Hi').append(ctx.tokenizeSync(' there', false));
+      assert.equal(line.text, 'Hi there');
       const pending = line.gen({ maxTokens: 3 });
       assert.throws(
         () => line.append('x'),
