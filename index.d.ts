@@ -595,6 +595,11 @@ export interface ProgramGenOptions {
   jsonSchema?: object | string;
   /** The text is exactly one of these strings (a grammar of the alternatives). */
   choices?: string[];
+  /**
+   * The whole text matches this regular expression (its source; anchors implied), converted
+   * through llama.cpp's JSON-schema `pattern` support (its subset of regex syntax).
+   */
+  regex?: string;
   /** Seed of this gen; absent: the program's next seed. */
   seed?: number;
   /** Log-probabilities of the generated tokens: `true`, or how many alternatives (0..20) each reports. */

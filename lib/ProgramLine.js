@@ -17,6 +17,25 @@ const { MIN_PARTIAL_REUSE } = require('./scheduler/prefix-cache');
 /** What `_forkCached` says when the prompt's entry is still being filled. */
 const WAIT = Symbol('wait');
 
+/**
+ * The grammar of a regular expression, through llama.cpp's JSON-schema `pattern` support: the
+ * schema `{ type: 'string', pattern }` becomes a grammar of a quoted JSON string whose root is
+ * `"\"" (BODY) "\""`; the quotes are dropped so that the text itself matches. Anchors are
+ * implied (the whole text matches). Anything else llama.cpp makes of it is ERR_UNSUPPORTED.
+ */
+async function regexGrammar(regex, toGrammar) {
+  const pattern = `${regex.startsWith('^') ? '' : '^'}${regex}${regex.endsWith('$') ? '' : '$'}`;
+  const grammar = await toGrammar({ type: 'string', pattern });
+  const quoted = /^root ::= "\\"" \((.*)\) "\\""$/m;
+  const m = quoted.exec(grammar);
+  if (!m)
+    throw makeError(
+      'ERR_UNSUPPORTED',
+      `gen: regex ${JSON.stringify(regex)} could not be turned into a grammar of its text`,
+    );
+  return grammar.replace(quoted, () => `root ::= (${m[1]})`);
+}
+
 /** A GBNF string literal of `text`. */
 function gbnfLiteral(text) {
   return `"${text
@@ -119,8 +138,12 @@ class ProgramLine {
     const program = this._program;
     const { params, seed, grammar } = checkSampling(options);
     const choices = options.choices === undefined ? null : choicesGrammar(options.choices);
-    if (choices && (grammar || options.jsonSchema !== undefined))
-      throw invalid('gen: give one of grammar, jsonSchema or choices');
+    const constraints = [grammar, options.jsonSchema, choices, options.regex].filter(
+      (c) => c !== undefined && c !== null,
+    );
+    if (constraints.length > 1) throw invalid('gen: give one of grammar, jsonSchema, choices or regex');
+    if (options.regex !== undefined && (typeof options.regex !== 'string' || options.regex === ''))
+      throw invalid('gen: regex must be a non-empty string (a JavaScript-style regular expression source)');
     const job = {
       maxTokens: positiveInt(options.maxTokens, 'options.maxTokens', program.defaultMaxTokens),
       matcher: new StopMatcher(checkStops(options.stop)),
@@ -140,6 +163,7 @@ class ProgramLine {
     this._job = job; // the line is busy from now on, even while a JSON schema converts
     try {
       if (options.jsonSchema !== undefined) job.grammar = await program.jsonSchemaToGrammar(options.jsonSchema);
+      if (options.regex !== undefined) job.grammar = await regexGrammar(options.regex, program.jsonSchemaToGrammar);
     } catch (e) {
       this._job = null;
       throw e;

@@ -513,6 +513,26 @@ describe('Scheduler.run: branch programs', function () {
       );
     });
 
+    it('regex: every sampled output matches the whole expression', async () => {
+      const s = start();
+      const outs = await s.run(
+        async (line) => {
+          line.append('Order number:');
+          const forks = line.fork(4);
+          return Promise.all(
+            forks.map((f) => f.gen({ regex: '[0-9]{3}-[a-z]{2,5}', params: { temperature: 1.2 }, maxTokens: 16 })),
+          );
+        },
+        { maxBranches: 5, seed: 9 },
+      );
+      for (const o of outs) assert.match(o.text, /^[0-9]{3}-[a-z]{2,5}$/);
+      await rejects(() => s.run(async (line) => line.append('x').gen({ regex: 42 })), 'ERR_INVALID_ARG');
+      await rejects(
+        () => s.run(async (line) => line.append('x').gen({ regex: 'a+', choices: ['a'] })),
+        'ERR_INVALID_ARG',
+      );
+    });
+
     it('logprobs: per token, from the logits it was sampled from, with top alternatives', async () => {
       const s = start();
       const prompt = 'The three primary colors are';
