@@ -77,6 +77,8 @@ class ProgramLine {
     this._job = null;
     /** The cache entry this line's branch is filling (its prompt, for others to fork), if any. */
     this._segment = null;
+    /** Stop strings every gen of this line adds (the chat template's end of turn), inherited by forks. */
+    this._stops = parent ? parent._stops : [];
     /** A select runs on this line (its options are scored in forks). */
     this._selecting = false;
     /** release() was called (the branch is freed at the next step, once no child waits on it). */
@@ -102,16 +104,25 @@ class ProgramLine {
 
   /**
    * Appends prompt text (tokenized now, without special tokens except the BOS of a program's
-   * first text) or token ids. Nothing is decoded until the line next needs its KV: a gen, or a
-   * fork's first step. Returns the line, for chaining.
-   * @param {string | number[]} input
+   * first text), token ids, or — on an empty line — chat messages, rendered with the model's chat
+   * template up to the assistant's turn (its end-of-turn strings then stop every gen of the line
+   * and its forks). Nothing is decoded until the line next needs its KV: a gen, or a fork's first
+   * step. Returns the line, for chaining.
+   * @param {string | number[] | readonly import('./types').ChatMessage[]} input
    * @returns {this}
    */
   append(input) {
     this._checkIdle('append');
     const ctx = this._program.ctx;
     let tokens;
-    if (typeof input === 'string') {
+    if (Array.isArray(input) && input.length > 0 && input.every((m) => m !== null && typeof m === 'object')) {
+      if (this._tokens.length > 0)
+        throw invalid('append(messages): chat messages start a line; append later turns as text or tokens');
+      const formatted = ctx.formatChatSync(input);
+      tokens = ctx.tokenizeSync(formatted.prompt, true);
+      this._text += formatted.prompt;
+      this._stops = formatted.stopTokens.filter((s) => s !== '');
+    } else if (typeof input === 'string') {
       tokens = input === '' ? [] : ctx.tokenizeSync(input, this._tokens.length === 0);
       this._text += input;
     } else if (Array.isArray(input) && input.every((t) => Number.isInteger(t) && t >= 0 && t < ctx.vocabSize)) {
@@ -146,7 +157,7 @@ class ProgramLine {
       throw invalid('gen: regex must be a non-empty string (a JavaScript-style regular expression source)');
     const job = {
       maxTokens: positiveInt(options.maxTokens, 'options.maxTokens', program.defaultMaxTokens),
-      matcher: new StopMatcher(checkStops(options.stop)),
+      matcher: new StopMatcher([...checkStops(options.stop), ...this._stops]),
       params: { ...params, seed: seed === undefined || seed === -1 ? program.nextSeed() : seed },
       grammar: grammar || choices,
       tokens: [],

@@ -143,6 +143,26 @@ describe('Scheduler.run: branch programs', function () {
     assert.equal(s.stats().cachedPrefixes, 1);
   });
 
+  it('chat messages start a line: rendered with the template, its end of turn stops gens', async () => {
+    const s = start();
+    const messages = [{ role: 'user', content: 'Say hello.' }];
+    const out = await s.run(async (line) => {
+      line.append(messages);
+      assert.throws(
+        () => line.fork(1)[0].append(messages),
+        (e) => e.code === 'ERR_INVALID_ARG' && /start a line/.test(e.message),
+      );
+      const reply = await line.gen({ maxTokens: 40, params: GREEDY });
+      return { reply, tokens: line.tokens, text: line.text };
+    });
+    const formatted = ctx.formatChatSync(messages);
+    const prompt = ctx.tokenizeSync(formatted.prompt, true);
+    assert.deepEqual(out.tokens.slice(0, prompt.length), prompt);
+    assert.ok(out.text.startsWith(formatted.prompt));
+    for (const stop of formatted.stopTokens.filter((t) => t !== '')) assert.ok(!out.reply.text.includes(stop), stop);
+    await assertGreedy(ctx, prompt, out.reply.tokens.slice(0, 8), 'chat reply');
+  });
+
   it('the same seed gives the same program output', async () => {
     const s = start();
     const program = async (line) => {

@@ -17,12 +17,14 @@ export class ProgramLine {
     get released(): boolean;
     /**
      * Appends prompt text (tokenized now, without special tokens except the BOS of a program's
-     * first text) or token ids. Nothing is decoded until the line next needs its KV: a gen, or a
-     * fork's first step. Returns the line, for chaining.
-     * @param {string | number[]} input
+     * first text), token ids, or — on an empty line — chat messages, rendered with the model's chat
+     * template up to the assistant's turn (its end-of-turn strings then stop every gen of the line
+     * and its forks). Nothing is decoded until the line next needs its KV: a gen, or a fork's first
+     * step. Returns the line, for chaining.
+     * @param {string | number[] | readonly import('./types').ChatMessage[]} input
      * @returns {this}
      */
-    append(input: string | number[]): this;
+    append(input: string | number[] | readonly import("./types").ChatMessage[]): this;
     /**
      * Generates after the line's text and appends the result to it. The tokens are sampled in the
      * scheduler's steps, one per step, in the same decode as everything else that runs.
