@@ -220,7 +220,10 @@ class Scheduler {
   async _run() {
     while (this._hasWork()) {
       try {
-        await this._step();
+        // A step that decoded nothing (a program between its awaits, a line waiting for a lease
+        // or a prompt another line fills) yields to the event loop before the next one, so a
+        // wait never turns into a loop of microtasks that starves timers and I/O.
+        if ((await this._step()) === 0) await new Promise((resolve) => setImmediate(resolve));
       } catch (e) {
         // Not attributable to one request (e.g. the context was disposed): nobody can go on.
         for (const req of [...this._running]) this._fail(req, e);
@@ -249,6 +252,7 @@ class Scheduler {
       const [prefillMs, decodeMs, stepMs] = [decodeStart - prefillStart, ended - decodeStart, ended - started];
       this._onStep({ rows, prefillTokens, prefillMs, decodeMs, stepMs, cellsUsed, running, queued });
     }
+    return rows + prefillTokens;
   }
 
   // ---------------------------------------------------------------------------------------------
