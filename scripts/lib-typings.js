@@ -66,6 +66,15 @@ function withoutPrivatePlumbing(context) {
   return (file) => ts.visitNode(file, visit);
 }
 
+/**
+ * The emitted files import lib/'s own declarations (`./types`, `./native`) by lib's relative
+ * paths; from types/ they are `../lib/...`, so lib/ (published beside types/) is not copied.
+ */
+function fromLib(text) {
+  const names = COPIED.map((f) => f.replace(/\.d\.ts$/, '')).join('|');
+  return text.replace(new RegExp(`(["'])\\./(${names})\\1`, 'g'), '$1../lib/$2$1');
+}
+
 /** The generated files: relative path → text. */
 function generate() {
   const options = {
@@ -87,7 +96,7 @@ function generate() {
   const diagnostics = [];
   for (const name of PUBLIC) {
     const source = program.getSourceFile(path.join(LIB, name));
-    const write = (file, text) => files.set(path.relative(STAGING, file), HEADER + text);
+    const write = (file, text) => files.set(path.relative(STAGING, file), HEADER + fromLib(text));
     diagnostics.push(
       ...program.emit(source, write, undefined, true, { afterDeclarations: [withoutPrivatePlumbing] }).diagnostics,
     );
@@ -102,7 +111,6 @@ function generate() {
       }),
     );
   }
-  for (const name of COPIED) files.set(name, fs.readFileSync(path.join(LIB, name), 'utf8'));
   return files;
 }
 

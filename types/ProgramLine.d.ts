@@ -21,17 +21,17 @@ export class ProgramLine {
      * template up to the assistant's turn (its end-of-turn strings then stop every gen of the line
      * and its forks). Nothing is decoded until the line next needs its KV: a gen, or a fork's first
      * step. Returns the line, for chaining.
-     * @param {string | number[] | readonly import('./types').ChatMessage[]} input
+     * @param {string | number[] | readonly import('../lib/types').ChatMessage[]} input
      * @returns {this}
      */
-    append(input: string | number[] | readonly import("./types").ChatMessage[]): this;
+    append(input: string | number[] | readonly import("../lib/types").ChatMessage[]): this;
     /**
      * Generates after the line's text and appends the result to it. The tokens are sampled in the
      * scheduler's steps, one per step, in the same decode as everything else that runs.
-     * @param {import('./types').ProgramGenOptions} [options]
-     * @returns {Promise<import('./types').ProgramGenResult>}
+     * @param {import('../lib/types').ProgramGenOptions} [options]
+     * @returns {Promise<import('../lib/types').ProgramGenResult>}
      */
-    gen(options?: import("./types").ProgramGenOptions): Promise<import("./types").ProgramGenResult>;
+    gen(options?: import("../lib/types").ProgramGenOptions): Promise<import("../lib/types").ProgramGenResult>;
     /**
      * `n` new lines that continue from this one (they share its KV prefix; each samples with its
      * own seed). The parent stays usable. Throws ERR_TOO_MANY_BRANCHES past the program's
@@ -49,11 +49,11 @@ export class ProgramLine {
      * against `maxBranches` while they score (twice as many for `'unconditional'`).
      * @param {string[]} options
      * @param {{ method?: 'total' | 'normalized' | 'unconditional' }} [settings]
-     * @returns {Promise<import('./types').SelectResult>}
+     * @returns {Promise<import('../lib/types').SelectResult>}
      */
     select(options: string[], settings?: {
         method?: "total" | "normalized" | "unconditional";
-    }): Promise<import("./types").SelectResult>;
+    }): Promise<import("../lib/types").SelectResult>;
     /**
      * The natural-log probability of `text` (or token ids) as the line's continuation; the line
      * does not change. One token is read from the logits the line holds once its pending tokens
@@ -61,13 +61,13 @@ export class ProgramLine {
      * scored in a fork, teacher-forced as `select` does (the fork counts against `maxBranches`).
      * @param {string | number[]} text
      * @param {{ top?: number }} [options]
-     * @returns {Promise<{ logprob: number, top: import('./types').TopLogprob[] }>}
+     * @returns {Promise<{ logprob: number, top: import('../lib/types').TopLogprob[] }>}
      */
     logprob(text: string | number[], options?: {
         top?: number;
     }): Promise<{
         logprob: number;
-        top: import("./types").TopLogprob[];
+        top: import("../lib/types").TopLogprob[];
     }>;
     /**
      * Gives the line's branch back at the next step (a gen in flight rejects with ERR_ABORTED).

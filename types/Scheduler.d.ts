@@ -8,17 +8,17 @@
 export class Scheduler {
     /**
      * @param {import('./Context').SessionContext} ctx a context the scheduler uses alone
-     * @param {import('./types').SchedulerOptions} [options] `prefillChunk` (prompt tokens per step,
+     * @param {import('../lib/types').SchedulerOptions} [options] `prefillChunk` (prompt tokens per step,
      *   default 256), `maxQueue` (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`.
      */
-    constructor(ctx: import("./Context").SessionContext, options?: import("./types").SchedulerOptions);
+    constructor(ctx: import("./Context").SessionContext, options?: import("../lib/types").SchedulerOptions);
     /**
      * Queues a request. Returns a {@link Generation}: `await` it for `{ choices, usage }`, or
      * `for await` its events. Never throws: errors (invalid request, ERR_QUEUE_FULL, ...) reject it.
-     * @param {import('./types').GenerateRequest} request
-     * @returns {import('./types').Generation}
+     * @param {import('../lib/types').GenerateRequest} request
+     * @returns {import('../lib/types').Generation}
      */
-    generate(request: import("./types").GenerateRequest): import("./types").Generation;
+    generate(request: import("../lib/types").GenerateRequest): import("../lib/types").Generation;
     /**
      * Runs a branch program: `program(s)` drives a line of generation `s` (append, gen, fork,
      * release) and every line's work shares the scheduler's steps with everything else. Resolves
@@ -27,15 +27,15 @@ export class Scheduler {
      * holds is freed when it ends. See docs/programs.md.
      * @template T
      * @param {(s: import('./ProgramLine').ProgramLine) => T | Promise<T>} program
-     * @param {import('./types').RunOptions} [options]
+     * @param {import('../lib/types').RunOptions} [options]
      * @returns {Promise<T>}
      */
-    run<T>(program: (s: import("./ProgramLine").ProgramLine) => T | Promise<T>, options?: import("./types").RunOptions): Promise<T>;
+    run<T>(program: (s: import("./ProgramLine").ProgramLine) => T | Promise<T>, options?: import("../lib/types").RunOptions): Promise<T>;
     /**
      * Counters and gauges (never busy); `cellsUsed` is as of the end of the last step.
-     * @returns {import('./types').SchedulerStats}
+     * @returns {import('../lib/types').SchedulerStats}
      */
-    stats(): import("./types").SchedulerStats;
+    stats(): import("../lib/types").SchedulerStats;
     /**
      * Stops taking requests: queued ones reject with ERR_SCHEDULER_CLOSED, running ones end with
      * finishReason 'abort' within one step; then every cached prefix is freed. Idempotent. The
