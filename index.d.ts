@@ -200,26 +200,6 @@ export { SessionContext, Branch, BranchStore, Scheduler, ProgramLine };
 
 // The option and result shapes the addon takes and returns are declared once, in Rust (the
 // `#[napi(object)]` structs of src/napi/, documented there), and generated into lib/native.d.ts.
-import type {
-  ContextOptions as NativeContextOptions,
-  AdvancedSamplingParams,
-  DeviceDescription,
-  DryParams,
-  KvFileContents,
-  KvPressureInfo,
-  ListDevicesOptions,
-  MirostatParams,
-  OffloadInfo,
-  PenaltyParams,
-  Produced,
-  RpcServerInfo,
-  SamplingParams,
-  ServeRpcOptions,
-  TokenBias,
-  TokenLogprob,
-  TopLogprob,
-  XtcParams,
-} from './lib/native';
 export type {
   AdvancedSamplingParams,
   DeviceDescription,
@@ -237,7 +217,18 @@ export type {
   TokenLogprob,
   TopLogprob,
   XtcParams,
-};
+} from './lib/native';
+// The ones this file also uses in its own declarations.
+import type {
+  ContextOptions as NativeContextOptions,
+  DeviceDescription,
+  KvPressureInfo,
+  ListDevicesOptions,
+  RpcServerInfo,
+  SamplingParams,
+  ServeRpcOptions,
+  TopLogprob,
+} from './lib/native';
 /** KV cache usage, counting cells shared by forks once: `{ nCtx, cellsUsed, remaining }`. */
 export type KvPressure = KvPressureInfo;
 
