@@ -245,7 +245,8 @@ export interface ContextOptions extends Omit<NativeContextOptions, 'modelPath'> 
  * llama.cpp's chat formats (`common_chat_format`) by name: the numbers
  * {@link SessionContext.formatChat} reports as `format` and `parseChatOutput` takes. Built at load
  * from the llama.cpp this package was compiled with; the list changes between llama.cpp
- * versions (the reference's `GENERIC` no longer exists).
+ * versions. The last, `GENERIC`, is llama-branch's own: the JSON tool-call format used with
+ * templates that cannot render tools (see docs/server.md, "Tool calls").
  */
 export declare const ChatFormat: {
   readonly CONTENT_ONLY: 0;
@@ -253,6 +254,7 @@ export declare const ChatFormat: {
   readonly PEG_NATIVE: 2;
   readonly PEG_GEMMA4: 3;
   readonly PEG_MINIMAX_M3: 4;
+  readonly GENERIC: 5;
 };
 /** A chat format number (see the {@link ChatFormat} constants). */
 export type ChatFormat = number;
@@ -423,7 +425,8 @@ export interface BranchToken {
 // Serving: the Scheduler (continuous batching, prefix cache) and the OpenAI-compatible server
 
 /** Why a choice ended: a stop string or end-of-generation token, `maxTokens`, or an abort. */
-export type FinishReason = 'stop' | 'length' | 'abort';
+/** `'tool_calls'`: a chat request with tools whose choice ended with parsed tool calls. */
+export type FinishReason = 'stop' | 'length' | 'abort' | 'tool_calls';
 
 /** Options of {@link Scheduler}. */
 export interface SchedulerOptions {
@@ -489,6 +492,45 @@ export interface GenerateRequest {
   logprobs?: boolean | number;
   /** Aborting ends the request within one step: its choices finish with `'abort'`. */
   signal?: AbortSignal;
+  /**
+   * Tools the model may call (with `messages`). The chat layer renders them with the template
+   * and constrains a call with its grammar; templates that cannot render tools (Gemma 3's) get
+   * the generic JSON format ({@link ChatFormat.GENERIC}). Each choice is parsed on its own into
+   * `content`, `reasoningContent` and `toolCalls`.
+   */
+  tools?: readonly ChatTool[];
+  /** `'auto'` (default), `'none'`, `'required'`, or one named function (always called). */
+  toolChoice?: 'auto' | 'none' | 'required' | { type: 'function'; function: { name: string } };
+  /** Allow several calls in one reply. Default false. */
+  parallelToolCalls?: boolean;
+  /** Split a thinking section into `reasoningContent` (templates that have one). Default `'none'`. */
+  reasoningFormat?: ReasoningFormatName;
+  /** `false` switches thinking off where the template supports it. Default true. */
+  enableThinking?: boolean;
+}
+
+/** A tool call parsed from a choice. */
+export interface GeneratedToolCall {
+  /** `call_` and 24 hex digits, kept from the first streamed delta to the result. */
+  id: string;
+  name: string;
+  /** The arguments as JSON text. */
+  arguments: string;
+}
+
+/** What a parsed choice's text added since the previous event (see {@link GenerationEvent.delta}). */
+export interface ChatDelta {
+  content?: string;
+  reasoningContent?: string;
+  /** Tool calls, each whole once complete, with its index among the choice's calls. */
+  toolCalls?: Array<GeneratedToolCall & { index: number }>;
+}
+
+/** A parsed choice: the reply split by the chat layer. */
+export interface ChatReply {
+  content: string;
+  reasoningContent: string;
+  toolCalls: GeneratedToolCall[];
 }
 
 /**
@@ -516,6 +558,13 @@ export interface GenerationEvent {
   logprob?: number;
   /** With `logprobs`: the most likely alternatives at the token's position. */
   top?: TopLogprob[];
+  /**
+   * Requests with tools or a reasoning format: what the parsed reply gained with this event
+   * (null: nothing yet, e.g. inside a JSON tool call).
+   */
+  delta?: ChatDelta | null;
+  /** Requests with tools or a reasoning format, on a choice's last event: the whole parsed reply. */
+  message?: ChatReply;
 }
 
 /** One choice of a {@link GenerationResult}. */
@@ -528,6 +577,10 @@ export interface GenerationChoice {
   perplexity: number;
   /** With `logprobs`: one entry per generated token. */
   logprobs?: GeneratedLogprob[];
+  /** Requests with tools or a reasoning format: the reply without reasoning or calls. */
+  content?: string;
+  reasoningContent?: string;
+  toolCalls?: GeneratedToolCall[];
 }
 
 /** Token counts of a request. */
@@ -603,7 +656,7 @@ export interface ProgramGenResult {
   /** The generated tokens (an end-of-generation token is not included). */
   tokens: number[];
   /** `'stop'` (stop string or end of generation) or `'length'` (`maxTokens`). */
-  finishReason: Exclude<FinishReason, 'abort'>;
+  finishReason: 'stop' | 'length';
   /** With `logprobs`: one entry per generated token. */
   logprobs?: GeneratedLogprob[];
 }
@@ -661,6 +714,20 @@ export interface ServerOptions {
   scheduler?: SchedulerOptions;
   /** Largest accepted request body, in bytes. Default 1 MiB. */
   maxBodyBytes?: number;
+  /** Keys every request but `/health` must send as `Authorization: Bearer KEY`. Default: none (open). */
+  apiKeys?: string | string[];
+  /** Origin allowed to call from a browser (`Access-Control-Allow-Origin`), or `'*'`. Default: none. */
+  cors?: string;
+  /** Serve `/v1/embeddings` from a second context on `modelPath` (mean pooling, 2048 tokens). */
+  embeddings?: boolean;
+  /** Or serve `/v1/embeddings` from this context (created with `embeddings: true`). */
+  embeddingsCtx?: SessionContext;
+  /** How chat replies are split into reasoning and content. Default `'auto'`. */
+  reasoningFormat?: ReasoningFormatName;
+  /** Largest `max_tokens` a request may ask for. Default 4096. */
+  maxTokensLimit?: number;
+  /** Largest `n`. Default 16. */
+  maxN?: number;
 }
 
 /** An OpenAI-compatible HTTP server over a {@link Scheduler}; see docs/serving.md. */
@@ -678,7 +745,7 @@ export interface LlamaBranchServer {
 
 /**
  * Creates the OpenAI-compatible server (`POST /v1/completions`, `POST /v1/chat/completions`,
- * `GET /v1/models`, `GET /health`) on a context or a model file. Rejects like
+ * `POST /v1/embeddings`, `GET /v1/models`, `GET /metrics`, `GET /health`) on a context or a model file. Rejects like
  * {@link createContext} when loading fails, `ERR_INVALID_ARG` for bad options.
  */
 export declare function createServer(options: ServerOptions): Promise<LlamaBranchServer>;

@@ -15,6 +15,7 @@
  *        node bench/run.js --serve [--c=1,4,8,16] [--reps=2]   (bench/serve.js: the Scheduler)
  *        node bench/run.js --rpc [--steps=24] [--reps=3]       (bench/rpc.js: local vs two RPC servers)
  *        node bench/run.js --programs [--c=1,4] [--reps=2]     (bench/programs.js: branch programs)
+ *        node bench/run.js --agents [--reps=3] [--calls=100]   (bench/agents.js: tool calls, logprobs)
  * Writes bench/results/bench-<timestamp>.json and bench/results/chart.svg (chart-partial.svg
  * when --quick, --n, --steps or --reps narrow the run); prints a table.
  *
@@ -518,7 +519,8 @@ if (
   !hasRawLoop() &&
   !args.serve &&
   !args.rpc &&
-  !args.programs
+  !args.programs &&
+  !args.agents
 ) {
   // Run again on the bench build (the loader takes LLAMA_BRANCH_BINARY before anything loads).
   const binary = benchBuild();
@@ -530,20 +532,22 @@ if (
 } else if (require.main === module) {
   // `--serve` runs the serving benchmark (bench/serve.js); `--compare-prebuilt` the source build
   // against the prebuilt package; `--series-json` is the child process of that comparison.
-  const entry = args.programs
-    ? require('./programs').main
-    : args.serve
-      ? require('./serve').main
-      : args.rpc
-        ? () =>
-            require('./rpc')
-              .main()
-              .then(() => process.exit(0))
-        : args['series-json']
-          ? seriesJson
-          : COMPARE
-            ? comparePrebuilt
-            : main;
+  const entry = args.agents
+    ? require('./agents').main
+    : args.programs
+      ? require('./programs').main
+      : args.serve
+        ? require('./serve').main
+        : args.rpc
+          ? () =>
+              require('./rpc')
+                .main()
+                .then(() => process.exit(0))
+          : args['series-json']
+            ? seriesJson
+            : COMPARE
+              ? comparePrebuilt
+              : main;
   entry().catch((e) => {
     console.error(e);
     process.exit(1);

@@ -35,6 +35,16 @@ const server = Object.freeze({
   maxBodyBytes: 1 << 20,
   /** OpenAI's default `max_tokens` for /v1/completions; chat requests default to the Scheduler's. */
   completionsMaxTokens: 16,
+  /** The largest `max_tokens` a request may ask for (a larger one is a 400). */
+  maxTokensLimit: 4096,
+  /** The largest `n` a request may ask for. */
+  maxN: 16,
+  /** How chat replies are split into reasoning and content (llama.cpp's `--reasoning-format`). */
+  reasoningFormat: 'auto',
+  /** KV cells (and batch) of the embeddings context `--embeddings` creates: the longest input. */
+  embeddingsCtx: 2048,
+  /** Inputs per /v1/embeddings request at most. */
+  maxEmbeddingInputs: 256,
 });
 
 /** Sequence leases of a server-created context for `parallel` running requests. */

@@ -11,6 +11,7 @@ const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
 const { Scheduler } = require('./Scheduler');
 const { ProgramLine } = require('./ProgramLine');
 const { createServer } = require('./server');
+const { GrammarTriggerType } = require('./scheduler/chat');
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType', 'nGpuLayers', 'mainGpu'];
 
@@ -193,5 +194,5 @@ module.exports = {
   PoolingType: Object.freeze({ UNSPECIFIED: -1, NONE: 0, MEAN: 1, CLS: 2, LAST: 3, RANK: 4 }),
   ChatFormat,
   ReasoningFormat: Object.freeze({ NONE: 0, AUTO: 1, DEEPSEEK_LEGACY: 2, DEEPSEEK: 3 }),
-  GrammarTriggerType: Object.freeze({ TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 }),
+  GrammarTriggerType,
 };

@@ -279,6 +279,105 @@ describe('Scheduler', function () {
     await rejects(() => s.generate({ prompt: 'x' }), 'ERR_SCHEDULER_CLOSED');
   });
 
+  describe('tool calls (the chat layer)', () => {
+    const WEATHER = {
+      type: 'function',
+      function: {
+        name: 'get_weather',
+        parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+      },
+    };
+    const TIME = {
+      type: 'function',
+      function: { name: 'get_time', parameters: { type: 'object', properties: { zone: { type: 'string' } } } },
+    };
+    const ask = [{ role: 'user', content: 'What is the weather in Rome?' }];
+
+    it('required: every choice parses into a call, streamed deltas agree with the result', async () => {
+      const s = start();
+      const gen = s.generate({ messages: ask, tools: [WEATHER], toolChoice: 'required', n: 3, maxTokens: 64, seed: 5 });
+      const streamed = [[], [], []];
+      for await (const e of gen) {
+        if (e.delta && e.delta.toolCalls) streamed[e.choice].push(...e.delta.toolCalls);
+        if (e.finishReason) assert.equal(e.message.toolCalls.length, 1, 'the last event carries the reply');
+      }
+      const { choices } = await gen;
+      for (const [i, c] of choices.entries()) {
+        assert.equal(c.finishReason, 'tool_calls');
+        assert.equal(c.content, '');
+        assert.equal(c.toolCalls.length, 1);
+        assert.equal(c.toolCalls[0].name, 'get_weather');
+        assert.equal(typeof JSON.parse(c.toolCalls[0].arguments).city, 'string');
+        assert.match(c.text, /^\s*\{/, 'the raw text is the generic JSON reply');
+        assert.deepEqual(
+          streamed[i].map(({ index, ...call }) => [index, call]),
+          [[0, c.toolCalls[0]]],
+          'one delta per call, same id',
+        );
+      }
+    });
+
+    it('a named function restricts the call to it; none leaves the reply unconstrained', async () => {
+      const s = start();
+      const named = await s.generate({
+        messages: [{ role: 'user', content: 'What time is it?' }],
+        tools: [TIME, WEATHER],
+        toolChoice: { type: 'function', function: { name: 'get_weather' } },
+        maxTokens: 64,
+        params: GREEDY,
+      });
+      assert.equal(named.choices[0].toolCalls[0].name, 'get_weather');
+      const none = await s.generate({
+        messages: ask,
+        tools: [WEATHER],
+        toolChoice: 'none',
+        maxTokens: 6,
+        params: GREEDY,
+      });
+      assert.equal(none.choices[0].toolCalls, undefined, "toolChoice 'none' is not parsed for calls");
+      assert.ok(['stop', 'length'].includes(none.choices[0].finishReason));
+    });
+
+    it('formatChat and parseChatOutput expose the generic format', async () => {
+      const { ChatFormat } = require('..');
+      const f = await ctx.formatChat(ask, { tools: [WEATHER], toolChoice: 'required' });
+      assert.equal(f.format, ChatFormat.GENERIC);
+      assert.match(f.prompt, /get_weather/);
+      assert.match(f.grammar, /root ::=/);
+      const parsed = ctx.parseChatOutput(
+        '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome"}}]}',
+        f.format,
+        f,
+      );
+      assert.deepEqual(
+        parsed.toolCalls.map((c) => [c.name, JSON.parse(c.arguments)]),
+        [['get_weather', { city: 'Rome' }]],
+      );
+      assert.equal(ctx.parseChatOutput('{"response": "hello"}', f.format, f).content, 'hello');
+    });
+
+    it('bad chat fields reject with ERR_INVALID_ARG and change nothing', async () => {
+      const s = start();
+      await rejects(() => s.generate({ prompt: 'x', tools: [WEATHER] }), 'ERR_INVALID_ARG', /messages/);
+      await rejects(() => s.generate({ messages: ask, tools: [{ type: 'code' }] }), 'ERR_INVALID_ARG', /function/);
+      await rejects(
+        () =>
+          s.generate({ messages: ask, tools: [WEATHER], toolChoice: { type: 'function', function: { name: 'x' } } }),
+        'ERR_INVALID_ARG',
+        /not in request.tools/,
+      );
+      await rejects(() => s.generate({ messages: ask, toolChoice: 'required' }), 'ERR_INVALID_ARG', /needs tools/);
+      await rejects(
+        () => s.generate({ messages: ask, tools: [WEATHER], toolChoice: 'required', grammar: 'root ::= "a"' }),
+        'ERR_INVALID_ARG',
+        /not both/,
+      );
+      assert.equal(s.stats().running, 0);
+      const ok = await s.generate({ messages: ask, maxTokens: 2, params: GREEDY });
+      assert.equal(ok.choices[0].tokens.length, 2);
+    });
+  });
+
   describe('under KV pressure', () => {
     let small;
     before(async () => {

@@ -6,64 +6,11 @@
 
 const assert = require('node:assert/strict');
 const path = require('node:path');
-const { spawn } = require('node:child_process');
 const OpenAI = require('openai');
 const { MODEL } = require('./helpers');
+const { startServer, stopServer, waitFor } = require('./serve-helpers');
 
-const BIN = path.join(__dirname, '..', 'bin', 'llama-branch.js');
 const GREEDY = { temperature: 0 };
-
-/** Starts the server; resolves `{ child, url }` once it printed its `listening on` line. */
-function startServer(args) {
-  const child = spawn(process.execPath, [BIN, 'serve', '--model', MODEL, '--port', '0', ...args], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let out = '';
-  let err = '';
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(
-      () => reject(new Error(`no "listening on" line within 60 s; stdout: ${out} stderr: ${err}`)),
-      60000,
-    );
-    child.stderr.on('data', (d) => {
-      err += d;
-    });
-    child.stdout.on('data', (d) => {
-      out += d;
-      const m = /listening on (http:\/\/\S+)/.exec(out);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ child, url: m[1], stderr: () => err });
-      }
-    });
-    child.on('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`the server exited with ${code} before listening; stderr: ${err}`));
-    });
-  });
-}
-
-function stopServer(child) {
-  return new Promise((resolve) => {
-    if (child.exitCode !== null) return resolve(child.exitCode);
-    const kill = setTimeout(() => child.kill('SIGKILL'), 10000);
-    child.once('exit', (code, signal) => {
-      clearTimeout(kill);
-      resolve(code === null ? signal : code);
-    });
-    child.kill('SIGTERM');
-  });
-}
-
-async function waitFor(check, what, ms = 10000) {
-  const until = Date.now() + ms;
-  for (;;) {
-    const value = await check();
-    if (value) return value;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 describe('llama-branch serve (OpenAI-compatible server)', function () {
   this.timeout(240000);
@@ -306,7 +253,8 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
       ),
       400,
     );
-    await expectError(post('/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 100000 })), 400, /nCtx/);
+    await expectError(post('/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 100000 })), 400, /cap/);
+    await expectError(post('/v1/completions', JSON.stringify({ prompt: 'x', n: 16, max_tokens: 4000 })), 400, /nCtx/);
     await expectError(post('/v1/completions', 'x'.repeat(2 << 20)), 413);
     await expectError(fetch(`${server.url}/v1/nothing-here`), 404);
     await expectError(fetch(`${server.url}/v1/completions`), 405);

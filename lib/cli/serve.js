@@ -37,6 +37,23 @@ const options = {
     default: String(schedulerDefaults.maxQueue),
     help: 'requests that may wait; more get HTTP 429',
   },
+  'api-key': {
+    type: 'string',
+    multiple: true,
+    help: 'require Authorization: Bearer KEY on /v1/* and /metrics (repeatable; also LLAMA_BRANCH_API_KEY, comma-separated)',
+  },
+  cors: { type: 'string', help: 'allow browser requests from this origin (e.g. https://app.example or *)' },
+  embeddings: { type: 'boolean', help: 'serve POST /v1/embeddings from a second, pooled context on the same model' },
+  'reasoning-format': {
+    type: 'string',
+    default: serverDefaults.reasoningFormat,
+    help: 'split chat replies into reasoning_content and content: none, auto, deepseek, deepseek-legacy',
+  },
+  'max-tokens-limit': {
+    type: 'string',
+    default: String(serverDefaults.maxTokensLimit),
+    help: 'largest max_tokens a request may ask for',
+  },
 };
 
 function integer(values, name) {
@@ -49,6 +66,13 @@ function integer(values, name) {
 
 class UsageError extends Error {}
 
+/** --api-key values and LLAMA_BRANCH_API_KEY's comma-separated keys together (undefined: none). */
+function apiKeys(values) {
+  const fromEnv = (process.env.LLAMA_BRANCH_API_KEY || '').split(',').map((k) => k.trim());
+  const keys = [...(values['api-key'] || []), ...fromEnv].filter((k) => k !== '');
+  return keys.length > 0 ? keys : undefined;
+}
+
 async function run(values, { log }) {
   if (!values.model) throw new UsageError('--model <file.gguf> is required');
   const server = await createServer({
@@ -59,6 +83,11 @@ async function run(values, { log }) {
     nSeqMax: integer(values, 'n-seq-max'),
     nThreads: integer(values, 'threads'),
     scheduler: { prefillChunk: integer(values, 'prefill-chunk'), maxQueue: integer(values, 'max-queue') },
+    apiKeys: apiKeys(values),
+    cors: values.cors,
+    embeddings: Boolean(values.embeddings),
+    reasoningFormat: values['reasoning-format'],
+    maxTokensLimit: integer(values, 'max-tokens-limit'),
   });
   const { url } = await server.listen(integer(values, 'port'), values.host);
   log(`listening on ${url}`);

@@ -21,6 +21,7 @@ const { makeError } = require('../errors');
 const { signalOf } = require('../cancel');
 const { StopMatcher } = require('./stops');
 const { release } = require('./prefix-cache');
+const { checkChat, formatTurn, ChatStream } = require('./chat');
 
 const SEED_SPACE = 2 ** 32;
 
@@ -127,6 +128,11 @@ class Request {
     this.params = params;
     this.seedBase = seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
     this.grammar = grammar;
+    /** formatChat's options (tools, toolChoice, reasoning), and the ChatTurn once prepared. */
+    this.chatOptions = checkChat(request);
+    this.chat = null;
+    /** Lazy-grammar triggers of a tool-call grammar (null: the grammar applies from the start). */
+    this.grammarLazy = null;
     /** Converted off the main thread from now on; awaited when the request is prepared. */
     this.grammarPending = request.jsonSchema !== undefined ? env.jsonSchemaToGrammar(request.jsonSchema) : null;
     if (this.grammarPending) this.grammarPending.catch(() => {}); // reported when prepared
@@ -174,9 +180,15 @@ class Request {
     const { prompt, tokens, messages } = this.input;
     this.cachePoints = [];
     if (messages !== undefined) {
-      const formatted = await ctx.formatChat(messages);
+      this.chat = await formatTurn(ctx, messages, this.chatOptions);
+      const { formatted } = this.chat;
       this.tokens = ctx.tokenizeSync(formatted.prompt, true);
       this.stops.push(...formatted.stopTokens.filter((s) => s !== ''));
+      if (this.chat.grammar) {
+        if (this.grammar || this.grammarPending) throw invalid('give tools or a grammar / jsonSchema, not both');
+        this.grammar = this.chat.grammar;
+        this.grammarLazy = this.chat.lazy;
+      }
       const lead = await systemPrompts.prefixOf(messages);
       if (lead && lead.length < this.tokens.length && lead.every((t, i) => t === this.tokens[i]))
         this.cachePoints.push(lead.length);
@@ -263,16 +275,25 @@ class Request {
         finishReason: null,
         perplexity: Infinity,
         logprobs: this.logprobs === undefined ? null : [],
+        chat: this.chat && this.chat.parse ? new ChatStream(this.chat) : null,
+        message: null,
       });
       const params = { ...this.params, seed: (this.seedBase + i) % SEED_SPACE };
-      if (this.grammar) params.grammar = this.grammar;
+      if (this.grammar && !this.grammarLazy) params.grammar = this.grammar;
       branch.setSamplerParams(params);
+      if (this.grammarLazy) branch.setGrammar(this.grammar, this.grammarLazy);
     }
   }
 
   /** Ends `choice` with `reason`: its perplexity is read, its branch freed, its last event sent. */
   finishChoice(choice, reason) {
     const rest = choice.matcher.flush(); // the events' texts add up to the result's text
+    let delta = null;
+    if (choice.chat && reason !== 'abort') {
+      delta = choice.chat.finish(choice.matcher.text);
+      choice.message = choice.chat.message;
+      if (choice.message.toolCalls.length > 0 && reason === 'stop') reason = 'tool_calls';
+    }
     choice.finishReason = reason;
     if (choice.branch && !choice.branch.disposed) {
       try {
@@ -283,7 +304,8 @@ class Request {
     }
     release(choice.branch);
     choice.branch = null;
-    this.gen._push({ choice: choice.index, token: null, text: rest, finishReason: reason });
+    const end = { choice: choice.index, token: null, text: rest, finishReason: reason };
+    this.gen._push(choice.chat ? { ...end, delta, message: choice.chat.message } : end);
   }
 
   /** Gives back everything the request holds; an unfinished prompt segment leaves the cache. */
@@ -310,6 +332,8 @@ class Request {
       finishReason: null,
       perplexity: Infinity,
       logprobs: null,
+      chat: null,
+      message: null,
     }));
     for (const choice of this.choices) this.finishChoice(choice, reason);
   }
@@ -341,13 +365,17 @@ class Request {
     this.usage.completionTokens++;
     onToken();
     const text = choice.matcher.push(produced.text);
+    /** @type {any} */
+    const event = { choice: choice.index, token: produced.token, text };
     if (choice.logprobs) {
       const lp = tokenLogprob(choice.branch, produced, this.logprobs);
       choice.logprobs.push(lp);
-      this.gen._push({ choice: choice.index, token: produced.token, text, logprob: lp.logprob, top: lp.top });
-    } else {
-      this.gen._push({ choice: choice.index, token: produced.token, text });
+      event.logprob = lp.logprob;
+      event.top = lp.top;
     }
+    if (choice.chat)
+      event.delta = text === '' ? null : choice.chat.update(choice.matcher.text.slice(0, choice.matcher.released));
+    this.gen._push(event);
     const reason = choice.matcher.stopped ? 'stop' : choice.tokens.length >= this.maxTokens ? 'length' : null;
     if (!reason) return true;
     // Not decoded (nothing will be sampled after it), but accepted so perplexity counts it.
@@ -380,6 +408,7 @@ class Request {
         finishReason: c.finishReason,
         perplexity: c.perplexity,
         ...(c.logprobs ? { logprobs: c.logprobs } : {}),
+        ...(c.message || {}),
       })),
       usage: { ...this.usage },
     };

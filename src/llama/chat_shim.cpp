@@ -8,6 +8,7 @@
 #include "chat.h"
 #include "common.h"
 #include "json.h"
+#include "json-schema-to-grammar.h"
 #include "log.h"
 #include "llama.h"
 
@@ -263,6 +264,213 @@ void strip_lone_system(const common_chat_templates * templates, const common_cha
     }
 }
 
+// ---- Generic JSON tool calls ------------------------------------------------------------------
+// llama.cpp's chat layer calls tools only through templates that render them; with any other
+// template (Gemma 3's, plain ChatML) it leaves `tools` out of the prompt and builds no grammar.
+// For those this shim uses ONE model-independent format: the tools are described in the system
+// message, and the reply is one JSON object, {"tool_calls": [{"name", "arguments"}, ...]} or
+// {"response": "..."}, forced by a grammar built from the tools' own parameter schemas and
+// parsed back by lb_chat_parse. Its format number is one past llama.cpp's.
+constexpr int LB_FORMAT_GENERIC = COMMON_CHAT_FORMAT_COUNT;
+
+bool template_calls_tools(const common_chat_templates * templates) {
+    const auto caps = common_chat_templates_get_caps(templates);
+    const auto it   = caps.find("supports_tool_calls");
+    return it != caps.end() && it->second;
+}
+
+bool history_has_tool_turns(const common_json & messages) {
+    for (const auto & m : messages) {
+        if (!m.is_object() || !m.contains("role") || !m.at("role").is_string()) {
+            continue;
+        }
+        if (m.at("role").get<std::string>() == "tool" || (m.contains("tool_calls") && !m.at("tool_calls").is_null())) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// A message's content as plain text (text parts joined; null is "").
+std::string content_text(const common_json & message) {
+    if (!message.contains("content") || message.at("content").is_null()) {
+        return "";
+    }
+    const auto & content = message.at("content");
+    if (content.is_string()) {
+        return content.get<std::string>();
+    }
+    std::string text;
+    if (content.is_array()) {
+        for (const auto & part : content) {
+            if (part.is_object() && part.contains("text") && part.at("text").is_string()) {
+                text += part.at("text").get<std::string>();
+            }
+        }
+    }
+    return text;
+}
+
+// The JSON schema a generic reply must match.
+common_json generic_reply_schema(const common_json & tools, common_chat_tool_choice choice, bool parallel) {
+    auto calls = common_json::array();
+    for (const auto & tool : tools) {
+        const auto & function = tool.at("function");
+        auto name             = common_json::object();
+        name["type"]          = "string";
+        name["const"]         = function.at("name");
+        auto properties       = common_json::object();
+        properties["name"]    = name;
+        properties["arguments"] = common_chat_tool_parameters(function);
+        auto call             = common_json::object();
+        call["type"]          = "object";
+        call["properties"]    = properties;
+        call["required"]      = common_json::array({ "name", "arguments" });
+        calls.push_back(call);
+    }
+    auto items = common_json::object();
+    if (calls.size() == 1) {
+        items = calls[0];
+    } else {
+        items["anyOf"] = calls;
+    }
+    auto list          = common_json::object();
+    list["type"]       = "array";
+    list["items"]      = items;
+    list["minItems"]   = 1;
+    if (!parallel) {
+        list["maxItems"] = 1;
+    }
+    auto call_props          = common_json::object();
+    call_props["tool_calls"] = list;
+    auto call_reply          = common_json::object();
+    call_reply["type"]       = "object";
+    call_reply["properties"] = call_props;
+    call_reply["required"]   = common_json::array({ "tool_calls" });
+    if (choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED) {
+        return call_reply;
+    }
+    auto text                  = common_json::object();
+    text["type"]               = "string";
+    auto text_props            = common_json::object();
+    text_props["response"]     = text;
+    auto text_reply            = common_json::object();
+    text_reply["type"]         = "object";
+    text_reply["properties"]   = text_props;
+    text_reply["required"]     = common_json::array({ "response" });
+    auto reply                 = common_json::object();
+    reply["anyOf"]             = common_json::array({ call_reply, text_reply });
+    return reply;
+}
+
+std::string generic_system_text(const common_json & tools, common_chat_tool_choice choice) {
+    std::string text = choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED
+                           ? "You must call one of the tools below. Reply with one JSON object and nothing else: "
+                             "{\"tool_calls\": [{\"name\": <tool name>, \"arguments\": <arguments object>}]}."
+                           : "You can call the tools below. Reply with one JSON object and nothing else: either "
+                             "{\"tool_calls\": [{\"name\": <tool name>, \"arguments\": <arguments object>}]} to "
+                             "call tools, or {\"response\": <your answer as a string>} to answer directly.";
+    auto described = common_json::array();
+    for (const auto & tool : tools) {
+        described.push_back(tool.at("function"));
+    }
+    return text + "\n\nTools:\n" + described.dump(2);
+}
+
+// The messages rewritten for a template without tools: earlier calls and answers become JSON in
+// the generic reply format, tool results become user turns (merged with their neighbours, for
+// templates that insist on alternating roles), and the tool description leads the system message.
+common_json generic_messages(const common_json & messages, const std::string & system_text) {
+    auto out = common_json::array();
+    auto push = [&](const std::string & role, const std::string & content) {
+        if (out.size() > 0 && role == "user" && out.back().at("role").get<std::string>() == "user") {
+            out.back()["content"] = out.back().at("content").get<std::string>() + "\n" + content;
+            return;
+        }
+        auto m       = common_json::object();
+        m["role"]    = role;
+        m["content"] = content;
+        out.push_back(m);
+    };
+    for (size_t i = 0; i < messages.size(); i++) {
+        const auto & m = messages.at(i);
+        if (!m.is_object() || !m.contains("role") || !m.at("role").is_string()) {
+            throw input_error("messages[" + std::to_string(i) + "] must be an object with a role");
+        }
+        const std::string role = m.at("role").get<std::string>();
+        if (role == "tool") {
+            auto answer        = common_json::object();
+            answer["tool_call_id"] = m.value("tool_call_id", std::string());
+            answer["content"]  = content_text(m);
+            auto wrapped       = common_json::object();
+            wrapped["tool_response"] = answer;
+            push("user", wrapped.dump());
+        } else if (role == "assistant") {
+            auto reply = common_json::object();
+            if (m.contains("tool_calls") && m.at("tool_calls").is_array() && m.at("tool_calls").size() > 0) {
+                auto calls = common_json::array();
+                for (const auto & c : m.at("tool_calls")) {
+                    const auto & fn = c.at("function");
+                    auto call       = common_json::object();
+                    call["name"]    = fn.at("name");
+                    const auto & args = fn.contains("arguments") ? fn.at("arguments") : common_json::object();
+                    call["arguments"] = args.is_string() ? common_json::parse(args.get<std::string>()) : args;
+                    calls.push_back(call);
+                }
+                reply["tool_calls"] = calls;
+            } else {
+                reply["response"] = content_text(m);
+            }
+            push("assistant", reply.dump());
+        } else {
+            push(role, content_text(m));
+        }
+    }
+    if (!system_text.empty()) {
+        if (out.size() > 0 && out.at(0).at("role").get<std::string>() == "system") {
+            const std::string rest = out.at(0).at("content").get<std::string>();
+            out[0]["content"]      = rest.empty() ? system_text : rest + "\n\n" + system_text;
+        } else {
+            auto system       = common_json::object();
+            system["role"]    = "system";
+            system["content"] = system_text;
+            auto with = common_json::array();
+            with.push_back(system);
+            for (const auto & m : out) {
+                with.push_back(m);
+            }
+            out = with;
+        }
+    }
+    return out;
+}
+
+// A generic reply parsed: {"response": ...} is content, {"tool_calls": [...]} the calls. Output
+// that is not such an object (cut off by maxTokens, or the grammar was not applied) is content.
+common_chat_msg parse_generic(const std::string & output, bool is_partial) {
+    common_chat_msg msg;
+    auto reply = common_json::parse_no_throw(output);
+    if (reply.is_discarded() || !reply.is_object()) {
+        msg.content = is_partial ? "" : output;
+        return msg;
+    }
+    if (reply.contains("response") && reply.at("response").is_string()) {
+        msg.content = reply.at("response").get<std::string>();
+    }
+    if (reply.contains("tool_calls") && reply.at("tool_calls").is_array()) {
+        for (const auto & c : reply.at("tool_calls")) {
+            if (!c.is_object() || !c.contains("name") || !c.at("name").is_string()) {
+                continue;
+            }
+            common_chat_tool_call call;
+            call.name      = c.at("name").get<std::string>();
+            call.arguments = c.contains("arguments") ? c.at("arguments").dump() : "{}";
+            msg.tool_calls.push_back(call);
+        }
+    }
+    return msg;
+}
+
 }  // namespace
 
 extern "C" {
@@ -306,14 +514,13 @@ int lb_chat_format(const llama_model * model, const lb_chat_format_args * args, 
     *out = nullptr;
     try {
         common_chat_templates_inputs inputs;
-        const auto messages = parse_json_input(str_or_empty(args->messages_json), "messages");
-        try {
-            inputs.messages = common_chat_msgs_parse_oaicompat(messages);
-        } catch (const std::exception & e) {
-            throw input_error(std::string("messages: ") + e.what());
+        auto messages = parse_json_input(str_or_empty(args->messages_json), "messages");
+        if (!messages.is_array()) {
+            throw input_error("messages must be a JSON array of {role, content}");
         }
+        common_json tools = common_json::array();
         if (args->tools_json) {
-            const auto tools = parse_json_input(args->tools_json, "tools");
+            tools = parse_json_input(args->tools_json, "tools");
             if (!tools.is_array()) {
                 throw input_error("tools must be a JSON array of {type: 'function', function: {...}}");
             }
@@ -345,6 +552,41 @@ int lb_chat_format(const llama_model * model, const lb_chat_format_args * args, 
         inputs.use_jinja             = true;
 
         auto templates = init_templates(model, str_or_empty(args->template_override));
+
+        // Templates that cannot render tools get the generic JSON format (see above).
+        const bool generic =
+            (!inputs.tools.empty() || history_has_tool_turns(messages)) && !template_calls_tools(templates.get());
+        const bool generic_calls = generic && !inputs.tools.empty() && inputs.tool_choice != COMMON_CHAT_TOOL_CHOICE_NONE;
+        std::string generic_grammar;
+        if (generic) {
+            if (generic_calls && (args->json_schema || !inputs.grammar.empty())) {
+                throw input_error("give tools or a grammar / jsonSchema, not both");
+            }
+            // A leading empty system message (this turn only) keeps the description out: it was
+            // sent with the conversation's first turn.
+            const bool turn_only = messages.size() > 0 && messages.at(0).is_object() &&
+                                   messages.at(0).contains("role") && messages.at(0).at("role").is_string() &&
+                                   messages.at(0).at("role").get<std::string>() == "system" &&
+                                   content_text(messages.at(0)).empty();
+            try {
+                messages = generic_messages(
+                    messages, generic_calls && !turn_only ? generic_system_text(tools, inputs.tool_choice) : "");
+            } catch (const input_error &) {
+                throw;
+            } catch (const std::exception & e) {
+                throw input_error(std::string("messages: a tool call in the history is malformed: ") + e.what());
+            }
+            if (generic_calls) {
+                generic_grammar =
+                    json_schema_to_grammar(generic_reply_schema(tools, inputs.tool_choice, inputs.parallel_tool_calls));
+            }
+            inputs.tools.clear();  // the template would leave them out anyway
+        }
+        try {
+            inputs.messages = common_chat_msgs_parse_oaicompat(messages);
+        } catch (const std::exception & e) {
+            throw input_error(std::string("messages: ") + e.what());
+        }
         common_chat_params params;
         try {
             params = common_chat_templates_apply(templates.get(), inputs);
@@ -395,6 +637,12 @@ int lb_chat_format(const llama_model * model, const lb_chat_format_args * args, 
         result["generationPrompt"]   = params.generation_prompt;
         result["grammarTriggers"]    = triggers;
         result["preservedTokens"]    = params.preserved_tokens;
+        if (generic_calls) {
+            result["format"]      = LB_FORMAT_GENERIC;
+            result["grammar"]     = generic_grammar;
+            result["grammarLazy"] = false;
+            result["parser"]      = "";
+        }
         *out                         = dup_string(result.dump_safe());
         return *out ? LB_OK : LB_INTERNAL;
     } catch (const input_error & e) {
@@ -410,10 +658,10 @@ int lb_chat_format(const llama_model * model, const lb_chat_format_args * args, 
 int lb_chat_parse(const lb_chat_parse_args * args, char ** out) {
     *out = nullptr;
     try {
-        if (args->format < 0 || args->format >= COMMON_CHAT_FORMAT_COUNT) {
+        if (args->format < 0 || args->format > LB_FORMAT_GENERIC) {
             return fail(out, LB_INVALID_INPUT,
                         "format must be a chat format number from formatChat() (0.." +
-                            std::to_string(COMMON_CHAT_FORMAT_COUNT - 1) + "), got " + std::to_string(args->format));
+                            std::to_string(LB_FORMAT_GENERIC) + "), got " + std::to_string(args->format));
         }
         if (args->reasoning_format < COMMON_REASONING_FORMAT_NONE ||
             args->reasoning_format > COMMON_REASONING_FORMAT_DEEPSEEK) {
@@ -421,8 +669,9 @@ int lb_chat_parse(const lb_chat_parse_args * args, char ** out) {
                         "reasoningFormat must be 0..3 (none, auto, deepseek_legacy, deepseek), got " +
                             std::to_string(args->reasoning_format));
         }
+        const bool generic = args->format == LB_FORMAT_GENERIC;
         common_chat_parser_params params;
-        params.format            = static_cast<common_chat_format>(args->format);
+        params.format            = generic ? COMMON_CHAT_FORMAT_CONTENT_ONLY : static_cast<common_chat_format>(args->format);
         params.reasoning_format  = static_cast<common_reasoning_format>(args->reasoning_format);
         const std::string parser = str_or_empty(args->parser);
         if (!parser.empty()) {
@@ -438,7 +687,8 @@ int lb_chat_parse(const lb_chat_parse_args * args, char ** out) {
         }
         common_chat_msg msg;
         try {
-            msg = common_chat_parse(str_or_empty(args->output), args->is_partial, params);
+            msg = generic ? parse_generic(str_or_empty(args->output), args->is_partial)
+                          : common_chat_parse(str_or_empty(args->output), args->is_partial, params);
         } catch (const std::exception & e) {
             return fail(out, LB_PARSE, e.what());
         }
@@ -535,6 +785,7 @@ int lb_chat_format_names(char ** out) {
             names += common_chat_format_name(static_cast<common_chat_format>(i));
             names += '\n';
         }
+        names += "generic\n";  // LB_FORMAT_GENERIC: llama-branch's generic JSON tool calls
         *out = dup_string(names);
         return *out ? LB_OK : LB_INTERNAL;
     } catch (const std::exception & e) {

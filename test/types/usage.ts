@@ -43,6 +43,9 @@ import type {
   GenerationEvent,
   GenerationResult,
   GenerationChoice,
+  GeneratedToolCall,
+  ChatDelta,
+  ChatReply,
   GenerationUsage,
   FinishReason,
   SchedulerStats,
@@ -433,7 +436,22 @@ async function servingUsage(ctx: SessionContext): Promise<void> {
   const choice: GenerationChoice = result.choices[0];
   const usage: GenerationUsage = result.usage;
   const numbers: number[] = [choice.perplexity, ...choice.tokens, usage.promptTokens, usage.cachedPromptTokens, usage.completionTokens];
-  const finish: 'stop' | 'length' | 'abort' = choice.finishReason;
+  const finish: 'stop' | 'length' | 'abort' | 'tool_calls' = choice.finishReason;
+  const tooled = await scheduler.generate({
+    messages: [{ role: 'user', content: 'Weather?' }],
+    tools: [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object' } } }],
+    toolChoice: { type: 'function', function: { name: 'get_weather' } },
+    parallelToolCalls: false,
+    reasoningFormat: 'auto',
+    enableThinking: false,
+  });
+  const calls: GeneratedToolCall[] = tooled.choices[0].toolCalls ?? [];
+  const replyParts: [string | undefined, string | undefined, string, string, string] = [tooled.choices[0].content, tooled.choices[0].reasoningContent, calls[0].id, calls[0].name, calls[0].arguments];
+  for await (const e of scheduler.generate({ messages: [{ role: 'user', content: 'x' }], toolChoice: 'auto' })) {
+    const delta: ChatDelta | null | undefined = e.delta;
+    const reply: ChatReply | undefined = e.message;
+    void [delta?.toolCalls?.[0].index, reply?.toolCalls];
+  }
   await scheduler.generate({ prompt: 'Once', grammar: 'root ::= "a"' });
   await scheduler.generate({ tokens: [1, 2, 3], stop: 'x' }).catch((e) => (e as LlamaBranchError).code === 'ERR_QUEUE_FULL');
   const stats: SchedulerStats = scheduler.stats();

@@ -1,0 +1,212 @@
+'use strict';
+
+/**
+ * The chat side of a `scheduler.generate({ messages })` request: tools, tool choice and reasoning.
+ * llama.cpp's chat layer (`formatChat`) renders the prompt with the tools and gives the grammar
+ * that constrains a call (lazy, with its triggers, when the model may also answer in prose);
+ * `parseChatOutput` splits each finished choice into content, reasoning and tool calls. Templates
+ * that cannot render tools (Gemma 3's) get the shim's one generic JSON format. Nothing here knows
+ * a model family.
+ */
+
+const { randomBytes } = require('node:crypto');
+const { makeError } = require('../errors');
+
+/** Kinds of lazy-grammar triggers in a formatChat result (llama.cpp's common_grammar_trigger_type). */
+const GrammarTriggerType = Object.freeze({ TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 });
+
+const CHAT_FIELDS = ['tools', 'toolChoice', 'parallelToolCalls', 'reasoningFormat', 'enableThinking'];
+const TOOL_CHOICES = ['auto', 'none', 'required'];
+
+function invalid(message) {
+  return makeError('ERR_INVALID_ARG', message);
+}
+
+/** Checks one tool: `{ type: 'function', function: { name, description?, parameters? } }`. */
+function checkTool(tool, i) {
+  const where = `request.tools[${i}]`;
+  if (tool === null || typeof tool !== 'object' || tool.type !== 'function')
+    throw invalid(`${where} must be {type: 'function', function: {name, parameters}}; only function tools exist`);
+  const fn = tool.function;
+  if (fn === null || typeof fn !== 'object' || typeof fn.name !== 'string' || !/^[A-Za-z0-9_.-]{1,64}$/.test(fn.name))
+    throw invalid(`${where}.function.name must be 1-64 letters, digits, '_', '.' or '-'`);
+  const params = fn.parameters;
+  if (params !== undefined && params !== null && (typeof params !== 'object' || Array.isArray(params)))
+    throw invalid(`${where}.function.parameters must be a JSON schema object`);
+  if (params && params.type !== undefined && params.type !== 'object')
+    throw invalid(`${where}.function.parameters must describe an object (type 'object'), got type ${params.type}`);
+}
+
+/**
+ * The `formatChat` options of a request's chat fields (undefined when it has none), with a named
+ * tool choice turned into `required` over that one tool. Throws ERR_INVALID_ARG.
+ * @param {any} request
+ */
+function checkChat(request) {
+  const given = CHAT_FIELDS.filter((k) => request[k] !== undefined && request[k] !== null);
+  if (given.length === 0) return undefined;
+  if (request.messages === undefined) throw invalid(`request.${given[0]} needs messages (a chat request)`);
+  const options = {};
+  let { tools, toolChoice } = request;
+  if (tools !== undefined && tools !== null) {
+    if (!Array.isArray(tools)) throw invalid('request.tools must be an array of function tools');
+    tools.forEach(checkTool);
+    if (tools.length > 0) options.tools = tools;
+  }
+  if (toolChoice !== undefined && toolChoice !== null) {
+    if (typeof toolChoice === 'object') {
+      const name = toolChoice.type === 'function' && toolChoice.function && toolChoice.function.name;
+      const tool = typeof name === 'string' && (tools || []).find((t) => t.function.name === name);
+      if (!tool)
+        throw invalid(
+          `request.toolChoice names function ${JSON.stringify(name)}, which is not in request.tools; give {type: 'function', function: {name}} of a declared tool`,
+        );
+      options.tools = [tool];
+      toolChoice = 'required';
+    } else if (!TOOL_CHOICES.includes(toolChoice)) {
+      throw invalid(`request.toolChoice must be 'auto', 'none', 'required' or {type: 'function', function: {name}}`);
+    }
+    if (toolChoice === 'required' && !options.tools) throw invalid("request.toolChoice 'required' needs tools");
+    options.toolChoice = toolChoice;
+  }
+  for (const flag of ['parallelToolCalls', 'enableThinking']) {
+    if (request[flag] === undefined || request[flag] === null) continue;
+    if (typeof request[flag] !== 'boolean') throw invalid(`request.${flag} must be a boolean`);
+    options[flag] = request[flag];
+  }
+  if (request.reasoningFormat !== undefined && request.reasoningFormat !== null) {
+    if (typeof request.reasoningFormat !== 'string') throw invalid('request.reasoningFormat must be a string');
+    options.reasoningFormat = request.reasoningFormat;
+  }
+  return options;
+}
+
+/** A formatChat result's lazy-grammar triggers in `branch.setGrammar`'s shape. */
+function lazyTriggers(formatted) {
+  const lazy = { triggerWords: [], triggerPatterns: [], triggerTokens: [] };
+  for (const t of formatted.grammarTriggers) {
+    if (t.type === GrammarTriggerType.TOKEN && t.token >= 0) lazy.triggerTokens.push(t.token);
+    else if (t.type === GrammarTriggerType.PATTERN) lazy.triggerPatterns.push(t.value);
+    else if (t.type === GrammarTriggerType.PATTERN_FULL)
+      lazy.triggerPatterns.push(`${t.value.startsWith('^') ? '' : '^'}${t.value}${t.value.endsWith('$') ? '' : '$'}`);
+    else lazy.triggerWords.push(t.value);
+  }
+  return lazy;
+}
+
+/** An OpenAI-style call id (`call_` and 24 hex digits). */
+function callId() {
+  return `call_${randomBytes(12).toString('hex')}`;
+}
+
+/**
+ * What a request's chat layer decided: the grammar to install (and whether lazily), and how each
+ * finished choice is parsed.
+ */
+class ChatTurn {
+  /**
+   * @param {import('../Context').SessionContext} ctx
+   * @param {any} formatted the formatChat result
+   * @param {boolean} parse whether choices are parsed (tools given, or a reasoning format)
+   */
+  constructor(ctx, formatted, parse) {
+    this.ctx = ctx;
+    this.formatted = formatted;
+    this.parse = parse;
+    this.grammar = formatted.grammar || null;
+    this.lazy = formatted.grammarLazy ? lazyTriggers(formatted) : null;
+  }
+
+  /**
+   * `{content, reasoningContent, toolCalls}` of a choice's text so far (`partial`) or finished;
+   * null when unfinished text does not parse yet. Finished text the format's parser cannot read
+   * (cut off by maxTokens) is all content.
+   * @param {string} text
+   * @param {boolean} partial
+   */
+  parseText(text, partial) {
+    try {
+      const { content, reasoningContent, toolCalls } = this.ctx.parseChatOutput(text, this.formatted.format, {
+        ...this.formatted,
+        isPartial: partial,
+      });
+      return { content, reasoningContent, toolCalls };
+    } catch (e) {
+      if (!e || e.code !== 'ERR_CHAT_PARSE') throw e;
+      return partial ? null : { content: text, reasoningContent: '', toolCalls: [] };
+    }
+  }
+}
+
+/**
+ * One choice's parsed message as its text grows: each update gives the delta since the last, the
+ * way OpenAI streams one (content and reasoning as they grow; each tool call whole, once complete:
+ * when a later call has started or the choice has finished).
+ */
+class ChatStream {
+  /** @param {ChatTurn} turn */
+  constructor(turn) {
+    this.turn = turn;
+    this.content = '';
+    this.reasoningContent = '';
+    this.callsSent = 0;
+    /** @type {string[]} ids given to the calls in order, kept from update to update */
+    this.ids = [];
+    /** The last message parsed (the final one after `finish`). */
+    this.message = { content: '', reasoningContent: '', toolCalls: [] };
+  }
+
+  /** The delta of the text so far (null: nothing new). */
+  update(text) {
+    return this.#advance(this.turn.parseText(text, true), false);
+  }
+
+  /** The delta of the finished text; `message` is then the whole parsed message. */
+  finish(text) {
+    return this.#advance(this.turn.parseText(text, false), true);
+  }
+
+  #advance(parsed, final) {
+    if (!parsed) return null;
+    parsed.toolCalls = parsed.toolCalls.map((c, i) => {
+      if (!this.ids[i]) this.ids[i] = c.id || callId();
+      return { id: this.ids[i], name: c.name, arguments: c.arguments };
+    });
+    this.message = parsed;
+    /** @type {any} */
+    const delta = {};
+    const grown = (field) => {
+      const now = parsed[field];
+      if (now.length > this[field].length && now.startsWith(this[field])) {
+        delta[field] = now.slice(this[field].length);
+        this[field] = now;
+      }
+    };
+    grown('content');
+    grown('reasoningContent');
+    const complete = final ? parsed.toolCalls.length : parsed.toolCalls.length - 1;
+    if (complete > this.callsSent) {
+      delta.toolCalls = parsed.toolCalls
+        .slice(this.callsSent, complete)
+        .map((c, i) => ({ index: this.callsSent + i, ...c }));
+      this.callsSent = complete;
+    }
+    return Object.keys(delta).length ? delta : null;
+  }
+}
+
+/**
+ * Renders a request's messages with its chat options; the prompt, stop strings and ChatTurn.
+ * @param {import('../Context').SessionContext} ctx
+ * @param {any[]} messages
+ * @param {any} options from checkChat (undefined: none)
+ */
+async function formatTurn(ctx, messages, options) {
+  const formatted = await ctx.formatChat(messages, options);
+  const parse = Boolean(
+    options && ((options.tools && options.toolChoice !== 'none') || (options.reasoningFormat || 'none') !== 'none'),
+  );
+  return new ChatTurn(ctx, formatted, parse);
+}
+
+module.exports = { checkChat, formatTurn, ChatTurn, ChatStream, callId, GrammarTriggerType };

@@ -1,0 +1,92 @@
+'use strict';
+
+/**
+ * GET /metrics in Prometheus' text format (version 0.0.4): the server's request counters, the
+ * Scheduler's token and step counters, its gauges, and a histogram of step times. Written by
+ * hand: a few dozen lines, no dependency.
+ */
+
+/** Upper bounds (seconds) of the step-time histogram's buckets. */
+const STEP_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5];
+
+class Metrics {
+  constructor() {
+    /** @type {Map<string, number>} `endpoint status` → requests answered */
+    this.requests = new Map();
+    this.decodeRows = 0;
+    this.stepCounts = new Array(STEP_BUCKETS.length + 1).fill(0);
+    this.stepSeconds = 0;
+    this.steps = 0;
+    this.embeddingInputs = 0;
+  }
+
+  /** Counts an answered request. */
+  request(endpoint, status) {
+    const key = `${endpoint} ${status}`;
+    this.requests.set(key, (this.requests.get(key) || 0) + 1);
+  }
+
+  /** Takes one Scheduler step (its `onStep` info). */
+  step(info) {
+    const seconds = info.stepMs / 1000;
+    this.steps++;
+    this.stepSeconds += seconds;
+    this.decodeRows += info.rows;
+    const bucket = STEP_BUCKETS.findIndex((le) => seconds <= le);
+    this.stepCounts[bucket === -1 ? STEP_BUCKETS.length : bucket]++;
+  }
+
+  /**
+   * The exposition text.
+   * @param {ReturnType<import('../Scheduler').Scheduler['stats']>} stats
+   */
+  render(stats) {
+    const out = [];
+    const metric = (name, type, help, samples) => {
+      out.push(`# HELP llamabranch_${name} ${help}`, `# TYPE llamabranch_${name} ${type}`);
+      for (const [labels, value] of samples) out.push(`llamabranch_${name}${labels} ${value}`);
+    };
+    const one = (value) => [['', value]];
+    metric(
+      'requests_total',
+      'counter',
+      'HTTP requests answered, by endpoint and status.',
+      [...this.requests].map(([key, n]) => {
+        const [endpoint, status] = key.split(' ');
+        return [`{endpoint="${endpoint}",status="${status}"}`, n];
+      }),
+    );
+    metric('prompt_tokens_total', 'counter', 'Prompt tokens of admitted requests.', one(stats.promptTokens));
+    metric(
+      'cached_prompt_tokens_total',
+      'counter',
+      'Prompt tokens served from the prefix cache.',
+      one(stats.cachedPromptTokens),
+    );
+    metric('generated_tokens_total', 'counter', 'Tokens generated.', one(stats.generatedTokens));
+    metric('embedding_inputs_total', 'counter', 'Inputs embedded by /v1/embeddings.', one(this.embeddingInputs));
+    metric('steps_total', 'counter', 'Scheduler steps (one batched decode each, at most).', one(stats.steps));
+    metric(
+      'decode_rows_total',
+      'counter',
+      'Decode rows over all steps (rows per decode = this / steps).',
+      one(this.decodeRows),
+    );
+    metric('requests_running', 'gauge', 'Requests generating now.', one(stats.running));
+    metric('requests_queued', 'gauge', 'Requests waiting for admission.', one(stats.queued));
+    metric('kv_cells_used', 'gauge', 'KV cells in use (shared prefixes counted once).', one(stats.cellsUsed));
+    metric('kv_cells_total', 'gauge', 'KV cells of the context (nCtx).', one(stats.nCtx));
+    metric('prefix_cache_entries', 'gauge', 'Cached prompt prefixes.', one(stats.cachedPrefixes));
+    metric('prefix_cache_hit_ratio', 'gauge', 'Cached prompt tokens / prompt tokens.', one(stats.hitRate));
+    let cumulative = 0;
+    const buckets = STEP_BUCKETS.map((le, i) => {
+      cumulative += this.stepCounts[i];
+      return [`_bucket{le="${le}"}`, cumulative];
+    });
+    buckets.push(['_bucket{le="+Inf"}', this.steps], ['_sum', this.stepSeconds], ['_count', this.steps]);
+    metric('step_seconds', 'histogram', 'Wall time of scheduler steps.', buckets);
+    return `${out.join('\n')}\n`;
+  }
+}
+
+module.exports = { Metrics };

@@ -1,0 +1,65 @@
+'use strict';
+
+// `llama-branch serve` as a real child process on 127.0.0.1 (ephemeral port), for the tests that
+// drive it with real clients.
+
+const path = require('node:path');
+const { spawn } = require('node:child_process');
+const { MODEL } = require('./helpers');
+
+const BIN = path.join(__dirname, '..', 'bin', 'llama-branch.js');
+
+/** Starts the server; resolves `{ child, url }` once it printed its `listening on` line. */
+function startServer(args, env = process.env) {
+  const child = spawn(process.execPath, [BIN, 'serve', '--model', MODEL, '--port', '0', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env,
+  });
+  let out = '';
+  let err = '';
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(
+      () => reject(new Error(`no "listening on" line within 60 s; stdout: ${out} stderr: ${err}`)),
+      60000,
+    );
+    child.stderr.on('data', (d) => {
+      err += d;
+    });
+    child.stdout.on('data', (d) => {
+      out += d;
+      const m = /listening on (http:\/\/\S+)/.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        resolve({ child, url: m[1], stderr: () => err });
+      }
+    });
+    child.on('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`the server exited with ${code} before listening; stderr: ${err}`));
+    });
+  });
+}
+
+function stopServer(child) {
+  return new Promise((resolve) => {
+    if (child.exitCode !== null) return resolve(child.exitCode);
+    const kill = setTimeout(() => child.kill('SIGKILL'), 10000);
+    child.once('exit', (code, signal) => {
+      clearTimeout(kill);
+      resolve(code === null ? signal : code);
+    });
+    child.kill('SIGTERM');
+  });
+}
+
+async function waitFor(check, what, ms = 10000) {
+  const until = Date.now() + ms;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+module.exports = { startServer, stopServer, waitFor, BIN };
