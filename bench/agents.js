@@ -72,7 +72,14 @@ async function rate(client, model, extra) {
 }
 
 async function main() {
-  const server = await createServer({ modelPath: modelPath(), nCtx: 8192, parallel: C });
+  // Decode-only steps (no prompt tokens, all C rows) of the phase running, to time a step
+  // apart from the prompts' prefill (the tool prompts are ~10× longer) and reply lengths.
+  const steps = { chat: [], tools: [], plain: [], logprobs: [] };
+  let phase = null;
+  const onStep = (info) => {
+    if (phase && info.prefillTokens === 0 && info.rows === C) steps[phase].push(info.stepMs);
+  };
+  const server = await createServer({ modelPath: modelPath(), nCtx: 8192, parallel: C, scheduler: { onStep } });
   const { url } = await server.listen(0);
   const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'x', maxRetries: 0 });
   const model = server.modelName;
@@ -102,19 +109,28 @@ async function main() {
     }
     const runs = { chat: [], tools: [], plain: [], logprobs: [] };
     await rate(client, model, {}); // warm the prefix cache and the threads
+    const variants = {
+      chat: {},
+      tools: { tools: [WEATHER], tool_choice: 'required' },
+      plain: {},
+      logprobs: { logprobs: true, top_logprobs: 5 },
+    };
     for (let rep = 0; rep < REPS; rep++) {
-      runs.chat.push(await rate(client, model, {}));
-      runs.tools.push(await rate(client, model, { tools: [WEATHER], tool_choice: 'required' }));
-      runs.plain.push(await rate(client, model, {}));
-      runs.logprobs.push(await rate(client, model, { logprobs: true, top_logprobs: 5 }));
+      for (const [name, extra] of Object.entries(variants)) {
+        phase = name;
+        runs[name].push(await rate(client, model, extra));
+        phase = null;
+      }
     }
     const m = Object.fromEntries(Object.entries(runs).map(([k, v]) => [k, median(v)]));
+    const stepMs = Object.fromEntries(Object.entries(steps).map(([k, v]) => [k, median(v)]));
     const result = {
       system: systemInfo(),
       forcedCalls: forced,
       tokensPerSecond: m,
       toolsOverChat: m.tools / m.chat,
       logprobsOverPlain: m.logprobs / m.plain,
+      decodeStepMs: stepMs,
       runs,
     };
     log(
@@ -122,6 +138,9 @@ async function main() {
     );
     log(
       `C=${C} tokens/s: plain ${m.plain.toFixed(1)}, logprobs top 5 ${m.logprobs.toFixed(1)} (×${result.logprobsOverPlain.toFixed(3)})`,
+    );
+    log(
+      `decode step (${C} rows, no prefill) ms: chat ${stepMs.chat.toFixed(1)}, tool calls ${stepMs.tools.toFixed(1)}, plain ${stepMs.plain.toFixed(1)}, logprobs ${stepMs.logprobs.toFixed(1)}`,
     );
     const out = path.join(__dirname, 'results', `agents-${new Date().toISOString().replace(/[:.]/g, '-')}.json`);
     fs.writeFileSync(out, JSON.stringify(result, null, 2));

@@ -9,7 +9,7 @@
 const assert = require('node:assert/strict');
 const path = require('node:path');
 const OpenAI = require('openai');
-const { MODEL } = require('./helpers');
+const { MODEL, cosine } = require('./helpers');
 const { startServer, stopServer } = require('./serve-helpers');
 
 const KEYS = ['test-key-one', 'test-key-two'];
@@ -48,18 +48,6 @@ function assertWeatherCall(call) {
   assert.deepEqual(Object.keys(args).sort(), ['city', 'unit']);
   return args;
 }
-
-const cosine = (a, b) => {
-  let dot = 0;
-  let na = 0;
-  let nb = 0;
-  for (let i = 0; i < a.length; i++) {
-    dot += a[i] * b[i];
-    na += a[i] * a[i];
-    nb += b[i] * b[i];
-  }
-  return dot / Math.sqrt(na * nb);
-};
 
 describe('a server agents can use', function () {
   this.timeout(240000);

@@ -5,22 +5,10 @@
 
 const assert = require('node:assert/strict');
 const { Branch, jsonSchemaToGrammar } = require('..');
-const { open, rejects, throwsSync, argmax } = require('./helpers');
+const { open, rejects, throwsSync, argmax, cosine } = require('./helpers');
 const { nativeOf } = require('../lib/Context'); // internals, for checks the public API cannot make
 
 const EMPTY_OBJECT_GBNF = 'root ::= "{" ws "}" ws\nws ::= [ \\t\\n]*';
-
-function cosine(a, b) {
-  let dot = 0;
-  let na = 0;
-  let nb = 0;
-  for (let i = 0; i < a.length; i++) {
-    dot += a[i] * b[i];
-    na += a[i] * a[i];
-    nb += b[i] * b[i];
-  }
-  return dot / Math.sqrt(na * nb);
-}
 
 function norm(v) {
   return Math.sqrt(v.reduce((s, x) => s + x * x, 0));

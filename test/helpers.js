@@ -93,4 +93,17 @@ async function greedyRanks(ctx, prompt, tokens) {
   }
 }
 
-module.exports = { MODEL, open, rejects, throwsSync, argmax, topK, greedy, greedyRanks };
+/** Cosine similarity of two vectors. */
+function cosine(a, b) {
+  let dot = 0;
+  let na = 0;
+  let nb = 0;
+  for (let i = 0; i < a.length; i++) {
+    dot += a[i] * b[i];
+    na += a[i] * a[i];
+    nb += b[i] * b[i];
+  }
+  return dot / Math.sqrt(na * nb);
+}
+
+module.exports = { MODEL, cosine, open, rejects, throwsSync, argmax, topK, greedy, greedyRanks };

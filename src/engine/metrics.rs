@@ -172,24 +172,30 @@ pub fn token_logprobs(logits: &[f32], token: usize, top: usize) -> (f64, Vec<(us
         _ => f64::NEG_INFINITY,
     };
     let top = top.min(logits.len());
-    let mut ids: Vec<usize> = (0..logits.len()).collect();
-    // Descending logit, NaN last, then ascending id: a total order, so the result is stable.
-    let order = |a: &usize, b: &usize| {
-        let key = |i: usize| {
-            if logits[i].is_nan() {
-                f32::NEG_INFINITY
-            } else {
-                logits[i]
-            }
-        };
-        key(*b).total_cmp(&key(*a)).then(a.cmp(b))
+    let key = |i: usize| {
+        if logits[i].is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            logits[i]
+        }
     };
-    if top > 0 && top < ids.len() {
-        ids.select_nth_unstable_by(top - 1, order);
+    // Descending logit, NaN last, then ascending id: a total order, so the result is stable.
+    let before = |a: usize, b: usize| key(b).total_cmp(&key(a)).then(a.cmp(&b)).is_lt();
+    // One pass keeping the best `top` in order: with a vocabulary of 262k and top ≤ 20 almost
+    // every token fails the first comparison, and nothing vocabulary-sized is allocated (this
+    // runs for every generated token of a request with logprobs).
+    let mut best: Vec<usize> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for i in 0..logits.len() {
+            if best.len() == top && !before(i, best[top - 1]) {
+                continue;
+            }
+            let at = best.partition_point(|&b| before(b, i));
+            best.insert(at, i);
+            best.truncate(top);
+        }
     }
-    ids.truncate(top);
-    ids.sort_by(order);
-    (of(token), ids.into_iter().map(|i| (i, of(i))).collect())
+    (of(token), best.into_iter().map(|i| (i, of(i))).collect())
 }
 
 /// Running perplexity: exp(mean surprisal) of the accepted tokens.
@@ -351,5 +357,33 @@ mod tests {
             "top is capped at the vocabulary"
         );
         assert!(token_logprobs(&logits, 0, 0).1.is_empty());
+    }
+
+    #[test]
+    fn token_logprobs_top_matches_a_full_sort() {
+        // Pseudo-random logits with many ties and a NaN, against sorting every id.
+        let logits: Vec<f32> = (0..2000u32)
+            .map(|i| match i {
+                777 => f32::NAN,
+                _ => ((i.wrapping_mul(2_654_435_761) >> 20) % 97) as f32 / 7.0,
+            })
+            .collect();
+        let key = |i: usize| {
+            if logits[i].is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                logits[i]
+            }
+        };
+        let mut all: Vec<usize> = (0..logits.len()).collect();
+        all.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+        for top in [1, 5, 20] {
+            let got: Vec<usize> = token_logprobs(&logits, 0, top)
+                .1
+                .into_iter()
+                .map(|t| t.0)
+                .collect();
+            assert_eq!(got, all[..top]);
+        }
     }
 }
