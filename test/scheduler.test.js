@@ -356,6 +356,35 @@ describe('Scheduler', function () {
       assert.equal(ctx.parseChatOutput('{"response": "hello"}', f.format, f).content, 'hello');
     });
 
+    it('reasoning: a thinking template splits and streams reasoning; enableThinking false closes it', async () => {
+      const { ChatTurn, ChatStream } = require('../lib/scheduler/chat');
+      // A ChatML template with a thinking section (the default model's has none).
+      const template = [
+        "{%- for m in messages -%}{{ '<|im_start|>' + m.role + '\\n' }}",
+        "{%- if m.role == 'assistant' and m.reasoning_content -%}{{ '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}{%- endif -%}",
+        "{{ m.content + '<|im_end|>\\n' }}{%- endfor -%}",
+        "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}",
+        "{%- if enable_thinking is defined and enable_thinking is false -%}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif -%}{%- endif -%}",
+      ].join('');
+      const reply = '<think>\nLet me think.\n</think>\n\nHello there.';
+      const f = await ctx.formatChat(ask, { templateOverride: template, reasoningFormat: 'auto' });
+      const stream = new ChatStream(new ChatTurn(ctx, f, true));
+      const deltas = [];
+      for (let i = 1; i < reply.length; i += 4) deltas.push(stream.update(reply.slice(0, i)));
+      deltas.push(stream.finish(reply));
+      const joined = (field) => deltas.map((d) => (d && d[field]) || '').join('');
+      assert.equal(stream.message.reasoningContent.trim(), 'Let me think.');
+      assert.equal(stream.message.content, 'Hello there.');
+      assert.equal(joined('reasoningContent'), stream.message.reasoningContent, 'reasoning deltas add up');
+      assert.equal(joined('content'), 'Hello there.', 'content deltas add up');
+      const off = await ctx.formatChat(ask, {
+        templateOverride: template,
+        reasoningFormat: 'auto',
+        enableThinking: false,
+      });
+      assert.match(off.prompt, /<think>\n\n<\/think>\n\n$/, 'thinking switched off: an empty, closed block');
+    });
+
     it('bad chat fields reject with ERR_INVALID_ARG and change nothing', async () => {
       const s = start();
       await rejects(() => s.generate({ prompt: 'x', tools: [WEATHER] }), 'ERR_INVALID_ARG', /messages/);

@@ -40,6 +40,9 @@ pub struct BranchState {
     /// Receives a new logits row during a decode; swapped in only when the whole call succeeds.
     pending_logits: Vec<f32>,
     has_logits: bool,
+    /// log Σ exp(logits) of the snapshot, computed on first use: a token's logprob and its
+    /// accept (perplexity) both need it, and it is one pass over the whole vocabulary.
+    log_z: std::cell::Cell<Option<f64>>,
     candidates: Vec<TokenData>,
     last_sampled: Option<Token>,
     /// The KV cells this branch holds, for exact accounting (see `segments`).
@@ -72,6 +75,7 @@ impl BranchState {
             logits: vec![0.0; n_vocab],
             pending_logits: Vec::new(),
             has_logits: false,
+            log_z: std::cell::Cell::new(None),
             candidates: Vec::new(),
             last_sampled: None,
             runs,
@@ -109,6 +113,7 @@ impl BranchState {
         if at_end {
             child.logits = self.logits.clone();
             child.has_logits = self.has_logits;
+            child.log_z = self.log_z.clone();
             child.model_ppl = self.model_ppl;
             child.sampling_ppl = self.sampling_ppl;
         } else {
@@ -179,11 +184,35 @@ impl BranchState {
 
     /// Model surprisal (nats) of `token` under the snapshot; infinite (not counted) without one.
     pub(super) fn surprisal_of(&self, token: Token) -> f64 {
-        if self.has_logits {
-            metrics::surprisal(&self.logits, token as usize, Base::Nats)
-        } else {
-            f64::INFINITY
+        if !self.has_logits {
+            return f64::INFINITY;
         }
+        match self.logits.get(token as usize) {
+            Some(&l) if l.is_finite() => (self.log_normalizer() - l as f64).max(0.0),
+            _ => f64::INFINITY,
+        }
+    }
+
+    /// log Σ exp(logits) of the snapshot (cached until the snapshot changes).
+    pub fn log_normalizer(&self) -> f64 {
+        if let Some(z) = self.log_z.get() {
+            return z;
+        }
+        let z = metrics::log_sum_exp(&self.logits);
+        self.log_z.set(Some(z));
+        z
+    }
+
+    /// The natural-log probability of `token` under the snapshot and the `top` most likely
+    /// tokens with theirs (see `metrics::token_logprobs`).
+    pub fn token_logprobs(&self, token: usize, top: usize) -> Result<(f64, Vec<(usize, f64)>)> {
+        let logits = self.logits()?;
+        Ok(metrics::token_logprobs_given(
+            logits,
+            self.log_normalizer(),
+            token,
+            top,
+        ))
     }
 
     /// Advances the grammar and the penalty window and records both perplexities. Call only
@@ -215,6 +244,7 @@ impl BranchState {
     pub(super) fn commit_pending(&mut self) {
         std::mem::swap(&mut self.logits, &mut self.pending_logits);
         self.has_logits = true;
+        self.log_z.set(None);
     }
 
     /// Copies a logits row into the snapshot directly (after a raw decode).
@@ -222,5 +252,6 @@ impl BranchState {
         self.logits.clear();
         self.logits.extend_from_slice(row);
         self.has_logits = true;
+        self.log_z.set(None);
     }
 }

@@ -166,7 +166,16 @@ pub fn entropy(logits: &[f32], base: Base) -> f64 {
 /// tokens with theirs, most likely first (ties: the lower id first). One pass for the
 /// normaliser, one partial selection for the top: no sort of the whole vocabulary.
 pub fn token_logprobs(logits: &[f32], token: usize, top: usize) -> (f64, Vec<(usize, f64)>) {
-    let log_z = log_sum_exp(logits);
+    token_logprobs_given(logits, log_sum_exp(logits), token, top)
+}
+
+/// `token_logprobs` with the log-normalizer `log_z` (= `log_sum_exp(logits)`) already known.
+pub fn token_logprobs_given(
+    logits: &[f32],
+    log_z: f64,
+    token: usize,
+    top: usize,
+) -> (f64, Vec<(usize, f64)>) {
     let of = |i: usize| match logits.get(i) {
         Some(&x) if x.is_finite() => x as f64 - log_z,
         _ => f64::NEG_INFINITY,

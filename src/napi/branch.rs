@@ -247,8 +247,7 @@ impl SessionContext {
         let token = self.token(token).map_err(js)?;
         let top = int_in("top", top, 0, MAX_TOP_LOGPROBS).map_err(js)? as usize;
         self.sync("logprob", |e| {
-            let (logprob, best) =
-                metrics::token_logprobs(e.store.get(h)?.logits()?, token as usize, top);
+            let (logprob, best) = e.store.get(h)?.token_logprobs(token as usize, top)?;
             Ok(TokenLogprob {
                 token,
                 logprob,
