@@ -336,6 +336,8 @@ export interface FormattedChatResult {
   grammarLazy: boolean;
   /** The prompt ends inside an open thinking block. */
   thinkingForcedOpen: boolean;
+  /** The template has a thinking section (reasoning can be split from the content). */
+  supportsThinking: boolean;
   reasoningFormat: ReasoningFormat;
   /** Serialized output parser for {@link SessionContext.parseChatOutput}. */
   parser: string;

@@ -368,6 +368,8 @@ describe('Scheduler', function () {
       ].join('');
       const reply = '<think>\nLet me think.\n</think>\n\nHello there.';
       const f = await ctx.formatChat(ask, { templateOverride: template, reasoningFormat: 'auto' });
+      assert.equal(f.supportsThinking, true);
+      assert.equal((await ctx.formatChat(ask)).supportsThinking, false, "Gemma's template has no thinking section");
       const stream = new ChatStream(new ChatTurn(ctx, f, true));
       const deltas = [];
       for (let i = 1; i < reply.length; i += 4) deltas.push(stream.update(reply.slice(0, i)));

@@ -203,8 +203,12 @@ class ChatStream {
  */
 async function formatTurn(ctx, messages, options) {
   const formatted = await ctx.formatChat(messages, options);
+  // Parsed only when there is something to split: calls, or a thinking section (a template
+  // without one keeps plain chat off the per-token parse).
   const parse = Boolean(
-    options && ((options.tools && options.toolChoice !== 'none') || (options.reasoningFormat || 'none') !== 'none'),
+    options &&
+    ((options.tools && options.toolChoice !== 'none') ||
+      ((options.reasoningFormat || 'none') !== 'none' && formatted.supportsThinking)),
   );
   return new ChatTurn(ctx, formatted, parse);
 }

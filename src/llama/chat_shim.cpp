@@ -632,6 +632,7 @@ int lb_chat_format(const llama_model * model, const lb_chat_format_args * args, 
         result["grammar"]            = params.grammar;
         result["grammarLazy"]        = params.grammar_lazy;
         result["thinkingForcedOpen"] = thinking_forced_open(params);
+        result["supportsThinking"]   = params.supports_thinking;
         result["reasoningFormat"]    = static_cast<int>(inputs.reasoning_format);
         result["parser"]             = params.parser;
         result["generationPrompt"]   = params.generation_prompt;
