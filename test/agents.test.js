@@ -150,29 +150,26 @@ describe('a server agents can use', function () {
     });
 
     it('forced calls parse and validate every time (20 sampled choices at temperature 0.7)', async () => {
-      const r = await client.chat.completions.create({
-        model,
-        messages: ASK,
-        tools: [WEATHER, TIME],
-        tool_choice: 'required',
-        parallel_tool_calls: false,
-        n: 10,
-        max_tokens: 128,
-        temperature: 0.7,
-        seed: 11,
-      });
-      const r2 = await client.chat.completions.create({
-        model,
-        messages: [{ role: 'user', content: 'Is it late in Sydney?' }],
-        tools: [WEATHER, TIME],
-        tool_choice: 'required',
-        parallel_tool_calls: false,
-        n: 10,
-        max_tokens: 128,
-        temperature: 0.7,
-        seed: 12,
-      });
-      for (const c of [...r.choices, ...r2.choices]) {
+      const asks = [
+        [ASK, 11],
+        [[{ role: 'user', content: 'Is it late in Sydney?' }], 12],
+      ];
+      const choices = [];
+      for (const [messages, seed] of asks) {
+        const r = await client.chat.completions.create({
+          model,
+          messages,
+          tools: [WEATHER, TIME],
+          tool_choice: 'required',
+          parallel_tool_calls: false,
+          n: 10,
+          max_tokens: 128,
+          temperature: 0.7,
+          seed,
+        });
+        choices.push(...r.choices);
+      }
+      for (const c of choices) {
         assert.equal(c.finish_reason, 'tool_calls', `finished with a call: ${JSON.stringify(c.message)}`);
         assert.equal(c.message.tool_calls.length, 1, 'parallel_tool_calls false: one call');
         const call = c.message.tool_calls[0];

@@ -112,6 +112,8 @@ class ChatTurn {
   constructor(ctx, formatted, parse) {
     this.ctx = ctx;
     this.formatted = formatted;
+    /** parseChatOutput's options for unfinished text: built once, used for every token. */
+    this.partialOptions = { ...formatted, isPartial: true };
     this.parse = parse;
     this.grammar = formatted.grammar || null;
     this.lazy = formatted.grammarLazy ? lazyTriggers(formatted) : null;
@@ -126,10 +128,8 @@ class ChatTurn {
    */
   parseText(text, partial) {
     try {
-      const { content, reasoningContent, toolCalls } = this.ctx.parseChatOutput(text, this.formatted.format, {
-        ...this.formatted,
-        isPartial: partial,
-      });
+      const options = partial ? this.partialOptions : this.formatted;
+      const { content, reasoningContent, toolCalls } = this.ctx.parseChatOutput(text, this.formatted.format, options);
       return { content, reasoningContent, toolCalls };
     } catch (e) {
       if (!e || e.code !== 'ERR_CHAT_PARSE') throw e;

@@ -8,6 +8,7 @@
  */
 
 const { HttpError, badRequest } = require('./http');
+const { checkModel } = require('./openai');
 const defaults = require('../defaults');
 
 /** The request's inputs as token arrays (strings tokenized with BOS). */
@@ -68,11 +69,7 @@ class Embedder {
       throw new HttpError(404, 'this server has no embeddings context; start it with --embeddings', {
         code: 'embeddings_disabled',
       });
-    if (body.model !== undefined && body.model !== null && body.model !== modelName)
-      throw new HttpError(404, `The model \`${body.model}\` does not exist; this server serves \`${modelName}\``, {
-        param: 'model',
-        code: 'model_not_found',
-      });
+    checkModel(body, modelName);
     const format = body.encoding_format === undefined || body.encoding_format === null ? 'float' : body.encoding_format;
     if (format !== 'float' && format !== 'base64')
       throw badRequest("encoding_format must be 'float' or 'base64'", 'encoding_format');

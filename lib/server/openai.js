@@ -193,6 +193,17 @@ function logprobsField(kind, body) {
   return k;
 }
 
+/** The 404 of a request naming a model other than the one this server serves (none named: fine). */
+function checkModel(body, modelName) {
+  if (given(body.model) && body.model !== modelName) {
+    throw new HttpError(
+      404,
+      `The model \`${body.model}\` does not exist; this server serves \`${modelName}\` (GET /v1/models)`,
+      { param: 'model', code: 'model_not_found' },
+    );
+  }
+}
+
 /**
  * The Scheduler request of an OpenAI request `body` to endpoint `kind` ('completions' | 'chat').
  * @param {'completions' | 'chat'} kind
@@ -200,13 +211,7 @@ function logprobsField(kind, body) {
  * @param {{ modelName: string, bosToken: number, reasoningFormat: string, limits: { maxTokens: number, maxN: number } }} env
  */
 function generateRequest(kind, body, env) {
-  if (given(body.model) && body.model !== env.modelName) {
-    throw new HttpError(
-      404,
-      `The model \`${body.model}\` does not exist; this server serves \`${env.modelName}\` (GET /v1/models)`,
-      { param: 'model', code: 'model_not_found' },
-    );
-  }
+  checkModel(body, env.modelName);
   const request = commonRequest(
     body,
     env.limits,
@@ -341,4 +346,4 @@ const ENDPOINTS = {
   },
 };
 
-module.exports = { generateRequest, usageOf, ENDPOINTS };
+module.exports = { generateRequest, checkModel, usageOf, ENDPOINTS };
