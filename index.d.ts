@@ -53,6 +53,7 @@
  * | `ERR_SCHEDULER_CLOSED` | {@link Scheduler.generate} after {@link Scheduler.close}, or a request still queued when it was called |
  * | `ERR_TOO_MANY_BRANCHES` | {@link ProgramLine.fork} past the program's `maxBranches` |
  * | `ERR_PROGRAM_STATE` | a program line used while a gen runs on it, after `release()`, or after its program ended |
+ * | `ERR_VOCAB_MISMATCH` | a {@link DraftModel}'s vocabulary differs from the target model's |
  */
 export type ErrorCode =
   | 'ERR_INVALID_ARG'
@@ -84,7 +85,8 @@ export type ErrorCode =
   | 'ERR_QUEUE_FULL'
   | 'ERR_SCHEDULER_CLOSED'
   | 'ERR_TOO_MANY_BRANCHES'
-  | 'ERR_PROGRAM_STATE';
+  | 'ERR_PROGRAM_STATE'
+  | 'ERR_VOCAB_MISMATCH';
 
 /**
  * The shape of every error this package throws or rejects with. Narrow a caught value with
@@ -196,7 +198,8 @@ import { Branch } from './types/Branch';
 import { BranchStore } from './types/BranchStore';
 import { Scheduler } from './types/Scheduler';
 import { ProgramLine } from './types/ProgramLine';
-export { SessionContext, Branch, BranchStore, Scheduler, ProgramLine };
+import { PromptLookup, DraftModel } from './types/speculative';
+export { SessionContext, Branch, BranchStore, Scheduler, ProgramLine, PromptLookup, DraftModel };
 
 // The option and result shapes the addon takes and returns are declared once, in Rust (the
 // `#[napi(object)]` structs of src/napi/, documented there), and generated into lib/native.d.ts.
@@ -216,6 +219,7 @@ export type {
   TokenBias,
   TokenLogprob,
   TopLogprob,
+  VerifiedDraft,
   XtcParams,
 } from './lib/native';
 // The ones this file also uses in its own declarations.
@@ -415,6 +419,65 @@ export interface LazyGrammarTriggers {
 }
 
 /** One step of `for await (const { token, text } of branch)`. */
+/**
+ * Where speculative decoding gets its drafts (docs/speculative.md): `lookup` (n-grams of the
+ * line's own history; `true` or the n-gram sizes), `draft` (a smaller model's context with the
+ * same vocabulary, or a {@link DraftModel}), or any `source` with `open(history)`. `maxDraft`
+ * (1..32, default 8) caps a draft; the length used adapts per line to its acceptance and to the
+ * measured cost of a verified row, down to none when drafting does not pay.
+ */
+export interface SpeculativeOptions {
+  lookup?: boolean | { ngramMin?: number; ngramMax?: number };
+  draft?: SessionContext | DraftModel;
+  source?: DraftSource;
+  maxDraft?: number;
+}
+
+/** A draft source: one drafter per line of generation. */
+export interface DraftSource {
+  open(history: readonly number[]): Drafter;
+  /** Optional: drafts for many lines at once (the Scheduler calls it once per step). */
+  draftMany?(drafters: Drafter[], tokens: number[], ks: number[]): Promise<number[][]>;
+}
+
+/** One line's drafter. */
+export interface Drafter {
+  /** Up to `k` tokens that may follow the line's history plus `token`. */
+  draft(token: number, k: number): number[] | Promise<number[]>;
+  /** What was committed: the token and the accepted draft tokens. */
+  accept(tokens: readonly number[]): void;
+  close(): void;
+}
+
+/** Draft statistics: tokens drafted, draft tokens accepted, verification steps. */
+export interface SpeculativeStats {
+  drafted: number;
+  accepted: number;
+  steps: number;
+}
+
+/** Options of {@link Branch.generate}. */
+export interface BranchGenerateOptions {
+  /** Tokens to generate at most. Default 256. */
+  maxTokens?: number;
+  /** Speculative decoding; off by default. */
+  speculative?: SpeculativeOptions;
+  /** The tokens the branch holds (its prompt): what prompt lookup searches. Default none. */
+  history?: readonly number[];
+  /** Called with each token as it is accepted. */
+  onToken?: (token: BranchToken) => void;
+  signal?: AbortSignal;
+}
+
+/** What {@link Branch.generate} resolves with. */
+export interface BranchGenerateResult {
+  tokens: number[];
+  text: string;
+  /** `'stop'` at an end-of-generation token (not included), `'length'` at `maxTokens`. */
+  finishReason: 'stop' | 'length';
+  speculative: SpeculativeStats;
+}
+
 export interface BranchToken {
   token: number;
   text: string;

@@ -473,6 +473,22 @@ class Branch {
   }
 
   /**
+   * Generates up to `maxTokens` tokens (stops at an end-of-generation token), optionally
+   * speculating: `speculative: { lookup: true }` drafts from the line's own history (pass the
+   * prompt as `history`), `{ draft: draftCtx }` from a smaller model with the same vocabulary;
+   * each step commits the sampled token and verifies its draft in ONE decode, so the tokens are
+   * the ones plain generation with this branch's sampler would give (greedy: equal up to CPU
+   * batch-shape ties; sampled: the same distribution). Resolves with the tokens, text, finish
+   * reason and the draft statistics. See docs/speculative.md.
+   * @param {import('./types').BranchGenerateOptions} [options]
+   * @returns {Promise<import('./types').BranchGenerateResult>}
+   */
+  async generate(options) {
+    this._live();
+    return require('./speculative').generate(this, options);
+  }
+
+  /**
    * `for await (const { token, text } of branch)`: produces, commits, then yields each token;
    * stops (without committing) at an end-of-generation token or when the branch is disposed.
    * @returns {AsyncGenerator<BranchToken, void, undefined>}

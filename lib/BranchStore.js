@@ -67,6 +67,41 @@ class BranchStore {
   }
 
   /**
+   * A speculative step: `[[branch, token, draft], ...]` commits each branch's sampled `token`
+   * with `draft` (token ids proposed to follow it) in ONE decode with an output row per token.
+   * Each branch accepts the longest prefix of its draft that its own sampler chain (penalties,
+   * grammar, biases, seed) samples too, and ends exactly as plain commits of those tokens would
+   * leave it; the rejected cells are removed. `next` is the token the branch sampled where it
+   * parted from the draft: commit it next instead of sampling again (sampling again would skew
+   * the distribution). An end-of-generation token is never accepted from a draft; it comes back
+   * as `next`. All-or-nothing (also when `options.signal` aborts it). A draft may hold up to
+   * `min(nBatch, nSeqMax·…)` tokens: one that cannot fit one decode is refused with
+   * `ERR_INVALID_ARG`. See docs/speculative.md.
+   * @param {ReadonlyArray<readonly [Branch, number, readonly number[]]>} entries
+   * @param {OperationOptions} [options]
+   * @returns {Promise<import('./types').VerifiedDraft[]>}
+   */
+  async commitDrafts(entries, options) {
+    const where = 'BranchStore.commitDrafts';
+    if (!Array.isArray(entries))
+      throw makeError('ERR_INVALID_ARG', `${where}: expected an array of [branch, token, draft] entries`);
+    const handles = [];
+    const tokens = [];
+    const drafts = [];
+    for (const e of entries) {
+      if (!Array.isArray(e) || e.length !== 3 || !Array.isArray(e[2]))
+        throw makeError('ERR_INVALID_ARG', `${where}: each entry must be [branch, token, draft], draft an array`);
+      handles.push(this._branch(e[0], where));
+      tokens.push(e[1]);
+      drafts.push(e[2]);
+    }
+    const signal = signalOf(options, where);
+    if (handles.length === 0) return runCancellable({ signal }, where, () => Promise.resolve([]));
+    const native = nativeOf(this._ctx);
+    return runCancellable({ signal }, where, (cancel) => native._storeCommitDrafts(handles, tokens, drafts, cancel));
+  }
+
+  /**
    * `[[branch, tokens], ...]`: decodes variable-length runs bin-packed into `nBatch`-sized
    * decodes; no accept. All-or-nothing (also when `options.signal` aborts it).
    * @param {ReadonlyArray<readonly [Branch, number[]]>} entries

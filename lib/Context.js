@@ -82,6 +82,10 @@ class SessionContext {
   get nSeqMax() {
     return this.#native.nSeqMax;
   }
+  /** Logits rows one decode may return (option `nOutputs`): a speculative step needs one per verified token. */
+  get nOutputs() {
+    return this.#native.nOutputs;
+  }
   /** True after {@link dispose}. Never throws. */
   get disposed() {
     return this.#native.disposed;

@@ -8,12 +8,13 @@ const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { SessionContext, wrapContext } = require('./Context');
 const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
+const { PromptLookup, DraftModel } = require('./speculative');
 const { Scheduler } = require('./Scheduler');
 const { ProgramLine } = require('./ProgramLine');
 const { createServer } = require('./server');
 const { GrammarTriggerType } = require('./scheduler/chat');
 
-const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'poolingType', 'nGpuLayers', 'mainGpu'];
+const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'nOutputs', 'poolingType', 'nGpuLayers', 'mainGpu'];
 
 /** Public views of loaded bindings, by guarded binding (one per build). */
 const publicBindings = new WeakMap();
@@ -182,6 +183,8 @@ module.exports = {
   BranchStore,
   Scheduler,
   ProgramLine,
+  PromptLookup,
+  DraftModel,
   createServer,
   withLogits,
   SessionContext,

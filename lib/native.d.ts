@@ -50,6 +50,13 @@ export interface ContextOptions {
    */
   nSeqMax?: number
   /**
+   * Logits rows one decode may return. Default `nSeqMax + 16`; range `nSeqMax` to `nBatch`.
+   * A plain step needs one row per branch; a speculative step (`commitDrafts`) one per token
+   * it verifies, so raise it to run long drafts on many branches at once. Each row reserves
+   * `nVocab` floats of output buffer.
+   */
+  nOutputs?: number
+  /**
    * Create an embedding context: enables {@link SessionContext.encode} and
    * {@link SessionContext.getEmbeddings}. Default false. Every token of a decode is an output
    * row in such a context, so plain generation is slower there.
@@ -249,6 +256,18 @@ export interface TopLogprob {
   logprob: number
 }
 
+/** What a speculative step kept of one branch's draft. */
+export interface VerifiedDraft {
+  /** The draft tokens the branch accepted (a prefix of its draft), after its token. */
+  accepted: Array<Produced>
+  /**
+   * The token sampled where the draft and the branch parted (or past the whole draft): the
+   * branch's next token, to commit next instead of sampling again. `null` when every
+   * candidate is masked.
+   */
+  next?: Produced
+}
+
 /** XTC ("exclude top choices"). Enabled when `probability` > 0. */
 export interface XtcParams {
   /** In [0, 1]. Default 0.5. */
@@ -326,6 +345,7 @@ export declare class SessionContext {
   get nCtx(): number
   get nBatch(): number
   get nSeqMax(): number
+  get nOutputs(): number
   /**
    * Where the model's layers went: `{ layers, totalLayers, devices }` (layers on non-CPU
    * devices, out of the model's layers plus its output layer).
@@ -444,6 +464,11 @@ export declare class SessionContext {
   _storeProduce(handles: Array<number>): Array<Produced>
   /** One token per branch: each is accepted into its branch, then ONE decode for all. */
   _storeCommit(handles: number[], tokens: number[], cancel: CancelToken | undefined): Promise<void>
+  /**
+   * One token per branch plus a draft of tokens to follow it, in ONE decode with a row per
+   * token; each branch keeps the longest prefix of its draft its own sampler agrees with.
+   */
+  _storeCommitDrafts(handles: number[], tokens: number[], drafts: number[][], cancel: CancelToken | undefined): Promise<VerifiedDraft[]>
   /** Token runs for several branches, bin-packed into nBatch-sized decodes; no accept. */
   _storePrefill(handles: number[], tokenArrays: number[][], cancel: CancelToken | undefined): Promise<void>
   /** Keeps only `winner` (one `seq_keep` pass), in call order; resolves the freed handles. */

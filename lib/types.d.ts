@@ -2,6 +2,8 @@
 // option and result shapes) and reach lib/ through here, so the class declarations generated
 // from lib/ (types/, scripts/lib-typings.js) and lib's type check name the same types.
 export type {
+  BranchGenerateOptions,
+  BranchGenerateResult,
   BranchToken,
   ChatFormat,
   ChatMessage,
@@ -29,4 +31,5 @@ export type {
   TokenBias,
   TokenLogprob,
   TopLogprob,
+  VerifiedDraft,
 } from '../index';

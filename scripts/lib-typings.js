@@ -20,7 +20,7 @@ const LIB = path.join(repoRoot, 'lib');
 const OUT = path.join(repoRoot, 'types');
 const STAGING = path.join(require('node:os').tmpdir(), 'llama-branch-lib-typings');
 /** The files of lib/ whose classes index.d.ts re-exports (what they import must be emitted too). */
-const PUBLIC = ['Context.js', 'Branch.js', 'BranchStore.js', 'Scheduler.js', 'ProgramLine.js'];
+const PUBLIC = ['Context.js', 'Branch.js', 'BranchStore.js', 'Scheduler.js', 'ProgramLine.js', 'speculative.js'];
 /** Hand-written or Rust-generated declarations in lib/ that the emitted files import. */
 const COPIED = ['types.d.ts', 'native.d.ts'];
 const HEADER =

@@ -69,7 +69,11 @@ describe('typings: index.d.ts declares the runtime exports', function () {
     const declaredCodes = alias.type.types.map((t) => t.literal.text);
     // Codes made in JavaScript, outside the addon: loading the addon itself, and the
     // Scheduler's own (lib/scheduler/errors.js, their one definition).
-    const jsOnly = ['ERR_NATIVE_LOAD', ...Object.values(require('../lib/scheduler/errors').SchedulerErrorCode)];
+    const jsOnly = [
+      'ERR_NATIVE_LOAD',
+      ...Object.values(require('../lib/scheduler/errors').SchedulerErrorCode),
+      ...Object.values(require('../lib/speculative').SpeculativeErrorCode),
+    ];
     const native = require('../lib/native');
     assert.deepEqual([...declaredCodes].sort(), [...native.errorCodes(), ...jsOnly].sort());
   });

@@ -21,6 +21,22 @@ export class BranchStore {
      */
     commit(entries: ReadonlyArray<readonly [Branch, number]>, options?: OperationOptions): Promise<void>;
     /**
+     * A speculative step: `[[branch, token, draft], ...]` commits each branch's sampled `token`
+     * with `draft` (token ids proposed to follow it) in ONE decode with an output row per token.
+     * Each branch accepts the longest prefix of its draft that its own sampler chain (penalties,
+     * grammar, biases, seed) samples too, and ends exactly as plain commits of those tokens would
+     * leave it; the rejected cells are removed. `next` is the token the branch sampled where it
+     * parted from the draft: commit it next instead of sampling again (sampling again would skew
+     * the distribution). An end-of-generation token is never accepted from a draft; it comes back
+     * as `next`. All-or-nothing (also when `options.signal` aborts it). A draft may hold up to
+     * `min(nBatch, nSeqMax·…)` tokens: one that cannot fit one decode is refused with
+     * `ERR_INVALID_ARG`. See docs/speculative.md.
+     * @param {ReadonlyArray<readonly [Branch, number, readonly number[]]>} entries
+     * @param {OperationOptions} [options]
+     * @returns {Promise<import('../lib/types').VerifiedDraft[]>}
+     */
+    commitDrafts(entries: ReadonlyArray<readonly [Branch, number, readonly number[]]>, options?: OperationOptions): Promise<import("../lib/types").VerifiedDraft[]>;
+    /**
      * `[[branch, tokens], ...]`: decodes variable-length runs bin-packed into `nBatch`-sized
      * decodes; no accept. All-or-nothing (also when `options.signal` aborts it).
      * @param {ReadonlyArray<readonly [Branch, number[]]>} entries

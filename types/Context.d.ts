@@ -38,6 +38,8 @@ export class SessionContext {
     get nBatch(): number;
     /** Number of KV sequences (branch leases). */
     get nSeqMax(): number;
+    /** Logits rows one decode may return (option `nOutputs`): a speculative step needs one per verified token. */
+    get nOutputs(): number;
     /** True after {@link dispose}. Never throws. */
     get disposed(): boolean;
     /**

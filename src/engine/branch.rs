@@ -152,15 +152,25 @@ impl BranchState {
         if !self.has_logits {
             return Err(Error::NoLogits);
         }
+        let logits = std::mem::take(&mut self.logits);
+        let sampled = self.sample_row(&logits, scratch);
+        self.logits = logits;
+        Ok(sampled)
+    }
+
+    /// `sample` from `row` instead of the snapshot (a draft's verification rows): the chain,
+    /// grammar, biases and steer in their current state, `last_sampled` and the candidates left
+    /// as `sample` leaves them for the accept that may follow.
+    pub(super) fn sample_row(&mut self, row: &[f32], scratch: &mut Vec<f32>) -> Option<Token> {
         let static_bias = self.sampling.chain.config().logit_bias.as_slice();
-        let logits = pick::biased(&self.logits, &[static_bias, &self.steer], scratch);
+        let logits = pick::biased(row, &[static_bias, &self.steer], scratch);
         self.last_sampled = pick::sample(
             &mut self.sampling.chain,
             self.sampling.grammar.as_mut(),
             logits,
             &mut self.candidates,
         );
-        Ok(self.last_sampled)
+        self.last_sampled
     }
 
     /// `ERR_GRAMMAR_REJECTED` when the grammar forbids `token` in its current state; nothing

@@ -18,6 +18,8 @@ pub enum Output {
     Last,
     /// Every token (embeddings); nothing is handed back, the caller reads the context after.
     All,
+    /// Every token, each row handed back (verifying a draft): the run must fit one decode.
+    Each,
 }
 
 /// Tokens for one sequence, continuing it at `start`.
@@ -34,7 +36,7 @@ impl Run<'_> {
         let outputs = match self.output {
             Output::None => 0,
             Output::Last => usize::from(!self.tokens.is_empty()),
-            Output::All => self.tokens.len(),
+            Output::All | Output::Each => self.tokens.len(),
         };
         RunSize {
             tokens: self.tokens.len(),
@@ -43,11 +45,13 @@ impl Run<'_> {
     }
 }
 
-/// A run's last-token output from the chunk just decoded: `row` is its batch index, to read
-/// with `KvBackend::logits_row` inside the callback.
+/// An output from the chunk just decoded: token `index` of run `run` (its last token for
+/// `Output::Last`); `row` is its batch index, to read with `KvBackend::logits_row` inside the
+/// callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunOutput {
     pub run: usize,
+    pub index: usize,
     pub row: i32,
 }
 
@@ -72,6 +76,17 @@ pub fn decode_runs<K: KvBackend>(
     on_outputs: &mut dyn FnMut(&K, &[RunOutput]) -> Result<()>,
 ) -> Result<()> {
     validate(kv, runs)?;
+    if let Some(run) = runs
+        .iter()
+        .find(|r| r.output == Output::Each && r.tokens.len() > limits.tokens.min(limits.outputs))
+    {
+        return Err(Error::invalid(format!(
+            "{} tokens with an output row each do not fit one decode (nBatch {}, {} output rows); send fewer draft tokens",
+            run.tokens.len(),
+            limits.tokens,
+            limits.outputs
+        )));
+    }
     let sizes: Vec<RunSize> = runs.iter().map(Run::size).collect();
     let result = run_chunks(
         kv,
@@ -138,12 +153,21 @@ fn run_chunks<K: KvBackend>(
                 batch.clear();
                 outputs.clear();
                 for &i in members {
-                    push_tokens(batch, &runs[i], 0, runs[i].tokens.len());
-                    if runs[i].output == Output::Last {
-                        outputs.push(RunOutput {
+                    let first_row = batch.len() as i32;
+                    let n = runs[i].tokens.len();
+                    push_tokens(batch, &runs[i], 0, n);
+                    match runs[i].output {
+                        Output::Last => outputs.push(RunOutput {
                             run: i,
+                            index: n - 1,
                             row: batch.len() as i32 - 1,
-                        });
+                        }),
+                        Output::Each => outputs.extend((0..n).map(|index| RunOutput {
+                            run: i,
+                            index,
+                            row: first_row + index as i32,
+                        })),
+                        Output::None | Output::All => {}
                     }
                 }
                 decode_one(kv, batch, cancel)?;
@@ -154,7 +178,7 @@ fn run_chunks<K: KvBackend>(
             Chunk::Oversized(i) => {
                 let run = &runs[*i];
                 let piece = match run.output {
-                    Output::All => limits.tokens.min(limits.outputs),
+                    Output::All | Output::Each => limits.tokens.min(limits.outputs),
                     _ => limits.tokens,
                 };
                 for (offset, count) in plan::sub_batches(run.tokens.len(), piece) {
@@ -167,6 +191,7 @@ fn run_chunks<K: KvBackend>(
                         kv,
                         &[RunOutput {
                             run: *i,
+                            index: run.tokens.len() - 1,
                             row: batch.len() as i32 - 1,
                         }],
                     )?;
@@ -183,7 +208,7 @@ fn push_tokens(batch: &mut Batch, run: &Run, offset: usize, count: usize) {
         let output = match run.output {
             Output::None => false,
             Output::Last => j == last,
-            Output::All => true,
+            Output::All | Output::Each => true,
         };
         batch.push(run.tokens[j], run.start + j as Pos, run.seq, output);
     }

@@ -16,6 +16,7 @@ pub mod pool;
 pub mod profile;
 pub mod sampling;
 pub mod segments;
+pub mod speculate;
 pub mod state_file;
 pub mod step;
 pub mod store;

@@ -16,7 +16,7 @@ use crate::llama::{Pos, Token};
 
 impl BranchStore {
     /// Refuses a call naming a branch twice: its tokens would race for one position.
-    fn check_distinct(handles: &[Handle]) -> Result<()> {
+    pub(super) fn check_distinct(handles: &[Handle]) -> Result<()> {
         let mut seen = handles.to_vec();
         seen.sort_unstable();
         if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
@@ -185,7 +185,7 @@ impl RowsOfStep<'_> {
     }
 }
 
-fn mark(profile: &mut Option<Phases>, name: &'static str) {
+pub(super) fn mark(profile: &mut Option<Phases>, name: &'static str) {
     if let Some(p) = profile.as_mut() {
         p.mark(name);
     }

@@ -318,3 +318,151 @@ fn on_a_sliding_window_model_fork_at_is_refused_once_the_parent_left_its_window(
     );
     assert_consistent(&kv, &store);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Speculative steps (`commit_drafts`). The fake's greedy choice is always token 0 (its rows put
+// the largest logit there), so a draft of zeros is accepted and any other token is rejected.
+
+use super::speculate::{Drafted, Verified};
+
+fn no_eog(_: Token) -> bool {
+    false
+}
+
+fn drafted(h: Handle, token: Token, draft: &[Token]) -> Drafted {
+    Drafted {
+        branch: h,
+        token,
+        draft: draft.to_vec(),
+    }
+}
+
+#[test]
+fn a_verified_draft_leaves_the_branch_exactly_as_plain_commits_would() {
+    for (draft, accepted) in [
+        (vec![0, 0, 5, 0], 2),
+        (vec![0, 0, 0], 3),
+        (vec![7], 0),
+        (vec![], 0),
+    ] {
+        let (mut kv, mut store, pool) = setup(128, 4);
+        let h = root(&mut kv, &mut store, &[1, 2, 3]);
+        let t0 = store.sample(h).unwrap().unwrap(); // as the caller's produce would
+        let verified = store
+            .commit_drafts(&mut kv, &pool, &[drafted(h, t0, &draft)], &no_eog, &|| {
+                false
+            })
+            .unwrap();
+        assert_eq!(
+            verified,
+            vec![Verified {
+                accepted,
+                next: Some(0)
+            }],
+            "draft {draft:?}"
+        );
+        assert_consistent(&kv, &store);
+
+        let (mut plain_kv, mut plain, _) = setup(128, 4);
+        let p = root(&mut plain_kv, &mut plain, &[1, 2, 3]);
+        for _ in 0..=accepted {
+            step(&mut plain_kv, &mut plain, &pool, &[p]);
+        }
+        let (a, b) = (store.get(h).unwrap(), plain.get(p).unwrap());
+        assert_eq!(a.position, b.position, "draft {draft:?}");
+        assert_eq!(kv.snapshot(), plain_kv.snapshot(), "draft {draft:?}");
+        assert_eq!(a.logits().unwrap(), b.logits().unwrap(), "draft {draft:?}");
+        assert_eq!(a.model_ppl.count(), b.model_ppl.count());
+        assert_eq!(a.model_ppl.value(), b.model_ppl.value());
+        assert_eq!(a.sampling_ppl.value(), b.sampling_ppl.value());
+        assert_eq!(store.sample(h).unwrap(), verified[0].next);
+    }
+}
+
+#[test]
+fn an_end_of_generation_token_is_never_accepted_from_a_draft() {
+    let (mut kv, mut store, pool) = setup(128, 4);
+    let h = root(&mut kv, &mut store, &[1, 2, 3]);
+    let eog = |t: Token| t == 0;
+    let verified = store
+        .commit_drafts(&mut kv, &pool, &[drafted(h, 4, &[0, 0])], &eog, &|| false)
+        .unwrap();
+    assert_eq!(
+        verified[0],
+        Verified {
+            accepted: 0,
+            next: Some(0)
+        }
+    );
+    assert_eq!(store.get(h).unwrap().position, 4);
+    assert_consistent(&kv, &store);
+}
+
+#[test]
+fn drafts_stay_in_their_own_branch_and_many_verify_in_one_decode() {
+    let (mut kv, mut store, pool) = setup(256, 6);
+    let r = root(&mut kv, &mut store, &[1, 2, 3, 4]);
+    let kids: Vec<Handle> = (0..3)
+        .map(|_| store.fork(&kv, r, ForkOptions::default()).unwrap())
+        .collect();
+    let decodes_before = kv.decode_sizes().len();
+    let items = [
+        drafted(kids[0], 0, &[0, 9, 9]),
+        drafted(kids[1], 0, &[0, 0, 0, 0]),
+        drafted(kids[2], 0, &[]),
+    ];
+    let verified = store
+        .commit_drafts(&mut kv, &pool, &items, &no_eog, &|| false)
+        .unwrap();
+    assert_eq!(kv.decode_sizes().len(), decodes_before + 1, "one decode");
+    assert_eq!(
+        verified.iter().map(|v| v.accepted).collect::<Vec<_>>(),
+        vec![1, 4, 0]
+    );
+    let positions: Vec<i32> = kids
+        .iter()
+        .map(|&k| store.get(k).unwrap().position)
+        .collect();
+    assert_eq!(positions, vec![6, 9, 5]);
+    assert_eq!(store.get(r).unwrap().position, 4, "the parent is untouched");
+    assert_consistent(&kv, &store);
+}
+
+#[test]
+fn a_failed_cancelled_or_oversized_speculative_step_changes_nothing() {
+    let (mut kv, mut store, pool) = setup(128, 4);
+    let h = root(&mut kv, &mut store, &[1, 2, 3]);
+    let before = (
+        kv.snapshot(),
+        store.get(h).unwrap().position,
+        store.get(h).unwrap().model_ppl.count(),
+        store.get(h).unwrap().logits().unwrap().to_vec(),
+    );
+    let unchanged = |kv: &FakeKv, store: &BranchStore| {
+        let b = store.get(h).unwrap();
+        assert_eq!(kv.snapshot(), before.0);
+        assert_eq!(b.position, before.1);
+        assert_eq!(b.model_ppl.count(), before.2);
+        assert_eq!(b.logits().unwrap(), before.3.as_slice());
+    };
+    kv.fail_decode_after(0);
+    let items = [drafted(h, 0, &[0, 0])];
+    let failed = store.commit_drafts(&mut kv, &pool, &items, &no_eog, &|| false);
+    assert!(matches!(failed, Err(Error::Decode { .. })), "{failed:?}");
+    unchanged(&kv, &store);
+    let cancelled = store.commit_drafts(&mut kv, &pool, &items, &no_eog, &|| true);
+    assert!(matches!(cancelled, Err(Error::Aborted)), "{cancelled:?}");
+    unchanged(&kv, &store);
+    let long = [drafted(h, 0, &[0; 40])]; // the fake allows 32 output rows per decode
+    let oversized = store.commit_drafts(&mut kv, &pool, &long, &no_eog, &|| false);
+    assert!(
+        matches!(oversized, Err(Error::InvalidArgument(_))),
+        "{oversized:?}"
+    );
+    unchanged(&kv, &store);
+    // and the branch still steps normally afterwards
+    store
+        .commit_drafts(&mut kv, &pool, &items, &no_eog, &|| false)
+        .unwrap();
+    assert_consistent(&kv, &store);
+}

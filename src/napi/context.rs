@@ -95,6 +95,8 @@ pub struct ContextInfo {
     pub n_ctx: u32,
     pub n_batch: u32,
     pub n_seq_max: u32,
+    /// Logits rows one decode may return.
+    pub n_outputs: u32,
     pub n_vocab: i32,
     pub embeddings: bool,
     /// `llama_pooling_type` of the context (fixed at creation).
@@ -286,6 +288,12 @@ impl SessionContext {
     pub fn n_seq_max(&self) -> Result<u32> {
         self.live().map_err(js)?;
         Ok(self.info.n_seq_max)
+    }
+
+    #[napi(getter)]
+    pub fn n_outputs(&self) -> Result<u32> {
+        self.live().map_err(js)?;
+        Ok(self.info.n_outputs)
     }
 
     /// Where the model's layers went: `{ layers, totalLayers, devices }` (layers on non-CPU

@@ -36,6 +36,11 @@ pub struct ContextOptions {
     /// Number of KV sequences, i.e. how many branches can be alive at once (one lease each).
     /// Default 1; range 1 to 256.
     pub n_seq_max: Option<f64>,
+    /// Logits rows one decode may return. Default `nSeqMax + 16`; range `nSeqMax` to `nBatch`.
+    /// A plain step needs one row per branch; a speculative step (`commitDrafts`) one per token
+    /// it verifies, so raise it to run long drafts on many branches at once. Each row reserves
+    /// `nVocab` floats of output buffer.
+    pub n_outputs: Option<f64>,
     /// Create an embedding context: enables {@link SessionContext.encode} and
     /// {@link SessionContext.getEmbeddings}. Default false. Every token of a decode is an output
     /// row in such a context, so plain generation is slower there.
@@ -178,13 +183,23 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
         devices: o.devices.as_deref(),
         rpc_servers: o.rpc_servers.as_deref(),
     })?;
-    // Logits rows per decode never exceed the number of sequences (one per branch), except for
-    // embedding contexts, which output every token. Sizing this by n_batch would reserve
-    // n_batch × n_vocab floats of compute buffer (≈ 0.5 GB for a 262k vocabulary).
+    // A plain step outputs one logits row per branch and a speculative step one per verified
+    // token; embedding contexts output every token. Sizing this by n_batch would reserve
+    // n_batch × n_vocab floats of compute buffer (≈ 0.5 GB for a 262k vocabulary), so the
+    // default leaves room for one 16-token draft beside a row for every sequence.
     let n_outputs_max = if embeddings {
         n_batch
     } else {
-        n_seq_max.max(1)
+        let low = n_seq_max.max(1);
+        let high = n_batch.max(low);
+        let default = (low + DRAFT_ROWS).min(high);
+        opt_int(
+            "nOutputs",
+            o.n_outputs,
+            default as i64,
+            low as i64,
+            high as i64,
+        )? as u32
     };
     Ok(Resolved {
         path,
@@ -222,6 +237,9 @@ fn measure_pair_plan(ctx: &mut Context, r: &Resolved) -> crate::error::Result<bo
     calibrate::cached(&key, || calibrate::pair_split_is_faster(ctx, token))
 }
 
+/// Output rows the default `nOutputs` leaves for drafts beyond one row per sequence.
+const DRAFT_ROWS: u32 = 16;
+
 fn load_context(
     resolved: Resolved,
     shared: Arc<Shared<Engine>>,
@@ -235,6 +253,7 @@ fn load_context(
         n_ctx: ctx.n_ctx(),
         n_batch: ctx.n_batch(),
         n_seq_max: ctx.n_seq_max(),
+        n_outputs: resolved.config.n_outputs_max,
         n_vocab: model.n_vocab,
         embeddings: resolved.config.embeddings,
         pooling: ctx.pooling_type(),

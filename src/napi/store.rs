@@ -9,7 +9,19 @@ use super::branch::Produced;
 use super::cancel::{run_cancellable, CancelArg};
 use super::context::{Engine, SessionContext};
 use super::convert::{js, Arg, Result};
+use crate::engine::speculate::Drafted;
 use crate::error::Error;
+
+/// What a speculative step kept of one branch's draft.
+#[napi(object)]
+pub struct VerifiedDraft {
+    /// The draft tokens the branch accepted (a prefix of its draft), after its token.
+    pub accepted: Vec<Produced>,
+    /// The token sampled where the draft and the branch parted (or past the whole draft): the
+    /// branch's next token, to commit next instead of sampling again. `null` when every
+    /// candidate is masked.
+    pub next: Option<Produced>,
+}
 
 /// KV cache usage, counting cells shared by forks once.
 #[napi(object)]
@@ -72,6 +84,73 @@ impl SessionContext {
                 run_cancellable(e, flag, |e, cancel| {
                     e.store.commit(&mut e.ctx, &e.pool, &items, true, cancel)
                 })
+            })
+        })
+    }
+
+    /// One token per branch plus a draft of tokens to follow it, in ONE decode with a row per
+    /// token; each branch keeps the longest prefix of its draft its own sampler agrees with.
+    #[napi(
+        js_name = "_storeCommitDrafts",
+        ts_return_type = "Promise<VerifiedDraft[]>"
+    )]
+    pub fn _store_commit_drafts<'env>(
+        &self,
+        env: &'env Env,
+        #[napi(ts_arg_type = "number[]")] handles: Arg<Vec<f64>>,
+        #[napi(ts_arg_type = "number[]")] tokens: Arg<Vec<f64>>,
+        #[napi(ts_arg_type = "number[][]")] drafts: Arg<Vec<Vec<f64>>>,
+        #[napi(ts_arg_type = "CancelToken | undefined")] cancel: CancelArg,
+    ) -> Result<Object<'env>> {
+        self.spawn(env, || {
+            let method = "_storeCommitDrafts";
+            let flag = cancel.get(method)?;
+            let handles = self.ids.from_js_all(
+                &handles.get("_storeCommitDrafts: handles", "an array of branch handles")?,
+            )?;
+            let tokens =
+                self.tokens(&tokens.get("_storeCommitDrafts: tokens", "an array of token ids")?)?;
+            let drafts = drafts.get("_storeCommitDrafts: drafts", "an array of token-id arrays")?;
+            if handles.len() != tokens.len() || handles.len() != drafts.len() {
+                return Err(Error::invalid(
+                    "handles, tokens and drafts must have the same length",
+                ));
+            }
+            let items = handles
+                .into_iter()
+                .zip(tokens)
+                .zip(drafts)
+                .map(|((branch, token), draft)| {
+                    Ok(Drafted {
+                        branch,
+                        token,
+                        draft: self.tokens(&draft)?,
+                    })
+                })
+                .collect::<crate::error::Result<Vec<_>>>()?;
+            let model = self.model.clone();
+            Ok(move |e: &mut Engine| {
+                let is_eog = |t| model.is_eog(t);
+                let verified = run_cancellable(e, flag, |e, cancel| {
+                    e.store
+                        .commit_drafts(&mut e.ctx, &e.pool, &items, &is_eog, cancel)
+                })?;
+                let produced = |token| Produced {
+                    token,
+                    text: model.token_to_text(token),
+                    is_stop: model.is_eog(token),
+                };
+                Ok(items
+                    .iter()
+                    .zip(verified)
+                    .map(|(item, v)| VerifiedDraft {
+                        accepted: item.draft[..v.accepted]
+                            .iter()
+                            .map(|&t| produced(t))
+                            .collect(),
+                        next: v.next.map(produced),
+                    })
+                    .collect::<Vec<_>>())
             })
         })
     }

@@ -1,0 +1,240 @@
+'use strict';
+
+// Speculative decoding through branches: BranchStore.commitDrafts (one decode verifies a draft),
+// Branch.generate({ speculative }) with prompt lookup and with a draft model (the same 270M model
+// as its own draft: high acceptance, a valid test of the machinery, not a speed-up). Greedy output
+// with speculation is compared token by token with plain greedy output; CPU batch shapes may flip
+// a near-tie, so a divergence must be one (top-2 margin under MARGIN).
+
+const assert = require('node:assert/strict');
+const { Branch, BranchStore, DraftModel, PromptLookup } = require('..');
+const { open, rejects, throwsSync } = require('./helpers');
+
+/** Top-2 logit margin under which a greedy divergence counts as a batch-shape tie. */
+const MARGIN = 0.5;
+
+const STORY =
+  'The old lighthouse stood at the edge of the cliff for more than two hundred years. Every night its keeper climbed the narrow stairs, trimmed the wick and polished the great lens until it shone. Ships passing in the dark relied on its steady beam to avoid the rocks below.';
+const COPY_PROMPT = `Original text:\n${STORY}\n\nCorrected copy (typos fixed, otherwise identical):\nThe old lighthouse stood at the edge of the cliff for`;
+
+describe('speculative decoding through branches', function () {
+  this.timeout(300000);
+  let ctx;
+  let store;
+  let prompt;
+
+  before(async () => {
+    ctx = await open({ nCtx: 2048, nSeqMax: 8 });
+    store = new BranchStore(ctx);
+    prompt = await ctx.tokenize(COPY_PROMPT);
+  });
+
+  after(() => ctx && ctx.dispose());
+
+  async function started(params = { temperature: 0 }) {
+    const b = Branch.create(ctx, 0, params);
+    await b.prefill(prompt);
+    return b;
+  }
+
+  /** Greedy tokens of a plain one-branch loop. */
+  async function plainGreedy(n) {
+    const b = await started();
+    try {
+      return (await b.generate({ maxTokens: n })).tokens;
+    } finally {
+      await b.prune();
+    }
+  }
+
+  /** Equal, or the first divergence is a near-tie of plain decoding (top-2 margin < MARGIN). */
+  async function assertGreedyAgrees(got, want) {
+    let i = 0;
+    while (i < want.length && got[i] === want[i]) i++;
+    if (i === want.length) return assert.equal(got.length, want.length);
+    const b = await started();
+    try {
+      if (i > 0) await b.prefill(want.slice(0, i));
+      const logits = b.getLogits();
+      const sorted = [logits[want[i]], logits[got[i]]];
+      assert.ok(
+        Math.abs(sorted[0] - sorted[1]) < MARGIN,
+        `diverged at ${i} of ${want.length}: ${got[i]} vs ${want[i]} with logits ${sorted}`,
+      );
+    } finally {
+      await b.prune();
+    }
+  }
+
+  it('greedy with prompt lookup gives plain greedy output, with most drafts accepted on a copy', async () => {
+    const want = await plainGreedy(60);
+    const b = await started();
+    const seen = [];
+    const r = await b.generate({
+      maxTokens: 60,
+      history: prompt,
+      speculative: { lookup: true, maxDraft: 6 },
+      onToken: (t) => seen.push(t.token),
+    });
+    await assertGreedyAgrees(r.tokens, want);
+    assert.deepEqual(seen, r.tokens, 'onToken saw every token in order');
+    assert.equal(r.finishReason, 'length');
+    assert.ok(r.speculative.drafted > 20, `drafted ${r.speculative.drafted}`);
+    assert.ok(r.speculative.accepted / r.speculative.drafted > 0.7, JSON.stringify(r.speculative));
+    assert.ok(r.speculative.steps < 40, `60 tokens in ${r.speculative.steps} decodes`);
+    // The branch ends where plain generation ends: the last token accepted, not decoded.
+    assert.equal(b.position, prompt.length + 59);
+    assert.equal(ctx.kvSeqPosMax(b.seqId), prompt.length + 58);
+    await b.prune();
+  });
+
+  it('greedy with a draft model (the same model) gives plain greedy output', async () => {
+    const draftCtx = await open({ nCtx: 2048, nSeqMax: 4 });
+    try {
+      const want = await plainGreedy(40);
+      const b = await started();
+      const r = await b.generate({
+        maxTokens: 40,
+        history: prompt,
+        speculative: { draft: new DraftModel(draftCtx, ctx), maxDraft: 4 },
+      });
+      await assertGreedyAgrees(r.tokens, want);
+      assert.ok(r.speculative.accepted / r.speculative.drafted > 0.8, JSON.stringify(r.speculative));
+      assert.equal(draftCtx.nSeqMax - new BranchStore(draftCtx).available, 0, 'the drafter freed its branches');
+      await b.prune();
+    } finally {
+      draftCtx.dispose();
+    }
+  });
+
+  it('a rejected draft leaves position, KV and perplexity as plain commits of the kept tokens', async () => {
+    const a = await started();
+    const b = await started();
+    const t0 = a.produce().token;
+    assert.equal(b.produce().token, t0);
+    await a.commit(t0);
+    const t1 = a.produce().token;
+    const wrong = (t1 + 1) % ctx.vocabSize;
+    const [v] = await store.commitDrafts([[b, t0, [t1, wrong, t1, t1]]]);
+    assert.deepEqual(
+      v.accepted.map((p) => p.token),
+      [t1],
+    );
+    await a.commit(t1);
+    assert.equal(b.position, a.position);
+    assert.equal(ctx.kvSeqPosMax(b.seqId), ctx.kvSeqPosMax(a.seqId));
+    assert.ok(Math.abs(b.perplexity - a.perplexity) < 1e-3 * a.perplexity, `${b.perplexity} vs ${a.perplexity}`);
+    assert.equal(v.next.token, a.produce().token, 'next is what the branch samples there');
+    assert.equal(typeof v.accepted[0].text, 'string');
+    await a.prune();
+    await b.prune();
+  });
+
+  it('a draft stays in its own branch: a sibling and the parent are untouched', async () => {
+    const root = await started();
+    const [x, y] = [root.fork(), root.fork()];
+    const before = ctx.kvSeqPosMax(y.seqId);
+    const t = x.produce().token;
+    await store.commitDrafts([[x, t, [t, t, t]]]);
+    assert.equal(ctx.kvSeqPosMax(y.seqId), before);
+    assert.equal(y.position, root.position);
+    assert.equal(ctx.kvSeqPosMax(root.seqId), before);
+    assert.equal(x.position, ctx.kvSeqPosMax(x.seqId) + 1);
+    await root.pruneSubtree();
+  });
+
+  it('sampling with a fixed seed is reproducible with speculation', async () => {
+    const run = async () => {
+      const b = await started({ temperature: 0.8, seed: 42 });
+      try {
+        return await b.generate({ maxTokens: 40, history: prompt, speculative: { lookup: true } });
+      } finally {
+        await b.prune();
+      }
+    };
+    const [r1, r2] = [await run(), await run()];
+    // Draft lengths follow measured step times, so the statistics may differ between runs; the
+    // tokens may not: every position is sampled once from the seeded chain, drafted or not.
+    assert.deepEqual(r1.tokens, r2.tokens);
+    assert.ok(r1.speculative.drafted > 0 && r2.speculative.drafted > 0);
+  });
+
+  it('bad options, a foreign vocabulary and oversized drafts get coded errors', async () => {
+    const b = await started();
+    for (const maxDraft of [0, 33, 1.5, '4']) {
+      await rejects(() => b.generate({ speculative: { lookup: true, maxDraft } }), 'ERR_INVALID_ARG', /maxDraft/);
+    }
+    await rejects(() => b.generate({ speculative: {} }), 'ERR_INVALID_ARG', /exactly one/);
+    await rejects(() => b.generate({ speculative: { lookup: true, draft: ctx } }), 'ERR_INVALID_ARG');
+    throwsSync(() => new PromptLookup({ ngramMin: 5, ngramMax: 2 }), 'ERR_INVALID_ARG');
+    // No second GGUF with another tokenizer is available offline: the check runs against a
+    // target that reports a different vocabulary size and different token text.
+    const draft = new DraftModel(ctx);
+    const foreign = { vocabSize: ctx.vocabSize - 1, tokenToText: (/** @type {number} */ t) => `<${t}>` };
+    throwsSync(() => draft.checkVocabulary(/** @type {any} */ (foreign)), 'ERR_VOCAB_MISMATCH');
+    const sameSize = { vocabSize: ctx.vocabSize, tokenToText: (/** @type {number} */ t) => `<${t}>` };
+    throwsSync(() => draft.checkVocabulary(/** @type {any} */ (sameSize)), 'ERR_VOCAB_MISMATCH');
+    draft.checkVocabulary(ctx); // the same model passes
+    const t = b.produce().token;
+    const position = b.position;
+    await rejects(() => store.commitDrafts([[b, t, new Array(ctx.nOutputs).fill(t)]]), 'ERR_INVALID_ARG', /draft/);
+    await rejects(() => store.commitDrafts([[b, t, [ctx.vocabSize]]]), 'ERR_TOKEN_OUT_OF_RANGE');
+    await rejects(
+      () =>
+        store.commitDrafts([
+          [b, t, [1]],
+          [b, t, [2]],
+        ]),
+      'ERR_INVALID_ARG',
+      /more than once/,
+    );
+    await rejects(() => store.commitDrafts([[b, t]]), 'ERR_INVALID_ARG');
+    assert.equal(b.position, position, 'nothing was applied');
+    await b.prune();
+  });
+
+  it('a draft context disposed mid-generation fails the generation with a coded error', async () => {
+    const draftCtx = await open({ nCtx: 2048, nSeqMax: 4 });
+    const b = await started();
+    let n = 0;
+    const failed = await rejects(
+      () =>
+        b.generate({
+          maxTokens: 40,
+          history: prompt,
+          speculative: { draft: draftCtx, maxDraft: 4 },
+          onToken: () => {
+            if (++n === 5) draftCtx.dispose();
+          },
+        }),
+      'ERR_CONTEXT_DISPOSED',
+    );
+    assert.ok(failed);
+    // The target branch is consistent and goes on without speculation.
+    assert.equal(b.position, ctx.kvSeqPosMax(b.seqId) + 1);
+    const r = await b.generate({ maxTokens: 3 });
+    assert.equal(r.tokens.length, 3);
+    await b.prune();
+  });
+
+  it('an abort during a speculative step rolls it back like any commit', async () => {
+    const b = await started();
+    const position = b.position;
+    const ppl = b.perplexity;
+    const t = b.produce().token;
+    const controller = new AbortController();
+    const pending = store.commitDrafts([[b, t, [t, t, t, t]]], { signal: controller.signal });
+    controller.abort();
+    await rejects(() => pending, 'ERR_ABORTED');
+    assert.equal(b.position, position);
+    assert.equal(ctx.kvSeqPosMax(b.seqId), position - 1);
+    assert.ok(Object.is(b.perplexity, ppl) || b.perplexity === ppl);
+    const aborted = new AbortController();
+    aborted.abort();
+    await rejects(
+      () => b.generate({ maxTokens: 5, signal: aborted.signal, speculative: { lookup: true } }),
+      'ERR_ABORTED',
+    );
+    await b.prune();
+  });
+});
