@@ -509,6 +509,11 @@ export interface SchedulerOptions {
   defaultMaxTokens?: number;
   /** Called after every step (instrumentation, benchmarks). */
   onStep?: (info: SchedulerStepInfo) => void;
+  /**
+   * Speculative decoding for every request's choices (requests with `logprobs` excepted): each
+   * step's drafts go into its one decode next to the other rows (docs/speculative.md).
+   */
+  speculative?: SpeculativeOptions;
 }
 
 /** What one scheduler step did (see {@link SchedulerOptions.onStep}). */
@@ -654,6 +659,9 @@ export interface GenerationUsage {
   /** Prompt tokens that came from the prefix cache instead of being prefilled. */
   cachedPromptTokens: number;
   completionTokens: number;
+  /** With speculation: draft tokens proposed for this request, and how many were accepted. */
+  draftTokens?: number;
+  acceptedDraftTokens?: number;
 }
 
 /** What a {@link Generation} resolves to. */
@@ -757,6 +765,9 @@ export interface SchedulerStats {
   evictions: number;
   /** Requests that finished (including aborted ones). */
   completed: number;
+  /** Draft tokens verified (speculation), and how many were accepted. */
+  draftTokens: number;
+  acceptedDraftTokens: number;
 }
 
 /** Options of {@link createServer}: `ctx` or `modelPath`. */
@@ -789,6 +800,16 @@ export interface ServerOptions {
   embeddingsCtx?: SessionContext;
   /** How chat replies are split into reasoning and content. Default `'auto'`. */
   reasoningFormat?: ReasoningFormatName;
+  /**
+   * Speculative decoding for every request: `'lookup'` (prompt lookup), `'draft'` (a draft model
+   * at `modelDraft`, opened and owned by the server) or `'none'` (default). `scheduler.speculative`
+   * takes the full {@link SpeculativeOptions} instead.
+   */
+  speculative?: 'lookup' | 'draft' | 'none';
+  /** The draft model of `speculative: 'draft'`: a smaller GGUF with the same vocabulary. */
+  modelDraft?: string;
+  /** The longest draft a request verifies per step (1..32). Default 8. */
+  specMaxDraft?: number;
   /** Largest `max_tokens` a request may ask for. Default 4096. */
   maxTokensLimit?: number;
   /** Largest `n`. Default 16. */

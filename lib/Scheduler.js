@@ -33,7 +33,8 @@ const { SystemPrompts } = require('./scheduler/system-prompts');
 const { Generation } = require('./scheduler/generation');
 const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
 const { Program, Programs, abortedProgram } = require('./scheduler/program');
-const { produceAll, commitAll } = require('./scheduler/rows');
+const { produceAll, commitAll, commitDraftsAll } = require('./scheduler/rows');
+const { checkSpeculative, draftAll, DraftModel, StepCost } = require('./speculative');
 
 /**
  * Continuous batching over one context (see the file comment and docs/serving.md). The context
@@ -58,6 +59,10 @@ class Scheduler {
     this._defaultMaxTokens = positiveInt(o.defaultMaxTokens, 'options.defaultMaxTokens');
     if (o.onStep !== null && typeof o.onStep !== 'function') throw invalid('options.onStep must be a function');
     this._onStep = o.onStep;
+    const spec = checkSpeculative(o.speculative, 'new Scheduler: options');
+    if (spec && spec.source instanceof DraftModel) spec.source.checkVocabulary(ctx);
+    /** Speculation shared by every request's choices: the draft source, maxDraft and the step-cost fit. */
+    this._spec = spec && { ...spec, cost: new StepCost() };
 
     /** @type {Request[]} queued and ready requests, in arrival order */
     this._queue = [];
@@ -81,6 +86,8 @@ class Scheduler {
       prefilledTokens: 0,
       generatedTokens: 0,
       completed: 0,
+      draftTokens: 0,
+      acceptedDraftTokens: 0,
     };
   }
 
@@ -300,6 +307,8 @@ class Scheduler {
       req.plannedStart = length;
       req.leasesToCome = leases;
       req.usage.promptTokens = req.tokens.length;
+      // Log-probabilities need each token's own snapshot, which a verified draft does not keep.
+      req.spec = this._spec && req.logprobs === undefined ? this._spec : null;
       req.to('prefilling');
       this._running.push(req);
     }
@@ -406,11 +415,54 @@ class Scheduler {
     rows.forEach((row, i) => {
       if (row.live() && row.take(produced[i])) commits.push({ row, token: produced[i].token });
     });
-    if (commits.length > 0) await commitAll(this._store, commits);
+    if (commits.length > 0) {
+      if (this._spec) await this._commitSpeculative(commits);
+      else await commitAll(this._store, commits);
+    }
     for (const req of this._running.filter((r) => r.choices && r.state !== 'prefilling')) {
       if (req.choices.every((c) => c.finishReason)) this._settle(req, null);
     }
     return commits.length;
+  }
+
+  /**
+   * The decode of a speculating scheduler: rows that speculate get a draft (its length adapted
+   * per row; all rows together within one decode's `nOutputs`), every row's token and draft go
+   * into ONE `store.commitDrafts`, and the step's time feeds the cost fit.
+   * @param {Array<{ row: any, token: number, draft?: number[] }>} commits
+   */
+  async _commitSpeculative(commits) {
+    const spec = /** @type {any} */ (this._spec);
+    const wanted = commits.map((c) => (c.row.spec ? c.row.spec.length.next(c.row.spec.limit(), commits.length) : 0));
+    let over = wanted.reduce((a, b) => a + b, 0) - (Math.min(this._ctx.nOutputs, this._ctx.nBatch) - commits.length);
+    while (over > 0) {
+      const longest = wanted.indexOf(Math.max(...wanted));
+      wanted[longest]--;
+      over--;
+    }
+    const jobs = commits.map((c, i) => ({
+      source: spec.source,
+      drafter: c.row.spec && c.row.spec.drafter,
+      token: c.token,
+      k: wanted[i],
+    }));
+    let drafts;
+    try {
+      drafts = await draftAll(jobs);
+    } catch (e) {
+      // The draft source failed (e.g. its context was disposed): the rows that drafted fail.
+      for (const c of commits.filter((_, i) => wanted[i] > 0)) if (c.row.live()) c.row.fail(e);
+      commits = commits.filter((c) => c.row.live());
+      drafts = commits.map(() => []);
+      if (commits.length === 0) return;
+    }
+    commits.forEach((c, i) => (c.draft = drafts[i] || []));
+    const started = performance.now();
+    const accepted = await commitDraftsAll(this._store, commits);
+    const rows = commits.reduce((sum, c) => sum + 1 + c.draft.length, 0);
+    spec.cost.observe(rows, performance.now() - started);
+    this._counters.draftTokens += commits.reduce((sum, c) => sum + c.draft.length, 0);
+    this._counters.acceptedDraftTokens += accepted;
   }
 
   // ---------------------------------------------------------------------------------------------

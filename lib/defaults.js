@@ -45,6 +45,10 @@ const server = Object.freeze({
   embeddingsCtx: 2048,
   /** Inputs per /v1/embeddings request at most. */
   maxEmbeddingInputs: 256,
+  /** `--spec-max-draft`: the longest draft one line verifies in a step. */
+  specMaxDraft: 8,
+  /** Choices per request a `--spec draft` context has sequences for (each needs three). */
+  draftLinesPerRequest: 4,
 });
 
 /** Sequence leases of a server-created context for `parallel` running requests. */

@@ -262,8 +262,8 @@ export interface VerifiedDraft {
   accepted: Array<Produced>
   /**
    * The token sampled where the draft and the branch parted (or past the whole draft): the
-   * branch's next token, to commit next instead of sampling again. `null` when every
-   * candidate is masked.
+   * branch's next token, to commit next instead of sampling again. `null` for an empty
+   * draft (a plain commit: sample next as usual) and when every candidate is masked.
    */
   next?: Produced
 }

@@ -260,13 +260,19 @@ async function createServer(options) {
       });
       owned.push(embeddingsCtx);
     }
+    const speculative = await speculativeOf(options, ctx, parallel, owned);
     const metrics = new Metrics();
     const userOnStep = options.scheduler && options.scheduler.onStep;
     const onStep = (info) => {
       metrics.step(info);
       if (userOnStep) userOnStep(info);
     };
-    const scheduler = new Scheduler(ctx, { maxRunning: parallel, ...options.scheduler, onStep });
+    const scheduler = new Scheduler(ctx, {
+      maxRunning: parallel,
+      ...(speculative ? { speculative } : {}),
+      ...options.scheduler,
+      onStep,
+    });
     const embedder = new Embedder(embeddingsCtx);
     const modelName =
       options.modelName ||
@@ -302,6 +308,34 @@ function serverConfig(options) {
     limits,
     reasoningFormat: pick('reasoningFormat', defaults.server.reasoningFormat),
   };
+}
+
+/**
+ * The scheduler's `speculative` option from `options.speculative`: `'lookup'`, or `'draft'` with
+ * `modelDraft` (a context the server opens on it and owns: three sequences per line that may
+ * speculate), with `specMaxDraft`; null when off.
+ */
+async function speculativeOf(options, ctx, parallel, owned) {
+  const kind = options.speculative;
+  if (kind === undefined || kind === null || kind === false || kind === 'none') return null;
+  const maxDraft = options.specMaxDraft === undefined ? defaults.server.specMaxDraft : options.specMaxDraft;
+  if (kind === 'lookup') return { lookup: true, maxDraft };
+  if (kind !== 'draft')
+    throw makeError('ERR_INVALID_ARG', `options.speculative must be 'lookup', 'draft' or 'none', got ${kind}`);
+  if (typeof options.modelDraft !== 'string' || options.modelDraft === '')
+    throw makeError(
+      'ERR_INVALID_ARG',
+      "options.speculative 'draft' needs modelDraft: the path of a smaller model with the same vocabulary",
+    );
+  const { createContext } = require('./index');
+  const draftCtx = await createContext({
+    modelPath: options.modelDraft,
+    nThreads: options.nThreads,
+    nCtx: ctx.nCtx,
+    nSeqMax: Math.min(defaults.server.maxSeqMax, 3 * parallel * defaults.server.draftLinesPerRequest),
+  });
+  owned.push(draftCtx);
+  return { draft: draftCtx, maxDraft };
 }
 
 /** A context the server creates (and disposes of on close) from `options.modelPath`. */

@@ -272,26 +272,33 @@ class DraftLength {
   constructor({ maxDraft, cost }) {
     this.maxDraft = maxDraft;
     this.cost = cost;
-    this.acceptance = 0.6;
+    // Optimistic at first: a line that never drafts never learns. Lookup drafts only where an
+    // n-gram matched, and a draft model shares the target's tokenizer and usually its taste.
+    this.acceptance = 0.8;
     this.idle = 0;
     this.drafted = 0;
     this.accepted = 0;
     this.steps = 0;
   }
 
-  /** The draft length for the next step; at most `limit`. @param {number} limit */
-  next(limit) {
+  /**
+   * The draft length for the next step; at most `limit`. `rows`: the rows of the step without
+   * drafts (other lines' tokens), which make one more row relatively cheaper but also raise the
+   * throughput a draft row must beat.
+   * @param {number} limit @param {number} [rows]
+   */
+  next(limit, rows = 1) {
     const max = Math.min(this.maxDraft, limit);
     if (max <= 0) return 0;
     const a = Math.min(this.acceptance, 0.99);
-    const r = this.cost.ratio();
+    const r = this.cost.ratio(rows);
     let best = 0;
     let bestGain = 1;
     for (let k = 1; k <= max; k++) {
       const gain = (1 - a ** (k + 1)) / (1 - a) / (1 + r * k);
       if (gain > bestGain + 1e-9) [best, bestGain] = [k, gain];
     }
-    if (best === 0 && ++this.idle >= 16) {
+    if (best === 0 && ++this.idle >= 8) {
       this.idle = 0;
       return Math.min(2, max); // a probe: acceptance may have changed
     }
@@ -315,7 +322,9 @@ class DraftLength {
 
 /**
  * The cost of one step as `base + perRow · (rows − 1)`, fitted to the steps seen (recent ones
- * weigh more). `ratio()` is `perRow / base`; 0.5 until the steps have varied enough to say.
+ * weigh more). `ratio(rows)` is what one more row costs against the throughput of a step of
+ * `rows` plain rows: `perRow · rows / (base + perRow · (rows − 1))` (`perRow / base` for one);
+ * `perRow / base` is taken as 0.5 until the steps have varied enough to say.
  */
 class StepCost {
   constructor() {
@@ -337,8 +346,14 @@ class StepCost {
     this.sxy = this.sxy * decay + x * ms;
   }
 
-  ratio() {
-    const variance = this.sxx / this.n - (this.sx / this.n) ** 2;
+  /** @param {number} [rows] */
+  ratio(rows = 1) {
+    const single = this._singleRatio();
+    return (single * rows) / (1 + single * (rows - 1));
+  }
+
+  _singleRatio() {
+    const variance = this.n === 0 ? 0 : this.sxx / this.n - (this.sx / this.n) ** 2;
     if (this.n < 4 || variance < 0.25) return 0.5;
     const slope = (this.sxy / this.n - (this.sx / this.n) * (this.sy / this.n)) / variance;
     const base = this.sy / this.n - slope * (this.sx / this.n);
@@ -462,12 +477,7 @@ async function generate(branch, options = {}) {
       }
       for (const p of verified.accepted) take(p);
       if (drafter) drafter.accept([produced.token, ...verified.accepted.map((p) => p.token)]);
-      if (!verified.next)
-        throw makeError(
-          'ERR_GRAMMAR',
-          'generate: no token is allowed: every candidate is masked (grammar, bias or steer)',
-        );
-      carried = verified.next;
+      carried = verified.next; // null: sample as usual (an empty draft; or nothing allowed, which produce reports)
     }
   } finally {
     if (drafter) drafter.close();

@@ -8,7 +8,7 @@
 
 const assert = require('node:assert/strict');
 const { Branch, BranchStore, DraftModel, PromptLookup } = require('..');
-const { open, rejects, throwsSync } = require('./helpers');
+const { MODEL, open, rejects, throwsSync } = require('./helpers');
 
 /** Top-2 logit margin under which a greedy divergence counts as a batch-shape tie. */
 const MARGIN = 0.5;
@@ -236,5 +236,146 @@ describe('speculative decoding through branches', function () {
       'ERR_ABORTED',
     );
     await b.prune();
+  });
+});
+
+describe('speculative decoding in the Scheduler and the server', function () {
+  this.timeout(300000);
+  const { Scheduler } = require('..');
+  let ctx;
+
+  before(async () => {
+    ctx = await open({ nCtx: 4096, nSeqMax: 24, nOutputs: 40 });
+  });
+
+  after(() => ctx && ctx.dispose());
+
+  /** Three copy prompts that differ in their first line, greedy, with and without speculation. */
+  async function copies(options, request = {}) {
+    const scheduler = new Scheduler(ctx, options);
+    let steps = 0;
+    const prompts = [1, 2, 3].map((i) => `Document ${i}.\n${COPY_PROMPT}`);
+    try {
+      const results = await Promise.all(
+        prompts.map((prompt) => scheduler.generate({ prompt, maxTokens: 48, params: { temperature: 0 }, ...request })),
+      );
+      steps = scheduler.stats().steps;
+      return { results, stats: scheduler.stats(), steps };
+    } finally {
+      await scheduler.close();
+    }
+  }
+
+  it('requests speculate together in the step: greedy output as without, in fewer steps', async () => {
+    const plain = await copies({});
+    const spec = await copies({ speculative: { lookup: true, maxDraft: 6 } });
+    for (let i = 0; i < 3; i++) {
+      const [got, want] = [spec.results[i].choices[0].tokens, plain.results[i].choices[0].tokens];
+      let same = 0;
+      while (same < want.length && got[same] === want[same]) same++;
+      // The Scheduler's rows run in other batch shapes than a lone branch; count agreement
+      // before the first near-tie the way the single-branch test does, loosely: most of it.
+      assert.ok(same >= 24, `request ${i}: agree for ${same} of ${want.length}`);
+      assert.equal(spec.results[i].choices[0].finishReason, 'length');
+      assert.equal(spec.results[i].choices[0].tokens.length, 48);
+      const usage = spec.results[i].usage;
+      assert.ok(usage.draftTokens > 0 && usage.acceptedDraftTokens > 0, JSON.stringify(usage));
+      assert.equal(plain.results[i].usage.draftTokens, undefined);
+    }
+    assert.ok(spec.stats.acceptedDraftTokens > 30, JSON.stringify(spec.stats));
+    assert.ok(spec.steps < plain.steps, `${spec.steps} steps with speculation vs ${plain.steps} without`);
+  });
+
+  it('stop strings, n choices and sampling work with speculation; logprobs requests do not speculate', async () => {
+    const scheduler = new Scheduler(ctx, { speculative: { lookup: true } });
+    try {
+      const stopped = await scheduler.generate({
+        prompt: COPY_PROMPT,
+        maxTokens: 64,
+        params: { temperature: 0 },
+        stop: ['stairs'],
+      });
+      assert.equal(stopped.choices[0].finishReason, 'stop');
+      assert.ok(!stopped.choices[0].text.includes('stairs'));
+      assert.match(stopped.choices[0].text, /keeper climbed the narrow $/);
+      const sampled = await scheduler.generate({
+        prompt: COPY_PROMPT,
+        maxTokens: 24,
+        n: 3,
+        params: { temperature: 0.7 },
+        seed: 5,
+      });
+      assert.equal(sampled.choices.length, 3);
+      for (const c of sampled.choices) assert.equal(c.tokens.length, 24);
+      const again = await scheduler.generate({
+        prompt: COPY_PROMPT,
+        maxTokens: 24,
+        n: 3,
+        params: { temperature: 0.7 },
+        seed: 5,
+      });
+      assert.deepEqual(
+        again.choices.map((c) => c.tokens),
+        sampled.choices.map((c) => c.tokens),
+        'a fixed seed gives the same choices',
+      );
+      const withLogprobs = await scheduler.generate({
+        prompt: COPY_PROMPT,
+        maxTokens: 8,
+        logprobs: 2,
+        params: { temperature: 0 },
+      });
+      assert.equal(withLogprobs.usage.draftTokens, undefined);
+      assert.equal(withLogprobs.choices[0].logprobs.length, 8);
+    } finally {
+      await scheduler.close();
+    }
+  });
+
+  it('a draft model in the Scheduler; its disposal fails the requests that draft with a coded error', async () => {
+    const draftCtx = await open({ nCtx: 4096, nSeqMax: 12 });
+    const scheduler = new Scheduler(ctx, { speculative: { draft: draftCtx, maxDraft: 4 } });
+    try {
+      const r = await scheduler.generate({ prompt: COPY_PROMPT, maxTokens: 24, params: { temperature: 0 } });
+      assert.equal(r.choices[0].tokens.length, 24);
+      assert.ok(r.usage.acceptedDraftTokens > 0, JSON.stringify(r.usage));
+      const gen = scheduler.generate({ prompt: COPY_PROMPT, maxTokens: 200, params: { temperature: 0 } });
+      let n = 0;
+      const failed = await rejects(async () => {
+        for await (const event of gen) if (event.token !== null && ++n === 3) draftCtx.dispose();
+      }, 'ERR_CONTEXT_DISPOSED');
+      assert.ok(failed);
+      // The scheduler goes on for requests that do not need the draft model.
+      const plain = await scheduler.generate({ prompt: COPY_PROMPT, maxTokens: 4, logprobs: 1 });
+      assert.equal(plain.choices[0].tokens.length, 4);
+    } finally {
+      await scheduler.close();
+      draftCtx.dispose();
+    }
+  });
+
+  it('llama-branch serve --spec lookup: the official client sees accepted prediction tokens', async () => {
+    const { default: OpenAI } = await import('openai');
+    const { startServer, stopServer } = require('./serve-helpers');
+    const server = await startServer(['--spec', 'lookup', '--spec-max-draft', '6', '--ctx-size', '2048']);
+    try {
+      const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0 });
+      const r = await client.completions.create({
+        model: require('node:path')
+          .basename(MODEL)
+          .replace(/\.gguf$/, ''),
+        prompt: COPY_PROMPT,
+        max_tokens: 32,
+        temperature: 0,
+      });
+      assert.equal(r.usage.completion_tokens, 32);
+      const details = /** @type {any} */ (r.usage).completion_tokens_details;
+      assert.ok(details.accepted_prediction_tokens > 10, JSON.stringify(r.usage));
+      assert.ok(details.rejected_prediction_tokens >= 0);
+      const bad = await startServer(['--spec', 'draft']).catch((e) => e);
+      assert.match(String(bad.message), /modelDraft|model-draft/);
+    } finally {
+      await stopServer(server.child);
+    }
   });
 });

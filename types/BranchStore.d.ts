@@ -28,9 +28,10 @@ export class BranchStore {
      * leave it; the rejected cells are removed. `next` is the token the branch sampled where it
      * parted from the draft: commit it next instead of sampling again (sampling again would skew
      * the distribution). An end-of-generation token is never accepted from a draft; it comes back
-     * as `next`. All-or-nothing (also when `options.signal` aborts it). A draft may hold up to
-     * `min(nBatch, nSeqMax·…)` tokens: one that cannot fit one decode is refused with
-     * `ERR_INVALID_ARG`. See docs/speculative.md.
+     * as `next`. An empty draft is a plain commit (`next` null: sample as usual). All-or-nothing
+     * (also when `options.signal` aborts it). Each branch's token plus draft must fit one decode
+     * (`ctx.nOutputs` rows, `nBatch` tokens), else `ERR_INVALID_ARG`; many branches are packed
+     * into as few decodes as fit. See docs/speculative.md.
      * @param {ReadonlyArray<readonly [Branch, number, readonly number[]]>} entries
      * @param {OperationOptions} [options]
      * @returns {Promise<import('../lib/types').VerifiedDraft[]>}

@@ -45,4 +45,5 @@ export class Scheduler {
     close(): Promise<void>;
 }
 import { BranchStore } from "./BranchStore";
+import { StepCost } from "./speculative";
 import { Branch } from "./Branch";

@@ -86,14 +86,21 @@ export class DraftLength {
     drafted: number;
     accepted: number;
     steps: number;
-    /** The draft length for the next step; at most `limit`. @param {number} limit */
-    next(limit: number): number;
+    /**
+     * The draft length for the next step; at most `limit`. `rows`: the rows of the step without
+     * drafts (other lines' tokens), which make one more row relatively cheaper but also raise the
+     * throughput a draft row must beat.
+     * @param {number} limit @param {number} [rows]
+     */
+    next(limit: number, rows?: number): number;
     /** @param {number} drafted @param {number} accepted */
     observe(drafted: number, accepted: number): void;
 }
 /**
  * The cost of one step as `base + perRow · (rows − 1)`, fitted to the steps seen (recent ones
- * weigh more). `ratio()` is `perRow / base`; 0.5 until the steps have varied enough to say.
+ * weigh more). `ratio(rows)` is what one more row costs against the throughput of a step of
+ * `rows` plain rows: `perRow · rows / (base + perRow · (rows − 1))` (`perRow / base` for one);
+ * `perRow / base` is taken as 0.5 until the steps have varied enough to say.
  */
 export class StepCost {
     n: number;
@@ -103,7 +110,8 @@ export class StepCost {
     sxy: number;
     /** @param {number} rows @param {number} ms */
     observe(rows: number, ms: number): void;
-    ratio(): number;
+    /** @param {number} [rows] */
+    ratio(rows?: number): number;
 }
 /**
  * Checks `speculative` options: `{ lookup: true | { ngramMin, ngramMax } }`, `{ draft: ctx }`

@@ -49,6 +49,17 @@ const options = {
     default: serverDefaults.reasoningFormat,
     help: 'split chat replies into reasoning_content and content: none, auto, deepseek, deepseek-legacy',
   },
+  spec: {
+    type: 'string',
+    default: 'none',
+    help: 'speculative decoding: lookup (n-grams of the prompt, no second model), draft (needs --model-draft) or none',
+  },
+  'model-draft': { type: 'string', help: 'path of a smaller .gguf with the same vocabulary, for --spec draft' },
+  'spec-max-draft': {
+    type: 'string',
+    default: String(serverDefaults.specMaxDraft),
+    help: 'longest draft one request verifies per step (1..32; the length used adapts)',
+  },
   'max-tokens-limit': {
     type: 'string',
     default: String(serverDefaults.maxTokensLimit),
@@ -88,6 +99,9 @@ async function run(values, { log }) {
     embeddings: Boolean(values.embeddings),
     reasoningFormat: values['reasoning-format'],
     maxTokensLimit: integer(values, 'max-tokens-limit'),
+    speculative: values.spec,
+    modelDraft: values['model-draft'],
+    specMaxDraft: integer(values, 'spec-max-draft'),
   });
   const { url } = await server.listen(integer(values, 'port'), values.host);
   log(`listening on ${url}`);

@@ -22,6 +22,7 @@ const { signalOf } = require('../cancel');
 const { StopMatcher } = require('./stops');
 const { release } = require('./prefix-cache');
 const { checkChat, formatTurn, ChatStream } = require('./chat');
+const { DraftLength } = require('../speculative');
 
 const SEED_SPACE = 2 ** 32;
 
@@ -152,6 +153,13 @@ class Request {
     /** Generating: `{index, branch, tokens, matcher, finishReason, perplexity}` per choice. */
     this.choices = null;
     this.usage = { promptTokens: 0, cachedPromptTokens: 0, completionTokens: 0 };
+    /**
+     * Speculation (set at admission when the scheduler speculates and the request does not ask
+     * for log-probabilities, which need each token's own snapshot): the draft source and the
+     * step-cost fit every line of this scheduler shares.
+     * @type {{ source: any, maxDraft: number, cost: any } | null}
+     */
+    this.spec = null;
   }
 
   /** Moves to `state`, or throws: a transition the life cycle lacks is a bug in the Scheduler. */
@@ -277,6 +285,10 @@ class Request {
         logprobs: this.logprobs === undefined ? null : [],
         chat: this.chat && this.chat.parse ? new ChatStream(this.chat) : null,
         message: null,
+        /** Speculating: the choice's drafter, its draft length, and the token verification sampled next. */
+        drafter: this.spec ? this.spec.source.open(this.tokens) : null,
+        draftLength: this.spec ? new DraftLength({ maxDraft: this.spec.maxDraft, cost: this.spec.cost }) : null,
+        next: null,
       });
       const params = { ...this.params, seed: (this.seedBase + i) % SEED_SPACE };
       if (this.grammar && !this.grammarLazy) params.grammar = this.grammar;
@@ -287,6 +299,8 @@ class Request {
 
   /** Ends `choice` with `reason`: its perplexity is read, its branch freed, its last event sent. */
   finishChoice(choice, reason) {
+    if (choice.drafter) choice.drafter.close();
+    choice.drafter = null;
     const rest = choice.matcher.flush(); // the events' texts add up to the result's text
     let delta = null;
     if (choice.chat && reason !== 'abort') {
@@ -334,6 +348,9 @@ class Request {
       logprobs: null,
       chat: null,
       message: null,
+      drafter: null,
+      draftLength: null,
+      next: null,
     }));
     for (const choice of this.choices) this.finishChoice(choice, reason);
   }
@@ -348,15 +365,49 @@ class Request {
       .map((choice) => ({
         branch: choice.branch,
         owner: this,
+        carried: choice.next || undefined,
         live: () => this.state === 'generating',
         take: (produced) => this.take(choice, produced, onToken),
         committed: () => {},
         fail: (e) => fail(this, e),
+        ...(choice.drafter
+          ? {
+              spec: {
+                source: this.spec && this.spec.source,
+                drafter: choice.drafter,
+                length: choice.draftLength,
+                // The last token comes from `next`, accepted without a decode, as without speculation.
+                limit: () => this.maxTokens - choice.tokens.length - 1,
+              },
+              verified: (token, accepted, next, drafted) =>
+                this.verified(choice, { token, accepted, next, drafted }, onToken),
+            }
+          : {}),
       }));
   }
 
-  /** Takes a produced token into its choice; true when it is still to be committed. */
-  take(choice, produced, onToken) {
+  /**
+   * A speculative step's outcome for `choice`: the accepted draft tokens (already committed) are
+   * taken like sampled ones, and the token verification sampled next is kept for the next step.
+   */
+  verified(choice, { token, accepted, next, drafted }, onToken) {
+    this.usage.draftTokens = (this.usage.draftTokens || 0) + drafted;
+    this.usage.acceptedDraftTokens = (this.usage.acceptedDraftTokens || 0) + accepted.length;
+    for (const produced of accepted) {
+      if (choice.finishReason) return;
+      this.take(choice, produced, onToken, true);
+    }
+    if (choice.finishReason) return;
+    if (choice.drafter) choice.drafter.accept([token, ...accepted.map((p) => p.token)]);
+    choice.next = next;
+  }
+
+  /**
+   * Takes a produced token into its choice; true when it is still to be committed. `committed`:
+   * an accepted draft token, already decoded and accepted.
+   */
+  take(choice, produced, onToken, committed = false) {
+    choice.next = null;
     if (produced.isStop) {
       this.finishChoice(choice, 'stop');
       return false;
@@ -380,7 +431,7 @@ class Request {
     if (!reason) return true;
     // Not decoded (nothing will be sampled after it), but accepted so perplexity counts it.
     try {
-      choice.branch.accept(produced.token);
+      if (!committed) choice.branch.accept(produced.token);
     } catch {
       // perplexity then leaves the last token out; the text is complete either way
     }

@@ -14,6 +14,9 @@
  * @property {any} branch
  * @property {any} owner
  * @property {number} [force] the token a teacher-forced row commits (no sampling)
+ * @property {any} [carried] the `Produced` a speculative step sampled for this row: taken instead of sampling
+ * @property {{ source: any, drafter: any, length: any, limit: () => number }} [spec] a row that speculates
+ * @property {(token: number, accepted: any[], next: any, drafted: number) => void} [verified] a speculative step's outcome
  * @property {() => boolean} live
  * @property {(produced: any) => boolean} take
  * @property {(token: number) => void} committed
@@ -26,7 +29,8 @@
  * given. Returns each row's `Produced` or Error, in row order.
  */
 function produceAll(store, rows) {
-  const sampled = rows.filter((r) => r.force === undefined);
+  const given = (/** @type {DecodeRow} */ r) => r.force !== undefined || r.carried !== undefined;
+  const sampled = rows.filter((r) => !given(r));
   let produced;
   try {
     produced = store.produce(sampled.map((r) => r.branch));
@@ -40,7 +44,10 @@ function produceAll(store, rows) {
     });
   }
   let next = 0;
-  return rows.map((r) => (r.force === undefined ? produced[next++] : { token: r.force, text: '', isStop: false }));
+  return rows.map((r) => {
+    if (r.carried !== undefined) return r.carried;
+    return r.force === undefined ? produced[next++] : { token: r.force, text: '', isStop: false };
+  });
 }
 
 /** ONE `store.commit` of `{row, token}`s; if it fails, per owner, so that one owner's failure stays its own. */
@@ -63,4 +70,39 @@ async function commitAll(store, commits) {
   }
 }
 
-module.exports = { produceAll, commitAll };
+/**
+ * A speculative step's ONE `store.commitDrafts` of `{row, token, draft}`s (rows that do not
+ * speculate have empty drafts: plain commits in the same decode); if it fails, per owner.
+ * Returns the number of draft tokens accepted.
+ */
+async function commitDraftsAll(store, commits) {
+  const entries = (/** @type {any[]} */ list) => list.map(({ row, token, draft }) => [row.branch, token, draft]);
+  const apply = (/** @type {any[]} */ list, /** @type {any[]} */ verified) => {
+    let accepted = 0;
+    list.forEach(({ row, token, draft }, i) => {
+      row.committed(token);
+      const v = verified[i];
+      accepted += v.accepted.length;
+      if (row.spec) row.spec.length.observe(draft.length, v.accepted.length);
+      if (row.verified && row.live()) row.verified(token, v.accepted, v.next, draft.length);
+    });
+    return accepted;
+  };
+  try {
+    return apply(commits, await store.commitDrafts(entries(commits)));
+  } catch {
+    // fall through: isolate the failing owner(s)
+  }
+  let accepted = 0;
+  for (const owner of new Set(commits.map((c) => c.row.owner))) {
+    const own = commits.filter((c) => c.row.owner === owner);
+    try {
+      accepted += apply(own, await store.commitDrafts(entries(own)));
+    } catch (e) {
+      if (own[0].row.live()) own[0].row.fail(e);
+    }
+  }
+  return accepted;
+}
+
+module.exports = { produceAll, commitAll, commitDraftsAll };

@@ -237,6 +237,15 @@ function usageOf(usage) {
     completion_tokens: usage.completionTokens,
     total_tokens: usage.promptTokens + usage.completionTokens,
     prompt_tokens_details: { cached_tokens: usage.cachedPromptTokens },
+    ...(usage.draftTokens === undefined
+      ? {}
+      : {
+          // OpenAI's names for predicted-output tokens: draft tokens kept and thrown away.
+          completion_tokens_details: {
+            accepted_prediction_tokens: usage.acceptedDraftTokens,
+            rejected_prediction_tokens: usage.draftTokens - usage.acceptedDraftTokens,
+          },
+        }),
   };
 }
 

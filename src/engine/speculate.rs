@@ -38,15 +38,17 @@ pub struct Drafted {
     pub draft: Vec<Token>,
 }
 
-/// What verification kept of one branch's draft.
+/// What verification kept of one branch's draft. An item with an empty draft is exactly a
+/// plain commit, so rows that do not speculate share the step's decode unchanged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
     /// How many draft tokens were accepted (a prefix of the draft), after `token`.
     pub accepted: usize,
     /// The token sampled from the new snapshot (where the draft and the branch parted, or past
     /// the whole draft): the branch's next token, to commit in the following step. An
-    /// end-of-generation token is never accepted from a draft; it comes back here. `None` when
-    /// every candidate is masked.
+    /// end-of-generation token is never accepted from a draft; it comes back here. `None` for
+    /// an empty draft (a plain commit: the caller samples next as usual) and when every
+    /// candidate is masked.
     pub next: Option<Token>,
 }
 
@@ -183,6 +185,14 @@ fn verify(
 ) -> Verified {
     let surprisal = b.surprisal_of(item.token);
     b.apply_accept(item.token, surprisal);
+    if item.draft.is_empty() {
+        // A plain commit: the caller samples the next token itself, as after `commit`.
+        b.capture(&rows[0]);
+        return Verified {
+            accepted: 0,
+            next: None,
+        };
+    }
     let mut scratch = Vec::new();
     let mut accepted = 0;
     let next = loop {
