@@ -446,6 +446,7 @@ class Scheduler {
       token: c.token,
       k: wanted[i],
     }));
+    const started = performance.now(); // drafting counts in the step's cost
     let drafts;
     try {
       drafts = await draftAll(jobs);
@@ -457,7 +458,6 @@ class Scheduler {
       if (commits.length === 0) return;
     }
     commits.forEach((c, i) => (c.draft = drafts[i] || []));
-    const started = performance.now();
     const accepted = await commitDraftsAll(this._store, commits);
     const rows = commits.reduce((sum, c) => sum + 1 + c.draft.length, 0);
     spec.cost.observe(rows, performance.now() - started);

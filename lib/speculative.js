@@ -322,7 +322,7 @@ class DraftLength {
 
 /**
  * The cost of one step as `base + perRow · (rows − 1)`, fitted to the steps seen (recent ones
- * weigh more). `ratio(rows)` is what one more row costs against the throughput of a step of
+ * weigh more; a step's time includes drafting, so a draft model's own decodes count). `ratio(rows)` is what one more row costs against the throughput of a step of
  * `rows` plain rows: `perRow · rows / (base + perRow · (rows − 1))` (`perRow / base` for one);
  * `perRow / base` is taken as 0.5 until the steps have varied enough to say.
  */
@@ -468,8 +468,9 @@ async function generate(branch, options = {}) {
       }
       // The draft never reaches the last token: it comes from `next`, accepted without a decode.
       const k = length ? length.next(maxTokens - tokens.length - 1) : 0;
-      const draft = k > 0 ? (await draftAll([{ source: spec.source, drafter, token: produced.token, k }]))[0] : [];
+      // Drafting counts in the step's cost: a draft model's decodes are what it pays for a draft.
       const started = process.hrtime.bigint();
+      const draft = k > 0 ? (await draftAll([{ source: spec.source, drafter, token: produced.token, k }]))[0] : [];
       const [verified] = await store.commitDrafts([[branch, produced.token, draft]], { signal });
       if (length) {
         cost.observe(1 + draft.length, Number(process.hrtime.bigint() - started) / 1e6);

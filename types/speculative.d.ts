@@ -98,7 +98,7 @@ export class DraftLength {
 }
 /**
  * The cost of one step as `base + perRow · (rows − 1)`, fitted to the steps seen (recent ones
- * weigh more). `ratio(rows)` is what one more row costs against the throughput of a step of
+ * weigh more; a step's time includes drafting, so a draft model's own decodes count). `ratio(rows)` is what one more row costs against the throughput of a step of
  * `rows` plain rows: `perRow · rows / (base + perRow · (rows − 1))` (`perRow / base` for one);
  * `perRow / base` is taken as 0.5 until the steps have varied enough to say.
  */
