@@ -373,7 +373,6 @@ class Request {
         ...(choice.drafter
           ? {
               spec: {
-                source: this.spec && this.spec.source,
                 drafter: choice.drafter,
                 length: choice.draftLength,
                 // The last token comes from `next`, accepted without a decode, as without speculation.

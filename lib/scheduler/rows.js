@@ -15,7 +15,7 @@
  * @property {any} owner
  * @property {number} [force] the token a teacher-forced row commits (no sampling)
  * @property {any} [carried] the `Produced` a speculative step sampled for this row: taken instead of sampling
- * @property {{ source: any, drafter: any, length: any, limit: () => number }} [spec] a row that speculates
+ * @property {{ drafter: any, length: any, limit: () => number }} [spec] a row that speculates
  * @property {(token: number, accepted: any[], next: any, drafted: number) => void} [verified] a speculative step's outcome
  * @property {() => boolean} live
  * @property {(produced: any) => boolean} take
@@ -50,24 +50,38 @@ function produceAll(store, rows) {
   });
 }
 
-/** ONE `store.commit` of `{row, token}`s; if it fails, per owner, so that one owner's failure stays its own. */
-async function commitAll(store, commits) {
+/**
+ * Runs `attempt` on all `commits` at once; if it throws, once per owner, so that one owner's
+ * failure (its grammar, its draft) stays its own: that owner's first live row hears the error.
+ * Returns the sum of what the successful attempts returned.
+ * @param {Array<{ row: DecodeRow }>} commits
+ * @param {(list: any[]) => Promise<number>} attempt
+ */
+async function perOwnerOnFailure(commits, attempt) {
   try {
-    await store.commit(commits.map(({ row, token }) => [row.branch, token]));
-    for (const { row, token } of commits) row.committed(token);
-    return;
+    return await attempt(commits);
   } catch {
     // fall through: isolate the failing owner(s)
   }
+  let total = 0;
   for (const owner of new Set(commits.map((c) => c.row.owner))) {
     const own = commits.filter((c) => c.row.owner === owner);
     try {
-      await store.commit(own.map(({ row, token }) => [row.branch, token]));
-      for (const { row, token } of own) row.committed(token);
+      total += await attempt(own);
     } catch (e) {
       if (own[0].row.live()) own[0].row.fail(e);
     }
   }
+  return total;
+}
+
+/** ONE `store.commit` of `{row, token}`s; if it fails, per owner. */
+async function commitAll(store, commits) {
+  await perOwnerOnFailure(commits, async (list) => {
+    await store.commit(list.map(({ row, token }) => [row.branch, token]));
+    for (const { row, token } of list) row.committed(token);
+    return 0;
+  });
 }
 
 /**
@@ -75,34 +89,19 @@ async function commitAll(store, commits) {
  * speculate have empty drafts: plain commits in the same decode); if it fails, per owner.
  * Returns the number of draft tokens accepted.
  */
-async function commitDraftsAll(store, commits) {
-  const entries = (/** @type {any[]} */ list) => list.map(({ row, token, draft }) => [row.branch, token, draft]);
-  const apply = (/** @type {any[]} */ list, /** @type {any[]} */ verified) => {
+function commitDraftsAll(store, commits) {
+  return perOwnerOnFailure(commits, async (list) => {
+    const verified = await store.commitDrafts(list.map(({ row, token, draft }) => [row.branch, token, draft]));
     let accepted = 0;
     list.forEach(({ row, token, draft }, i) => {
-      row.committed(token);
       const v = verified[i];
+      row.committed(token);
       accepted += v.accepted.length;
       if (row.spec) row.spec.length.observe(draft.length, v.accepted.length);
       if (row.verified && row.live()) row.verified(token, v.accepted, v.next, draft.length);
     });
     return accepted;
-  };
-  try {
-    return apply(commits, await store.commitDrafts(entries(commits)));
-  } catch {
-    // fall through: isolate the failing owner(s)
-  }
-  let accepted = 0;
-  for (const owner of new Set(commits.map((c) => c.row.owner))) {
-    const own = commits.filter((c) => c.row.owner === owner);
-    try {
-      accepted += apply(own, await store.commitDrafts(entries(own)));
-    } catch (e) {
-      if (own[0].row.live()) own[0].row.fail(e);
-    }
-  }
-  return accepted;
+  });
 }
 
 module.exports = { produceAll, commitAll, commitDraftsAll };

@@ -157,22 +157,24 @@ fn slots<'a>(
     rows: &'a mut [Vec<Vec<f32>>],
     outputs: &[super::decode::RunOutput],
 ) -> Vec<&'a mut Vec<f32>> {
-    let mut by_output: Vec<Option<&'a mut Vec<f32>>> = Vec::new();
-    by_output.resize_with(outputs.len(), || None);
-    for (run, run_rows) in rows.iter_mut().enumerate() {
-        for (index, row) in run_rows.iter_mut().enumerate() {
-            if let Some(k) = outputs
-                .iter()
-                .position(|o| o.run == run && o.index == index)
-            {
-                by_output[k] = Some(row);
-            }
-        }
-    }
-    by_output
-        .into_iter()
-        .map(|r| r.expect("each output has a row buffer"))
-        .collect()
+    let order: std::collections::HashMap<(usize, usize), usize> = outputs
+        .iter()
+        .enumerate()
+        .map(|(k, o)| ((o.run, o.index), k))
+        .collect();
+    let mut picked: Vec<(usize, &'a mut Vec<f32>)> = rows
+        .iter_mut()
+        .enumerate()
+        .flat_map(|(run, run_rows)| {
+            run_rows
+                .iter_mut()
+                .enumerate()
+                .map(move |(index, row)| ((run, index), row))
+        })
+        .filter_map(|(key, row)| order.get(&key).map(|&k| (k, row)))
+        .collect();
+    picked.sort_unstable_by_key(|(k, _)| *k);
+    picked.into_iter().map(|(_, row)| row).collect()
 }
 
 /// Accepts `item.token`, then each draft token while the branch samples it from the row before
