@@ -447,6 +447,8 @@ export interface Drafter {
   /** What was committed: the token and the accepted draft tokens. */
   accept(tokens: readonly number[]): void;
   close(): void;
+  /** Optional: a line's one-time work before its first draft (kept out of the measured step cost). */
+  prepare?(): Promise<void>;
 }
 
 /** Draft statistics: tokens drafted, draft tokens accepted, verification steps. */

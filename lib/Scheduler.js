@@ -446,11 +446,16 @@ class Scheduler {
       token: c.token,
       k: wanted[i],
     }));
-    const started = performance.now(); // drafting counts in the step's cost
+    let started = 0;
     let drafts;
     try {
+      // A new line's one-time work (a draft model prefilling its prompt) stays out of the step's
+      // measured cost; the drafting itself counts.
+      for (const job of jobs) if (job.k > 0 && typeof job.drafter.prepare === 'function') await job.drafter.prepare();
+      started = performance.now();
       drafts = await draftAll(jobs);
     } catch (e) {
+      started = performance.now();
       // The draft source failed (e.g. its context was disposed): the rows that drafted fail.
       for (const c of commits.filter((_, i) => wanted[i] > 0)) if (c.row.live()) c.row.fail(e);
       commits = commits.filter((c) => c.row.live());

@@ -8,9 +8,10 @@
  * interface, the adaptive draft length, and the loop `Branch.generate` runs.
  *
  * A source's `open(history)` returns a drafter for one line of generation:
- * `{ draft(token, k) → number[] | Promise<number[]>, accept(tokens), close() }` — `draft`
- * proposes up to `k` tokens to follow the history plus `token`; `accept` hears what was
- * committed (`token` and the accepted draft tokens); `close` frees what it holds. A source may
+ * `{ draft(token, k) → number[] | Promise<number[]>, accept(tokens), close(), prepare?() }` —
+ * `draft` proposes up to `k` tokens to follow the history plus `token`; `accept` hears what was
+ * committed (`token` and the accepted draft tokens); `close` frees what it holds; `prepare`
+ * (optional, async) does a line's one-time work before its first draft, outside the timed step. A source may
  * also have `draftMany(drafters, tokens, ks)` to draft for many lines at once (the Scheduler
  * calls it once per step).
  */
@@ -218,6 +219,24 @@ class ModelDrafter {
     this._drafted = [];
   }
 
+  /**
+   * Decodes the line's history into the draft context, so that the first draft of a step
+   * costs what every later one does (the step-cost fit must not see a prompt's prefill).
+   */
+  async prepare() {
+    if (this._base || this._pending.length === 0) return;
+    const { Branch } = require('./Branch');
+    const base = Branch.create(this._source.ctx, 0, { temperature: 0 });
+    try {
+      await base.prefill(this._pending);
+    } catch (e) {
+      release(base);
+      throw e;
+    }
+    this._base = base;
+    this._pending = [];
+  }
+
   /** @param {number} token @param {number} k */
   async draft(token, k) {
     return (await this._source.draftMany([this], [token], [k]))[0];
@@ -276,6 +295,7 @@ class DraftLength {
     // n-gram matched, and a draft model shares the target's tokenizer and usually its taste.
     this.acceptance = 0.8;
     this.idle = 0;
+    this.probeEvery = 8;
     this.drafted = 0;
     this.accepted = 0;
     this.steps = 0;
@@ -298,11 +318,19 @@ class DraftLength {
       const gain = (1 - a ** (k + 1)) / (1 - a) / (1 + r * k);
       if (gain > bestGain + 1e-9) [best, bestGain] = [k, gain];
     }
-    if (best === 0 && ++this.idle >= 8) {
+    // The cost fit needs steps of different sizes, plain ones among them (step cost is not
+    // linear in rows, so a line through long drafts alone misjudges a plain step): while it
+    // cannot tell yet, every third step is plain. Otherwise a draft model drafting at full
+    // length would never learn what its own decodes cost.
+    if (best > 0 && this.cost.uncertain() && this.steps % 3 === 2) return 0;
+    if (best === 0 && ++this.idle >= this.probeEvery) {
+      // A probe: acceptance or cost may have changed. Each probe that changes nothing waits
+      // twice as long for the next, so a draft source that does not pay costs ever less.
       this.idle = 0;
-      return Math.min(2, max); // a probe: acceptance may have changed
+      this.probeEvery = Math.min(this.probeEvery * 2, 256);
+      return Math.min(2, max);
     }
-    if (best > 0) this.idle = 0;
+    if (best > 0) [this.idle, this.probeEvery] = [0, 8];
     return best;
   }
 
@@ -352,9 +380,18 @@ class StepCost {
     return (single * rows) / (1 + single * (rows - 1));
   }
 
+  /** True while the steps seen have not varied enough in size to fit the line. */
+  uncertain() {
+    return this.n < 4 || this._variance() < 0.25;
+  }
+
+  _variance() {
+    return this.n === 0 ? 0 : this.sxx / this.n - (this.sx / this.n) ** 2;
+  }
+
   _singleRatio() {
-    const variance = this.n === 0 ? 0 : this.sxx / this.n - (this.sx / this.n) ** 2;
-    if (this.n < 4 || variance < 0.25) return 0.5;
+    if (this.uncertain()) return 0.5;
+    const variance = this._variance();
     const slope = (this.sxy / this.n - (this.sx / this.n) * (this.sy / this.n)) / variance;
     const base = this.sy / this.n - slope * (this.sx / this.n);
     if (!(base > 0) || !(slope >= 0)) return 0.5;
@@ -442,6 +479,7 @@ async function generate(branch, options = {}) {
   const cost = new StepCost();
   const length = spec ? new DraftLength({ maxDraft: spec.maxDraft, cost }) : null;
   const drafter = spec ? spec.source.open(history) : null;
+  if (drafter && typeof drafter.prepare === 'function') await drafter.prepare();
   const tokens = [];
   let text = '';
   let carried = null;

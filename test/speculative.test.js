@@ -372,6 +372,13 @@ describe('speculative decoding in the Scheduler and the server', function () {
       const details = /** @type {any} */ (r.usage).completion_tokens_details;
       assert.ok(details.accepted_prediction_tokens > 10, JSON.stringify(r.usage));
       assert.ok(details.rejected_prediction_tokens >= 0);
+      const metrics = await (await fetch(`${server.url}/metrics`)).text();
+      const counter = (name) => Number(new RegExp(`^llamabranch_${name} (\\S+)$`, 'm').exec(metrics)[1]);
+      assert.equal(counter('draft_tokens_accepted_total'), details.accepted_prediction_tokens);
+      assert.equal(
+        counter('draft_tokens_total'),
+        details.accepted_prediction_tokens + details.rejected_prediction_tokens,
+      );
       const bad = await startServer(['--spec', 'draft']).catch((e) => e);
       assert.match(String(bad.message), /modelDraft|model-draft/);
     } finally {

@@ -83,6 +83,7 @@ export class DraftLength {
     cost: StepCost;
     acceptance: number;
     idle: number;
+    probeEvery: number;
     drafted: number;
     accepted: number;
     steps: number;
@@ -112,6 +113,8 @@ export class StepCost {
     observe(rows: number, ms: number): void;
     /** @param {number} [rows] */
     ratio(rows?: number): number;
+    /** True while the steps seen have not varied enough in size to fit the line. */
+    uncertain(): boolean;
 }
 /**
  * Checks `speculative` options: `{ lookup: true | { ngramMin, ngramMax } }`, `{ draft: ctx }`
@@ -153,6 +156,11 @@ declare class LookupDrafter {
 declare class ModelDrafter {
     /** @param {DraftModel} source @param {readonly number[]} history */
     constructor(source: DraftModel, history: readonly number[]);
+    /**
+     * Decodes the line's history into the draft context, so that the first draft of a step
+     * costs what every later one does (the step-cost fit must not see a prompt's prefill).
+     */
+    prepare(): Promise<void>;
     /** @param {number} token @param {number} k */
     draft(token: number, k: number): Promise<number[]>;
     /**

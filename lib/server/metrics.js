@@ -64,6 +64,13 @@ class Metrics {
       one(stats.cachedPromptTokens),
     );
     metric('generated_tokens_total', 'counter', 'Tokens generated.', one(stats.generatedTokens));
+    metric('draft_tokens_total', 'counter', 'Draft tokens verified (speculative decoding).', one(stats.draftTokens));
+    metric(
+      'draft_tokens_accepted_total',
+      'counter',
+      'Draft tokens accepted (speculative decoding).',
+      one(stats.acceptedDraftTokens),
+    );
     metric('embedding_inputs_total', 'counter', 'Inputs embedded by /v1/embeddings.', one(this.embeddingInputs));
     metric('steps_total', 'counter', 'Scheduler steps (one batched decode each, at most).', one(stats.steps));
     metric(
