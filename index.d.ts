@@ -431,6 +431,13 @@ export interface SpeculativeOptions {
   draft?: SessionContext | DraftModel;
   source?: DraftSource;
   maxDraft?: number;
+  /**
+   * Adapt each line's draft length (default true). The adaptive length follows measured step
+   * times, and a different draft length is a different batch shape whose logits differ in the
+   * last bits (CPU decodes are not batch-invariant), so sampled runs are reproducible bit for
+   * bit only with `adaptive: false` (every draft as long as the source gives, up to `maxDraft`).
+   */
+  adaptive?: boolean;
 }
 
 /** A draft source: one drafter per line of generation. */

@@ -12,8 +12,13 @@
  *               small edits — and (b) free generation
  *   scheduler   C = 4 concurrent requests of task (a) through the Scheduler, plain vs lookup
  * Reports tokens/s, the acceptance rate and tokens per decode.
+ *   servers     with --peer=<llama-server binary>: one client, task (a) through /v1/completions,
+ *               llama.cpp's server with and without its n-gram speculation (`--spec-type
+ *               ngram-simple`) against `llama-branch serve` with and without `--spec lookup`,
+ *               same model, same threads, the prompt cached after a warm-up request
  *
- * Usage: node bench/spec.js [--reps=3] [--tokens=256] (or npm run bench -- --spec)
+ * Usage: node bench/spec.js [--reps=3] [--tokens=256] [--peer=path/to/llama-server] [--only=servers]
+ *        (or npm run bench -- --spec ...)
  * Writes bench/results/spec-<timestamp>.json and prints the numbers.
  */
 
@@ -86,6 +91,82 @@ async function scheduled(ctx, speculative) {
   return { tokS: (tokens / ms) * 1000, tokens, drafted: stats.draftTokens, accepted: stats.acceptedDraftTokens };
 }
 
+/** Starts a server process and resolves its base URL once `/health` answers 200. */
+async function startProcess(cmd, argv, port) {
+  const { spawn } = require('node:child_process');
+  const child = spawn(cmd, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
+  let err = '';
+  child.stderr.on('data', (d) => (err = (err + d).slice(-4000)));
+  const url = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 600; i++) {
+    if (child.exitCode !== null) throw new Error(`${cmd} exited: ${err}`);
+    try {
+      if ((await fetch(`${url}/health`)).status === 200) return { child, url };
+    } catch {
+      // not up yet
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  child.kill('SIGKILL');
+  throw new Error(`${cmd} did not answer /health: ${err}`);
+}
+
+/** tok/s of one client sending task (a) `REPS` times (after one warm-up) to `url`. */
+async function clientRate(url) {
+  const body = JSON.stringify({ prompt: COPY, max_tokens: TOKENS, temperature: 0 });
+  const send = async () => {
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body,
+    });
+    return res.json();
+  };
+  await send(); // warm-up: the prompt is cached from here on in both servers
+  const rates = [];
+  let details = null;
+  for (let rep = 0; rep < REPS; rep++) {
+    const { value: r, ms } = await timed(send);
+    rates.push((r.usage.completion_tokens / ms) * 1000);
+    details = r.usage.completion_tokens_details || details;
+  }
+  return { tokS: median(rates), details };
+}
+
+/** llama.cpp's server (its n-gram speculation on and off) against ours (lookup on and off). */
+async function servers(model, peer) {
+  const bin = path.join(__dirname, '..', 'bin', 'llama-branch.js');
+  const out = {};
+  const peerArgs = (port, extra) => [
+    ...['-m', model, '--host', '127.0.0.1', '--port', String(port), '-t', String(THREADS), '-c', '4096', '-np', '1'],
+    ...extra,
+  ];
+  const ourArgs = (port, extra) => [
+    ...[bin, 'serve', '--model', model, '--port', String(port), '--threads', String(THREADS)],
+    ...['--ctx-size', '4096', '--parallel', '1', ...extra],
+  ];
+  const ngram = ['--spec-type', 'ngram-simple', '--spec-ngram-simple-size-n', '3', '--spec-ngram-simple-size-m', '16'];
+  const configs = [
+    ['llamaCppPlain', peer, (port) => peerArgs(port, ['--spec-type', 'none'])],
+    ['llamaCppNgram', peer, (port) => peerArgs(port, ngram)],
+    ['oursPlain', process.execPath, (port) => ourArgs(port, ['--spec', 'none'])],
+    ['oursLookup', process.execPath, (port) => ourArgs(port, ['--spec', 'lookup', '--spec-max-draft', '16'])],
+  ];
+  let port = 18600;
+  for (const [name, cmd, argv] of configs) {
+    port++;
+    const server = await startProcess(cmd, argv(port), port);
+    try {
+      out[name] = await clientRate(server.url);
+      log(`${name}: ${out[name].tokS.toFixed(1)} tok/s`, JSON.stringify(out[name].details || {}));
+    } finally {
+      server.child.kill('SIGTERM');
+      await new Promise((r) => server.child.once('exit', r));
+    }
+  }
+  return out;
+}
+
 function summary(runs) {
   const m = (key) => median(runs.map((r) => r[key]));
   return {
@@ -100,6 +181,18 @@ function summary(runs) {
 
 async function main() {
   const model = modelPath();
+  if (args.only === 'servers') {
+    if (!args.peer) throw new Error('--only=servers needs --peer=<llama-server binary>');
+    const peer = await servers(model, String(args.peer));
+    console.log(
+      JSON.stringify(
+        { date: new Date().toISOString(), threads: THREADS, reps: REPS, tokens: TOKENS, servers: peer },
+        null,
+        2,
+      ),
+    );
+    return;
+  }
   const ctx = await createContext({ modelPath: model, nCtx: 8192, nThreads: THREADS, nSeqMax: 16, nOutputs: 48 });
   const draftCtx = await createContext({ modelPath: model, nCtx: 4096, nThreads: THREADS, nSeqMax: 4 });
   const copy = await ctx.tokenize(COPY);
@@ -134,6 +227,9 @@ async function main() {
     );
   }
   const s = Object.fromEntries(Object.entries(series).map(([k, v]) => [k, summary(v)]));
+  draftCtx.dispose();
+  ctx.dispose();
+  const peer = args.peer ? await servers(model, String(args.peer)) : null;
   const result = {
     date: new Date().toISOString(),
     system: systemInfo(),
@@ -149,7 +245,15 @@ async function main() {
       copyDraft: s.copyDraft.tokS / s.copyPlain.tokS,
       freeLookup: s.freeLookup.tokS / s.freePlain.tokS,
       schedulerLookupC4: s.schedLookup.tokS / s.schedPlain.tokS,
+      ...(peer
+        ? {
+            llamaCppNgram: peer.llamaCppNgram.tokS / peer.llamaCppPlain.tokS,
+            oursLookupServer: peer.oursLookup.tokS / peer.oursPlain.tokS,
+            oursLookupVsLlamaCppNgram: peer.oursLookup.tokS / peer.llamaCppNgram.tokS,
+          }
+        : {}),
     },
+    servers: peer,
   };
   const dir = path.join(__dirname, 'results');
   fs.mkdirSync(dir, { recursive: true });
@@ -157,8 +261,6 @@ async function main() {
   fs.writeFileSync(file, JSON.stringify(result, null, 2));
   console.log(JSON.stringify(result, null, 2));
   log(`wrote ${path.relative(process.cwd(), file)}`);
-  draftCtx.dispose();
-  ctx.dispose();
 }
 
 module.exports = { main };

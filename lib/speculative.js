@@ -287,9 +287,10 @@ function release(branch) {
  * (probing with a short draft now and then), and a line copying its input drafts long.
  */
 class DraftLength {
-  /** @param {{ maxDraft: number, cost: StepCost }} options */
-  constructor({ maxDraft, cost }) {
+  /** @param {{ maxDraft: number, cost: StepCost, adaptive?: boolean }} options */
+  constructor({ maxDraft, cost, adaptive = true }) {
     this.maxDraft = maxDraft;
+    this.adaptive = adaptive;
     this.cost = cost;
     // Optimistic at first: a line that never drafts never learns. Lookup drafts only where an
     // n-gram matched, and a draft model shares the target's tokenizer and usually its taste.
@@ -309,7 +310,7 @@ class DraftLength {
    */
   next(limit, rows = 1) {
     const max = Math.min(this.maxDraft, limit);
-    if (max <= 0) return 0;
+    if (max <= 0 || !this.adaptive) return Math.max(max, 0);
     const a = Math.min(this.acceptance, 0.99);
     const r = this.cost.ratio(rows);
     let best = 0;
@@ -403,14 +404,16 @@ class StepCost {
  * Checks `speculative` options: `{ lookup: true | { ngramMin, ngramMax } }`, `{ draft: ctx }`
  * (a SessionContext or a DraftModel) or `{ source }` (any draft source), with `maxDraft`.
  * @param {unknown} options @param {string} where
- * @returns {{ source: any, maxDraft: number } | null}
+ * @returns {{ source: any, maxDraft: number, adaptive: boolean } | null}
  */
 function checkSpeculative(options, where) {
   if (options === undefined || options === null || options === false) return null;
   if (typeof options !== 'object')
     throw makeError('ERR_INVALID_ARG', `${where}: speculative must be an object ({ lookup } or { draft })`);
   const o = /** @type {any} */ (options);
-  const { maxDraft = 8 } = o;
+  const { maxDraft = 8, adaptive = true } = o;
+  if (typeof adaptive !== 'boolean')
+    throw makeError('ERR_INVALID_ARG', `${where}: speculative.adaptive must be a boolean (got ${adaptive})`);
   if (!Number.isInteger(maxDraft) || maxDraft < 1 || maxDraft > MAX_DRAFT)
     throw makeError(
       'ERR_INVALID_ARG',
@@ -424,7 +427,7 @@ function checkSpeculative(options, where) {
   if (o.draft !== undefined) source = o.draft instanceof DraftModel ? o.draft : new DraftModel(o.draft);
   if (!source || typeof source.open !== 'function')
     throw makeError('ERR_INVALID_ARG', `${where}: speculative.source must have open(history)`);
-  return { source, maxDraft };
+  return { source, maxDraft, adaptive };
 }
 
 /**
@@ -477,7 +480,7 @@ async function generate(branch, options = {}) {
   if (spec && spec.source instanceof DraftModel) spec.source.checkVocabulary(branch._ctx);
   const store = new BranchStore(branch._ctx);
   const cost = new StepCost();
-  const length = spec ? new DraftLength({ maxDraft: spec.maxDraft, cost }) : null;
+  const length = spec ? new DraftLength({ maxDraft: spec.maxDraft, cost, adaptive: spec.adaptive }) : null;
   const drafter = spec ? spec.source.open(history) : null;
   if (drafter && typeof drafter.prepare === 'function') await drafter.prepare();
   const tokens = [];

@@ -74,12 +74,14 @@ export class DraftModel {
  * (probing with a short draft now and then), and a line copying its input drafts long.
  */
 export class DraftLength {
-    /** @param {{ maxDraft: number, cost: StepCost }} options */
-    constructor({ maxDraft, cost }: {
+    /** @param {{ maxDraft: number, cost: StepCost, adaptive?: boolean }} options */
+    constructor({ maxDraft, cost, adaptive }: {
         maxDraft: number;
         cost: StepCost;
+        adaptive?: boolean;
     });
     maxDraft: number;
+    adaptive: boolean;
     cost: StepCost;
     acceptance: number;
     idle: number;
@@ -120,11 +122,12 @@ export class StepCost {
  * Checks `speculative` options: `{ lookup: true | { ngramMin, ngramMax } }`, `{ draft: ctx }`
  * (a SessionContext or a DraftModel) or `{ source }` (any draft source), with `maxDraft`.
  * @param {unknown} options @param {string} where
- * @returns {{ source: any, maxDraft: number } | null}
+ * @returns {{ source: any, maxDraft: number, adaptive: boolean } | null}
  */
 export function checkSpeculative(options: unknown, where: string): {
     source: any;
     maxDraft: number;
+    adaptive: boolean;
 } | null;
 /**
  * Drafts for many lines, in one call per source that can batch.

@@ -157,7 +157,7 @@ class Request {
      * Speculation (set at admission when the scheduler speculates and the request does not ask
      * for log-probabilities, which need each token's own snapshot): the draft source and the
      * step-cost fit every line of this scheduler shares.
-     * @type {{ source: any, maxDraft: number, cost: any } | null}
+     * @type {{ source: any, maxDraft: number, adaptive: boolean, cost: any } | null}
      */
     this.spec = null;
   }
@@ -287,7 +287,7 @@ class Request {
         message: null,
         /** Speculating: the choice's drafter, its draft length, and the token verification sampled next. */
         drafter: this.spec ? this.spec.source.open(this.tokens) : null,
-        draftLength: this.spec ? new DraftLength({ maxDraft: this.spec.maxDraft, cost: this.spec.cost }) : null,
+        draftLength: this.spec ? new DraftLength(this.spec) : null,
         next: null,
       });
       const params = { ...this.params, seed: (this.seedBase + i) % SEED_SPACE };
