@@ -435,9 +435,8 @@ class Scheduler {
     const spec = /** @type {any} */ (this._spec);
     const wanted = commits.map((c) => (c.row.spec ? c.row.spec.length.next(c.row.spec.limit(), commits.length) : 0));
     let over = wanted.reduce((a, b) => a + b, 0) - (Math.min(this._ctx.nOutputs, this._ctx.nBatch) - commits.length);
-    while (over > 0) {
-      const longest = wanted.indexOf(Math.max(...wanted));
-      wanted[longest]--;
+    while (over > 0 && Math.max(...wanted) > 0) {
+      wanted[wanted.indexOf(Math.max(...wanted))]--;
       over--;
     }
     const jobs = commits.map((c, i) => ({

@@ -479,6 +479,7 @@ async function generate(branch, options = {}) {
   const spec = checkSpeculative(speculative, 'generate');
   if (spec && spec.source instanceof DraftModel) spec.source.checkVocabulary(branch._ctx);
   const store = new BranchStore(branch._ctx);
+  const rowsPerDecode = Math.min(branch._ctx.nOutputs, branch._ctx.nBatch);
   const cost = new StepCost();
   const length = spec ? new DraftLength({ maxDraft: spec.maxDraft, cost, adaptive: spec.adaptive }) : null;
   const drafter = spec ? spec.source.open(history) : null;
@@ -508,7 +509,8 @@ async function generate(branch, options = {}) {
         break;
       }
       // The draft never reaches the last token: it comes from `next`, accepted without a decode.
-      const k = length ? length.next(maxTokens - tokens.length - 1) : 0;
+      // At most what one decode returns rows for: the token and its draft verify together.
+      const k = length ? length.next(Math.min(maxTokens - tokens.length, rowsPerDecode) - 1) : 0;
       // Drafting counts in the step's cost: a draft model's decodes are what it pays for a draft.
       const started = process.hrtime.bigint();
       const draft = k > 0 ? (await draftAll([{ source: spec.source, drafter, token: produced.token, k }]))[0] : [];

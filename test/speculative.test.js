@@ -198,6 +198,24 @@ describe('speculative decoding through branches', function () {
     await b.prune();
   });
 
+  it('drafts are clamped to the rows one decode returns', async () => {
+    const small = await open({ nCtx: 1024, nSeqMax: 1, nOutputs: 3 });
+    try {
+      const tokens = await small.tokenize(COPY_PROMPT);
+      const b = Branch.create(small, 0, { temperature: 0 });
+      await b.prefill(tokens);
+      const r = await b.generate({
+        maxTokens: 24,
+        history: tokens,
+        speculative: { lookup: true, maxDraft: 32, adaptive: false },
+      });
+      assert.equal(r.tokens.length, 24);
+      assert.ok(r.speculative.drafted > 0 && r.speculative.drafted <= 2 * r.speculative.steps);
+    } finally {
+      small.dispose();
+    }
+  });
+
   it('a draft context disposed mid-generation fails the generation with a coded error', async () => {
     const draftCtx = await open({ nCtx: 2048, nSeqMax: 4 });
     const b = await started();
@@ -303,22 +321,11 @@ describe('speculative decoding in the Scheduler and the server', function () {
       assert.equal(stopped.choices[0].finishReason, 'stop');
       assert.ok(!stopped.choices[0].text.includes('stairs'));
       assert.match(stopped.choices[0].text, /keeper climbed the narrow $/);
-      const sampled = await scheduler.generate({
-        prompt: COPY_PROMPT,
-        maxTokens: 24,
-        n: 3,
-        params: { temperature: 0.7 },
-        seed: 5,
-      });
+      const seeded = { prompt: COPY_PROMPT, maxTokens: 24, n: 3, params: { temperature: 0.7 }, seed: 5 };
+      const sampled = await scheduler.generate(seeded);
       assert.equal(sampled.choices.length, 3);
       for (const c of sampled.choices) assert.equal(c.tokens.length, 24);
-      const again = await scheduler.generate({
-        prompt: COPY_PROMPT,
-        maxTokens: 24,
-        n: 3,
-        params: { temperature: 0.7 },
-        seed: 5,
-      });
+      const again = await scheduler.generate(seeded);
       assert.deepEqual(
         again.choices.map((c) => c.tokens),
         sampled.choices.map((c) => c.tokens),
