@@ -17,6 +17,7 @@
  */
 
 const { makeError } = require('./errors');
+const { release } = require('./scheduler/prefix-cache');
 
 /** The error code this module adds to the package's contract. */
 const SpeculativeErrorCode = Object.freeze({
@@ -195,10 +196,7 @@ class DraftModel {
       await this.store.commit(next.map((l) => [l.d._scratch, l.draft[l.draft.length - 1]]));
       active = next;
     }
-    for (const l of lines) {
-      out[l.i] = l.draft;
-      l.d._drafted = l.draft;
-    }
+    for (const l of lines) out[l.i] = l.draft;
     return out;
   }
 }
@@ -212,11 +210,9 @@ class ModelDrafter {
     this._base = null;
     /** @type {number[]} committed tokens not in `_base`'s KV yet */
     this._pending = [...history];
-    /** @type {any} the fork the last draft was decoded in */
+    /** @type {any} the fork the last draft was decoded in, and where its first draft token went */
     this._scratch = null;
     this._scratchStart = 0;
-    /** @type {number[]} */
-    this._drafted = [];
   }
 
   /**
@@ -253,8 +249,8 @@ class ModelDrafter {
       this._pending.push(...tokens);
       return;
     }
-    const accepted = tokens.length - 1;
-    const decoded = Math.min(accepted, Math.max(this._drafted.length - 1, 0)); // the last draft token is never decoded
+    // The scratch branch holds the draft tokens it decoded (the last one never is).
+    const decoded = Math.min(tokens.length - 1, scratch.position - this._scratchStart);
     const base = scratch.forkAt(this._scratchStart + decoded);
     this._pending = tokens.slice(1 + decoded);
     release(this._base);
@@ -265,7 +261,6 @@ class ModelDrafter {
   _dropScratch() {
     release(this._scratch);
     this._scratch = null;
-    this._drafted = [];
   }
 
   close() {
@@ -273,10 +268,6 @@ class ModelDrafter {
     release(this._base);
     this._base = null;
   }
-}
-
-function release(branch) {
-  if (branch && !branch.disposed) branch.prune().catch(() => {});
 }
 
 /**
