@@ -24,7 +24,7 @@ module.exports = [
   },
   {
     // Scripts that run in the page (the browser), if any, get browser globals.
-    files: ['lib/ui/**/*.js'],
+    files: ['lib/server/ui/**/*.js'],
     languageOptions: { sourceType: 'script', globals: { ...globals.browser } },
   },
 ];

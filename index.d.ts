@@ -779,6 +779,84 @@ export interface SchedulerStats {
   acceptedDraftTokens: number;
 }
 
+/**
+ * One event of a branch trace (docs/events.md): what the Scheduler reports to
+ * {@link Scheduler.subscribe}, `ctx.trace` reports for a script, `llama-branch serve` sends at
+ * `GET /v1/events` and records with `--trace`. Every event has `event` and `t` (ms since the
+ * epoch); `request` names the request (`r1`) or program (`p1`) it belongs to (absent in a
+ * script's trace), `branch` a node of its tree.
+ */
+export type TraceEvent =
+  | { event: 'hello'; t: number; v: 1; source: 'server' | 'script'; model?: string; nCtx: number; nSeqMax: number }
+  | {
+      event: 'admit';
+      t: number;
+      request: string;
+      kind: 'completion' | 'chat' | 'program';
+      n?: number;
+      maxTokens?: number;
+      promptTokens?: number;
+      cachedTokens?: number;
+      maxBranches?: number;
+      maxCells?: number;
+    }
+  /** A node: a root (`parent` null) or a fork sharing its parent's first `at` tokens. */
+  | { event: 'fork'; t: number; request?: string; branch: string; parent: string | null; at: number }
+  /** Text that went in without sampling (a prompt, an appended turn); `n`: the branch's length after. */
+  | { event: 'append'; t: number; request?: string; branch: string; text: string; n: number }
+  /** A sampled (or, `forced`, scored) token; `ppl`: the branch's perplexity so far; `draft`: an accepted draft token. */
+  | {
+      event: 'token';
+      t: number;
+      request?: string;
+      branch: string;
+      text: string;
+      n: number;
+      ppl?: number;
+      draft?: boolean;
+      forced?: boolean;
+    }
+  /** A generation of the branch ended (`reason`: stop, length, tool_calls, abort, or a script's own). */
+  | { event: 'finish'; t: number; request?: string; branch: string; reason: string; n?: number; ppl?: number }
+  /** The branch was freed before it finished (a released program line, a pruned beam). */
+  | { event: 'prune'; t: number; request?: string; branch: string }
+  | {
+      event: 'done';
+      t: number;
+      request: string;
+      status: 'ok' | 'abort' | 'error';
+      usage?: { promptTokens: number; cachedPromptTokens: number; completionTokens: number };
+      error?: { code: string; message: string };
+    }
+  /** One scheduler step and the gauges after it. */
+  | {
+      event: 'step';
+      t: number;
+      step: number;
+      rows: number;
+      prefillTokens: number;
+      stepMs: number;
+      running: number;
+      queued: number;
+      cellsUsed: number;
+      nCtx: number;
+      leasesUsed: number;
+      nSeqMax: number;
+      cache: { entries: number; tokens: number; hitRate: number; evictions: number };
+    }
+  /** Cached prefixes evicted during the step that follows. */
+  | { event: 'evict'; t: number; entries: number };
+
+/** What `ctx.trace(listener)` returns. */
+export interface BranchTrace {
+  /** The branch's id in this trace (`b1`, ...); undefined for one made before the trace started. */
+  idOf(branch: Branch): string | undefined;
+  /** Marks `branch` finished with `reason` (e.g. `'best'`): shown as a result, not pruned. */
+  finish(branch: Branch, reason: string): void;
+  /** Stops the trace. */
+  stop(): void;
+}
+
 /** Options of {@link createServer}: `ctx` or `modelPath`. */
 export interface ServerOptions {
   /** Serve on this context (the server does not dispose it). */
@@ -823,6 +901,10 @@ export interface ServerOptions {
   maxTokensLimit?: number;
   /** Largest `n`. Default 16. */
   maxN?: number;
+  /** Serve the live page of the branch trees at `/`. Default true (`GET /v1/events` is served either way). */
+  ui?: boolean;
+  /** Record every scheduler event to this JSONL file (docs/events.md), replayable in the page. */
+  traceFile?: string;
 }
 
 /** An OpenAI-compatible HTTP server over a {@link Scheduler}; see docs/serving.md. */
@@ -840,7 +922,7 @@ export interface LlamaBranchServer {
 
 /**
  * Creates the OpenAI-compatible server (`POST /v1/completions`, `POST /v1/chat/completions`,
- * `POST /v1/embeddings`, `GET /v1/models`, `GET /metrics`, `GET /health`) on a context or a model file. Rejects like
+ * `POST /v1/embeddings`, `GET /v1/models`, `GET /v1/events`, `GET /metrics`, `GET /health`, and the page at `/`) on a context or a model file. Rejects like
  * {@link createContext} when loading fails, `ERR_INVALID_ARG` for bad options.
  */
 export declare function createServer(options: ServerOptions): Promise<LlamaBranchServer>;

@@ -105,6 +105,22 @@ function output(flags) {
     emit(event, data = {}) {
       if (jsonl) process.stdout.write(`${JSON.stringify({ event, ...data })}\n`);
     },
+    /**
+     * With `--jsonl`, also writes the branch tree's events (docs/events.md) of `target` — a
+     * context (`ctx.trace`) or a Scheduler (`subscribe`) — so `llama-branch serve`'s page can
+     * replay the run. Returns the context's trace (its `finish(branch, reason)` marks results),
+     * or null.
+     */
+    trace(target) {
+      if (!jsonl) return null;
+      const write = (event) => process.stdout.write(`${JSON.stringify(event)}\n`);
+      if (typeof target.subscribe === 'function') {
+        write({ event: 'hello', v: 1, source: 'script', t: Date.now() });
+        target.subscribe(write);
+        return null;
+      }
+      return target.trace(write);
+    },
     /** `label [#####.....] done/total` on stderr (redrawn in place on a terminal). */
     progress(label, done, total) {
       if (jsonl) return;

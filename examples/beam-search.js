@@ -27,6 +27,7 @@ run(async () => {
   // Each step prunes beams without survivors BEFORE forking, so at most k branches are alive.
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: k }));
   const store = new BranchStore(ctx);
+  const trace = out.trace(ctx); // --jsonl: the tree's events too, for the page of `llama-branch serve`
   const prompt = await ctx.tokenize(flags.prompt);
   out.emit('start', { width: k, maxTokens: flags.maxTokens, alpha: flags.alpha, promptTokens: prompt.length });
   out.say(`beam search, width ${k}, alpha ${flags.alpha}: ${oneLine(flags.prompt)}`);
@@ -87,7 +88,7 @@ run(async () => {
       decodes++;
     }
     beams = next;
-    out.emit('step', {
+    out.emit('beam', {
       step,
       beams: beams.map((beam) => ({
         score: round(beam.score, 4),
@@ -124,6 +125,7 @@ run(async () => {
 
   // Keep only the best live beam's branch (e.g. to continue generating from it).
   const bestLive = beams.length > 0 ? beams.reduce((a, b) => (b.score > a.score ? b : a)) : null;
+  if (bestLive && trace) trace.finish(bestLive.branch, 'best');
   if (bestLive) await store.retainOnly(bestLive.branch);
   out.emit('complete', {
     width: k,

@@ -25,6 +25,7 @@ run(async () => {
   // Leases: the root, the baseline and N candidates are alive at the same time.
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: flags.n + 2 }));
   const store = new BranchStore(ctx);
+  const trace = out.trace(ctx); // --jsonl: the tree's events too, for the page of `llama-branch serve`
   const prompt = await ctx.tokenize(flags.prompt);
   out.emit('start', {
     n: flags.n,
@@ -75,6 +76,7 @@ run(async () => {
   const bestIndex = candidates.indexOf(best);
   const baselinePpl = baseline.perplexity;
   const kvBefore = store.kvPressure();
+  if (trace) trace.finish(best, 'best'); // the others are pruned next
   await store.retainOnly(best); // frees the root, the baseline and the other candidates at once
   const kvAfter = store.kvPressure();
 

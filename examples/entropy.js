@@ -119,7 +119,7 @@ run(async () => {
     tokens++;
     sampledSteps++;
     temperatureSum += temperature;
-    out.emit('token', { step: tokens - 1, entropy: round(entropy), temperature, text: p.text });
+    out.emit('sample', { step: tokens - 1, entropy: round(entropy), temperature, text: p.text });
     out.progress('generating', tokens, flags.maxTokens);
   }
 

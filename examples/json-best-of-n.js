@@ -35,6 +35,7 @@ run(async () => {
   const started = Date.now();
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: flags.n + 2 }));
   const scheduler = new Scheduler(ctx);
+  out.trace(scheduler); // --jsonl: the requests' branch trees too, for the page of `llama-branch serve`
   out.emit('start', { n: flags.n, model: ctx.modelDescription });
   out.say(`best-of-${flags.n} JSON candidates on ${ctx.modelDescription}`);
 

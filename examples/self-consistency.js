@@ -56,6 +56,7 @@ run(async () => {
   );
   const rowsPerStep = [];
   const scheduler = new Scheduler(ctx, { onStep: (s) => rowsPerStep.push(s.rows) });
+  out.trace(scheduler); // --jsonl: the requests' branch trees too, for the page of `llama-branch serve`
   const prompts = questions.map((question) => `${FEW_SHOT}Q: ${question}\nA:`);
   const promptTokens = prompts.map((p) => ctx.tokenizeSync(p, true).length);
   out.emit('start', { paths: flags.paths, questions: questions.length, promptTokens, model: ctx.modelDescription });

@@ -27,6 +27,7 @@ run(async () => {
   const ctx = await createContext(contextOptions(flags, { nCtx: 4096, nSeqMax: maxBranches + 1 }));
   let mostRows = 0;
   const scheduler = new Scheduler(ctx, { onStep: (s) => (mostRows = Math.max(mostRows, s.rows)) });
+  out.trace(scheduler); // --jsonl: the requests' branch trees too, for the page of `llama-branch serve`
   out.emit('start', { k: flags.k, b: flags.b, levels: flags.levels, maxBranches, model: ctx.modelDescription });
   out.say(`tree of thought: ${flags.levels} levels, ${flags.k} candidates per line, best ${flags.b} kept`);
 

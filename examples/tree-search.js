@@ -29,6 +29,7 @@ run(async () => {
   // Alive at the widest point: the root, M kept nodes per finished level, M * B new children.
   const nSeqMax = 1 + M * (D - 1) + M * B;
   const ctx = await createContext(contextOptions(flags, { nCtx: 4096, nSeqMax }));
+  const trace = out.trace(ctx); // --jsonl: the tree's events too, for the page of `llama-branch serve`
   const store = new BranchStore(ctx);
   const prompt = await ctx.tokenize(flags.prompt);
   out.emit('start', { depth: D, branching: B, keep: M, segment: L, nSeqMax, promptTokens: prompt.length });
@@ -121,6 +122,7 @@ run(async () => {
 
   const kvBefore = store.kvPressure();
   const liveBefore = nSeqMax - store.available;
+  if (trace) trace.finish(best.branch, 'best');
   await store.retainOnly(best.branch); // the root, inner nodes and other leaves go in one pass
   const kvAfter = store.kvPressure();
   out.say(`\nbest: ${oneLine(flags.prompt + bestText)} (ppl ${best.ppl.toFixed(2)})`);

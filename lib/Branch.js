@@ -3,6 +3,7 @@
 const { makeError } = require('./errors');
 const { nativeOf, wrapFreed, registerBranch, subtreeOf } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
+const { traceOf, traced, traceFreed } = require('./trace');
 
 /**
  * @typedef {import('./Context').SessionContext} SessionContext
@@ -49,6 +50,8 @@ class Branch {
     this._handle = handle;
     this._disposed = false;
     registerBranch(ctx, this, handle, parent);
+    const trace = traceOf(ctx);
+    if (trace) trace._created(this, handle, parent);
   }
 
   /**
@@ -222,7 +225,8 @@ class Branch {
    */
   async commit(token, options) {
     const native = this._live();
-    return runCancellable(options, 'commit', (cancel) => native._storeCommit([this._handle], [token], cancel));
+    const done = runCancellable(options, 'commit', (cancel) => native._storeCommit([this._handle], [token], cancel));
+    return traced(this._ctx, done, (trace) => trace._grew(this, [token], true));
   }
 
   /**
@@ -241,7 +245,8 @@ class Branch {
       const signal = signalOf(options, 'prefill');
       return runCancellable({ signal }, 'prefill', () => Promise.resolve());
     }
-    return runCancellable(options, 'prefill', (cancel) => native._branchPrefill(this._handle, tokens, cancel));
+    const done = runCancellable(options, 'prefill', (cancel) => native._branchPrefill(this._handle, tokens, cancel));
+    return traced(this._ctx, done, (trace) => trace._grew(this, tokens, false));
   }
 
   /**
@@ -252,9 +257,10 @@ class Branch {
    */
   async decodeAndCaptureOne(token, options) {
     const native = this._live();
-    return runCancellable(options, 'decodeAndCaptureOne', (cancel) =>
+    const done = runCancellable(options, 'decodeAndCaptureOne', (cancel) =>
       native._branchDecodeAndCaptureOne(this._handle, token, cancel),
     );
+    return traced(this._ctx, done, (trace) => trace._grew(this, [token], false));
   }
 
   /**
@@ -359,6 +365,7 @@ class Branch {
     if (this._disposed) return undefined;
     const seq = nativeOf(this._ctx)._branchDestroy(this._handle);
     wrapFreed(this._ctx, [this._handle]);
+    traceFreed(this._ctx, [this._handle]);
     return seq;
   }
 
@@ -372,7 +379,9 @@ class Branch {
     if (this._disposed) return Promise.resolve();
     const ctx = this._ctx;
     // Every wrapper the call frees reads `disposed` from now on, while the free may still be queued.
-    wrapFreed(ctx, method === '_branchPruneSubtree' ? subtreeOf(ctx, this._handle) : [this._handle]);
+    const handles = method === '_branchPruneSubtree' ? subtreeOf(ctx, this._handle) : [this._handle];
+    wrapFreed(ctx, handles);
+    traceFreed(ctx, handles);
     this._disposed = true;
     if (ctx.disposed) return Promise.resolve(); // dispose() already freed every branch
     const freeing = nativeOf(ctx)[method](this._handle);
@@ -395,6 +404,7 @@ class Branch {
     const freed = nativeOf(this._ctx)[method](this._handle);
     this._disposed = true;
     wrapFreed(this._ctx, freed);
+    traceFreed(this._ctx, freed);
   }
 
   _info() {

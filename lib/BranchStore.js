@@ -4,6 +4,7 @@ const { makeError } = require('./errors');
 const { Branch } = require('./Branch');
 const { nativeOf, wrapFreed } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
+const { traced, traceFreed } = require('./trace');
 
 /**
  * @typedef {import('./types').OperationOptions} OperationOptions
@@ -63,7 +64,10 @@ class BranchStore {
     const signal = signalOf(options, 'BranchStore.commit');
     if (handles.length === 0) return runCancellable({ signal }, 'BranchStore.commit', () => Promise.resolve());
     const native = nativeOf(this._ctx);
-    return runCancellable({ signal }, 'BranchStore.commit', (cancel) => native._storeCommit(handles, values, cancel));
+    const done = runCancellable({ signal }, 'BranchStore.commit', (cancel) =>
+      native._storeCommit(handles, values, cancel),
+    );
+    return traced(this._ctx, done, (trace) => entries.forEach(([b, token]) => trace._grew(b, [token], true)));
   }
 
   /**
@@ -99,7 +103,12 @@ class BranchStore {
     const signal = signalOf(options, where);
     if (handles.length === 0) return runCancellable({ signal }, where, () => Promise.resolve([]));
     const native = nativeOf(this._ctx);
-    return runCancellable({ signal }, where, (cancel) => native._storeCommitDrafts(handles, tokens, drafts, cancel));
+    const done = runCancellable({ signal }, where, (cancel) =>
+      native._storeCommitDrafts(handles, tokens, drafts, cancel),
+    );
+    return traced(this._ctx, done, (trace, verified) =>
+      entries.forEach(([b, token], i) => trace._grew(b, [token, ...verified[i].accepted.map((p) => p.token)], true)),
+    );
   }
 
   /**
@@ -118,7 +127,10 @@ class BranchStore {
     const signal = signalOf(options, 'BranchStore.prefill');
     if (handles.length === 0) return runCancellable({ signal }, 'BranchStore.prefill', () => Promise.resolve());
     const native = nativeOf(this._ctx);
-    return runCancellable({ signal }, 'BranchStore.prefill', (cancel) => native._storePrefill(handles, values, cancel));
+    const done = runCancellable({ signal }, 'BranchStore.prefill', (cancel) =>
+      native._storePrefill(handles, values, cancel),
+    );
+    return traced(this._ctx, done, (trace) => entries.forEach(([b, tokens]) => trace._grew(b, tokens, false)));
   }
 
   /**
@@ -141,7 +153,9 @@ class BranchStore {
    */
   async retainOnly(winner) {
     const h = this._branch(winner, 'BranchStore.retainOnly');
-    wrapFreed(this._ctx, await nativeOf(this._ctx)._storeRetainOnly(h));
+    const freed = await nativeOf(this._ctx)._storeRetainOnly(h);
+    wrapFreed(this._ctx, freed);
+    traceFreed(this._ctx, freed);
   }
 
   /** Number of free sequence leases. */

@@ -15,6 +15,7 @@
 const { makeError, guardedView } = require('./errors');
 const { runCancellable } = require('./cancel');
 const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
+const { startTrace } = require('./trace');
 
 /** @typedef {import('./native').SessionContext} NativeContext */
 
@@ -120,6 +121,23 @@ class SessionContext {
    */
   dispose() {
     this.#native.dispose();
+  }
+
+  /**
+   * Traces this context's branches: `listener(event)` hears of every branch created or forked,
+   * every prefill (`append`), commit (`token`) and prune from now on, in the trace format of
+   * docs/events.md, which the page of `llama-branch serve` replays (the examples write these
+   * events with `--jsonl`). Returns the trace: `finish(branch, reason)` marks a branch finished
+   * (shown as a result rather than pruned when freed later), `idOf(branch)`, `stop()`. One trace
+   * per context; a new one replaces the last. Costs nothing when none is on.
+   * @param {(event: import('./types').TraceEvent) => void} listener
+   * @returns {import('./types').BranchTrace}
+   */
+  trace(listener) {
+    if (typeof listener !== 'function')
+      throw makeError('ERR_INVALID_ARG', 'trace(listener): listener must be a function');
+    if (this.#native.disposed) this.#native._throwCoded('ERR_CONTEXT_DISPOSED');
+    return startTrace(this, listener);
   }
 
   // --- Tokens -------------------------------------------------------------------------------

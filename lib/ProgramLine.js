@@ -13,6 +13,7 @@ const { StopMatcher } = require('./scheduler/stops');
 const { positiveInt, invalid, checkStops, checkSampling, checkLogprobs, tokenLogprob } = require('./scheduler/request');
 const { SchedulerErrorCode: Code, schedulerError } = require('./scheduler/errors');
 const { MIN_PARTIAL_REUSE } = require('./scheduler/prefix-cache');
+const { clipped, perplexityOf } = require('./scheduler/events');
 
 /** What `_forkCached` says when the prompt's entry is still being filled. */
 const WAIT = Symbol('wait');
@@ -85,6 +86,9 @@ class ProgramLine {
     this._released = false;
     /** The branch was given back: nothing more happens on this line. */
     this._freed = false;
+    /** The line's id in the scheduler's events (`p1.0`, `p1.1`, ...). */
+    this._id = program.lineId();
+    program.emit('fork', { branch: this._id, parent: parent ? parent._id : null, at: parent ? this._anchor : 0 });
   }
 
   /** The line's text: what was appended as text and what gen produced, in order. */
@@ -114,6 +118,7 @@ class ProgramLine {
   append(input) {
     this._checkIdle('append');
     const ctx = this._program.ctx;
+    const before = this._text.length;
     let tokens;
     if (Array.isArray(input) && input.length > 0 && input.every((m) => m !== null && typeof m === 'object')) {
       if (this._tokens.length > 0)
@@ -133,6 +138,10 @@ class ProgramLine {
     }
     this._tokens.push(...tokens);
     this._pending.push(...tokens);
+    if (this._program.events.on) {
+      const text = this._text.slice(before);
+      this._program.emit('append', { branch: this._id, text: clipped(text), n: this._tokens.length });
+    }
     return this;
   }
 
@@ -323,6 +332,7 @@ class ProgramLine {
   release() {
     if (this._released || this._freed) return;
     this._released = true;
+    this._program.emit('prune', { branch: this._id });
     if (this._job) this._endJob(null, makeError('ERR_ABORTED', 'the line was released while it generated'));
     if (this._parent) {
       this._parent._dependents--; // it will never fork the parent now
@@ -483,6 +493,10 @@ class ProgramLine {
     }
     job.tokens.push(produced.token);
     job.matcher.push(produced.text);
+    if (this._program.events.on) {
+      const n = this._tokens.length + 1; // the sampled token is not committed yet
+      this._program.emit('token', { branch: this._id, text: produced.text, n, ppl: perplexityOf(this._branch) });
+    }
     if (job.logprobs !== undefined) job.tokenLogprobs.push(tokenLogprob(this._branch, produced, job.logprobs));
     this._program.usage.completionTokens++;
     const reason = job.matcher.stopped ? 'stop' : job.tokens.length >= job.maxTokens ? 'length' : null;
@@ -498,6 +512,10 @@ class ProgramLine {
   _takeForced(job) {
     const token = job.force[job.at];
     job.sum += this._branch.logprob(token, 0).logprob;
+    if (this._program.events.on) {
+      const text = this._program.ctx.tokenToText(token);
+      this._program.emit('token', { branch: this._id, text, n: this._tokens.length + 1, forced: true });
+    }
     job.at++;
     if (job.at < job.force.length) return true;
     this._job = null;
@@ -530,6 +548,7 @@ class ProgramLine {
     job.matcher.flush();
     const text = job.matcher.text;
     this._text += text;
+    this._program.emit('finish', { branch: this._id, reason, n: this._tokens.length, ppl: perplexityOf(this._branch) });
     const result = { text, tokens: job.tokens, finishReason: reason };
     if (job.logprobs !== undefined) result.logprobs = job.tokenLogprobs;
     job.resolve(result);

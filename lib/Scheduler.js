@@ -35,6 +35,7 @@ const { closedError, queueFullError, neverFitsError } = require('./scheduler/err
 const { Program, Programs, abortedProgram } = require('./scheduler/program');
 const { produceAll, commitAll, commitDraftsAll } = require('./scheduler/rows');
 const { checkSpeculative, draftAll, DraftModel, StepCost } = require('./speculative');
+const { SchedulerEvents } = require('./scheduler/events');
 
 /**
  * Continuous batching over one context (see the file comment and docs/serving.md). The context
@@ -79,6 +80,9 @@ class Scheduler {
     /** Prompt branches are only forked, never sampled. */
     this._createPromptBranch = () => Branch.create(ctx, 0, { temperature: 0 });
     this._pressure = this._store.kvPressure();
+    /** What happens to requests, programs and their branches, for `subscribe` (docs/events.md). */
+    this._events = new SchedulerEvents();
+    this._evictionsSeen = 0;
     this._counters = {
       steps: 0,
       promptTokens: 0,
@@ -100,7 +104,12 @@ class Scheduler {
   generate(request) {
     const gen = new Generation();
     try {
-      const env = { vocabSize: this._ctx.vocabSize, defaultMaxTokens: this._defaultMaxTokens, jsonSchemaToGrammar };
+      const env = {
+        vocabSize: this._ctx.vocabSize,
+        defaultMaxTokens: this._defaultMaxTokens,
+        jsonSchemaToGrammar,
+        events: this._events,
+      };
       this._enqueue(new Request(request, gen, env));
     } catch (e) {
       gen._fail(e);
@@ -128,6 +137,7 @@ class Scheduler {
         jsonSchemaToGrammar,
         wake,
         cache: this._cache,
+        events: this._events,
       };
       const p = new Program(program, options, env);
       this._enqueue(p);
@@ -153,6 +163,21 @@ class Scheduler {
       this._queue.push(item);
       this._kick();
     }
+  }
+
+  /**
+   * Calls `listener(event)` for everything that happens from now on — requests and programs
+   * admitted and done, their branches forked, growing token by token, finished and pruned, and
+   * one `step` event per scheduler step with its gauges — in the trace format of docs/events.md
+   * (what `llama-branch serve` sends at GET /v1/events). Returns the function that unsubscribes.
+   * Listeners run synchronously inside the step: keep them quick (queue work, don't do it). A
+   * listener that throws is removed with a process warning.
+   * @param {(event: import('./types').TraceEvent) => void} listener
+   * @returns {() => void}
+   */
+  subscribe(listener) {
+    if (typeof listener !== 'function') throw invalid('subscribe(listener): listener must be a function');
+    return this._events.subscribe(listener);
   }
 
   /**
@@ -253,6 +278,7 @@ class Scheduler {
     const ended = performance.now();
     this._counters.steps++;
     if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
+    if (this._events.on) this._stepEvent(rows, prefillTokens, ended - started);
     if (this._onStep) {
       const { cellsUsed } = this._pressure;
       const [running, queued] = [this._running.length + this._programs.size, this._queue.length];
@@ -260,6 +286,34 @@ class Scheduler {
       this._onStep({ rows, prefillTokens, prefillMs, decodeMs, stepMs, cellsUsed, running, queued });
     }
     return rows + prefillTokens;
+  }
+
+  /** The `step` event: what the step did and the gauges after it (an `evict` event first, if any). */
+  _stepEvent(rows, prefillTokens, stepMs) {
+    const evicted = this._cache.evictions - this._evictionsSeen;
+    this._evictionsSeen = this._cache.evictions;
+    if (evicted > 0) this._events.emit('evict', { entries: evicted });
+    const { cellsUsed, nCtx } = this._pressure;
+    const c = this._counters;
+    const nSeqMax = this._ctx.disposed ? 0 : this._ctx.nSeqMax;
+    this._events.emit('step', {
+      step: c.steps,
+      rows,
+      prefillTokens,
+      stepMs: Math.round(stepMs * 100) / 100,
+      running: this._running.length + this._programs.size,
+      queued: this._queue.length,
+      cellsUsed,
+      nCtx,
+      leasesUsed: this._ctx.disposed ? 0 : nSeqMax - this._store.available,
+      nSeqMax,
+      cache: {
+        entries: this._cache.size,
+        tokens: this._cache.tokens,
+        hitRate: c.promptTokens === 0 ? 0 : Math.round((c.cachedPromptTokens / c.promptTokens) * 1000) / 1000,
+        evictions: this._cache.evictions,
+      },
+    });
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -310,6 +364,7 @@ class Scheduler {
       // Log-probabilities need each token's own snapshot, which a verified draft does not keep.
       req.spec = this._spec && req.logprobs === undefined ? this._spec : null;
       req.to('prefilling');
+      req.admitted(length);
       this._running.push(req);
     }
   }
@@ -484,6 +539,7 @@ class Scheduler {
     req.to('done');
     if (!req.choices) req.endUnstarted(reason || 'abort');
     this._counters.completed++;
+    req.ended(reason === 'abort' || req.choices.some((c) => c.finishReason === 'abort') ? 'abort' : 'ok');
     req.gen._finish(req.result());
   }
 
@@ -492,6 +548,7 @@ class Scheduler {
     req.choices = req.choices || [];
     this._releaseRequest(req);
     req.to('failed');
+    req.ended('error', error);
     req.gen._fail(error);
   }
 }

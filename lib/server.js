@@ -4,7 +4,9 @@
  * An OpenAI-compatible HTTP server over a Scheduler (node:http only):
  *   POST /v1/completions, POST /v1/chat/completions (non-streaming or server-sent events; tool
  *   calls and logprobs), POST /v1/embeddings (with a pooled context), GET /v1/models,
- *   GET /metrics (Prometheus text), GET /health (status plus the scheduler's stats; never keyed).
+ *   GET /metrics (Prometheus text), GET /health (status plus the scheduler's stats; never keyed),
+ *   GET /v1/events (the scheduler's events as server-sent events, docs/events.md) and the page
+ *   that draws them at / (static files of lib/server/ui, never keyed; the data they fetch is).
  * Every request error is an OpenAI-style `{ error: { message, type, param, code } }` with a 4xx
  * status; nothing a client sends can stop the server. A client that disconnects aborts its
  * request (its branches are freed within one scheduler step).
@@ -19,6 +21,8 @@ const { HttpError, toHttpError, errorBody, sendJson, sendError, readJsonBody } =
 const { generateRequest, usageOf, ENDPOINTS } = require('./server/openai');
 const { Metrics } = require('./server/metrics');
 const { Embedder } = require('./server/embeddings');
+const { EventFeed } = require('./server/events');
+const { uiRoutes } = require('./server/ui');
 
 const defaults = require('./defaults');
 
@@ -81,7 +85,7 @@ function unrouted(method, pathname, routes, res, modelCard) {
   }
   throw new HttpError(
     404,
-    `no route ${method} ${pathname}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, GET /metrics, GET /health`,
+    `no route ${method} ${pathname}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, GET /v1/events, GET /metrics, GET /health`,
   );
 }
 
@@ -147,8 +151,10 @@ async function generateEndpoint(app, kind, req, res) {
 
 /** The routes of an app, by `METHOD /path`. */
 function routesOf(app) {
-  const { scheduler, metrics, corsHeaders, modelCard } = app;
+  const { scheduler, metrics, corsHeaders, modelCard, feed } = app;
   return {
+    ...(app.ui ? uiRoutes() : {}),
+    'GET /v1/events': (req, res) => feed.attach(req, res, corsHeaders),
     'GET /health': (req, res) => sendJson(res, 200, { status: 'ok', model: modelCard.id, ...scheduler.stats() }),
     'GET /metrics': (req, res) => {
       const text = metrics.render(scheduler.stats());
@@ -200,7 +206,7 @@ function createApp(config) {
       const route = routes[key];
       if (route) endpoint = key.split(' ')[1];
       if (cors && req.method === 'OPTIONS') return preflight(res, app.corsHeaders);
-      if (pathname !== '/health') checkKey(req, digests);
+      if (pathname !== '/health' && !(route && route.public)) checkKey(req, digests);
       if (route) await route(req, res);
       else unrouted(req.method, pathname, routes, res, app.modelCard);
     } catch (e) {
@@ -277,8 +283,9 @@ async function createServer(options) {
     const modelName =
       options.modelName ||
       (options.modelPath ? path.basename(String(options.modelPath)).replace(/\.gguf$/i, '') : 'llama-branch');
-    const app = createApp({ scheduler, ctx, modelName, metrics, embedder, ...config });
-    return listening(http.createServer(app), { ctx, scheduler, modelName, owned });
+    const feed = new EventFeed(scheduler, { model: modelName, ctx, traceFile: config.traceFile });
+    const app = createApp({ scheduler, ctx, modelName, metrics, embedder, feed, ...config });
+    return listening(http.createServer(app), { ctx, scheduler, modelName, owned, feed });
   } catch (e) {
     for (const c of owned) c.dispose();
     throw e;
@@ -307,7 +314,25 @@ function serverConfig(options) {
     cors,
     limits,
     reasoningFormat: pick('reasoningFormat', defaults.server.reasoningFormat),
+    ui: checkBoolean(pick('ui', true), 'ui'),
+    traceFile: checkTraceFile(pick('traceFile', null)),
   };
+}
+
+function checkBoolean(value, name) {
+  if (typeof value !== 'boolean') throw makeError('ERR_INVALID_ARG', `options.${name} must be true or false`);
+  return value;
+}
+
+/** `options.traceFile`: null, or a path whose folder exists (checked now, not at the first event). */
+function checkTraceFile(file) {
+  if (file === null) return null;
+  if (typeof file !== 'string' || file === '')
+    throw makeError('ERR_INVALID_ARG', 'options.traceFile must be the path of a file to write the trace to');
+  const dir = path.dirname(path.resolve(file));
+  if (!require('node:fs').existsSync(dir))
+    throw makeError('ERR_INVALID_ARG', `options.traceFile: the folder ${dir} does not exist`);
+  return file;
 }
 
 /**
@@ -345,7 +370,7 @@ function openContext(options, shape) {
 }
 
 /** The object createServer resolves with: listen, close, and what it serves. */
-function listening(server, { ctx, scheduler, modelName, owned }) {
+function listening(server, { ctx, scheduler, modelName, owned, feed }) {
   return {
     ctx,
     scheduler,
@@ -366,6 +391,7 @@ function listening(server, { ctx, scheduler, modelName, owned }) {
       const closed = new Promise((resolve) => server.close(() => resolve()));
       server.closeAllConnections();
       await scheduler.close();
+      await feed.close();
       await closed;
       for (const c of owned) c.dispose();
     },

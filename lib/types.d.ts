@@ -29,6 +29,8 @@ export type {
   SchedulerOptions,
   SchedulerStats,
   TokenBias,
+  TraceEvent,
+  BranchTrace,
   TokenLogprob,
   TopLogprob,
   VerifiedDraft,

@@ -235,7 +235,7 @@ const CASES = [
     args: ['--width', '3', '--max-tokens', '8'],
     validate(events) {
       const start = one(events, 'start');
-      const steps = byEvent(events, 'step');
+      const steps = byEvent(events, 'beam');
       assert.ok(steps.length > 0 && steps.length <= 8);
       for (const s of steps) {
         assert.ok(s.beams.length >= 1 && s.beams.length <= start.width);
@@ -327,7 +327,7 @@ const CASES = [
         'branch.entropy() === ctx.modelEntropy(logits)',
       );
       const points = byEvent(events, 'branch_point');
-      const tokens = byEvent(events, 'token');
+      const tokens = byEvent(events, 'sample');
       for (const p of points) {
         assert.ok(p.entropy > start.forkThreshold, 'branch points only above the threshold');
         assert.equal(p.candidates.length, start.fanOut);

@@ -62,4 +62,38 @@ async function waitFor(check, what, ms = 10000) {
   }
 }
 
-module.exports = { startServer, stopServer, waitFor, BIN };
+/**
+ * Reads GET /v1/events (server-sent events) with fetch until `until(events)` is true; resolves
+ * with the events (JSON objects) read so far. `onOpen()` runs once the stream is open.
+ */
+async function readEvents(url, { key, until, onOpen = () => {}, ms = 60000 }) {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(new Error(`no matching events within ${ms} ms`)), ms);
+  const headers = key ? { authorization: `Bearer ${key}` } : {};
+  const res = await fetch(`${url}/v1/events`, { headers, signal: controller.signal });
+  if (res.status !== 200) throw new Error(`GET /v1/events: HTTP ${res.status}`);
+  const events = [];
+  const decoder = new TextDecoder();
+  let buffer = '';
+  let opened = null;
+  try {
+    for await (const chunk of res.body) {
+      buffer += decoder.decode(chunk, { stream: true });
+      let end;
+      while ((end = buffer.indexOf('\n\n')) !== -1) {
+        for (const line of buffer.slice(0, end).split('\n'))
+          if (line.startsWith('data: ')) events.push(JSON.parse(line.slice(6)));
+        buffer = buffer.slice(end + 2);
+      }
+      if (!opened) opened = Promise.resolve(onOpen());
+      if (until(events)) break;
+    }
+  } finally {
+    clearTimeout(timer);
+    controller.abort();
+  }
+  await opened;
+  return events;
+}
+
+module.exports = { startServer, stopServer, waitFor, readEvents, BIN };

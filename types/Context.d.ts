@@ -63,6 +63,17 @@ export class SessionContext {
      */
     dispose(): void;
     /**
+     * Traces this context's branches: `listener(event)` hears of every branch created or forked,
+     * every prefill (`append`), commit (`token`) and prune from now on, in the trace format of
+     * docs/events.md, which the page of `llama-branch serve` replays (the examples write these
+     * events with `--jsonl`). Returns the trace: `finish(branch, reason)` marks a branch finished
+     * (shown as a result rather than pruned when freed later), `idOf(branch)`, `stop()`. One trace
+     * per context; a new one replaces the last. Costs nothing when none is on.
+     * @param {(event: import('../lib/types').TraceEvent) => void} listener
+     * @returns {import('../lib/types').BranchTrace}
+     */
+    trace(listener: (event: import("../lib/types").TraceEvent) => void): import("../lib/types").BranchTrace;
+    /**
      * Tokenizes `text` on the worker thread. Special tokens written in the text (e.g.
      * `<start_of_turn>`) are parsed.
      * @param {string} text

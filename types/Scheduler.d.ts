@@ -32,6 +32,17 @@ export class Scheduler {
      */
     run<T>(program: (s: import("./ProgramLine").ProgramLine) => T | Promise<T>, options?: import("../lib/types").RunOptions): Promise<T>;
     /**
+     * Calls `listener(event)` for everything that happens from now on — requests and programs
+     * admitted and done, their branches forked, growing token by token, finished and pruned, and
+     * one `step` event per scheduler step with its gauges — in the trace format of docs/events.md
+     * (what `llama-branch serve` sends at GET /v1/events). Returns the function that unsubscribes.
+     * Listeners run synchronously inside the step: keep them quick (queue work, don't do it). A
+     * listener that throws is removed with a process warning.
+     * @param {(event: import('../lib/types').TraceEvent) => void} listener
+     * @returns {() => void}
+     */
+    subscribe(listener: (event: import("../lib/types").TraceEvent) => void): () => void;
+    /**
      * Counters and gauges (never busy); `cellsUsed` is as of the end of the last step.
      * @returns {import('../lib/types').SchedulerStats}
      */

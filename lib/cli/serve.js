@@ -60,6 +60,11 @@ const options = {
     default: String(serverDefaults.specMaxDraft),
     help: 'longest draft one request verifies per step (1..32; the length used adapts)',
   },
+  'no-ui': { type: 'boolean', help: 'do not serve the live page of the branch trees at / (GET /v1/events stays)' },
+  trace: {
+    type: 'string',
+    help: 'record every scheduler event to this JSONL file (open it in the page to replay the run)',
+  },
   'max-tokens-limit': {
     type: 'string',
     default: String(serverDefaults.maxTokensLimit),
@@ -102,9 +107,13 @@ async function run(values, { log }) {
     speculative: values.spec,
     modelDraft: values['model-draft'],
     specMaxDraft: integer(values, 'spec-max-draft'),
+    ui: !values['no-ui'],
+    traceFile: values.trace,
   });
   const { url } = await server.listen(integer(values, 'port'), values.host);
   log(`listening on ${url}`);
+  if (!values['no-ui']) log(`branch trees live at ${url}/`);
+  if (values.trace) log(`recording events to ${values.trace}`);
   await new Promise((resolve) => {
     const stop = () => resolve();
     process.once('SIGINT', stop);

@@ -65,6 +65,13 @@ class PrefixCache {
     return this._tree.size;
   }
 
+  /** Tokens of all cached prefixes, summed over entries (what they share is counted each time). */
+  get tokens() {
+    let sum = 0;
+    for (const entry of this._tree.values()) sum += entry.tokens.length;
+    return sum;
+  }
+
   /** @returns {IterableIterator<CacheEntry>} */
   entries() {
     return this._tree.values();

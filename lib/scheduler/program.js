@@ -58,7 +58,7 @@ class Program {
   /**
    * @param {(s: ProgramLine) => any} fn
    * @param {import('../types').RunOptions} options
-   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any }} env
+   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents }} env
    */
   constructor(fn, options, env) {
     if (typeof fn !== 'function') throw invalid('run(program, options?): program must be a function (s) => ...');
@@ -81,6 +81,10 @@ class Program {
     this.defaultMaxTokens = env.defaultMaxTokens;
     this.jsonSchemaToGrammar = env.jsonSchemaToGrammar;
     this.wake = env.wake;
+    /** Where the program's events go, its id in them, and its lines' count (for their ids). */
+    this.events = env.events;
+    this.id = env.events.nextId('program');
+    this._lines = 0;
     /** The Scheduler's prefix cache (a line's prompt may become an entry of it). */
     this.cache = env.cache;
     /** @type {ProgramLine[]} every line made, released ones until they are freed */
@@ -104,6 +108,25 @@ class Program {
       );
     }
     this.state = state;
+  }
+
+  /** The id of a new line of this program. */
+  lineId() {
+    return `${this.id}.${this._lines++}`;
+  }
+
+  /** Emits one of the program's events (nothing when nobody listens). */
+  emit(type, fields) {
+    if (this.events.on) this.events.emit(type, { request: this.id, ...fields });
+  }
+
+  /** Settled: its `done` event. */
+  ended(error) {
+    if (!this.events.on) return;
+    const status = !error ? 'ok' : error.code === 'ERR_ABORTED' ? 'abort' : 'error';
+    const fields = { status, usage: { ...this.usage } };
+    if (error) fields.error = { code: error.code || 'ERR_UNKNOWN', message: String(error.message) };
+    this.emit('done', fields);
   }
 
   /** Leases the program may still take. */
@@ -147,6 +170,7 @@ class Program {
   /** Admitted: the function starts on a fresh root line. */
   start() {
     this.to('running');
+    this.emit('admit', { kind: 'program', maxBranches: this.maxBranches, maxCells: this.maxCells });
     const root = new ProgramLine(this, null, []);
     this.lines.push(root);
     Promise.resolve()
@@ -188,6 +212,7 @@ class Program {
     const { error, value } = this.outcome;
     this.detach();
     this.to(error ? 'failed' : 'done');
+    this.ended(error);
     if (error) this._reject(error);
     else this._resolve(value);
   }

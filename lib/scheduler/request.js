@@ -23,6 +23,7 @@ const { StopMatcher } = require('./stops');
 const { release } = require('./prefix-cache');
 const { checkChat, formatTurn, ChatStream } = require('./chat');
 const { DraftLength } = require('../speculative');
+const { clipped, perplexityOf } = require('./events');
 
 const SEED_SPACE = 2 ** 32;
 
@@ -113,10 +114,14 @@ class Request {
    * Checks `request` (throws ERR_INVALID_ARG) and starts it queued.
    * @param {any} request what `generate` was given
    * @param {import('./generation').Generation} gen where its events and result go
-   * @param {{ vocabSize: number, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string> }} env
+   * @param {{ vocabSize: number, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, events: import('./events').SchedulerEvents }} env
    */
   constructor(request, gen, env) {
     checkInput(request, env.vocabSize);
+    /** Where the request's events go, and its id in them (see ./events.js). */
+    this.events = env.events;
+    this.id = env.events.nextId('request');
+    this.wasAdmitted = false;
     const { params, seed, grammar } = checkSampling(request);
     this.state = 'queued';
     this.gen = gen;
@@ -171,6 +176,33 @@ class Request {
       );
     }
     this.state = state;
+  }
+
+  /** Admitted: its `admit` event and its prompt as the root node of its tree. */
+  admitted(cachedTokens) {
+    const { events, id } = this;
+    this.wasAdmitted = true;
+    if (!events.on) return;
+    const kind = this.input.messages !== undefined ? 'chat' : 'completion';
+    const text = this.chat ? this.chat.formatted.prompt : this.input.prompt;
+    const promptTokens = this.tokens.length;
+    events.emit('admit', { request: id, kind, n: this.n, maxTokens: this.maxTokens, promptTokens, cachedTokens });
+    events.emit('fork', { request: id, branch: id, parent: null, at: 0 });
+    events.emit('append', {
+      request: id,
+      branch: id,
+      n: promptTokens,
+      text: text === undefined ? `(${promptTokens} prompt tokens)` : clipped(text),
+    });
+  }
+
+  /** Settled: its `done` event (`status` 'ok', 'abort' or 'error'). */
+  ended(status, error) {
+    if (!this.events.on || !this.wasAdmitted) return; // a request refused in the queue has no tree
+    /** @type {any} */
+    const fields = { request: this.id, status, ...(this.usage.completionTokens ? { usage: { ...this.usage } } : {}) };
+    if (error) fields.error = { code: error.code || 'ERR_UNKNOWN', message: String(error.message) };
+    this.events.emit('done', fields);
   }
 
   /** Running: admitted and not settled. */
@@ -290,6 +322,13 @@ class Request {
         draftLength: this.spec ? new DraftLength(this.spec) : null,
         next: null,
       });
+      if (this.events.on)
+        this.events.emit('fork', {
+          request: this.id,
+          branch: `${this.id}.${i}`,
+          parent: this.id,
+          at: this.tokens.length,
+        });
       const params = { ...this.params, seed: (this.seedBase + i) % SEED_SPACE };
       if (this.grammar && !this.grammarLazy) params.grammar = this.grammar;
       branch.setSamplerParams(params);
@@ -315,6 +354,12 @@ class Request {
       } catch {
         // busy or disposed: keep Infinity
       }
+    }
+    if (this.events.on && choice.branch) {
+      const ppl = Number.isFinite(choice.perplexity) ? Math.round(choice.perplexity * 1000) / 1000 : undefined;
+      const branch = `${this.id}.${choice.index}`;
+      const n = this.tokens.length + choice.tokens.length;
+      this.events.emit('finish', { request: this.id, branch, reason, n, ppl });
     }
     release(choice.branch);
     choice.branch = null;
@@ -426,6 +471,18 @@ class Request {
     if (choice.chat)
       event.delta = text === '' ? null : choice.chat.update(choice.matcher.text.slice(0, choice.matcher.released));
     this.gen._push(event);
+    if (this.events.on) {
+      const n = this.tokens.length + choice.tokens.length;
+      const [branch, ppl] = [`${this.id}.${choice.index}`, perplexityOf(choice.branch)];
+      this.events.emit('token', {
+        request: this.id,
+        branch,
+        text: produced.text,
+        n,
+        ppl,
+        ...(committed ? { draft: true } : {}),
+      });
+    }
     const reason = choice.matcher.stopped ? 'stop' : choice.tokens.length >= this.maxTokens ? 'length' : null;
     if (!reason) return true;
     // Not decoded (nothing will be sampled after it), but accepted so perplexity counts it.

@@ -9,6 +9,7 @@ const { StopMatcher } = require('../../lib/scheduler/stops');
 const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-cache');
 const { Request } = require('../../lib/scheduler/request');
 const { Generation } = require('../../lib/scheduler/generation');
+const { SchedulerEvents } = require('../../lib/scheduler/events');
 
 /** A stand-in for a Branch: a position and a prune that records itself. */
 function fakeBranch(position, pruned) {
@@ -147,7 +148,12 @@ describe('Scheduler parts (no model)', () => {
   });
 
   describe('Request', () => {
-    const env = { vocabSize: 100, defaultMaxTokens: 8, jsonSchemaToGrammar: async () => 'root ::= "x"' };
+    const env = {
+      vocabSize: 100,
+      defaultMaxTokens: 8,
+      jsonSchemaToGrammar: async () => 'root ::= "x"',
+      events: new SchedulerEvents(),
+    };
     const make = (request) => new Request(request, new Generation(), env);
 
     it('starts queued and moves only along its life cycle', () => {

@@ -1,0 +1,83 @@
+'use strict';
+
+/**
+ * The Scheduler's event stream: what happens to requests, programs and their branches, as plain
+ * JSON objects in the trace format of docs/events.md (the same format `ctx.trace` writes for
+ * scripts, `llama-branch serve` sends at GET /v1/events and records with --trace).
+ *
+ * Emitting costs nothing while nobody listens: every caller asks `on` before it builds an event
+ * (some fields, e.g. a branch's perplexity, are read from the context only for a listener).
+ */
+
+/** The trace format's version, sent in every stream's first (`hello`) event. */
+const TRACE_VERSION = 1;
+
+/** How much prompt text an `append` event carries (the page shows the end of a branch's text). */
+const MAX_APPEND_CHARS = 2000;
+
+class SchedulerEvents {
+  constructor() {
+    /** @type {Set<(event: object) => void>} */
+    this._listeners = new Set();
+    this._requests = 0;
+    this._programs = 0;
+  }
+
+  /** Whether anyone listens (emit nothing, read nothing extra, when not). */
+  get on() {
+    return this._listeners.size > 0;
+  }
+
+  /**
+   * Calls `listener(event)` for every event from now on; returns the function that stops it.
+   * A listener that throws is dropped (the scheduler never fails for an observer).
+   * @param {(event: object) => void} listener
+   * @returns {() => void}
+   */
+  subscribe(listener) {
+    this._listeners.add(listener);
+    return () => {
+      this._listeners.delete(listener);
+    };
+  }
+
+  /** An id for a new request (`r1`, `r2`, ...) or program (`p1`, ...), unique in this scheduler. */
+  nextId(kind) {
+    return kind === 'program' ? `p${++this._programs}` : `r${++this._requests}`;
+  }
+
+  /**
+   * Sends `{ event: type, t, ...fields }` to every listener.
+   * @param {string} type
+   * @param {object} fields
+   */
+  emit(type, fields) {
+    if (this._listeners.size === 0) return;
+    const event = { event: type, t: Date.now(), ...fields };
+    for (const listener of [...this._listeners]) {
+      try {
+        listener(event);
+      } catch (e) {
+        this._listeners.delete(listener);
+        process.emitWarning(`a Scheduler event listener threw and was removed: ${e && e.message}`);
+      }
+    }
+  }
+}
+
+/** The last `MAX_APPEND_CHARS` of `text` (a long prompt's end is what a branch continues). */
+function clipped(text) {
+  return text.length > MAX_APPEND_CHARS ? `…${text.slice(-MAX_APPEND_CHARS)}` : text;
+}
+
+/** A branch's perplexity so far, or undefined (busy, disposed, nothing accepted yet). */
+function perplexityOf(branch) {
+  try {
+    const ppl = branch && !branch.disposed ? branch.perplexity : Infinity;
+    return Number.isFinite(ppl) ? Math.round(ppl * 1000) / 1000 : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+module.exports = { SchedulerEvents, TRACE_VERSION, clipped, perplexityOf };
