@@ -23,6 +23,11 @@ module.exports = [
     languageOptions: { globals: { ...globals.node, ...globals.mocha } },
   },
   {
+    // Browser tests: the functions passed to page.evaluate run in the page.
+    files: ['test/ui/**/*.js'],
+    languageOptions: { globals: { ...globals.node, ...globals.mocha, ...globals.browser } },
+  },
+  {
     // Scripts that run in the page (the browser), if any, get browser globals.
     files: ['lib/server/ui/**/*.js'],
     languageOptions: { sourceType: 'script', globals: { ...globals.browser } },

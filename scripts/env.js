@@ -431,6 +431,20 @@ function aptInstall(packages, log) {
   return apt(['install', '-y', '--no-install-recommends', ...unique]) === 0;
 }
 
+/**
+ * The Chromium the browser tests drive (`npm run test:ui`): LLAMA_BRANCH_BROWSER, else Debian's
+ * chromium (or another system Chromium/Chrome); null when none is installed.
+ */
+function browserPath() {
+  const candidates = [
+    process.env.LLAMA_BRANCH_BROWSER,
+    '/usr/bin/chromium',
+    '/usr/bin/chromium-browser',
+    '/usr/bin/google-chrome',
+  ];
+  return candidates.find((p) => p && fs.existsSync(p)) || null;
+}
+
 /** Human-readable duration, e.g. "4m 12s" or "850 ms". */
 function formatDuration(ms) {
   if (ms < 1000) return `${Math.round(ms)} ms`;
@@ -443,6 +457,7 @@ function formatDuration(ms) {
 
 module.exports = {
   repoRoot,
+  browserPath,
   targetDir,
   featureList,
   featureArgs,

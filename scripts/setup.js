@@ -3,7 +3,8 @@
 
 /**
  * First-time setup of a checkout (`npm run setup`, the README's first command):
- *   1. the system packages a source build needs (cmake, a C++ compiler, libclang, ccache), with
+ *   1. the system packages a source build needs (cmake, a C++ compiler, libclang, ccache) and
+ *      Debian's chromium for the browser tests (`npm run test:ui`), with
  *      apt as root or through sudo when missing: the one place besides CI that installs them
  *      (the npm `install` script never does; it prints the command instead);
  *   2. `npm install` (whose install script builds the native addon), or only the build when
@@ -15,7 +16,17 @@
 
 const fs = require('node:fs');
 const path = require('node:path');
-const { repoRoot, run, which, logger, missingBuildTools, aptCommand, aptInstall, npmCommand } = require('./env');
+const {
+  repoRoot,
+  run,
+  which,
+  logger,
+  missingBuildTools,
+  aptCommand,
+  aptInstall,
+  npmCommand,
+  browserPath,
+} = require('./env');
 
 const node = process.execPath;
 const log = logger('setup');
@@ -25,9 +36,18 @@ function step(name, code) {
 }
 
 function systemPackages() {
+  buildPackages();
+  // Optional, installed on their own so a failure leaves the build tools alone: the browser
+  // `npm run test:ui` drives (the page of `llama-branch serve`) and a font for its screenshots.
+  if (browserPath()) return;
+  aptInstall(['chromium', 'fonts-dejavu-core'], log);
+  if (!browserPath()) log('no Chromium: `npm run test:ui` (the browser tests of the live page) will be skipped');
+}
+
+function buildPackages() {
   const packages = missingBuildTools().map((m) => m.apt);
   if (!which('ccache')) packages.push('ccache'); // optional: makes rebuilds of llama.cpp cheap
-  if (packages.length === 0) return log('system packages: all present');
+  if (packages.length === 0) return log('build packages: all present');
   if (aptInstall(packages, log) && missingBuildTools().length === 0) return;
   const still = missingBuildTools();
   if (still.length === 0) return log('ccache could not be installed; builds work without it, only slower to repeat');

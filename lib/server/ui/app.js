@@ -469,6 +469,10 @@
     const done = player.at >= events.length;
     setStatus('replay', `replay ${player.name}: ${player.at} / ${events.length} events${done ? ' (end)' : ''}`);
     if (done) {
+      // A script's trace has no `done` events: its trees end with the file.
+      for (const t of model.trees.values())
+        if (t.kind === 'script' && t.status === 'running') tree(t.id, { status: 'end' });
+      schedule();
       $('status').dataset.done = 'true';
       $('play').disabled = true;
       return;
