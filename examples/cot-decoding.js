@@ -39,6 +39,7 @@ run(async () => {
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: flags.k + 2 }));
   let mostRows = 0;
   const scheduler = new Scheduler(ctx, { onStep: (s) => (mostRows = Math.max(mostRows, s.rows)) });
+  out.trace(scheduler); // --jsonl: the requests' branch trees too, for the page of `llama-branch serve`
   out.emit('start', { k: flags.k, question: flags.question, model: ctx.modelDescription });
   out.say(`CoT-decoding over the top-${flags.k} first tokens: ${oneLine(flags.question)}`);
 

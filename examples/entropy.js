@@ -31,6 +31,7 @@ run(async () => {
   const started = Date.now();
 
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: flags.fanOut + 1 }));
+  out.trace(ctx); // --jsonl: the branch tree's events too, for the page of `llama-branch serve`
   const store = new BranchStore(ctx);
   const prompt = await ctx.tokenize(flags.prompt);
   out.emit('start', {

@@ -35,6 +35,7 @@ run(async () => {
 
   const grammar = await jsonSchemaToGrammar(SCHEMA);
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: flags.forks + 1 }));
+  out.trace(ctx); // --jsonl: the branch tree's events too, for the page of `llama-branch serve`
   const store = new BranchStore(ctx);
   out.emit('start', { forks: flags.forks, schema: SCHEMA, grammarBytes: grammar.length });
   out.say(`schema ${JSON.stringify(SCHEMA)}\n-> GBNF grammar of ${grammar.length} bytes`);

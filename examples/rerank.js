@@ -27,6 +27,7 @@ run(async () => {
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: DOCUMENTS.length + 2 }));
   const prefills = [];
   const scheduler = new Scheduler(ctx, { onStep: (s) => s.prefillTokens > 0 && prefills.push(s.prefillTokens) });
+  out.trace(scheduler); // --jsonl: the requests' branch trees too, for the page of `llama-branch serve`
   out.emit('start', { query: flags.query, documents: DOCUMENTS.length, model: ctx.modelDescription });
   out.say(`rerank ${DOCUMENTS.length} documents for ${oneLine(flags.query)}`);
 

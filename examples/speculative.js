@@ -27,6 +27,7 @@ run(async () => {
   const started = Date.now();
 
   const ctx = await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: 4 }));
+  out.trace(ctx); // --jsonl: the branch tree's events too, for the page of `llama-branch serve`
   // The draft model's context: three sequences per line that speculates.
   const draftCtx =
     flags.source === 'draft' ? await createContext(contextOptions(flags, { nCtx: 2048, nSeqMax: 3 })) : null;

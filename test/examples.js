@@ -34,6 +34,35 @@ function one(events, name) {
 const isNum = (x) => typeof x === 'number' && Number.isFinite(x);
 
 /**
+ * The branch-tree events an example writes with --jsonl (docs/events.md), for the server's page:
+ * a `hello` first, every branch forked before anything else names it, parents before children,
+ * and tokens that grow each branch. Examples that trace say so with `traced: true`.
+ */
+function checkTrace(events) {
+  const trace = events.filter(
+    (e) =>
+      typeof e.t === 'number' &&
+      ['hello', 'fork', 'append', 'token', 'finish', 'prune', 'admit', 'done', 'step'].includes(e.event),
+  );
+  assert.equal(trace[0] && trace[0].event, 'hello', 'the trace starts with hello');
+  const forked = new Set();
+  for (const e of trace) {
+    if (e.event === 'fork') {
+      assert.ok(!forked.has(e.branch), `${e.branch} forked twice`);
+      if (e.parent !== null) assert.ok(forked.has(e.parent), `${e.branch}'s parent ${e.parent} unknown`);
+      forked.add(e.branch);
+    } else if (e.branch !== undefined) {
+      assert.ok(forked.has(e.branch), `${e.event} of ${e.branch} before its fork`);
+    }
+  }
+  assert.ok(forked.size >= 2, `a tree: ${forked.size} branches`);
+  assert.ok(
+    trace.some((e) => e.event === 'token' || e.event === 'append'),
+    'what went into the branches is traced',
+  );
+}
+
+/**
  * Each example: its file, extra flags (small budgets keep the whole run short on 2 cores), an
  * optional stdin text, and the checks on its events.
  */
@@ -75,6 +104,7 @@ const CASES = [
   {
     name: 'best-of-n',
     file: 'best-of-n.js',
+    traced: true,
     args: ['--n', '4', '--max-tokens', '16'],
     validate(events) {
       const start = one(events, 'start');
@@ -100,6 +130,7 @@ const CASES = [
   {
     name: 'self-consistency',
     file: 'self-consistency.js',
+    traced: true,
     args: ['--paths', '4', '--questions', '2', '--max-tokens', '24'],
     validate(events) {
       const start = one(events, 'start');
@@ -134,6 +165,7 @@ const CASES = [
   {
     name: 'rerank',
     file: 'rerank.js',
+    traced: true,
     args: [],
     validate(events) {
       const start = one(events, 'start');
@@ -157,6 +189,7 @@ const CASES = [
   {
     name: 'json-best-of-n',
     file: 'json-best-of-n.js',
+    traced: true,
     args: ['--n', '4', '--max-tokens', '64'],
     validate(events) {
       const candidates = byEvent(events, 'candidate');
@@ -185,6 +218,7 @@ const CASES = [
   {
     name: 'tree-of-thought',
     file: 'tree-of-thought.js',
+    traced: true,
     args: ['--k', '3', '--b', '2', '--levels', '3', '--max-tokens', '10'],
     validate(events) {
       const start = one(events, 'start');
@@ -214,6 +248,7 @@ const CASES = [
   {
     name: 'cot-decoding',
     file: 'cot-decoding.js',
+    traced: true,
     args: ['--k', '4', '--max-tokens', '24'],
     validate(events) {
       const paths = byEvent(events, 'path');
@@ -232,6 +267,7 @@ const CASES = [
   {
     name: 'beam-search',
     file: 'beam-search.js',
+    traced: true,
     args: ['--width', '3', '--max-tokens', '8'],
     validate(events) {
       const start = one(events, 'start');
@@ -260,18 +296,21 @@ const CASES = [
   {
     name: 'speculative (prompt lookup)',
     file: 'speculative.js',
+    traced: true,
     args: ['--source', 'lookup', '--max-tokens', '32'],
     validate: validateSpeculative,
   },
   {
     name: 'speculative (draft model)',
     file: 'speculative.js',
+    traced: true,
     args: ['--source', 'draft', '--max-draft', '4', '--max-tokens', '16'],
     validate: validateSpeculative,
   },
   {
     name: 'tree-search',
     file: 'tree-search.js',
+    traced: true,
     args: ['--depth', '2', '--branching', '3', '--keep', '2', '--segment', '4'],
     validate(events) {
       one(events, 'start');
@@ -295,6 +334,7 @@ const CASES = [
   {
     name: 'grammar-json',
     file: 'grammar-json.js',
+    traced: true,
     args: ['--forks', '3', '--max-tokens', '48'],
     validate(events) {
       one(events, 'start');
@@ -318,6 +358,7 @@ const CASES = [
   {
     name: 'entropy',
     file: 'entropy.js',
+    traced: true,
     args: ['--max-tokens', '16', '--fork-threshold', '2.5', '--max-forks', '1', '--lookahead', '3'],
     validate(events) {
       const start = one(events, 'start');
@@ -471,6 +512,7 @@ async function main() {
         assert.deepEqual(stray, [], '--jsonl stdout must contain only JSON lines');
       }
       c.validate(events, res.stdout);
+      if (c.traced) checkTrace(events);
     } catch (e) {
       error = e;
     }
