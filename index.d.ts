@@ -243,6 +243,13 @@ export interface ContextOptions extends Omit<NativeContextOptions, 'modelPath'> 
    * same `useMmap`) share one loaded model.
    */
   modelPath: string | URL;
+  /**
+   * Where the model runs: `'auto'` (default) puts every layer on the GPUs this build sees (a
+   * prebuilt sees Vulkan devices when `llama-branch-<platform>-vulkan` is installed and loads),
+   * else the CPU; `'vulkan'` insists on the Vulkan devices (`ERR_DEVICE` saying why there is none);
+   * `false` keeps everything on the CPU even with a GPU present. `ctx.offload` says what happened.
+   */
+  gpu?: 'auto' | 'vulkan' | false;
 }
 
 /**
@@ -401,9 +408,31 @@ export declare function setLogLevel(level: LogLevel): void;
 /**
  * llama.cpp's system info line: the CPU features and backends in use. A prebuilt binary adds
  * `CPU_VARIANT = <name> | `: the CPU backend module ggml chose at load time for this CPU
- * (e.g. `haswell`, `icelake`, `zen4`); a source build has its CPU backend compiled in.
+ * (e.g. `haswell`, `icelake`, `zen4`), and `GPU_MODULES = vulkan: 1 device(s) | ` (or `off (why)`)
+ * when it looked for GPU module packages; a source build has its CPU backend compiled in.
  */
 export declare function systemInfo(): string;
+
+/** What loading one GPU backend module package into the prebuilt did (see {@link gpuModules}). */
+export interface GpuModuleStatus {
+  /** `'vulkan'`. */
+  variant: string;
+  /** The package, e.g. `llama-branch-linux-x64-gnu-vulkan`. */
+  package: string;
+  /** The module file, when the package is installed. */
+  file: string | null;
+  loaded: boolean;
+  /** Devices it registered. */
+  devices: number;
+  /** Why it is off: not installed, no `libvulkan.so.1`, no driver, no device, ... (null when on). */
+  error: string | null;
+}
+
+/**
+ * The GPU backend module packages a prebuilt looked for at load time and what each did; empty in
+ * a source build (its backends are compiled in). `LLAMA_BRANCH_GPU=cpu` skips them all.
+ */
+export declare function gpuModules(): GpuModuleStatus[];
 
 // -------------------------------------------------------------------------------------------------
 // Sampling

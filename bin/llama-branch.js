@@ -12,6 +12,7 @@ const { parseArgs } = require('node:util');
 const COMMANDS = {
   serve: () => require('../lib/cli/serve'),
   'rpc-server': () => require('../lib/cli/rpc-server'),
+  devices: () => require('../lib/cli/devices'),
 };
 
 function help() {

@@ -117,7 +117,50 @@ async function createContext(options, loadOptions) {
       throw makeError('ERR_INVALID_ARG', `options.${k} must be an array of strings`);
     }
   }
-  return wrapContext(await bindingFor(loadOptions).createContext({ ...options, modelPath }));
+  const binding = bindingFor(loadOptions);
+  return wrapContext(await binding.createContext({ ...placementOf(options, binding), modelPath }));
+}
+
+/** Why this process has no Vulkan device: the module package's reason, or the build's. */
+function noVulkanReason() {
+  const status = loader.gpuModules().find((m) => m.variant === 'vulkan');
+  if (status && status.error) return `${status.package}: ${status.error}`;
+  return `this build has no Vulkan backend: install ${loader.platformPackageName('vulkan')} beside the prebuilt (npm install ${loader.platformPackageName('vulkan')}), or build from source with LLAMA_BRANCH_FEATURES=vulkan (docs/gpu-and-rpc.md)`;
+}
+
+/**
+ * The placement options `options.gpu` stands for: 'auto' (default: every GPU the build sees
+ * takes all layers, else the CPU), 'vulkan' (the Vulkan devices, or ERR_DEVICE saying why there
+ * is none) or false / 'cpu' (the CPU alone, even with a GPU present).
+ */
+function placementOf(options, binding) {
+  const { gpu = 'auto', ...rest } = options;
+  if (gpu === 'auto' || gpu === true) return rest;
+  if (gpu === false || gpu === 'cpu') {
+    if ((rest.devices && rest.devices.length > 0) || (rest.rpcServers && rest.rpcServers.length > 0))
+      throw makeError('ERR_INVALID_ARG', 'options.gpu is false (the CPU only) but devices or rpcServers name others');
+    return { ...rest, devices: [] };
+  }
+  if (gpu === 'vulkan') {
+    const vulkan = binding.listDevices().filter((d) => d.type === 'gpu' && /^vulkan/i.test(d.name));
+    if (vulkan.length === 0)
+      throw makeError('ERR_DEVICE', `options.gpu is 'vulkan' but no Vulkan device is available. ${noVulkanReason()}`);
+    return rest.devices ? rest : { ...rest, devices: vulkan.map((d) => d.name) };
+  }
+  throw makeError('ERR_INVALID_ARG', `options.gpu must be 'auto', 'vulkan' or false, got ${JSON.stringify(gpu)}`);
+}
+
+/**
+ * llama.cpp's system line, plus which GPU backend modules the prebuilt loaded (and why not).
+ * @returns {string}
+ */
+function systemInfo() {
+  const modules = loader
+    .gpuModules()
+    .map((m) =>
+      m.loaded && m.devices > 0 ? `${m.variant}: ${m.devices} device(s)` : `${m.variant}: off (${m.error})`,
+    );
+  return modules.length > 0 ? `${native.systemInfo()}GPU_MODULES = ${modules.join('; ')} | ` : native.systemInfo();
 }
 
 /** Backend devices of this process and, with `rpcServers`, of each RPC server. */
@@ -191,7 +234,8 @@ module.exports = {
   jsonSchemaToGrammar,
   jsonSchemaToGrammarSync,
   setLogLevel: native.setLogLevel,
-  systemInfo: native.systemInfo,
+  systemInfo,
+  gpuModules: loader.gpuModules,
   listDevices,
   serveRpc,
   PoolingType: Object.freeze({ UNSPECIFIED: -1, NONE: 0, MEAN: 1, CLS: 2, LAST: 3, RANK: 4 }),

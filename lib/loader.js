@@ -20,7 +20,10 @@
  *
  * Right after loading, the addon is told the folder it was loaded from: a prebuilt keeps ggml's
  * backend modules (one CPU backend per instruction-set level) there and loads the best one for
- * this CPU from it. No npm dependencies: the install script (scripts/build.js) uses this file
+ * this CPU from it. A prebuilt then also loads the GPU backend modules shipped in their own
+ * packages (llama-branch-<platform>-vulkan: libggml-vulkan.so) when they are installed; one that
+ * fails (no libvulkan.so.1, no driver, no device) is recorded with its reason (`gpuModules()`),
+ * and the CPU serves. With the Vulkan package installed, `loadBinary('vulkan')` is that prebuilt. No npm dependencies: the install script (scripts/build.js) uses this file
  * before any package is installed.
  */
 
@@ -37,6 +40,8 @@ const SOURCE_BUILD = path.join(PACKAGE_ROOT, 'build', 'llama_branch.node');
 const DEFAULT_VARIANTS = new Set(['default', 'cpu']);
 /** GPU variants, each a cargo feature of the crate and a platform package suffix. */
 const GPU_VARIANTS = new Set(['cuda', 'vulkan']);
+/** GPU variants published as a backend module for the prebuilt (a package of its own), not as a whole build. */
+const PACKAGED_GPU_MODULES = ['vulkan'];
 
 /**
  * The napi-rs name of a platform: linux-x64-gnu, linux-arm64-gnu, linux-x64-musl, darwin-arm64,
@@ -135,6 +140,18 @@ function* candidates(variant) {
   }
   if (variant) yield sourceCandidate(path.join(PACKAGE_ROOT, 'build', variant, path.basename(SOURCE_BUILD)), variant);
   yield sourceCandidate(SOURCE_BUILD, variant);
+  if (variant && PACKAGED_GPU_MODULES.includes(variant)) {
+    // The prebuilt loads the variant's module package itself: the variant is there when it loaded.
+    const base = platformPackageName(null);
+    const found = findPlatformPackage(base);
+    yield {
+      label: `platform packages ${base} + ${platformPackageName(variant)}`,
+      file: found.file,
+      reason: found.reason,
+      module: variant,
+    };
+    return;
+  }
   const name = platformPackageName(variant);
   const found = findPlatformPackage(name);
   yield { label: `platform package ${name}`, file: found.file, reason: found.reason };
@@ -142,6 +159,62 @@ function* candidates(variant) {
 
 /** Loaded bindings by real path of their .node, so each file is loaded once. */
 const loaded = new Map();
+
+/**
+ * GPU backend modules shipped in packages of their own, by variant: what loading each into the
+ * prebuilt did. `LLAMA_BRANCH_GPU=cpu` (or `0`/`off`) skips them all.
+ * @type {Map<string, { variant: string, package: string, file: string | null, loaded: boolean, devices: number, error: string | null }>}
+ */
+const gpuModuleStatus = new Map();
+
+/** The backend module file of package `name` (its package.json `main`), or why there is none. */
+function findModulePackage(name) {
+  let manifest;
+  try {
+    manifest = require.resolve(`${name}/package.json`, { paths: [PACKAGE_ROOT] });
+  } catch {
+    return { file: null, reason: 'not installed' };
+  }
+  let main;
+  try {
+    main = JSON.parse(fs.readFileSync(manifest, 'utf8')).main;
+  } catch (e) {
+    return { file: null, reason: `unreadable package.json (${e.message})` };
+  }
+  if (typeof main !== 'string' || !/\.(so|dylib|dll)$/.test(main))
+    return { file: null, reason: 'its package.json names no backend module in "main"' };
+  const file = path.join(path.dirname(manifest), main);
+  return fs.existsSync(file) ? { file } : { file: null, reason: `${main} is missing from the package` };
+}
+
+/** Loads the installed GPU module packages into a prebuilt `binding` (once per process). */
+function loadGpuModules(binding) {
+  if (gpuModuleStatus.size > 0) return;
+  const off = /^(cpu|0|off|false|none)$/i.test(process.env.LLAMA_BRANCH_GPU || '');
+  for (const variant of PACKAGED_GPU_MODULES) {
+    const name = platformPackageName(variant);
+    const found = findModulePackage(name);
+    const status = { variant, package: name, file: found.file, loaded: false, devices: 0, error: found.reason || null };
+    if (found.file && off) status.error = 'skipped: LLAMA_BRANCH_GPU is set to use the CPU only';
+    else if (found.file) {
+      const result = binding._loadBackendModule(found.file);
+      Object.assign(status, { loaded: result.loaded, devices: result.devices, error: result.error || null });
+      if (!result.loaded && variant === 'vulkan' && /did not initialise/.test(status.error || ''))
+        status.error += " (no working Vulkan driver: install your GPU vendor's driver, or mesa-vulkan-drivers)";
+      if (result.loaded && result.devices === 0)
+        status.error =
+          variant === 'vulkan'
+            ? 'the Vulkan module loaded but found no GPU (a CPU-type device such as lavapipe is hidden unless GGML_VK_VISIBLE_DEVICES names it)'
+            : 'the module loaded but found no device';
+    }
+    gpuModuleStatus.set(variant, status);
+  }
+}
+
+/** What happened to each GPU module package (see loadGpuModules); empty before a prebuilt loaded. */
+function gpuModules() {
+  return [...gpuModuleStatus.values()].map((s) => ({ ...s }));
+}
 
 /**
  * True for a build with llama.cpp in shared libraries next to the .node (a prebuilt): the
@@ -181,6 +254,7 @@ function loadFile(file) {
     );
   }
   loaded.set(real, binding);
+  if (usesSharedLlama(dir) && typeof binding._loadBackendModule === 'function') loadGpuModules(binding);
   return binding;
 }
 
@@ -218,7 +292,10 @@ function loadBinary(variant) {
       continue;
     }
     try {
-      return loadFile(candidate.file);
+      const binding = loadFile(candidate.file);
+      const status = candidate.module && gpuModuleStatus.get(candidate.module);
+      if (status && !(status.loaded && status.devices > 0)) throw new Error(status.error || 'the module did not load');
+      return binding;
     } catch (e) {
       tried.push(`${candidate.label} (${candidate.file}): ${String(e.message).split('\n')[0]}`);
     }
@@ -248,6 +325,7 @@ function loadPlatformPackage(variant) {
 
 module.exports = {
   loadBinary,
+  gpuModules,
   loadPlatformPackage,
   platformKey,
   platformPackageName,

@@ -156,6 +156,16 @@ export interface MirostatParams {
   eta?: number
 }
 
+/** What loading one more backend module did: the devices it registered, or why it did not load. */
+export interface ModuleLoad {
+  /** The module registered its backend. */
+  loaded: boolean
+  /** Devices the backend registered (0 when it loaded but found none). */
+  devices: number
+  /** Why it did not load (the dynamic loader's or ggml's message). */
+  error?: string
+}
+
 /** Where a context's layers went ({@link SessionContext.offload}). */
 export interface OffloadInfo {
   /** Layers on GPU / RPC devices (the output layer counts as one, as in llama.cpp's log). */
@@ -487,6 +497,13 @@ export declare class SessionContext {
 
 /** llama.cpp's chat format names in number order (lib/index.js builds `ChatFormat` from them). */
 export declare function _chatFormatNames(): Array<string>
+
+/**
+ * Called by the JS loader for a GPU backend shipped in its own package (e.g. the Vulkan module
+ * of llama-branch-linux-x64-gnu-vulkan), after `_setBackendDir`. Never throws for a module that
+ * fails: the reason comes back.
+ */
+export declare function _loadBackendModule(path: string): ModuleLoad
 
 /**
  * Called by the JS loader (lib/loader.js) right after loading the addon, with the folder of the

@@ -143,13 +143,15 @@ async function cargoBuild(args, env) {
  * not found there come from the system (libc, libstdc++). Returns [{ name, from }] and the
  * system libraries needed.
  */
-function runtimeFiles(addon, sysOutDir, libExt) {
+function runtimeFiles(addon, sysOutDir, libExt, skip = () => false) {
   const backendsDir = path.join(sysOutDir, 'backends');
   const libDirs = ['lib', 'lib64', path.join('build', 'common'), path.join('build', 'bin')]
     .map((d) => path.join(sysOutDir, d))
     .filter((d) => fs.existsSync(d));
   const modules = fs.existsSync(backendsDir)
-    ? fs.readdirSync(backendsDir).filter((f) => f.endsWith(libExt) && fs.statSync(path.join(backendsDir, f)).isFile())
+    ? fs
+        .readdirSync(backendsDir)
+        .filter((f) => f.endsWith(libExt) && fs.statSync(path.join(backendsDir, f)).isFile() && !skip(f))
     : [];
   if (modules.length === 0) die(`no backend modules in ${backendsDir}: was the dynamic-backends feature built?`);
   const files = new Map(modules.map((m) => [m, path.join(backendsDir, m)]));
@@ -268,6 +270,47 @@ function stagePlatformPackage(key, addon, runtime) {
   return shipped.map(({ name }) => ({ name, size: sizeOf(path.join(dir, name)) }));
 }
 
+/** GPU backend modules packed on their own, by variant: file name pattern and the system library they add. */
+const GPU_MODULES = { vulkan: { pattern: /^libggml-vulkan\./, systemLib: 'libvulkan.so.1' } };
+
+/**
+ * Fills npm/<key>-<variant>/ with the GPU backend module(s) of the build: everything they need
+ * must be in the platform package or the system (plus the GPU's own loader library). Returns
+ * the shipped files.
+ */
+function stageModulePackage(key, variant, backendsDir, platformFiles, systemLibs) {
+  const { pattern, systemLib } = GPU_MODULES[variant];
+  const dir = path.join(repoRoot, 'npm', `${key}-${variant}`);
+  const manifestFile = path.join(dir, 'package.json');
+  if (!fs.existsSync(manifestFile)) die(`${manifestFile} is missing (kept in the repository)`);
+  for (const f of fs.readdirSync(dir)) if (/\.(so|dylib|dll)$/.test(f)) fs.rmSync(path.join(dir, f));
+  const modules = fs.readdirSync(backendsDir).filter((f) => pattern.test(f));
+  if (modules.length === 0) die(`no ${variant} module in ${backendsDir}: was the ${variant} feature built?`);
+  const shipped = new Set(platformFiles.map((f) => f.name));
+  for (const m of modules) {
+    const from = path.join(backendsDir, m);
+    const missing = readDynamic(from).needed.filter(
+      (n) => !shipped.has(n) && !systemLibs.includes(n) && n !== systemLib,
+    );
+    if (missing.length)
+      die(`${m} needs ${missing.join(', ')}, which neither the platform package nor the system provides`);
+    const to = path.join(dir, m);
+    fs.copyFileSync(from, to);
+    fs.chmodSync(to, 0o755);
+    strip(to);
+  }
+  const { version } = mainManifest();
+  const manifest = JSON.parse(fs.readFileSync(manifestFile, 'utf8'));
+  if (manifest.name !== platformPackageName(variant, key))
+    die(`${manifestFile}: name must be ${platformPackageName(variant, key)}`);
+  if (!modules.includes(manifest.main)) die(`${manifestFile}: main must be one of ${modules.join(', ')}`);
+  if (manifest.version !== version) {
+    manifest.version = version;
+    fs.writeFileSync(manifestFile, `${JSON.stringify(manifest, null, 2)}\n`);
+  }
+  return { dir, files: modules.map((name) => ({ name, size: sizeOf(path.join(dir, name)) })) };
+}
+
 /** `npm pack` of `dir` into dist/; returns npm's description of the tarball. */
 function npmPack(dir, extraArgs = []) {
   const [cmd, pre] = npmCommand();
@@ -332,7 +375,11 @@ async function main() {
   // build machine has OpenSSL's headers must not change what the package needs.
   // Not cargoEnv(): its ccache key file is for native builds only.
   const env = { ...process.env, CARGO_TARGET_DIR: prebuildTargetDir(), CMAKE_DISABLE_FIND_PACKAGE_OpenSSL: 'ON' };
-  const args = ['build', '--release', '--features', 'dynamic-backends', ...targetCpuArgs(target.cpuBaseline)];
+  // --vulkan: ggml's Vulkan backend as one more module (libggml-vulkan.so), packed on its own.
+  const vulkan = process.argv.includes('--vulkan');
+  if (vulkan) Object.assign(env, require('./vulkan').prepareVulkanBuild());
+  const features = vulkan ? 'dynamic-backends,vulkan' : 'dynamic-backends';
+  const args = ['build', '--release', '--features', features, ...targetCpuArgs(target.cpuBaseline)];
   log(`cargo ${args.join(' ')}  (CARGO_TARGET_DIR=${env.CARGO_TARGET_DIR}; a cold build takes ~20 min on 2 cores)`);
   removeDanglingLibLinks(env.CARGO_TARGET_DIR);
   cleanStaleLlamaBuild(env.CARGO_TARGET_DIR, env);
@@ -342,7 +389,9 @@ async function main() {
   if (!built.addon || !built.sysOutDir) die('cargo did not report the addon or the llama-cpp-sys-2 build directory');
   log(`built in ${buildTime}`);
 
-  const runtime = runtimeFiles(built.addon, built.sysOutDir, target.libExt);
+  const gpuVariants = vulkan ? ['vulkan'] : [];
+  const isGpuModule = (f) => gpuVariants.some((v) => GPU_MODULES[v].pattern.test(f));
+  const runtime = runtimeFiles(built.addon, built.sysOutDir, target.libExt, isGpuModule);
   const unexpected = runtime.system.filter((lib) => !target.systemLibs.includes(lib));
   if (unexpected.length) {
     die(
@@ -355,6 +404,16 @@ async function main() {
   fs.mkdirSync(distDir, { recursive: true });
   const platformInfo = npmPack(path.join(repoRoot, 'npm', key));
   const { info: mainInfo, optional } = packMain();
+  const modulePackages = gpuVariants.map((variant) => {
+    const staged = stageModulePackage(
+      key,
+      variant,
+      path.join(built.sysOutDir, 'backends'),
+      runtime.files,
+      target.systemLibs,
+    );
+    return { variant, ...staged, info: npmPack(staged.dir) };
+  });
 
   const width = Math.max(...shipped.map((f) => f.name.length));
   console.log(`\n${platformPackageName(null, key)} ships (stripped):`);
@@ -363,8 +422,13 @@ async function main() {
   console.log(`  needs from the system: ${runtime.system.join(', ')}`);
   const versions = requiredSymbolVersions(shipped.map((f) => path.join(repoRoot, 'npm', key, f.name)));
   if (versions) console.log(`  newest symbol versions needed: ${versions}`);
+  for (const m of modulePackages) {
+    console.log(`\n${platformPackageName(m.variant, key)} ships (stripped; optional, installed by hand):`);
+    for (const f of m.files) console.log(`  ${f.name.padEnd(width)}  ${mib(f.size).padStart(9)}`);
+    console.log(`  needs from the system: ${GPU_MODULES[m.variant].systemLib} and a ${m.variant} driver`);
+  }
   console.log('\ntarballs:');
-  for (const info of [mainInfo, platformInfo]) {
+  for (const info of [mainInfo, platformInfo, ...modulePackages.map((m) => m.info)]) {
     console.log(
       `  dist/${info.filename}  ${mib(info.size)} packed, ${mib(info.unpackedSize)} unpacked, ${info.entryCount} files`,
     );
@@ -377,4 +441,4 @@ if (require.main === module) {
   main().catch((e) => die(e.stack || e.message));
 }
 
-module.exports = { TARGETS, prebuildTargetDir, addonFileName, distDir };
+module.exports = { TARGETS, GPU_MODULES, prebuildTargetDir, addonFileName, distDir };

@@ -32,6 +32,7 @@ const { spawnSync } = require('node:child_process');
 const { repoRoot, addonPath, formatDuration, npmCli } = require('./env');
 const { distDir, addonFileName } = require('./build-prebuilt');
 const { platformKey, platformPackageName } = require('../lib/loader');
+const { vulkanBuildEnv } = require('./vulkan');
 
 const INSTALL_LIMIT_MS = 60000;
 const COMPILERS = ['cargo', 'rustc', 'cmake', 'cc', 'gcc', 'g++', 'c++', 'clang', 'make'];
@@ -72,12 +73,17 @@ function newestMtime(p) {
   return Math.max(0, ...fs.readdirSync(p).map((f) => newestMtime(path.join(p, f))));
 }
 
-/** The two tarballs, rebuilt first when missing or older than the sources. */
-function ensureTarballs() {
+/**
+ * The tarballs, rebuilt first when missing or older than the sources: the main and platform
+ * packages, and the Vulkan module package when `vulkan` (default: whenever this machine can build
+ * it, so that `npm run test:gpu` after `npm test` reuses this build instead of making another).
+ */
+function ensureTarballs({ vulkan = vulkanBuildEnv() !== null } = {}) {
   const { version } = JSON.parse(fs.readFileSync(path.join(repoRoot, 'package.json'), 'utf8'));
   const tarballs = {
     main: path.join(distDir, `llama-branch-${version}.tgz`),
     platform: path.join(distDir, `${platformPackageName(null)}-${version}.tgz`),
+    ...(vulkan ? { vulkan: path.join(distDir, `${platformPackageName('vulkan')}-${version}.tgz`) } : {}),
   };
   const built = Math.min(...Object.values(tarballs).map((t) => (fs.existsSync(t) ? fs.statSync(t).mtimeMs : 0)));
   const inputs = Math.max(...BUILD_INPUTS.map((p) => newestMtime(path.join(repoRoot, p))));
@@ -95,10 +101,14 @@ function ensureTarballs() {
       : 'dist/ is older than the sources: npm run build:prebuilt ...',
   );
   const started = Date.now();
-  const res = spawnSync(process.execPath, [path.join(__dirname, 'build-prebuilt.js')], {
-    cwd: repoRoot,
-    stdio: 'inherit',
-  });
+  const res = spawnSync(
+    process.execPath,
+    [path.join(__dirname, 'build-prebuilt.js'), ...(vulkan ? ['--vulkan'] : [])],
+    {
+      cwd: repoRoot,
+      stdio: 'inherit',
+    },
+  );
   if (res.status !== 0) die(`npm run build:prebuilt exited with ${res.status}`);
   log(`prebuild took ${formatDuration(Date.now() - started)}`);
   for (const t of Object.values(tarballs)) if (!fs.existsSync(t)) die(`prebuild did not produce ${t}`);
@@ -220,6 +230,8 @@ function main() {
       die(
         `the main package does not list ${platformPackageName(null)} in optionalDependencies: ${JSON.stringify(optional)}`,
       );
+    if (optional[platformPackageName('vulkan')])
+      die(`the main package lists ${platformPackageName('vulkan')}: CPU-only users would download the Vulkan module`);
     log(
       `installed both tarballs in ${formatDuration(installMs)} without compiling: ${output
         .split('\n')
@@ -284,14 +296,14 @@ function main() {
       die(`without backend modules: expected ERR_NATIVE_LOAD naming libggml-cpu-*.so, got ${missing.stdout}`);
     log('without its backend modules: ERR_NATIVE_LOAD at require');
 
-    // 4b. A second prebuilt build in the same process (a copy posing as the vulkan package):
+    // 4b. A second prebuilt build in the same process (a copy posing as a CUDA build package):
     // the dynamic linker would hand it the first one's llama.cpp, so the loader refuses it.
-    const fakeGpu = path.join(project, 'node_modules', platformPackageName('vulkan'));
+    const fakeGpu = path.join(project, 'node_modules', platformPackageName('cuda'));
     fs.cpSync(platformDir, fakeGpu, { recursive: true });
     const second = runNode(
       [
         '-e',
-        "const l = require('llama-branch'); try { l.loadBinary('vulkan'); console.log('{}'); } catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }",
+        "const l = require('llama-branch'); try { l.loadBinary('cuda'); console.log('{}'); } catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }",
       ],
       project,
       env,
@@ -337,4 +349,6 @@ function main() {
   }
 }
 
-main();
+if (require.main === module) main();
+
+module.exports = { ensureTarballs, noCompilerEnv, COMPILERS, INSTALL_LIMIT_MS };

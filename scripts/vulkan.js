@@ -194,15 +194,12 @@ function prepareVulkanBuild() {
     log(`Vulkan: using VULKAN_SDK=${process.env.VULKAN_SDK}`);
     return {};
   }
+  const env = vulkanBuildEnv();
+  if (env) return env;
   if (process.platform !== 'linux')
     fail(['on this platform install the LunarG Vulkan SDK and set VULKAN_SDK (https://vulkan.lunarg.com/)']);
   const missing = missingBuildParts();
   const system = headerVersion('/usr/include');
-  const headers = system && atLeast(system, MIN_HEADER) ? null : cachedHeaders();
-  if (missing.length === 0 && (headers || atLeast(system, MIN_HEADER))) {
-    if (headers) log(`Vulkan: the system headers are ${showVersion(system)}; using ${headers}`);
-    return headers ? { CMAKE_PREFIX_PATH: joinPrefix(headers) } : {};
-  }
   fail([
     ...(missing.length ? ['missing:', ...missing.map((m) => `  - ${m}`)] : []),
     ...(missing.length || !hasApt()
@@ -214,6 +211,22 @@ function prepareVulkanBuild() {
       ? `run \`node scripts/vulkan.js\` (installs ${BUILD_PACKAGES.join(' ')} with apt and fetches newer headers), or: ${aptCommand(BUILD_PACKAGES)}`
       : 'install them with your package manager, or set VULKAN_SDK; newer headers go in PREFIX/include with CMAKE_PREFIX_PATH=PREFIX',
   ]);
+}
+
+/**
+ * The environment a Vulkan build needs when everything for it is here (VULKAN_SDK, or the
+ * packages and new enough headers), else null. Installs and prints nothing but the headers' note.
+ * @returns {Record<string, string> | null}
+ */
+function vulkanBuildEnv() {
+  if (process.env.VULKAN_SDK) return {};
+  if (process.platform !== 'linux' || missingBuildParts().length > 0) return null;
+  const system = headerVersion('/usr/include');
+  if (system && atLeast(system, MIN_HEADER)) return {};
+  const headers = cachedHeaders();
+  if (!headers) return null;
+  log(`Vulkan: the system headers are ${showVersion(system)}; using ${headers}`);
+  return { CMAKE_PREFIX_PATH: joinPrefix(headers) };
 }
 
 /** Installs what the Vulkan build needs (apt packages, newer headers into the cache); exits on failure. */
@@ -263,4 +276,4 @@ function ensureVulkanDriver() {
 
 if (require.main === module) installVulkanBuild();
 
-module.exports = { prepareVulkanBuild, installVulkanBuild, ensureVulkanDriver };
+module.exports = { prepareVulkanBuild, vulkanBuildEnv, installVulkanBuild, ensureVulkanDriver };

@@ -49,10 +49,31 @@ describe('devices and placement options', function () {
     }
   });
 
+  it("gpu: false (devices: []) keeps the CPU alone; gpu: 'vulkan' without a Vulkan device says why", async () => {
+    const ctx = await open({ gpu: false });
+    try {
+      assert.deepEqual(ctx.offload.devices, []);
+      assert.equal(ctx.offload.layers, 0);
+    } finally {
+      ctx.dispose();
+    }
+    const same = await open({ devices: [] });
+    assert.deepEqual(same.offload.devices, []);
+    same.dispose();
+    await rejects(() => open({ gpu: false, devices: ['Vulkan0'] }), 'ERR_INVALID_ARG', /gpu is false/);
+    await rejects(() => open({ gpu: 'cuda' }), 'ERR_INVALID_ARG', /'auto', 'vulkan' or false/);
+    if (!listDevices().some((d) => /^Vulkan/.test(d.name))) {
+      await rejects(
+        () => open({ gpu: 'vulkan' }),
+        'ERR_DEVICE',
+        /no Vulkan device.*(llama-branch-linux-x64-gnu-vulkan|LLAMA_BRANCH_FEATURES=vulkan)/s,
+      );
+    }
+  });
+
   it('bad placement options are coded errors', async () => {
     await rejects(() => open({ devices: ['NoSuchDevice0'] }), 'ERR_DEVICE', /unknown device/);
     await rejects(() => open({ devices: ['CPU'] }), 'ERR_DEVICE', /CPU/);
-    await rejects(() => open({ devices: [] }), 'ERR_DEVICE');
     await rejects(() => open({ nGpuLayers: 100000 }), 'ERR_DEVICE', /nGpuLayers/);
     await rejects(() => open({ nGpuLayers: -1 }), 'ERR_INVALID_ARG');
     await rejects(() => open({ nGpuLayers: 1.5 }), 'ERR_INVALID_ARG');

@@ -2,7 +2,7 @@
 
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 use llama_cpp_sys_2 as sys;
 
@@ -13,6 +13,8 @@ static LOG_THRESHOLD: AtomicI32 = AtomicI32::new(i32::MAX);
 /// Level of the previous message, for llama.cpp's CONT (continuation) level.
 static LAST_LEVEL: AtomicI32 = AtomicI32::new(0);
 static INIT: Once = Once::new();
+/// While `load_module` runs: the error and warning lines ggml logs (why a module did not register).
+static CAPTURED: Mutex<Option<String>> = Mutex::new(None);
 
 /// The ggml log level named `name` (`i32::MAX` for "none"), or `None` for an unknown name.
 pub fn parse_log_level(name: &str) -> Option<i32> {
@@ -58,6 +60,14 @@ unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_cha
         level = LAST_LEVEL.load(Ordering::Relaxed);
     } else {
         LAST_LEVEL.store(level, Ordering::Relaxed);
+    }
+    if level >= sys::GGML_LOG_LEVEL_WARN as i32 && !text.is_null() {
+        if let Ok(mut captured) = CAPTURED.lock() {
+            if let Some(lines) = captured.as_mut() {
+                // SAFETY: as below, a NUL-terminated message that lives for this call.
+                lines.push_str(&unsafe { CStr::from_ptr(text) }.to_string_lossy());
+            }
+        }
     }
     if level >= LOG_THRESHOLD.load(Ordering::Relaxed) && !text.is_null() {
         // SAFETY: llama.cpp passes a NUL-terminated message that lives for this call.
@@ -120,6 +130,64 @@ fn load_backend_modules() -> bool {
     }
     // SAFETY: reads ggml's backend registry; no other thread registers backends.
     unsafe { sys::ggml_backend_reg_count() > 0 }
+}
+
+/// Loads one more backend module (a GPU backend shipped in its own package) into a
+/// `dynamic-backends` build; returns the devices it registered, or why it did not load: the
+/// dynamic loader's message (e.g. `libvulkan.so.1: cannot open shared object file`), or what ggml
+/// logged while the module initialised (no driver, no device). Never aborts: a module that fails
+/// is not registered.
+#[cfg(all(feature = "dynamic-backends", unix))]
+pub fn load_module(path: &str) -> std::result::Result<usize, String> {
+    extern "C" {
+        fn dlopen(file: *const c_char, mode: i32) -> *mut c_void;
+        fn dlerror() -> *const c_char;
+    }
+    const RTLD_NOW: i32 = 2;
+    init_backend();
+    let file = std::ffi::CString::new(path)
+        .map_err(|_| "the module path contains a NUL byte".to_string())?;
+    // ggml's own loader only logs a dlopen failure; asking first gives the reason. The handle
+    // stays open: a module that loads stays loaded for the process anyway (ggml keeps it).
+    // SAFETY: `file` is a NUL-terminated path; dlopen runs the module's initialisers, which only
+    // set up static state; dlerror returns the thread's last loader message.
+    let handle = unsafe { dlopen(file.as_ptr(), RTLD_NOW) };
+    if handle.is_null() {
+        // SAFETY: dlerror's message is NUL-terminated and valid until the next loader call here.
+        let message = unsafe { dlerror() };
+        return Err(if message.is_null() {
+            "the dynamic loader refused it without a message".to_string()
+        } else {
+            // SAFETY: non-null, NUL-terminated (see above).
+            unsafe { CStr::from_ptr(message) }
+                .to_string_lossy()
+                .into_owned()
+        });
+    }
+    *CAPTURED.lock().unwrap_or_else(|e| e.into_inner()) = Some(String::new());
+    // SAFETY: registers the module's backend in ggml's registry (once per path); only the JS
+    // thread loads modules, before any context uses the registry.
+    let reg = unsafe { sys::ggml_backend_load(file.as_ptr()) };
+    let logged = CAPTURED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .unwrap_or_default();
+    let logged = logged.trim().replace('\n', "; ");
+    if reg.is_null() {
+        return Err(if logged.is_empty() {
+            "it loaded, but its backend did not initialise (no driver? LLAMA_BRANCH_LOG=debug shows more)".to_string()
+        } else {
+            format!("it loaded, but its backend did not initialise: {logged}")
+        });
+    }
+    // SAFETY: `reg` is the registration record ggml just returned; it lives for the process.
+    Ok(unsafe { sys::ggml_backend_reg_dev_count(reg) })
+}
+
+#[cfg(not(all(feature = "dynamic-backends", unix)))]
+pub fn load_module(_path: &str) -> std::result::Result<usize, String> {
+    Err("this build has its backends compiled in; backend modules load only into a prebuilt (dynamic-backends) build".to_string())
 }
 
 /// A build without `dynamic-backends` has its backends compiled in and registered statically.

@@ -12,8 +12,8 @@ mod model;
 mod sampler;
 
 pub use backend::{
-    init_backend, init_backend_from_dir, log_threshold, parse_log_level, set_log_threshold,
-    system_info,
+    init_backend, init_backend_from_dir, load_module, log_threshold, parse_log_level,
+    set_log_threshold, system_info,
 };
 pub use batch::Batch;
 pub use context::{

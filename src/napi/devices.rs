@@ -336,12 +336,9 @@ pub fn resolve_placement(p: &PlacementInput) -> crate::error::Result<Placement> 
             )))
         }
     };
+    // An empty list is no offload device at all: the CPU alone, even with a GPU present
+    // (`createContext({ gpu: false })`); omitting it is llama.cpp's default, every local GPU.
     let devices = p.devices.map(|d| d.to_vec());
-    if devices.as_ref().is_some_and(|d| d.is_empty()) {
-        return Err(Error::Device(
-            "devices is empty; omit it for the default devices".into(),
-        ));
-    }
     Ok(Placement {
         request: PlacementRequest {
             n_gpu_layers,

@@ -357,6 +357,36 @@ pub fn set_backend_dir(dir: String) -> u32 {
     llama::init_backend_from_dir(&dir) as u32
 }
 
+/// What loading one more backend module did: the devices it registered, or why it did not load.
+#[napi(object)]
+pub struct ModuleLoad {
+    /// The module registered its backend.
+    pub loaded: bool,
+    /// Devices the backend registered (0 when it loaded but found none).
+    pub devices: u32,
+    /// Why it did not load (the dynamic loader's or ggml's message).
+    pub error: Option<String>,
+}
+
+/// Called by the JS loader for a GPU backend shipped in its own package (e.g. the Vulkan module
+/// of llama-branch-linux-x64-gnu-vulkan), after `_setBackendDir`. Never throws for a module that
+/// fails: the reason comes back.
+#[napi(js_name = "_loadBackendModule")]
+pub fn load_backend_module(path: String) -> ModuleLoad {
+    match llama::load_module(&path) {
+        Ok(devices) => ModuleLoad {
+            loaded: true,
+            devices: devices as u32,
+            error: None,
+        },
+        Err(error) => ModuleLoad {
+            loaded: false,
+            devices: 0,
+            error: Some(error),
+        },
+    }
+}
+
 /// Every error `code` the addon can produce (for tooling and the typings test).
 #[napi(js_name = "errorCodes")]
 pub fn error_codes() -> Vec<&'static str> {

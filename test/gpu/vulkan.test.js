@@ -1,29 +1,33 @@
 'use strict';
 
-// The GPU tier (`npm run test:gpu`): the Vulkan build of the addon (build/vulkan/, loaded with
-// gpuVariant 'vulkan') on whatever Vulkan device exists. On a machine without a GPU that is
-// Mesa's software device, lavapipe, which ggml hides unless GGML_VK_VISIBLE_DEVICES names it
-// (scripts/test-gpu.js sets it). lavapipe runs at about one token per second on the 270M model,
-// so every generation here is a few tokens long.
+// The GPU tier (`npm run test:gpu`): the prebuilt installed from its tarballs with the Vulkan
+// module package (scripts/test-gpu.js installs them into a scratch project with no compiler,
+// offline, and points LLAMA_BRANCH_PACKAGE at it), on whatever Vulkan device exists. On a machine
+// without a GPU that is Mesa's software device, lavapipe, which ggml hides unless
+// GGML_VK_VISIBLE_DEVICES names it (scripts/test-gpu.js sets it). lavapipe runs at about one token
+// per second on the 270M model, so every generation here is a few tokens long.
 //
-// The CPU build (build/llama_branch.node, the default binding) runs in the same process as the
-// reference: both builds link llama.cpp statically, each with its own copy.
+// The CPU reference is the same prebuilt with `gpu: false` (one prebuilt per process): its CPU
+// backend against the Vulkan module. Nothing here loads the repository's own build.
 
 const assert = require('node:assert/strict');
 const os = require('node:os');
 const path = require('node:path');
 const fs = require('node:fs');
 const { spawnSync } = require('node:child_process');
-const { Branch, BranchStore, createContext, loadBinary } = require('../..');
-const { MODEL, rejects, topK, argmax, greedy } = require('../helpers');
 
-const VULKAN = { gpuVariant: 'vulkan' };
+const PACKAGE = process.env.LLAMA_BRANCH_PACKAGE;
+if (!PACKAGE)
+  throw new Error('LLAMA_BRANCH_PACKAGE must name the installed llama-branch (run through npm run test:gpu)');
+const { Branch, BranchStore, createContext, listDevices, gpuModules, systemInfo } = require(PACKAGE);
+const MODEL = process.env.LLAMA_TEST_MODEL;
+
 const PROMPT = 'The capital of France is';
 const STEPS = 8;
 
-/** A context of the Vulkan build (every layer on the device unless `options` says otherwise). */
+/** A context on the Vulkan device (every layer there unless `options` says otherwise). */
 function vulkanContext(options = {}) {
-  return createContext({ modelPath: MODEL, nCtx: 512, nThreads: 2, ...options }, VULKAN);
+  return createContext({ modelPath: MODEL, nCtx: 512, nThreads: 2, gpu: 'vulkan', ...options });
 }
 
 function maxAbsDiff(a, b) {
@@ -32,14 +36,54 @@ function maxAbsDiff(a, b) {
   return d;
 }
 
+function topK(a, k) {
+  return Array.from(a.keys())
+    .sort((x, y) => a[y] - a[x])
+    .slice(0, k);
+}
+
+function argmax(a) {
+  return topK(a, 1)[0];
+}
+
+async function rejects(fn, code, messagePart) {
+  let caught;
+  try {
+    await fn();
+  } catch (e) {
+    caught = e;
+  }
+  assert.ok(caught, `expected an error with code ${code}, but the call succeeded`);
+  assert.equal(caught.code, code, `wrong code; message: ${caught.message}`);
+  if (messagePart) assert.match(caught.message, messagePart);
+  return caught;
+}
+
+/** Greedy continuation of `prompt` on a fresh branch of `ctx`: the `n` tokens. */
+async function greedy(ctx, prompt, n) {
+  const b = Branch.create(ctx, 0, { temperature: 0 });
+  try {
+    await b.prefill(await ctx.tokenize(prompt));
+    const out = [];
+    for (let i = 0; i < n; i++) {
+      const t = b.produce().token;
+      out.push(t);
+      await b.commit(t);
+    }
+    return out;
+  } finally {
+    await b.prune();
+  }
+}
+
 /**
- * llama.cpp's own log of loading the model with `options` on the Vulkan build: a child process at
- * log level info (the log goes to stderr of that process).
+ * llama.cpp's own log of loading the model with `options` (on the Vulkan device unless they say
+ * otherwise): a child process at log level info (the log goes to stderr of that process).
  */
 function llamaLog(options) {
   const program = `
-    const { createContext } = require(${JSON.stringify(path.join(__dirname, '..', '..'))});
-    createContext({ modelPath: ${JSON.stringify(MODEL)}, nCtx: 256, nThreads: 2, logLevel: 'info', ...${JSON.stringify(options)} }, { gpuVariant: 'vulkan' })
+    const { createContext } = require(${JSON.stringify(PACKAGE)});
+    createContext({ modelPath: ${JSON.stringify(MODEL)}, nCtx: 256, nThreads: 2, logLevel: 'info', gpu: 'vulkan', ...${JSON.stringify(options)} })
       .then((ctx) => ctx.dispose(), (e) => { console.error('FAILED', e.code, e.message); process.exit(1); });`;
   const res = spawnSync(process.execPath, ['-e', program], { encoding: 'utf8', timeout: 300000 });
   const log = `${res.stdout}${res.stderr}`;
@@ -49,18 +93,16 @@ function llamaLog(options) {
 
 describe('GPU tier: Vulkan device', function () {
   this.timeout(600000);
-  let binding;
   let device;
   let gpu;
   let cpu;
   const contexts = [];
 
   before(async () => {
-    binding = loadBinary('vulkan');
-    const gpus = binding.listDevices().filter((d) => d.type === 'gpu');
+    const gpus = listDevices().filter((d) => d.type === 'gpu');
     assert.ok(
       gpus.length > 0,
-      `the Vulkan build sees no GPU device (is GGML_VK_VISIBLE_DEVICES set for a CPU-type device such as lavapipe?): ${JSON.stringify(binding.listDevices())}`,
+      `the prebuilt sees no GPU device (is GGML_VK_VISIBLE_DEVICES set for a CPU-type device such as lavapipe?): ${JSON.stringify(listDevices())} ${JSON.stringify(gpuModules())}`,
     );
     device = gpus[0];
     console.log(
@@ -72,20 +114,20 @@ describe('GPU tier: Vulkan device', function () {
     for (const ctx of contexts) ctx.dispose();
   });
 
-  it('lists the Vulkan device with its memory; the CPU build lists none', () => {
+  it('the prebuilt loaded the Vulkan module package and lists its device with its memory', () => {
     assert.match(device.name, /^Vulkan\d+$/);
     assert.ok(
       device.memoryTotal > 0 && device.memoryFree > 0 && device.memoryFree <= device.memoryTotal,
       JSON.stringify(device),
     );
-    // Two builds in one process: the default one (CPU) sees no GPU.
-    assert.notEqual(binding, loadBinary());
-    assert.deepEqual(
-      loadBinary()
-        .listDevices()
-        .filter((d) => d.type === 'gpu'),
-      [],
-    );
+    const [vulkan] = gpuModules();
+    assert.equal(vulkan.variant, 'vulkan');
+    assert.equal(vulkan.loaded, true, JSON.stringify(vulkan));
+    assert.ok(vulkan.devices >= 1);
+    assert.equal(vulkan.error, null);
+    assert.match(vulkan.file, /node_modules[\\/]llama-branch-linux-x64-gnu-vulkan[\\/]libggml-vulkan\.so$/);
+    assert.match(systemInfo(), /CPU_VARIANT = \S+/);
+    assert.match(systemInfo(), /GPU_MODULES = vulkan: \d+ device/);
   });
 
   it('offloads every layer by default (ctx.offload and llama.cpp’s own log agree)', async () => {
@@ -101,14 +143,18 @@ describe('GPU tier: Vulkan device', function () {
     assert.match(log, new RegExp(`${device.name} KV buffer size`), log.slice(-2000));
   });
 
-  it('greedy tokens and logits agree with the CPU build within the tolerance', async () => {
+  it('greedy tokens and logits agree with the CPU (gpu: false) within the tolerance', async () => {
     // Different kernels (Vulkan shaders vs the CPU's repacked Q4_K) give slightly different
-    // logits. Tolerance, teacher-forced on the CPU build's greedy tokens for STEPS steps: each
+    // logits. Tolerance, teacher-forced on the CPU's greedy tokens for STEPS steps: each
     // side's argmax is in the other's top 5 at every step, the argmaxes agree at >= 6 of 8
     // steps, and no logit differs by 3 or more. On the device alone generation is
     // deterministic (two greedy runs give the same tokens).
-    cpu = await createContext({ modelPath: MODEL, nCtx: 512, nThreads: 2 });
+    cpu = await createContext({ modelPath: MODEL, nCtx: 512, nThreads: 2, gpu: false });
     contexts.push(cpu);
+    assert.deepEqual(cpu.offload.devices, [], 'gpu: false keeps every layer on the CPU');
+    const auto = await createContext({ modelPath: MODEL, nCtx: 256, nThreads: 2 });
+    contexts.push(auto);
+    assert.deepEqual(auto.offload.devices, [device.name], "gpu: 'auto' (the default) chose the Vulkan device");
     const ref = Branch.create(cpu, 0, { temperature: 0 });
     const dev = Branch.create(gpu, 0, { temperature: 0 });
     const prompt = await cpu.tokenize(PROMPT);
