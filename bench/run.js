@@ -17,6 +17,7 @@
  *        node bench/run.js --programs [--c=1,4] [--reps=2]     (bench/programs.js: branch programs)
  *        node bench/run.js --agents [--reps=3] [--calls=100]   (bench/agents.js: tool calls, logprobs)
  *        node bench/run.js --spec [--reps=3] [--tokens=256]    (bench/spec.js: speculative decoding)
+ *        node bench/run.js --vulkan [--reps=3] [--tokens=16]   (bench/vulkan.js: Vulkan prebuilt vs source build)
  * Writes bench/results/bench-<timestamp>.json and bench/results/chart.svg (chart-partial.svg
  * when --quick, --n, --steps or --reps narrow the run); prints a table.
  *
@@ -522,7 +523,8 @@ if (
   !args.rpc &&
   !args.programs &&
   !args.agents &&
-  !args.spec
+  !args.spec &&
+  !args.vulkan
 ) {
   // Run again on the bench build (the loader takes LLAMA_BRANCH_BINARY before anything loads).
   const binary = benchBuild();
@@ -534,24 +536,26 @@ if (
 } else if (require.main === module) {
   // `--serve` runs the serving benchmark (bench/serve.js); `--compare-prebuilt` the source build
   // against the prebuilt package; `--series-json` is the child process of that comparison.
-  const entry = args.spec
-    ? require('./spec').main
-    : args.agents
-      ? require('./agents').main
-      : args.programs
-        ? require('./programs').main
-        : args.serve
-          ? require('./serve').main
-          : args.rpc
-            ? () =>
-                require('./rpc')
-                  .main()
-                  .then(() => process.exit(0))
-            : args['series-json']
-              ? seriesJson
-              : COMPARE
-                ? comparePrebuilt
-                : main;
+  const entry = args.vulkan
+    ? require('./vulkan').main
+    : args.spec
+      ? require('./spec').main
+      : args.agents
+        ? require('./agents').main
+        : args.programs
+          ? require('./programs').main
+          : args.serve
+            ? require('./serve').main
+            : args.rpc
+              ? () =>
+                  require('./rpc')
+                    .main()
+                    .then(() => process.exit(0))
+              : args['series-json']
+                ? seriesJson
+                : COMPARE
+                  ? comparePrebuilt
+                  : main;
   entry().catch((e) => {
     console.error(e);
     process.exit(1);
