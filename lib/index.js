@@ -128,6 +128,25 @@ function noVulkanReason() {
   return `this build has no Vulkan backend: install ${loader.platformPackageName('vulkan')} beside the prebuilt (npm install ${loader.platformPackageName('vulkan')}), or build from source with LLAMA_BRANCH_FEATURES=vulkan (docs/gpu-and-rpc.md)`;
 }
 
+let fallbackWarned = false;
+
+/**
+ * `gpu: 'auto'` with a GPU module package installed that did not load: the CPU serves, and the
+ * process is told why once (a warning, never an error: `auto` means "the GPU when it works").
+ */
+function warnGpuFallback() {
+  if (fallbackWarned) return;
+  const off = loader.gpuModules().find((m) => m.error && m.error !== 'not installed' && !m.error.startsWith('skipped'));
+  if (!off) return;
+  fallbackWarned = true;
+  process.emitWarning(
+    `${off.package} is installed but off: ${off.error}. Running on the CPU (createContext({ gpu: false }) says so explicitly).`,
+    {
+      code: 'LLAMA_BRANCH_GPU_FALLBACK',
+    },
+  );
+}
+
 /**
  * The placement options `options.gpu` stands for: 'auto' (default: every GPU the build sees
  * takes all layers, else the CPU), 'vulkan' (the Vulkan devices, or ERR_DEVICE saying why there
@@ -135,7 +154,10 @@ function noVulkanReason() {
  */
 function placementOf(options, binding) {
   const { gpu = 'auto', ...rest } = options;
-  if (gpu === 'auto' || gpu === true) return rest;
+  if (gpu === 'auto' || gpu === true) {
+    warnGpuFallback();
+    return rest;
+  }
   if (gpu === false || gpu === 'cpu') {
     if ((rest.devices && rest.devices.length > 0) || (rest.rpcServers && rest.rpcServers.length > 0))
       throw makeError('ERR_INVALID_ARG', 'options.gpu is false (the CPU only) but devices or rpcServers name others');

@@ -293,8 +293,11 @@ function loadBinary(variant) {
     }
     try {
       const binding = loadFile(candidate.file);
-      const status = candidate.module && gpuModuleStatus.get(candidate.module);
-      if (status && !(status.loaded && status.devices > 0)) throw new Error(status.error || 'the module did not load');
+      if (candidate.module) {
+        const status = gpuModuleStatus.get(candidate.module);
+        if (!status) throw new Error('that build is not a prebuilt: it loads no GPU module packages');
+        if (!(status.loaded && status.devices > 0)) throw new Error(status.error || 'the module did not load');
+      }
       return binding;
     } catch (e) {
       tried.push(`${candidate.label} (${candidate.file}): ${String(e.message).split('\n')[0]}`);

@@ -68,6 +68,8 @@ function runIn(project, env, program) {
 /** The fallback probe: what `gpu: 'auto'` and `gpu: 'vulkan'` do, and why the module is off. */
 const FALLBACK = (model) => `
   const llama = require('llama-branch');
+  const warnings = [];
+  process.on('warning', (w) => warnings.push(w.code));
   (async () => {
     const ctx = await llama.createContext({ modelPath: ${JSON.stringify(model)}, nCtx: 256, nThreads: 2 });
     const auto = ctx.offload;
@@ -81,7 +83,8 @@ const FALLBACK = (model) => `
     } catch (e) {
       vulkan = { code: e.code, message: e.message };
     }
-    console.log(JSON.stringify({ auto, token, vulkan, modules: llama.gpuModules(), info: llama.systemInfo() }));
+    await new Promise((resolve) => setImmediate(resolve)); // warnings are emitted on the next tick
+    console.log(JSON.stringify({ auto, token, vulkan, warnings, modules: llama.gpuModules(), info: llama.systemInfo() }));
   })().catch((e) => { console.error(e.code, e.message); process.exit(1); });`;
 
 function main() {
@@ -184,6 +187,8 @@ function fallbacks(dir, project, userEnv, model) {
       if (!out.vulkan || out.vulkan.code !== 'ERR_DEVICE' || !out.vulkan.message.includes(status.error))
         throw new Error(`${c.name}: gpu 'vulkan' gave ${JSON.stringify(out.vulkan)}`);
       if (!/GPU_MODULES = vulkan: off/.test(out.info)) throw new Error(`${c.name}: systemInfo() ${out.info}`);
+      if (!out.warnings.includes('LLAMA_BRANCH_GPU_FALLBACK'))
+        throw new Error(`${c.name}: gpu 'auto' fell back without its warning (${out.warnings})`);
       console.error(`${c.name}: CPU (token ${out.token}); reason: ${status.error}`);
     } finally {
       if (saved) fs.writeFileSync(moduleFile, saved);

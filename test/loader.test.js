@@ -220,11 +220,21 @@ describe('loader: resolution order (scratch package in a child process)', functi
   });
 
   it('a GPU variant comes from llama-branch-<platform>-<variant>, or a source build with that feature', function () {
-    const gpuBinary = fakePlatformPackage(pkg, platformPackageName('vulkan'));
+    const gpuBinary = fakePlatformPackage(pkg, platformPackageName('cuda'));
     const defaultBinary = fakePlatformPackage(pkg, platformPackageName(null));
     assert.deepEqual(
-      load(pkg, { variant: 'vulkan' }).binaries.sort(),
+      load(pkg, { variant: 'cuda' }).binaries.sort(),
       [fs.realpathSync(defaultBinary), fs.realpathSync(gpuBinary)].sort(),
+    );
+    // Vulkan ships as a module package the prebuilt loads: a platform package that is no prebuilt
+    // (here a source build's copy) gives no Vulkan, and says so.
+    const r0 = load(pkg, { variant: 'vulkan' });
+    assert.equal(r0.code, 'ERR_NATIVE_LOAD');
+    assert.match(
+      r0.message,
+      new RegExp(
+        `platform packages ${platformPackageName(null)} \\+ ${platformPackageName('vulkan')} .*not a prebuilt`,
+      ),
     );
 
     const other = scratchPackage();
