@@ -89,11 +89,17 @@ function buildFeatures(infoFile) {
   }
 }
 
-/**
- * The .node file of an installed platform package, or a reason why there is none. The package
- * is resolved from this package's folder, as Node would resolve its dependency.
- */
+/** The .node file of an installed platform package, or a reason why there is none. */
 function findPlatformPackage(name) {
+  return findPackageMain(name, /\.node$/, '.node file');
+}
+
+/**
+ * The file named by `main` in installed package `name` when it matches `pattern` (`what` names
+ * the kind in the reason), or a reason why there is none. The package is resolved from this
+ * package's folder, as Node would resolve its dependency.
+ */
+function findPackageMain(name, pattern, what) {
   let manifest;
   try {
     manifest = require.resolve(`${name}/package.json`, { paths: [PACKAGE_ROOT] });
@@ -106,8 +112,8 @@ function findPlatformPackage(name) {
   } catch (e) {
     return { file: null, reason: `unreadable package.json (${e.message})` };
   }
-  if (typeof main !== 'string' || !main.endsWith('.node'))
-    return { file: null, reason: 'its package.json names no .node file in "main"' };
+  if (typeof main !== 'string' || !pattern.test(main))
+    return { file: null, reason: `its package.json names no ${what} in "main"` };
   const file = path.join(path.dirname(manifest), main);
   return fs.existsSync(file) ? { file } : { file: null, reason: `${main} is missing from the package` };
 }
@@ -169,22 +175,7 @@ const gpuModuleStatus = new Map();
 
 /** The backend module file of package `name` (its package.json `main`), or why there is none. */
 function findModulePackage(name) {
-  let manifest;
-  try {
-    manifest = require.resolve(`${name}/package.json`, { paths: [PACKAGE_ROOT] });
-  } catch {
-    return { file: null, reason: 'not installed' };
-  }
-  let main;
-  try {
-    main = JSON.parse(fs.readFileSync(manifest, 'utf8')).main;
-  } catch (e) {
-    return { file: null, reason: `unreadable package.json (${e.message})` };
-  }
-  if (typeof main !== 'string' || !/\.(so|dylib|dll)$/.test(main))
-    return { file: null, reason: 'its package.json names no backend module in "main"' };
-  const file = path.join(path.dirname(manifest), main);
-  return fs.existsSync(file) ? { file } : { file: null, reason: `${main} is missing from the package` };
+  return findPackageMain(name, /\.(so|dylib|dll)$/, 'a backend module');
 }
 
 /** Loads the installed GPU module packages into a prebuilt `binding` (once per process). */
