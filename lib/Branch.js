@@ -3,7 +3,7 @@
 const { makeError } = require('./errors');
 const { nativeOf, wrapFreed, registerBranch, subtreeOf } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
-const { traceOf, traced, traceFreed } = require('./trace');
+const { traceOf, traced } = require('./trace');
 
 /**
  * @typedef {import('./Context').SessionContext} SessionContext
@@ -365,7 +365,6 @@ class Branch {
     if (this._disposed) return undefined;
     const seq = nativeOf(this._ctx)._branchDestroy(this._handle);
     wrapFreed(this._ctx, [this._handle]);
-    traceFreed(this._ctx, [this._handle]);
     return seq;
   }
 
@@ -381,7 +380,6 @@ class Branch {
     // Every wrapper the call frees reads `disposed` from now on, while the free may still be queued.
     const handles = method === '_branchPruneSubtree' ? subtreeOf(ctx, this._handle) : [this._handle];
     wrapFreed(ctx, handles);
-    traceFreed(ctx, handles);
     this._disposed = true;
     if (ctx.disposed) return Promise.resolve(); // dispose() already freed every branch
     const freeing = nativeOf(ctx)[method](this._handle);
@@ -404,7 +402,6 @@ class Branch {
     const freed = nativeOf(this._ctx)[method](this._handle);
     this._disposed = true;
     wrapFreed(this._ctx, freed);
-    traceFreed(this._ctx, freed);
   }
 
   _info() {

@@ -4,7 +4,7 @@ const { makeError } = require('./errors');
 const { Branch } = require('./Branch');
 const { nativeOf, wrapFreed } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
-const { traced, traceFreed } = require('./trace');
+const { traced } = require('./trace');
 
 /**
  * @typedef {import('./types').OperationOptions} OperationOptions
@@ -153,9 +153,7 @@ class BranchStore {
    */
   async retainOnly(winner) {
     const h = this._branch(winner, 'BranchStore.retainOnly');
-    const freed = await nativeOf(this._ctx)._storeRetainOnly(h);
-    wrapFreed(this._ctx, freed);
-    traceFreed(this._ctx, freed);
+    wrapFreed(this._ctx, await nativeOf(this._ctx)._storeRetainOnly(h));
   }
 
   /** Number of free sequence leases. */

@@ -15,7 +15,7 @@
 const { makeError, guardedView } = require('./errors');
 const { runCancellable } = require('./cancel');
 const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
-const { startTrace } = require('./trace');
+const { startTrace, traceFreed } = require('./trace');
 
 /** @typedef {import('./native').SessionContext} NativeContext */
 
@@ -751,6 +751,7 @@ const collected = new FinalizationRegistry(({ ctxRef, handle }) => {
   const ctx = ctxRef.deref();
   if (!ctx || ctx.disposed) return;
   unlink(wrappersOfContext(ctx), handle);
+  traceFreed(ctx, [handle]);
   nativeOfContext(ctx)._branchRelease(handle);
 });
 
@@ -794,6 +795,9 @@ function wrapFreed(ctx, handles) {
     }
     unlink(nodes, h);
   }
+  // A trace hears of each free once: handles are generational, so a later call naming a handle
+  // again (the native report of a free already recorded) finds nothing left to report.
+  traceFreed(ctx, handles || []);
   return handles;
 }
 

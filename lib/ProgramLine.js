@@ -548,7 +548,13 @@ class ProgramLine {
     job.matcher.flush();
     const text = job.matcher.text;
     this._text += text;
-    this._program.emit('finish', { branch: this._id, reason, n: this._tokens.length, ppl: perplexityOf(this._branch) });
+    if (this._program.events.on)
+      this._program.emit('finish', {
+        branch: this._id,
+        reason,
+        n: this._tokens.length,
+        ppl: perplexityOf(this._branch),
+      });
     const result = { text, tokens: job.tokens, finishReason: reason };
     if (job.logprobs !== undefined) result.logprobs = job.tokenLogprobs;
     job.resolve(result);

@@ -10,7 +10,7 @@
  * Ids are the trace's own (`b1`, `b2`, ...): native handles are reused once freed.
  */
 
-const { TRACE_VERSION } = require('./scheduler/events');
+const { TRACE_VERSION, clipped, perplexityOf } = require('./scheduler/events');
 
 /** @type {WeakMap<object, BranchTrace>} the active trace of each context */
 const traces = new WeakMap();
@@ -44,7 +44,7 @@ class BranchTrace {
    */
   finish(branch, reason) {
     const node = this._nodes.get(branch);
-    if (node) this._emit('finish', { branch: node.id, reason: String(reason), n: node.n, ppl: perplexity(branch) });
+    if (node) this._emit('finish', { branch: node.id, reason: String(reason), n: node.n, ppl: perplexityOf(branch) });
   }
 
   /** Stops the trace (idempotent). */
@@ -82,8 +82,8 @@ class BranchTrace {
     if (!node || tokens.length === 0) return;
     node.n += tokens.length;
     const text = tokens.map((t) => this._ctx.tokenToText(t)).join('');
-    if (sampled) this._emit('token', { branch: node.id, text, n: node.n, ppl: perplexity(branch) });
-    else this._emit('append', { branch: node.id, text, n: node.n });
+    if (sampled) this._emit('token', { branch: node.id, text, n: node.n, ppl: perplexityOf(branch) });
+    else this._emit('append', { branch: node.id, text: clipped(text), n: node.n });
   }
 
   /** The branches of `handles` were freed. */
@@ -94,15 +94,6 @@ class BranchTrace {
       this._byHandle.delete(handle);
       this._emit('prune', { branch: id });
     }
-  }
-}
-
-function perplexity(branch) {
-  try {
-    const ppl = branch.perplexity;
-    return Number.isFinite(ppl) ? Math.round(ppl * 1000) / 1000 : undefined;
-  } catch {
-    return undefined;
   }
 }
 
@@ -143,7 +134,14 @@ function traced(ctx, promise, after) {
   if (!traces.has(ctx)) return promise;
   return promise.then((value) => {
     const trace = traces.get(ctx);
-    if (trace) after(trace, value);
+    try {
+      if (trace) after(trace, value);
+    } catch (e) {
+      // The operation succeeded; a trace that cannot describe it (e.g. the context was disposed
+      // meanwhile) stops rather than turning that success into a failure.
+      trace.stop();
+      process.emitWarning(`ctx.trace stopped: ${e && e.message}`);
+    }
     return value;
   });
 }

@@ -70,14 +70,26 @@ function clipped(text) {
   return text.length > MAX_APPEND_CHARS ? `…${text.slice(-MAX_APPEND_CHARS)}` : text;
 }
 
+/** A perplexity as events carry it: three decimals, undefined when not finite (nothing accepted yet). */
+function roundedPerplexity(ppl) {
+  return Number.isFinite(ppl) ? Math.round(ppl * 1000) / 1000 : undefined;
+}
+
 /** A branch's perplexity so far, or undefined (busy, disposed, nothing accepted yet). */
 function perplexityOf(branch) {
   try {
-    const ppl = branch && !branch.disposed ? branch.perplexity : Infinity;
-    return Number.isFinite(ppl) ? Math.round(ppl * 1000) / 1000 : undefined;
+    return roundedPerplexity(branch && !branch.disposed ? branch.perplexity : Infinity);
   } catch {
     return undefined;
   }
 }
 
-module.exports = { SchedulerEvents, TRACE_VERSION, clipped, perplexityOf };
+/** The `done` event's fields of an ending with `status` and, for a failure, its error. */
+function doneFields(status, error, usage) {
+  /** @type {any} */
+  const fields = { status, ...(usage ? { usage: { ...usage } } : {}) };
+  if (error) fields.error = { code: error.code || 'ERR_UNKNOWN', message: String(error.message) };
+  return fields;
+}
+
+module.exports = { SchedulerEvents, TRACE_VERSION, clipped, perplexityOf, roundedPerplexity, doneFields };

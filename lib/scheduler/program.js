@@ -30,6 +30,7 @@ const { signalOf } = require('../cancel');
 const { positiveInt, invalid, checkSampling, SEED_SPACE } = require('./request');
 const { ProgramLine } = require('../ProgramLine');
 const { SchedulerErrorCode: Code, schedulerError, tooManyBranches } = require('./errors');
+const { doneFields } = require('./events');
 
 const TRANSITIONS = {
   ready: ['running', 'failed'],
@@ -124,9 +125,7 @@ class Program {
   ended(error) {
     if (!this.events.on) return;
     const status = !error ? 'ok' : error.code === 'ERR_ABORTED' ? 'abort' : 'error';
-    const fields = { status, usage: { ...this.usage } };
-    if (error) fields.error = { code: error.code || 'ERR_UNKNOWN', message: String(error.message) };
-    this.emit('done', fields);
+    this.emit('done', doneFields(status, error, this.usage));
   }
 
   /** Leases the program may still take. */

@@ -23,7 +23,7 @@ const { StopMatcher } = require('./stops');
 const { release } = require('./prefix-cache');
 const { checkChat, formatTurn, ChatStream } = require('./chat');
 const { DraftLength } = require('../speculative');
-const { clipped, perplexityOf } = require('./events');
+const { clipped, perplexityOf, roundedPerplexity, doneFields } = require('./events');
 
 const SEED_SPACE = 2 ** 32;
 
@@ -199,10 +199,8 @@ class Request {
   /** Settled: its `done` event (`status` 'ok', 'abort' or 'error'). */
   ended(status, error) {
     if (!this.events.on || !this.wasAdmitted) return; // a request refused in the queue has no tree
-    /** @type {any} */
-    const fields = { request: this.id, status, ...(this.usage.completionTokens ? { usage: { ...this.usage } } : {}) };
-    if (error) fields.error = { code: error.code || 'ERR_UNKNOWN', message: String(error.message) };
-    this.events.emit('done', fields);
+    const usage = this.usage.completionTokens ? this.usage : null;
+    this.events.emit('done', { request: this.id, ...doneFields(status, error, usage) });
   }
 
   /** Running: admitted and not settled. */
@@ -356,7 +354,7 @@ class Request {
       }
     }
     if (this.events.on && choice.branch) {
-      const ppl = Number.isFinite(choice.perplexity) ? Math.round(choice.perplexity * 1000) / 1000 : undefined;
+      const ppl = roundedPerplexity(choice.perplexity);
       const branch = `${this.id}.${choice.index}`;
       const n = this.tokens.length + choice.tokens.length;
       this.events.emit('finish', { request: this.id, branch, reason, n, ppl });

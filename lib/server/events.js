@@ -85,9 +85,10 @@ class EventFeed {
   }
 
   _take(event) {
+    this._record(event);
+    if (!this._trace && this._clients.size === 0) return; // the replay log keeps the object
     const line = JSON.stringify(event);
     if (this._trace && this._trace.writable) this._trace.write(`${line}\n`);
-    this._record(event);
     this._broadcast(`data: ${line}\n\n`);
   }
 

@@ -139,6 +139,21 @@ fn load_backend_modules() -> bool {
 /// is not registered.
 #[cfg(all(feature = "dynamic-backends", unix))]
 pub fn load_module(path: &str) -> std::result::Result<usize, String> {
+    /// Each path's outcome: ggml's registry has no de-duplication, and every JS realm (a
+    /// worker thread requiring the package) asks again.
+    static LOADED: Mutex<Vec<(String, std::result::Result<usize, String>)>> =
+        Mutex::new(Vec::new());
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, outcome)) = loaded.iter().find(|(p, _)| p == path) {
+        return outcome.clone();
+    }
+    let outcome = load_module_once(path);
+    loaded.push((path.to_owned(), outcome.clone()));
+    outcome
+}
+
+#[cfg(all(feature = "dynamic-backends", unix))]
+fn load_module_once(path: &str) -> std::result::Result<usize, String> {
     extern "C" {
         fn dlopen(file: *const c_char, mode: i32) -> *mut c_void;
         fn dlerror() -> *const c_char;
@@ -165,8 +180,9 @@ pub fn load_module(path: &str) -> std::result::Result<usize, String> {
         });
     }
     *CAPTURED.lock().unwrap_or_else(|e| e.into_inner()) = Some(String::new());
-    // SAFETY: registers the module's backend in ggml's registry (once per path); only the JS
-    // thread loads modules, before any context uses the registry.
+    // SAFETY: registers the module's backend in ggml's registry, once per path (`LOADED`, whose
+    // lock is held); the loader calls this right after the addon loads, before a context exists
+    // in this realm (a worker thread's realm finds the path in `LOADED` and registers nothing).
     let reg = unsafe { sys::ggml_backend_load(file.as_ptr()) };
     let logged = CAPTURED
         .lock()
