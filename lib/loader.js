@@ -151,9 +151,9 @@ function* candidates(variant) {
     const base = platformPackageName(null);
     const found = findPlatformPackage(base);
     yield {
-      label: `platform packages ${base} + ${platformPackageName(variant)}`,
+      label: `the prebuilt ${base} with ${platformPackageName(variant)}`,
       file: found.file,
-      reason: found.reason,
+      reason: found.file ? undefined : `${base} ${found.reason}`,
       module: variant,
     };
     return;
@@ -253,8 +253,11 @@ function loadFile(file) {
 function remedy(variant) {
   const key = platformKey();
   if (variant) {
+    const install = PACKAGED_GPU_MODULES.includes(variant)
+      ? `Install the prebuilt's ${variant} module: npm install ${platformPackageName(variant)} (beside llama-branch, whose prebuilt ${platformPackageName(null)} loads it; where one is published for ${key}), `
+      : `Install the ${variant} build, ${platformPackageName(variant)} (where one is published for ${key}), `;
     return (
-      `Install the ${variant} build, ${platformPackageName(variant)} (where one is published for ${key}), ` +
+      install +
       `or build it from source: LLAMA_BRANCH_FEATURES=${variant} LLAMA_BRANCH_BUILD_FROM_SOURCE=1 npm rebuild llama-branch ` +
       `(needs Rust, cmake, a C++ compiler, libclang and the ${variant === 'cuda' ? 'CUDA toolkit' : 'Vulkan headers, loader and glslc, which `node scripts/vulkan.js` installs'}; see docs/gpu-and-rpc.md), ` +
       `or keep the CPU build and add this one beside it: LLAMA_BRANCH_FEATURES=${variant} npm run build -- --out build/${variant} (in the package folder). ` +

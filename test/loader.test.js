@@ -51,7 +51,16 @@ describe('loader: loadBinary(variant)', function () {
         return;
       }
       const err = throwsSync(() => llama.loadBinary(variant), 'ERR_NATIVE_LOAD');
-      assert.match(err.message, new RegExp(`platform package ${platformPackageName(variant)}: not installed`));
+      // cuda: its own platform package; vulkan: a module package the CPU prebuilt loads.
+      assert.match(
+        err.message,
+        variant === 'vulkan'
+          ? new RegExp(
+              `the prebuilt ${platformPackageName(null)} with ${platformPackageName(variant)}: ${platformPackageName(null)} not installed`,
+            )
+          : new RegExp(`platform package ${platformPackageName(variant)}: not installed`),
+      );
+      if (variant === 'vulkan') assert.match(err.message, new RegExp(`npm install ${platformPackageName('vulkan')}`));
       assert.match(
         err.message,
         new RegExp(`LLAMA_BRANCH_FEATURES=${variant} LLAMA_BRANCH_BUILD_FROM_SOURCE=1 npm rebuild llama-branch`),
@@ -232,9 +241,7 @@ describe('loader: resolution order (scratch package in a child process)', functi
     assert.equal(r0.code, 'ERR_NATIVE_LOAD');
     assert.match(
       r0.message,
-      new RegExp(
-        `platform packages ${platformPackageName(null)} \\+ ${platformPackageName('vulkan')} .*not a prebuilt`,
-      ),
+      new RegExp(`the prebuilt ${platformPackageName(null)} with ${platformPackageName('vulkan')} .*not a prebuilt`),
     );
 
     const other = scratchPackage();
