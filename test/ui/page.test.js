@@ -210,7 +210,7 @@ describe('the live page in Chromium', function () {
 
     await page.selectOption('#speed', '0');
     await page.setInputFiles('#trace-file', recorded);
-    await page.waitForSelector('#status[data-mode="replay"][data-done="true"]');
+    await page.waitForSelector('#status[data-mode="replay"][data-done="true"][data-file="recorded.jsonl"]');
     assert.deepEqual(await page.$$eval('details.request', (d) => d.map((e) => e.dataset.request).sort()), liveRequests);
     assert.deepEqual(
       await page.$$eval('li.node', (n) => n.map((e) => `${e.dataset.branch}=${e.dataset.state}`).sort()),
@@ -229,7 +229,7 @@ describe('the live page in Chromium', function () {
     const beamFile = path.join(dir, 'beam.jsonl');
     fs.writeFileSync(beamFile, beam.stdout);
     await page.setInputFiles('#trace-file', beamFile);
-    await page.waitForSelector('#status[data-mode="replay"][data-done="true"]');
+    await page.waitForSelector('#status[data-mode="replay"][data-done="true"][data-file="beam.jsonl"]');
     const beamStates = await page.$$eval('li.node', (n) => n.map((e) => e.dataset.state));
     assert.ok(beamStates.length > 3, `${beamStates.length} beam nodes`);
     assert.ok(beamStates.includes('pruned'), 'pruned beams are shown pruned');

@@ -331,6 +331,12 @@
     model.dirtyTrees.clear();
     if (model.dirtyGauges) renderGauges();
     model.dirtyGauges = false;
+    // A replay is marked done only once its last events are drawn, and the mark names the file,
+    // so whoever waits on it (a person, a test) never reads the previous replay's page.
+    if (player.ended && !$('status').dataset.done) {
+      $('status').dataset.file = player.name;
+      $('status').dataset.done = 'true';
+    }
   }
 
   function take(event) {
@@ -414,14 +420,16 @@
   // ---------------------------------------------------------------------------------------------
   // Replay of a JSONL trace
 
-  const player = { events: [], at: 0, timer: 0, paused: false, name: '' };
+  const player = { events: [], at: 0, timer: 0, paused: false, ended: false, name: '' };
 
   function stopReplay() {
     clearTimeout(player.timer);
     player.timer = 0;
     player.events = [];
+    player.ended = false;
     $('play').disabled = true;
     delete $('status').dataset.done;
+    delete $('status').dataset.file;
   }
 
   function parseTrace(text) {
@@ -451,7 +459,8 @@
     $('play').textContent = 'Pause';
     if (player.events.length === 0) {
       setStatus('replay', `${name}: no events in this file`);
-      $('status').dataset.done = 'true';
+      player.ended = true;
+      schedule();
       return;
     }
     advance();
@@ -472,8 +481,8 @@
       // A script's trace has no `done` events: its trees end with the file.
       for (const t of model.trees.values())
         if (t.kind === 'script' && t.status === 'running') tree(t.id, { status: 'end' });
+      player.ended = true;
       schedule();
-      $('status').dataset.done = 'true';
       $('play').disabled = true;
       return;
     }
