@@ -35,20 +35,26 @@ class BranchStore {
   /**
    * @param {unknown} entries
    * @param {string} where
-   * @returns {{ handles: number[], values: any[] }}
+   * @param {boolean} [third] whether an entry may carry a third element (prefill's score start)
+   * @returns {{ handles: number[], values: any[], extras: any[] }}
    */
-  _entries(entries, where) {
+  _entries(entries, where, third = false) {
     if (!Array.isArray(entries))
       throw makeError('ERR_INVALID_ARG', `${where}: expected an array of [branch, value] pairs`);
     const handles = [];
     const values = [];
+    const extras = [];
     for (const e of entries) {
-      if (!Array.isArray(e) || e.length !== 2)
-        throw makeError('ERR_INVALID_ARG', `${where}: each entry must be a [branch, value] pair`);
+      if (!Array.isArray(e) || !(e.length === 2 || (third && e.length === 3)))
+        throw makeError(
+          'ERR_INVALID_ARG',
+          `${where}: each entry must be a [branch, value${third ? ', option?' : ''}] ${third ? 'tuple' : 'pair'}`,
+        );
       handles.push(this._branch(e[0], where));
       values.push(e[1]);
+      extras.push(e.length === 3 ? e[2] : undefined);
     }
-    return { handles, values };
+    return { handles, values, extras };
   }
 
   /**
@@ -114,21 +120,55 @@ class BranchStore {
   /**
    * `[[branch, tokens], ...]`: decodes variable-length runs bin-packed into `nBatch`-sized
    * decodes; no accept. All-or-nothing (also when `options.signal` aborts it).
-   * @param {ReadonlyArray<readonly [Branch, number[]]>} entries
+   *
+   * An entry `[branch, tokens, scoreFrom]` is also scored: its sum is the natural-log
+   * probability of `tokens.slice(scoreFrom)` as the continuation of what comes before (the model's
+   * distribution, before samplers; with `scoreFrom` 0 the first token is read from the logits the
+   * branch holds). A scored entry takes a logits row per token, so it must fit one decode
+   * (`ctx.nOutputs` and `nBatch` tokens); several share decodes as far as those limits allow.
+   * Resolves each entry's sum, `null` for entries not scored.
+   * @param {ReadonlyArray<readonly [Branch, number[]] | readonly [Branch, number[], number]>} entries
    * @param {OperationOptions} [options]
-   * @returns {Promise<void>}
+   * @returns {Promise<Array<number | null>>}
    */
   async prefill(entries, options) {
-    const { handles, values } = this._entries(entries, 'BranchStore.prefill');
+    return this._prefill(entries, options, 'BranchStore.prefill');
+  }
+
+  /**
+   * `[[branch, tokens], ...]`: the natural-log probability of each entry's tokens as its branch's
+   * continuation, every entry in the same decode where `ctx.nOutputs` allows, and the tokens
+   * stay (each branch goes on after them, as after `prefill`). The way to rank candidate
+   * continuations forked from one prefix: one decode instead of one per token.
+   * @param {ReadonlyArray<readonly [Branch, number[]]>} entries
+   * @param {OperationOptions} [options]
+   * @returns {Promise<number[]>}
+   */
+  async score(entries, options) {
+    if (!Array.isArray(entries))
+      throw makeError('ERR_INVALID_ARG', 'BranchStore.score: expected an array of [branch, tokens] pairs');
+    const scored = entries.map((e) => (Array.isArray(e) && e.length === 2 ? [e[0], e[1], 0] : e));
+    return /** @type {Promise<number[]>} */ (this._prefill(scored, options, 'BranchStore.score'));
+  }
+
+  async _prefill(entries, options, where) {
+    const { handles, values, extras } = this._entries(entries, where, true);
     for (const v of values) {
-      if (!Array.isArray(v))
-        throw makeError('ERR_INVALID_ARG', 'BranchStore.prefill: each value must be an array of token ids');
+      if (!Array.isArray(v)) throw makeError('ERR_INVALID_ARG', `${where}: each value must be an array of token ids`);
     }
-    const signal = signalOf(options, 'BranchStore.prefill');
-    if (handles.length === 0) return runCancellable({ signal }, 'BranchStore.prefill', () => Promise.resolve());
+    for (const [i, from] of extras.entries()) {
+      if (from !== undefined && !(Number.isInteger(from) && from >= 0 && from < values[i].length))
+        throw makeError(
+          'ERR_INVALID_ARG',
+          `${where}: a score start must be an index into the entry's ${values[i].length} tokens, got ${String(from)}`,
+        );
+    }
+    const signal = signalOf(options, where);
+    if (handles.length === 0) return runCancellable({ signal }, where, () => Promise.resolve([]));
     const native = nativeOf(this._ctx);
-    const done = runCancellable({ signal }, 'BranchStore.prefill', (cancel) =>
-      native._storePrefill(handles, values, cancel),
+    const scoreFrom = extras.some((e) => e !== undefined) ? extras.map((e) => (e === undefined ? null : e)) : undefined;
+    const done = runCancellable({ signal }, where, (cancel) =>
+      native._storePrefill(handles, values, cancel, scoreFrom),
     );
     return traced(this._ctx, done, (trace) => entries.forEach(([b, tokens]) => trace._grew(b, tokens, false)));
   }

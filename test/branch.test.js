@@ -401,6 +401,11 @@ describe('Branch and BranchStore', function () {
     await rejects(() => store.commit([root, 5]), 'ERR_INVALID_ARG');
     await rejects(() => store.prefill([[root, 'abc']]), 'ERR_INVALID_ARG');
     await rejects(() => store.prefill([[root, [1, 2, 'x']]]), 'ERR_INVALID_ARG');
+    await rejects(() => store.prefill([[root, [1, 2], 2]]), 'ERR_INVALID_ARG', /score start/);
+    await rejects(() => store.prefill([[root, [1, 2], -1]]), 'ERR_INVALID_ARG', /score start/);
+    await rejects(() => store.score([[root, []]]), 'ERR_INVALID_ARG', /score start/);
+    await rejects(() => store.score([[root, new Array(ctx.nOutputs + 1).fill(5)]]), 'ERR_INVALID_ARG', /one decode/);
+    await rejects(() => store.score('x'), 'ERR_INVALID_ARG');
     throwsSync(() => root.steer([{ token: -3, bias: 1 }]), 'ERR_INVALID_ARG');
     throwsSync(() => root.reseedSampler(-1), 'ERR_INVALID_ARG');
     throwsSync(() => Branch.create(ctx, 0, { topK: -1 }), 'ERR_INVALID_ARG');
@@ -420,6 +425,50 @@ describe('Branch and BranchStore', function () {
     ]);
     assert.deepEqual([root.position, b.position], [pos[0] + 1, pos[1] + 1]);
     await b.prune();
+    await root.prune();
+  });
+
+  it("score: each continuation's log-probability, all in one call; the tokens stay", async () => {
+    const { root } = await rootOn(ctx, 'The capital of France is');
+    const options = [' Paris', ' a small village in the north'].map((o) => ctx.tokenizeSync(o, false));
+    const forks = options.map(() => root.fork());
+    const scores = await store.score(forks.map((f, i) => [f, options[i]]));
+    assert.equal(scores.length, 2);
+    forks.forEach((f, i) => assert.equal(f.position, root.position + options[i].length));
+    // Mixed with a plain entry in one prefill. Scored from index 1, the first token is decoded
+    // but not counted: with that token's log-probability from the held logits added back, the
+    // sum is the one scored from index 0 in the same batch shape (so the same arithmetic).
+    const sums = [];
+    for (const from of [0, 1]) {
+      const [x, y] = [root.fork(), root.fork()];
+      sums.push(
+        await store.prefill([
+          [x, options[1], from],
+          [y, options[0]],
+        ]),
+      );
+      assert.equal(sums.at(-1)[1], null);
+      await x.prune();
+      await y.prune();
+    }
+    const first = root.logprob(options[1][0]).logprob;
+    assert.ok(
+      first < 0 && Math.abs(first + sums[1][0] - sums[0][0]) < 1e-6,
+      `${first} + ${sums[1][0]} vs ${sums[0][0]}`,
+    );
+    // One token at a time (another batch shape, so within a tolerance): the same sums.
+    for (const [i, tokens] of options.entries()) {
+      const one = root.fork();
+      let sum = 0;
+      for (const t of tokens) {
+        sum += one.logprob(t).logprob;
+        await one.commit(t);
+      }
+      assert.ok(Math.abs(sum - scores[i]) < 0.25, `option ${i}: ${scores[i]} vs one at a time ${sum}`);
+      await one.prune();
+    }
+    assert.ok(scores[0] > scores[1], `a likely continuation outscores an unlikely one: ${scores}`);
+    assertConsistent(ctx, [root, ...forks]);
     await root.prune();
   });
 

@@ -40,11 +40,28 @@ export class BranchStore {
     /**
      * `[[branch, tokens], ...]`: decodes variable-length runs bin-packed into `nBatch`-sized
      * decodes; no accept. All-or-nothing (also when `options.signal` aborts it).
+     *
+     * An entry `[branch, tokens, scoreFrom]` is also scored: its sum is the natural-log
+     * probability of `tokens.slice(scoreFrom)` as the continuation of what comes before (the model's
+     * distribution, before samplers; with `scoreFrom` 0 the first token is read from the logits the
+     * branch holds). A scored entry takes a logits row per token, so it must fit one decode
+     * (`ctx.nOutputs` and `nBatch` tokens); several share decodes as far as those limits allow.
+     * Resolves each entry's sum, `null` for entries not scored.
+     * @param {ReadonlyArray<readonly [Branch, number[]] | readonly [Branch, number[], number]>} entries
+     * @param {OperationOptions} [options]
+     * @returns {Promise<Array<number | null>>}
+     */
+    prefill(entries: ReadonlyArray<readonly [Branch, number[]] | readonly [Branch, number[], number]>, options?: OperationOptions): Promise<Array<number | null>>;
+    /**
+     * `[[branch, tokens], ...]`: the natural-log probability of each entry's tokens as its branch's
+     * continuation, every entry in the same decode where `ctx.nOutputs` allows, and the tokens
+     * stay (each branch goes on after them, as after `prefill`). The way to rank candidate
+     * continuations forked from one prefix: one decode instead of one per token.
      * @param {ReadonlyArray<readonly [Branch, number[]]>} entries
      * @param {OperationOptions} [options]
-     * @returns {Promise<void>}
+     * @returns {Promise<number[]>}
      */
-    prefill(entries: ReadonlyArray<readonly [Branch, number[]]>, options?: OperationOptions): Promise<void>;
+    score(entries: ReadonlyArray<readonly [Branch, number[]]>, options?: OperationOptions): Promise<number[]>;
     /**
      * Samples every branch in one native call (no KV write, no accept).
      * @param {readonly Branch[]} branches

@@ -81,7 +81,7 @@ pub fn decode_runs<K: KvBackend>(
         .find(|r| r.output == Output::Each && r.tokens.len() > limits.tokens.min(limits.outputs))
     {
         return Err(Error::invalid(format!(
-            "{} tokens with an output row each do not fit one decode (nBatch {}, {} output rows); send fewer draft tokens",
+            "{} tokens with an output row each (a draft to verify, tokens to score) do not fit one decode (nBatch {}, {} output rows, option nOutputs); send fewer",
             run.tokens.len(),
             limits.tokens,
             limits.outputs

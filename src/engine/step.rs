@@ -8,6 +8,7 @@ use super::branch::BranchState;
 use super::decode::{decode_runs, Output, Run, RunOutput};
 use super::handles::{Handle, HandleTable};
 use super::kv::KvBackend;
+use super::metrics::{self, Base};
 use super::pool::Pool;
 use super::profile::Phases;
 use super::store::BranchStore;
@@ -101,17 +102,65 @@ impl BranchStore {
         limit: Option<u32>,
         cancel: &dyn Fn() -> bool,
     ) -> Result<()> {
+        let unscored = vec![None; items.len()];
+        self.prefill_scored(kv, items, &unscored, limit, cancel)
+            .map(drop)
+    }
+
+    /// `prefill` that also scores: for an item whose `score_from[i]` is `Some(k)`, the sum of
+    /// the model log-probabilities (nats, before any sampler) of `tokens[k..]`, each under the
+    /// logits of the token before it — the first from the branch's snapshot when `k` is 0. A
+    /// scored run asks for a logits row per token, so it decodes whole in one decode (at most
+    /// `ctx.nOutputs` and nBatch tokens); the scored runs of one call share decodes as far as
+    /// those limits allow. This is how a program's `select` scores every option in one decode.
+    pub fn prefill_scored<K: KvBackend>(
+        &mut self,
+        kv: &mut K,
+        items: &[(Handle, Vec<Token>)],
+        score_from: &[Option<usize>],
+        limit: Option<u32>,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Vec<Option<f64>>> {
+        if score_from.len() != items.len() {
+            return Err(Error::invalid(
+                "give one score start (or none) per prefill entry",
+            ));
+        }
         let handles: Vec<Handle> = items.iter().map(|i| i.0).collect();
         Self::check_distinct(&handles)?;
         let mut runs = Vec::with_capacity(items.len());
-        for (h, tokens) in items {
+        // Per item: the running sum, seeded with the first scored token's log-probability when
+        // that token is scored from the snapshot the branch holds now.
+        let mut sums: Vec<Option<f64>> = Vec::with_capacity(items.len());
+        for ((h, tokens), from) in items.iter().zip(score_from) {
             let b = self.get(*h)?;
             b.check_has_prefix()?;
+            let scored = match *from {
+                Some(k) if k >= tokens.len() => {
+                    return Err(Error::invalid(format!(
+                        "a score start of {k} is past the entry's {} tokens; score at least one token",
+                        tokens.len()
+                    )))
+                }
+                Some(0) if !b.has_logits() => {
+                    return Err(Error::invalid(
+                        "the branch holds no logits to score its first token from: prefill or commit a token first (or score from index 1)",
+                    ))
+                }
+                Some(0) => Some(-b.surprisal_of(tokens[0])),
+                Some(_) => Some(0.0),
+                None => None,
+            };
+            sums.push(scored);
             runs.push(Run {
                 seq: b.seq,
                 start: b.position,
                 tokens,
-                output: Output::Last,
+                output: if scored.is_some() {
+                    Output::Each
+                } else {
+                    Output::Last
+                },
             });
         }
         let mut limits = self.limits(kv);
@@ -122,10 +171,19 @@ impl BranchStore {
         decode_runs(kv, batch, &runs, limits, cancel, &mut |kv, outputs| {
             for o in outputs {
                 let row = kv.logits_row(o.row)?;
-                branches
-                    .get_mut(handles[o.run])
-                    .ok_or(Error::BranchDisposed)?
-                    .set_pending(row);
+                let tokens = &items[o.run].1;
+                if o.index + 1 == tokens.len() {
+                    branches
+                        .get_mut(handles[o.run])
+                        .ok_or(Error::BranchDisposed)?
+                        .set_pending(row);
+                }
+                let next = o.index + 1;
+                if let (Some(sum), Some(from)) = (sums[o.run].as_mut(), score_from[o.run]) {
+                    if next < tokens.len() && next >= from {
+                        *sum -= metrics::surprisal(row, tokens[next] as usize, Base::Nats);
+                    }
+                }
             }
             Ok(())
         })?;
@@ -137,7 +195,7 @@ impl BranchStore {
             b.position += tokens.len() as Pos;
             self.segments.append(&mut b.runs, tokens.len() as u32);
         }
-        Ok(())
+        Ok(sums)
     }
 }
 

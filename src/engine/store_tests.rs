@@ -466,3 +466,97 @@ fn a_failed_cancelled_or_oversized_speculative_step_changes_nothing() {
         .unwrap();
     assert_consistent(&kv, &store);
 }
+
+/// The fake backend's logits row after `token` at `pos` of `seq`.
+fn fake_row(seq: i32, pos: i32, token: Token) -> Vec<f32> {
+    let mut row = vec![0.0; N_VOCAB as usize];
+    row[0] = FakeKv::logit0(seq, pos, token);
+    row[token as usize % N_VOCAB as usize] += 1.0;
+    row
+}
+
+fn logprob(row: &[f32], token: Token) -> f64 {
+    -super::metrics::surprisal(row, token as usize, super::metrics::Base::Nats)
+}
+
+#[test]
+fn a_scored_prefill_sums_each_tokens_log_probability_in_one_decode() {
+    let (mut kv, mut store, _pool) = setup(256, 6);
+    let r = root(&mut kv, &mut store, &[1, 2, 3]);
+    let kids: Vec<Handle> = (0..3)
+        .map(|_| store.fork(&kv, r, ForkOptions::default()).unwrap())
+        .collect();
+    let seq = |h: Handle| store.get(h).unwrap().seq;
+    let snapshot = store.get(r).unwrap().logits().unwrap().to_vec();
+    let (a, b, c) = (kids[0], kids[1], kids[2]);
+    let (seq_a, seq_b) = (seq(a), seq(b));
+    let decodes = kv.decode_sizes().len();
+    let sums = store
+        .prefill_scored(
+            &mut kv,
+            &[(a, vec![4, 5]), (b, vec![6, 7, 8]), (c, vec![9])],
+            &[Some(0), Some(1), None],
+            None,
+            &|| false,
+        )
+        .unwrap();
+    assert_eq!(
+        kv.decode_sizes().len(),
+        decodes + 1,
+        "one decode for all three"
+    );
+    let want_a = logprob(&snapshot, 4) + logprob(&fake_row(seq_a, 3, 4), 5);
+    let want_b = logprob(&fake_row(seq_b, 3, 6), 7) + logprob(&fake_row(seq_b, 4, 7), 8);
+    assert!(
+        (sums[0].unwrap() - want_a).abs() < 1e-9,
+        "{sums:?} vs {want_a}"
+    );
+    assert!(
+        (sums[1].unwrap() - want_b).abs() < 1e-9,
+        "{sums:?} vs {want_b}"
+    );
+    assert_eq!(sums[2], None);
+    // Each branch ends where a plain prefill would leave it: position and snapshot.
+    assert_eq!(store.get(b).unwrap().position, 6);
+    assert_eq!(
+        store.get(b).unwrap().logits().unwrap(),
+        fake_row(seq_b, 5, 8).as_slice()
+    );
+    assert_consistent(&kv, &store);
+}
+
+#[test]
+fn a_scored_prefill_refuses_what_it_cannot_score_and_changes_nothing() {
+    let (mut kv, mut store, _pool) = setup(256, 4);
+    let r = root(&mut kv, &mut store, &[1, 2, 3, 4]);
+    let at = ForkOptions {
+        position: Some(2),
+        ..ForkOptions::default()
+    };
+    let no_logits = store.fork(&kv, r, at).unwrap();
+    let cells = kv.snapshot();
+    for (items, from) in [
+        (vec![(no_logits, vec![5, 6])], vec![Some(0)]),
+        (vec![(r, vec![5, 6])], vec![Some(2)]),
+        (vec![(r, vec![5, 6])], vec![]),
+    ] {
+        let err = store
+            .prefill_scored(&mut kv, &items, &from, None, &|| false)
+            .unwrap_err();
+        assert_eq!(err.code(), "ERR_INVALID_ARG", "{err}");
+        assert_eq!(kv.snapshot(), cells);
+        assert_eq!(store.get(r).unwrap().position, 4);
+    }
+    // From index 1 the branch needs no logits of its own: the first token only gives a row.
+    let sums = store
+        .prefill_scored(
+            &mut kv,
+            &[(no_logits, vec![5, 6])],
+            &[Some(1)],
+            None,
+            &|| false,
+        )
+        .unwrap();
+    assert!(sums[0].unwrap().is_finite());
+    assert_consistent(&kv, &store);
+}

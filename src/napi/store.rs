@@ -156,13 +156,21 @@ impl SessionContext {
     }
 
     /// Token runs for several branches, bin-packed into nBatch-sized decodes; no accept.
-    #[napi(js_name = "_storePrefill", ts_return_type = "Promise<void>")]
+    /// `scoreFrom[i]` (an index into entry i's tokens, or null) also sums those tokens'
+    /// log-probabilities from there on; resolves each entry's sum (null where not asked).
+    #[napi(
+        js_name = "_storePrefill",
+        ts_return_type = "Promise<Array<number | null>>"
+    )]
     pub fn _store_prefill<'env>(
         &self,
         env: &'env Env,
         #[napi(ts_arg_type = "number[]")] handles: Arg<Vec<f64>>,
         #[napi(ts_arg_type = "number[][]")] token_arrays: Arg<Vec<Vec<f64>>>,
         #[napi(ts_arg_type = "CancelToken | undefined")] cancel: CancelArg,
+        #[napi(ts_arg_type = "Array<number | null> | undefined")] score_from: Arg<
+            Option<Vec<Option<f64>>>,
+        >,
     ) -> Result<Object<'env>> {
         self.spawn(env, || {
             let flag = cancel.get("_storePrefill")?;
@@ -176,6 +184,29 @@ impl SessionContext {
                     "handles and token arrays must have the same length",
                 ));
             }
+            let score_from = match score_from.get(
+                "_storePrefill: scoreFrom",
+                "an array of token indices or nulls",
+            )? {
+                None => vec![None; handles.len()],
+                Some(v) if v.len() != handles.len() => {
+                    return Err(Error::invalid(
+                        "give one score start (a token index or null) per prefill entry",
+                    ))
+                }
+                Some(v) => v
+                    .into_iter()
+                    .map(|k| match k {
+                        None => Ok(None),
+                        Some(k) if k >= 0.0 && k.fract() == 0.0 && k <= u32::MAX as f64 => {
+                            Ok(Some(k as usize))
+                        }
+                        Some(k) => Err(Error::invalid(format!(
+                            "a score start must be a token index (an integer >= 0), got {k}"
+                        ))),
+                    })
+                    .collect::<crate::error::Result<Vec<_>>>()?,
+            };
             let items = handles
                 .into_iter()
                 .zip(arrays)
@@ -183,7 +214,8 @@ impl SessionContext {
                 .collect::<crate::error::Result<Vec<_>>>()?;
             Ok(move |e: &mut Engine| {
                 run_cancellable(e, flag, |e, cancel| {
-                    e.store.prefill(&mut e.ctx, &items, None, cancel)
+                    e.store
+                        .prefill_scored(&mut e.ctx, &items, &score_from, None, cancel)
                 })
             })
         })
