@@ -833,7 +833,7 @@ export type TraceEvent =
   | { event: 'fork'; t: number; request?: string; branch: string; parent: string | null; at: number }
   /** Text that went in without sampling (a prompt, an appended turn); `n`: the branch's length after. */
   | { event: 'append'; t: number; request?: string; branch: string; text: string; n: number }
-  /** A sampled (or, `forced`, scored) token; `ppl`: the branch's perplexity so far; `draft`: an accepted draft token. */
+  /** A sampled token (or, `forced`, the tokens a select scored in one prefill); `ppl`: the branch's perplexity so far; `draft`: an accepted draft token. */
   | {
       event: 'token';
       t: number;

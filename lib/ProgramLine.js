@@ -209,8 +209,8 @@ class ProgramLine {
 
   /**
    * Scores each option as the continuation of the line's text and appends the best: a fork per
-   * option, teacher-forced through the option's tokens in the scheduler's steps (every option
-   * in the same decodes), summing each token's log-probability. `method`: `'total'` (the sum,
+   * option, prefilled with the option's tokens as a scored entry (a logits row per token), every
+   * option in the same decode of a scheduler step, summing each token's log-probability. `method`: `'total'` (the sum,
    * default), `'normalized'` (the mean per token) or `'unconditional'` (the sum minus the
    * option's sum after only the BOS token: how much the line's text raises it). The forks count
    * against `maxBranches` while they score (twice as many for `'unconditional'`).
@@ -256,7 +256,7 @@ class ProgramLine {
    * The natural-log probability of `text` (or token ids) as the line's continuation; the line
    * does not change. One token is read from the logits the line holds once its pending tokens
    * are decoded (no extra decode), with the `top` (0..20) most likely next tokens; several are
-   * scored in a fork, teacher-forced as `select` does (the fork counts against `maxBranches`).
+   * scored in a fork as `select` does (the fork counts against `maxBranches`).
    * @param {string | number[]} text
    * @param {{ top?: number }} [options]
    * @returns {Promise<{ logprob: number, top: import('./types').TopLogprob[] }>}
@@ -317,12 +317,30 @@ class ProgramLine {
     return children;
   }
 
-  /** Teacher-forces `tokens` through the line; resolves with the sum of their log-probabilities. */
+  /**
+   * Appends `tokens` to the line and resolves with the sum of their log-probabilities: they are
+   * prefilled as a scored entry (a logits row per token), in the same decode as every other
+   * line's and request's prefill of the step.
+   */
   _score(tokens) {
     return new Promise((resolve, reject) => {
-      this._job = { force: tokens, at: 0, sum: 0, resolve, reject, started: true, tokens: [] };
+      this._tokens.push(...tokens);
+      this._pending.push(...tokens);
+      this._job = { score: tokens.length, sum: 0, resolve, reject, started: true, tokens: [] };
       this._program.wake();
     });
+  }
+
+  /**
+   * Where the scored tokens start in this step's prefill entry (the line's first `take` pending
+   * tokens), or undefined when the entry holds none: the scored tokens are the last
+   * `job.score` pending ones (a forkAt fork re-decodes one token before them).
+   */
+  _scoreFrom(take) {
+    const job = this._job;
+    if (!job || job.score === undefined) return undefined;
+    const start = this._pending.length - job.score;
+    return start < take ? start : undefined;
   }
 
   /**
@@ -401,6 +419,7 @@ class ProgramLine {
    * requests starting with the same text fork it instead of prefilling it again.
    */
   _openCacheEntry(cache, branch, spareLease) {
+    if (this._job && this._job.score !== undefined) return branch; // a BOS + option to score: nobody's prompt
     if (this._pending.length >= MIN_PARTIAL_REUSE && spareLease()) {
       this._segment = cache.pin(cache.open(this._pending.slice(), branch));
     }
@@ -430,10 +449,13 @@ class ProgramLine {
 
   /** A fork of the longest cached prefix of the line's tokens (never all but logits-less). */
   _forkCached(cache) {
-    const start = cache.bestStart(this._pending);
+    // Tokens to score must be decoded by the line itself (their logits rows are the score); the
+    // first of them is scored from the logits at the fork point, which a partial fork lacks.
+    const scored = this._job && this._job.score !== undefined ? this._job.score : 0;
+    const start = cache.bestStart(this._pending.slice(0, this._pending.length - scored));
     const { entry } = start;
     if (!entry) return null;
-    const length = start.partial ? Math.min(start.length, this._pending.length - 1) : start.length;
+    const length = start.partial ? Math.min(start.length, this._pending.length - 1 - scored) : start.length;
     if (length <= 0) return null;
     // Another line or request is filling this prompt: fork it once it is filled that far.
     if (!entry.ready && entry.branch.position < length) return WAIT;
@@ -449,12 +471,15 @@ class ProgramLine {
     return this._branch !== null && this._needed && this._pending.length > 0;
   }
 
-  /** `count` pending tokens are in the KV now; returns `count`. */
-  _prefilled(count, cache) {
+  /** `count` pending tokens are in the KV now (`sum`: the scored ones' log-probability); returns `count`. */
+  _prefilled(count, cache, sum) {
+    const from = this._scoreFrom(count);
+    const scored = from === undefined ? null : this._pending.slice(from, count);
     this._pending = this._pending.slice(count);
     this._program.cellsUsed += count;
     this._program.usage.promptTokens += count;
     if (this._segment && this._pending.length === 0) this._cacheFilled(cache);
+    if (scored) this._scored(scored, sum);
     return count;
   }
 
@@ -486,7 +511,6 @@ class ProgramLine {
   /** Takes a produced token into the gen; true when it is to be committed (decoded) now. */
   _take(produced) {
     const job = this._job;
-    if (job.force) return this._takeForced(job);
     if (produced.isStop) {
       this._endJob('stop');
       return false;
@@ -508,24 +532,18 @@ class ProgramLine {
     return false;
   }
 
-  /** A scoring step: the forced token's log-probability is added; true while more follow. */
-  _takeForced(job) {
-    const token = job.force[job.at];
-    job.sum += this._branch.logprob(token, 0).logprob;
+  /** Scored `tokens` were prefilled with log-probability `sum`; the score resolves after the last. */
+  _scored(tokens, sum) {
+    const job = this._job;
+    job.sum += sum;
+    job.score -= tokens.length;
     if (this._program.events.on) {
-      const text = this._program.ctx.tokenToText(token);
-      this._program.emit('token', { branch: this._id, text, n: this._tokens.length + 1, forced: true });
+      const text = tokens.map((t) => this._program.ctx.tokenToText(t)).join('');
+      this._program.emit('token', { branch: this._id, text, n: this._filled, forced: true });
     }
-    job.at++;
-    if (job.at < job.force.length) return true;
+    if (job.score > 0) return;
     this._job = null;
     job.resolve(job.sum);
-    return false;
-  }
-
-  /** The token the line commits this step when it is teacher-forced (scoring), else undefined. */
-  get _forced() {
-    return this._job && this._job.force ? this._job.force[this._job.at] : undefined;
   }
 
   /** The token `_take` kept is in the KV now. */

@@ -399,12 +399,17 @@ class Scheduler {
     const spareLease = () => this._fits(0, 1);
     const lines = this._programs.linesToPrefill(budget, this._cache, this._createPromptBranch, spareLease);
     if (batch.length === 0 && lines.length === 0) return 0;
+    let sums;
     try {
-      /** @type {Array<[any, number[]]>} */
+      /** @type {Array<[any, number[]] | [any, number[], number]>} */
       const entries = [];
       for (const { req, take } of batch) entries.push([req.branch, req.tokens.slice(req.pos, req.pos + take)]);
-      for (const { line, take } of lines) entries.push([line._branch, line._pending.slice(0, take)]);
-      await this._store.prefill(entries);
+      for (const { line, take } of lines) {
+        const scoreFrom = line._scoreFrom(take); // a select's option, scored in this same decode
+        const tokens = line._pending.slice(0, take);
+        entries.push(scoreFrom === undefined ? [line._branch, tokens] : [line._branch, tokens, scoreFrom]);
+      }
+      sums = await this._store.prefill(entries);
     } catch (e) {
       for (const { req } of batch) if (req.running) this._fail(req, e); // all-or-nothing: none advanced
       for (const { line } of lines) {
@@ -414,7 +419,7 @@ class Scheduler {
       return 0;
     }
     let tokens = 0;
-    for (const { line, take } of lines) tokens += line._prefilled(take, this._cache);
+    lines.forEach(({ line, take }, i) => (tokens += line._prefilled(take, this._cache, sums[batch.length + i])));
     this._programs.materialize(this._cache, this._createPromptBranch, spareLease); // forks whose parent reached its fork point just now
     for (const { req, take } of batch) {
       req.pos += take;

@@ -431,31 +431,52 @@ describe('Scheduler.run: branch programs', function () {
       assert.ok(result.text.endsWith(picked.choice));
       const tokens = options.map((o) => ctx.tokenizeSync(o, false));
       assert.deepEqual(result.tokens, [...prefix, ...tokens[best]]);
-      // The options were scored in the same decodes: each step commits the next token of every
-      // option that has more (an option's last token is scored, not decoded).
-      const longest = Math.max(...tokens.map((t) => t.length));
-      const decodes = steps.filter((st) => st.rows > 0).map((st) => st.rows);
-      const expected = Array.from({ length: longest - 1 }, (_, k) => tokens.filter((t) => t.length > k + 1).length);
-      assert.deepEqual(decodes, expected);
+      // The options were scored in ONE step's prefill (a logits row per token; one decode, as
+      // the step's rows fit nOutputs), not a token per step: nothing was sampled.
+      const total = tokens.reduce((n, t) => n + t.length, 0);
+      assert.ok(total <= ctx.nOutputs, `${total} option tokens fit one decode's ${ctx.nOutputs} rows`);
+      assert.deepEqual(
+        steps.map((st) => [st.rows, st.prefillTokens]).filter(([rows, prefill]) => rows + prefill > 0),
+        [
+          [0, prefix.length],
+          [0, total],
+        ],
+      );
+      // One token at a time is another batch shape (CPU decodes are not batch-invariant): close,
+      // not equal; a row read off by one would be nats away.
       const reference = [];
       for (const t of tokens) reference.push(await referenceScore(prefix, t));
       for (const [i, score] of picked.scores.entries()) {
-        assert.ok(Math.abs(score - reference[i]) < 0.05, `option ${i}: ${score} vs one at a time ${reference[i]}`);
+        assert.ok(Math.abs(score - reference[i]) < 0.25, `option ${i}: ${score} vs one at a time ${reference[i]}`);
       }
       const refBest = reference.indexOf(Math.max(...reference));
       const sorted = [...reference].sort((a, b) => b - a);
       if (sorted[0] - sorted[1] > 0.1) assert.equal(picked.index, refBest);
     });
 
-    it('one option alone (the same batch shape as one branch) matches the reference within 1e-3', async () => {
+    it('one option alone equals store.score on a branch (the same batch shape) within 1e-3', async () => {
       const s = start();
+      const option = ' a little girl who lived in a village';
       const { scores, prefix } = await s.run(async (line) => {
         line.append('Once upon a time there was');
         const prefix = line.tokens;
-        return { prefix, scores: (await line.select([' a little girl who lived in a village'])).scores };
+        return { prefix, scores: (await line.select([option])).scores };
       });
-      const reference = await referenceScore(prefix, ctx.tokenizeSync(' a little girl who lived in a village', false));
-      assert.ok(Math.abs(scores[0] - reference) < 1e-3, `${scores[0]} vs ${reference}`);
+      const tokens = ctx.tokenizeSync(option, false);
+      const b = Branch.create(ctx, 0, GREEDY);
+      let scored;
+      try {
+        await b.prefill(prefix);
+        [scored] = await store.score([[b, tokens]]);
+        assert.equal(b.position, prefix.length + tokens.length, 'the scored tokens stay in the branch');
+      } finally {
+        await b.prune();
+      }
+      assert.ok(Math.abs(scores[0] - scored) < 1e-3, `${scores[0]} vs ${scored}`);
+      // One token at a time is another batch shape (CPU decodes are not batch-invariant): close,
+      // not equal. A row read off by one would be several nats away.
+      const oneAtATime = await referenceScore(prefix, tokens);
+      assert.ok(Math.abs(scored - oneAtATime) < 0.25, `${scored} vs one at a time ${oneAtATime}`);
     });
 
     it('logprob(text): one token from the held logits, several scored in a fork; the line is unchanged', async () => {

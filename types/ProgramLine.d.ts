@@ -42,8 +42,8 @@ export class ProgramLine {
     fork(n?: number): ProgramLine[];
     /**
      * Scores each option as the continuation of the line's text and appends the best: a fork per
-     * option, teacher-forced through the option's tokens in the scheduler's steps (every option
-     * in the same decodes), summing each token's log-probability. `method`: `'total'` (the sum,
+     * option, prefilled with the option's tokens as a scored entry (a logits row per token), every
+     * option in the same decode of a scheduler step, summing each token's log-probability. `method`: `'total'` (the sum,
      * default), `'normalized'` (the mean per token) or `'unconditional'` (the sum minus the
      * option's sum after only the BOS token: how much the line's text raises it). The forks count
      * against `maxBranches` while they score (twice as many for `'unconditional'`).
@@ -58,7 +58,7 @@ export class ProgramLine {
      * The natural-log probability of `text` (or token ids) as the line's continuation; the line
      * does not change. One token is read from the logits the line holds once its pending tokens
      * are decoded (no extra decode), with the `top` (0..20) most likely next tokens; several are
-     * scored in a fork, teacher-forced as `select` does (the fork counts against `maxBranches`).
+     * scored in a fork as `select` does (the fork counts against `maxBranches`).
      * @param {string | number[]} text
      * @param {{ top?: number }} [options]
      * @returns {Promise<{ logprob: number, top: import('../lib/types').TopLogprob[] }>}

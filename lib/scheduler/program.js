@@ -294,8 +294,11 @@ class Programs {
     const out = [];
     for (const line of this._runningLines()) {
       if (budget === 0 || !line._wantsPrefill) continue;
-      const take = Math.min(line._pending.length, budget);
       const program = line._program;
+      let take = Math.min(line._pending.length, budget);
+      // A scored entry has a logits row per token and must fit one decode; a longer text to
+      // score goes on in the next step (its first token scored from the logits left then).
+      if (line._scoreFrom(take) !== undefined) take = Math.min(take, program.ctx.nOutputs, program.ctx.nBatch);
       if (program.cellsUsed + take > program.maxCells) {
         line._endJob(null, program.cellsExceeded(take));
         continue;
@@ -322,14 +325,12 @@ class Programs {
         continue;
       }
       if (!line._arm(fail)) continue;
-      const force = line._forced;
       rows.push({
         branch: line._branch,
         owner: line,
-        force,
         live: () => line._decoding,
         take: (produced) => {
-          if (force === undefined && !produced.isStop) onToken();
+          if (!produced.isStop) onToken();
           return line._take(produced);
         },
         committed: (token) => line._committed(token),

@@ -13,7 +13,6 @@
  * @typedef {object} DecodeRow
  * @property {any} branch
  * @property {any} owner
- * @property {number} [force] the token a teacher-forced row commits (no sampling)
  * @property {any} [carried] the `Produced` a speculative step sampled for this row: taken instead of sampling
  * @property {{ drafter: any, length: any, limit: () => number }} [spec] a row that speculates
  * @property {(token: number, accepted: any[], next: any, drafted: number) => void} [verified] a speculative step's outcome
@@ -25,12 +24,11 @@
 
 /**
  * One `store.produce` for all rows that sample; if it throws (e.g. a grammar masks everything),
- * per branch to find whose. A teacher-forced row (`force`: a scoring line) takes its token as
- * given. Returns each row's `Produced` or Error, in row order.
+ * per branch to find whose. A row a speculative step already sampled takes that token. Returns
+ * each row's `Produced` or Error, in row order.
  */
 function produceAll(store, rows) {
-  const given = (/** @type {DecodeRow} */ r) => r.force !== undefined || r.carried !== undefined;
-  const sampled = rows.filter((r) => !given(r));
+  const sampled = rows.filter((r) => r.carried === undefined);
   let produced;
   try {
     produced = store.produce(sampled.map((r) => r.branch));
@@ -45,8 +43,7 @@ function produceAll(store, rows) {
   }
   let next = 0;
   return rows.map((r) => {
-    if (r.carried !== undefined) return r.carried;
-    return r.force === undefined ? produced[next++] : { token: r.force, text: '', isStop: false };
+    return r.carried !== undefined ? r.carried : produced[next++];
   });
 }
 
