@@ -80,6 +80,12 @@ class ProgramLine {
     this._segment = null;
     /** Stop strings every gen of this line adds (the chat template's end of turn), inherited by forks. */
     this._stops = parent ? parent._stops : [];
+    /**
+     * Where the line's chat stands: null (it did not start with messages), 'open' (the
+     * assistant's turn was just opened) or 'replied' (the assistant's turn has text: a later
+     * turn may be appended as messages). Forks inherit it.
+     */
+    this._chat = parent ? parent._chat : null;
     /** A select runs on this line (its options are scored in forks). */
     this._selecting = false;
     /** release() was called (the branch is freed at the next step, once no child waits on it). */
@@ -108,10 +114,12 @@ class ProgramLine {
 
   /**
    * Appends prompt text (tokenized now, without special tokens except the BOS of a program's
-   * first text), token ids, or — on an empty line — chat messages, rendered with the model's chat
-   * template up to the assistant's turn (its end-of-turn strings then stop every gen of the line
-   * and its forks). Nothing is decoded until the line next needs its KV: a gen, or a fork's first
-   * step. Returns the line, for chaining.
+   * first text), token ids, or chat messages. Messages on an empty line are rendered with the
+   * model's chat template up to the assistant's turn (its end-of-turn strings then stop every gen
+   * of the line and its forks); on a line that started so, after the assistant's reply, they are
+   * the next turn (the turn separator, then the messages rendered alone: nothing is decoded
+   * again). Nothing is decoded until the line next needs its KV: a gen, or a fork's first step.
+   * Returns the line, for chaining.
    * @param {string | number[] | readonly import('./types').ChatMessage[]} input
    * @returns {this}
    */
@@ -121,18 +129,16 @@ class ProgramLine {
     const before = this._text.length;
     let tokens;
     if (Array.isArray(input) && input.length > 0 && input.every((m) => m !== null && typeof m === 'object')) {
-      if (this._tokens.length > 0)
-        throw invalid('append(messages): chat messages start a line; append later turns as text or tokens');
-      const formatted = ctx.formatChatSync(input);
-      tokens = ctx.tokenizeSync(formatted.prompt, true);
-      this._text += formatted.prompt;
-      this._stops = formatted.stopTokens.filter((s) => s !== '');
+      tokens = this._tokens.length === 0 ? this._firstTurn(input) : this._laterTurn(input);
+      this._chat = 'open';
     } else if (typeof input === 'string') {
       tokens = input === '' ? [] : ctx.tokenizeSync(input, this._tokens.length === 0);
       this._text += input;
+      if (this._chat === 'open' && input !== '') this._chat = 'replied'; // the assistant's text
     } else if (Array.isArray(input) && input.every((t) => Number.isInteger(t) && t >= 0 && t < ctx.vocabSize)) {
       tokens = input.slice();
       this._text += tokens.map((t) => ctx.tokenToText(t)).join('');
+      if (this._chat === 'open' && tokens.length > 0) this._chat = 'replied';
     } else {
       throw invalid(`append(input): input must be a string or an array of token ids in [0, ${ctx.vocabSize})`);
     }
@@ -143,6 +149,37 @@ class ProgramLine {
       this._program.emit('append', { branch: this._id, text: clipped(text), n: this._tokens.length });
     }
     return this;
+  }
+
+  /** The conversation's start: rendered up to the assistant's turn, with the BOS. */
+  _firstTurn(messages) {
+    const ctx = this._program.ctx;
+    const formatted = ctx.formatChatSync(messages);
+    this._text += formatted.prompt;
+    this._stops = formatted.stopTokens.filter((s) => s !== '');
+    return ctx.tokenizeSync(formatted.prompt, true);
+  }
+
+  /**
+   * A later turn, after the assistant's reply: the turn separator (what closes the assistant's
+   * turn; the part of it the reply already ended with is not repeated), then the new messages
+   * rendered alone, as they appear after an earlier exchange (an empty system message first
+   * makes the template render them so). Nothing before is decoded again.
+   */
+  _laterTurn(messages) {
+    const ctx = this._program.ctx;
+    if (this._chat === null)
+      throw invalid('append(messages): this line did not start with chat messages; append text or tokens to it');
+    if (this._chat === 'open')
+      throw invalid('append(messages): the assistant turn is open; gen its reply (or append its text) first');
+    const separator = ctx.getTurnSeparator();
+    let done = Math.min(separator.length, this._tokens.length);
+    while (done > 0 && !separator.slice(0, done).every((t, i) => t === this._tokens[this._tokens.length - done + i]))
+      done--;
+    const rest = separator.slice(done);
+    const turn = ctx.formatChatSync([{ role: 'system', content: '' }, ...messages]).prompt;
+    this._text += rest.map((t) => ctx.tokenToText(t)).join('') + turn;
+    return [...rest, ...ctx.tokenizeSync(turn, false)];
   }
 
   /**
@@ -573,6 +610,7 @@ class ProgramLine {
         n: this._tokens.length,
         ppl: perplexityOf(this._branch),
       });
+    if (this._chat === 'open') this._chat = 'replied';
     const result = { text, tokens: job.tokens, finishReason: reason };
     if (job.logprobs !== undefined) result.logprobs = job.tokenLogprobs;
     job.resolve(result);

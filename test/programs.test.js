@@ -148,10 +148,12 @@ describe('Scheduler.run: branch programs', function () {
     const messages = [{ role: 'user', content: 'Say hello.' }];
     const out = await s.run(async (line) => {
       line.append(messages);
+      const [child] = line.fork(1);
       assert.throws(
-        () => line.fork(1)[0].append(messages),
-        (e) => e.code === 'ERR_INVALID_ARG' && /start a line/.test(e.message),
+        () => child.append(messages),
+        (e) => e.code === 'ERR_INVALID_ARG' && /assistant turn is open/.test(e.message),
       );
+      child.release();
       const reply = await line.gen({ maxTokens: 40, params: GREEDY });
       return { reply, tokens: line.tokens, text: line.text };
     });
@@ -161,6 +163,47 @@ describe('Scheduler.run: branch programs', function () {
     assert.ok(out.text.startsWith(formatted.prompt));
     for (const stop of formatted.stopTokens.filter((t) => t !== '')) assert.ok(!out.reply.text.includes(stop), stop);
     await assertGreedy(ctx, prompt, out.reply.tokens.slice(0, 8), 'chat reply');
+  });
+
+  it('a later turn appends as messages after the reply: the turn separator, then the turn alone', async () => {
+    const s = start();
+    const first = [{ role: 'user', content: 'Say hello.' }];
+    const next = [{ role: 'user', content: 'Now say goodbye.' }];
+    const out = await s.run(
+      async (line) => {
+        line.append(first);
+        const reply = await line.gen({ maxTokens: 12, params: GREEDY });
+        const before = line.tokens;
+        const [twin] = line.fork(1); // forks inherit where the chat stands
+        line.append(next);
+        twin.append(next);
+        const second = await line.gen({ maxTokens: 6, params: GREEDY });
+        return {
+          reply,
+          before,
+          after: line.tokens.slice(0, line.tokens.length - second.tokens.length),
+          twin: twin.tokens,
+        };
+      },
+      { maxBranches: 2 },
+    );
+    const separator = ctx.getTurnSeparator();
+    const turn = ctx.tokenizeSync(ctx.formatChatSync([{ role: 'system', content: '' }, ...next]).prompt, false);
+    assert.ok(separator.length > 0 && turn.length > 0);
+    assert.deepEqual(out.after.slice(0, out.before.length), out.before, 'nothing before is re-rendered');
+    assert.deepEqual(out.after.slice(-(separator.length + turn.length)), [...separator, ...turn]);
+    assert.ok(out.after.length - out.before.length <= separator.length + turn.length);
+    assert.deepEqual(out.twin, out.after);
+
+    await rejects(
+      () =>
+        s.run(async (line) => {
+          line.append('Plain text first.');
+          line.append(next);
+        }),
+      'ERR_INVALID_ARG',
+      /did not start with chat messages/,
+    );
   });
 
   it('the same seed gives the same program output', async () => {

@@ -17,10 +17,12 @@ export class ProgramLine {
     get released(): boolean;
     /**
      * Appends prompt text (tokenized now, without special tokens except the BOS of a program's
-     * first text), token ids, or — on an empty line — chat messages, rendered with the model's chat
-     * template up to the assistant's turn (its end-of-turn strings then stop every gen of the line
-     * and its forks). Nothing is decoded until the line next needs its KV: a gen, or a fork's first
-     * step. Returns the line, for chaining.
+     * first text), token ids, or chat messages. Messages on an empty line are rendered with the
+     * model's chat template up to the assistant's turn (its end-of-turn strings then stop every gen
+     * of the line and its forks); on a line that started so, after the assistant's reply, they are
+     * the next turn (the turn separator, then the messages rendered alone: nothing is decoded
+     * again). Nothing is decoded until the line next needs its KV: a gen, or a fork's first step.
+     * Returns the line, for chaining.
      * @param {string | number[] | readonly import('../lib/types').ChatMessage[]} input
      * @returns {this}
      */
