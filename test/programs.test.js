@@ -565,8 +565,11 @@ describe('Scheduler.run: branch programs', function () {
         const bos = ctx.tokenizeSync('', true);
         const alone = await referenceScore(bos, ctx.tokenizeSync(options[i], false));
         const expected = out.total.scores[i] - alone;
+        // Across batch shapes (the reference scores alone, the select in one decode with the other
+        // options) CPU scores drift: up to ~0.3 nats over these 4 tokens on an AVX-512 build. A
+        // select that forgot to subtract the unconditional score would be off by ~10 nats or more.
         assert.ok(
-          Math.abs(out.unconditional.scores[i] - expected) < 0.1,
+          Math.abs(out.unconditional.scores[i] - expected) < 0.5,
           `${out.unconditional.scores[i]} vs ${expected}`,
         );
       }

@@ -123,7 +123,9 @@ describe('speculative decoding through branches', function () {
     await a.commit(t1);
     assert.equal(b.position, a.position);
     assert.equal(ctx.kvSeqPosMax(b.seqId), ctx.kvSeqPosMax(a.seqId));
-    assert.ok(Math.abs(b.perplexity - a.perplexity) < 1e-3 * a.perplexity, `${b.perplexity} vs ${a.perplexity}`);
+    // b's perplexity comes from the 5-row verify decode, a's from one-row commits: batch shapes
+    // differ, so a tolerance (0.25 % seen); counting the rejected `wrong` token would move it by far more.
+    assert.ok(Math.abs(b.perplexity - a.perplexity) < 1e-2 * a.perplexity, `${b.perplexity} vs ${a.perplexity}`);
     assert.equal(v.next.token, a.produce().token, 'next is what the branch samples there');
     assert.equal(typeof v.accepted[0].text, 'string');
     await a.prune();
