@@ -626,12 +626,27 @@ export interface GeneratedToolCall {
   arguments: string;
 }
 
+/** A piece of a streamed tool call (see {@link ChatDelta.toolCalls}). */
+export interface ToolCallDelta {
+  index: number;
+  /** Only on the call's first piece. */
+  id?: string;
+  /** Only on the call's first piece. */
+  name?: string;
+  /** More of the arguments' JSON text. */
+  arguments: string;
+}
+
 /** What a parsed choice's text added since the previous event (see {@link GenerationEvent.delta}). */
 export interface ChatDelta {
   content?: string;
   reasoningContent?: string;
-  /** Tool calls, each whole once complete, with its index among the choice's calls. */
-  toolCalls?: Array<GeneratedToolCall & { index: number }>;
+  /**
+   * Tool calls as they arrive, by their index among the choice's calls: a call's first piece
+   * has its `id` and `name` (and the arguments so far, maybe `''`), each later piece only more
+   * `arguments` text. Concatenated per index, the pieces are the call's final arguments.
+   */
+  toolCalls?: ToolCallDelta[];
 }
 
 /** A parsed choice: the reply split by the chat layer. */

@@ -305,6 +305,43 @@ describe('Chat helpers', function () {
       assert.deepEqual(plain.toolCalls, []);
     });
 
+    it('partial output: every prefix gives content and calls that only grow toward the final ones', async () => {
+      const ask = [{ role: 'user', content: 'Weather in Paris?' }];
+      const generic = await ctx.formatChat(ask, { tools: [WEATHER_TOOL] }); // Gemma 3: the generic format
+      const hermes = await ctx.formatChat(ask, { templateOverride: TOOL_TEMPLATE, tools: [WEATHER_TOOL] });
+      const cases = [
+        [
+          generic,
+          '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Par\\u00eds \\"x\\"", "days": 12, ' +
+            '"deep": {"a": [1, 2.5e3, true, null, "é😀"]}}}, {"name": "get_weather", "arguments": {}}]}',
+        ],
+        [generic, '{ "response" : "Hello, wor\\nld é😀" }'],
+        [hermes, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'],
+      ];
+      for (const [r, text] of cases) {
+        const final = ctx.parseChatOutput(text, r.format, r);
+        assert.ok(final.content !== '' || final.toolCalls.length > 0, text);
+        let before = { content: '', toolCalls: [] };
+        let grew = 0;
+        for (let i = 0; i <= text.length; i++) {
+          const code = text.charCodeAt(i - 1);
+          if (code >= 0xd800 && code < 0xdc00) continue; // inside a surrogate pair: no stream has this text
+          const now = ctx.parseChatOutput(text.slice(0, i), r.format, { ...r, isPartial: true });
+          const where = `${JSON.stringify(text.slice(0, i))} → ${JSON.stringify(now)}`;
+          assert.ok(final.content.startsWith(now.content) && now.content.startsWith(before.content), where);
+          assert.ok(now.toolCalls.length >= before.toolCalls.length, where);
+          for (const [k, call] of now.toolCalls.entries()) {
+            assert.equal(call.name, final.toolCalls[k].name, where);
+            assert.ok(final.toolCalls[k].arguments.startsWith(call.arguments), where);
+            if (before.toolCalls[k]) assert.ok(call.arguments.startsWith(before.toolCalls[k].arguments), where);
+          }
+          if (JSON.stringify(now) !== JSON.stringify(before)) grew++;
+          before = now;
+        }
+        assert.ok(grew >= 5, `${text}: the parse grew ${grew} times`);
+      }
+    });
+
     it('takes reasoningFormat as a ReasoningFormat value or name', async () => {
       assert.deepEqual({ ...ReasoningFormat }, { NONE: 0, AUTO: 1, DEEPSEEK_LEGACY: 2, DEEPSEEK: 3 });
       assert.deepEqual({ ...GrammarTriggerType }, { TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 });

@@ -140,8 +140,9 @@ class ChatTurn {
 
 /**
  * One choice's parsed message as its text grows: each update gives the delta since the last, the
- * way OpenAI streams one (content and reasoning as they grow; each tool call whole, once complete:
- * when a later call has started or the choice has finished).
+ * way OpenAI streams one: content and reasoning as they grow; a tool call first with its id and
+ * name (once the name is whole), then its arguments piece by piece as they arrive. The pieces of
+ * a call concatenate to its final arguments (the chat layer's partial parse only grows them).
  */
 class ChatStream {
   /** @param {ChatTurn} turn */
@@ -149,7 +150,8 @@ class ChatStream {
     this.turn = turn;
     this.content = '';
     this.reasoningContent = '';
-    this.callsSent = 0;
+    /** @type {string[]} each call's arguments sent so far */
+    this.argumentsSent = [];
     /** @type {string[]} ids given to the calls in order, kept from update to update */
     this.ids = [];
     /** The last message parsed (the final one after `finish`). */
@@ -158,15 +160,15 @@ class ChatStream {
 
   /** The delta of the text so far (null: nothing new). */
   update(text) {
-    return this.#advance(this.turn.parseText(text, true), false);
+    return this.#advance(this.turn.parseText(text, true));
   }
 
   /** The delta of the finished text; `message` is then the whole parsed message. */
   finish(text) {
-    return this.#advance(this.turn.parseText(text, false), true);
+    return this.#advance(this.turn.parseText(text, false));
   }
 
-  #advance(parsed, final) {
+  #advance(parsed) {
     if (!parsed) return null;
     parsed.toolCalls = parsed.toolCalls.map((c, i) => {
       if (!this.ids[i]) this.ids[i] = c.id || callId();
@@ -184,13 +186,18 @@ class ChatStream {
     };
     grown('content');
     grown('reasoningContent');
-    const complete = final ? parsed.toolCalls.length : parsed.toolCalls.length - 1;
-    if (complete > this.callsSent) {
-      delta.toolCalls = parsed.toolCalls
-        .slice(this.callsSent, complete)
-        .map((c, i) => ({ index: this.callsSent + i, ...c }));
-      this.callsSent = complete;
-    }
+    const calls = [];
+    parsed.toolCalls.forEach((c, index) => {
+      const sent = this.argumentsSent[index];
+      if (sent === undefined) {
+        calls.push({ index, id: c.id, name: c.name, arguments: c.arguments });
+        this.argumentsSent[index] = c.arguments;
+      } else if (c.arguments.length > sent.length && c.arguments.startsWith(sent)) {
+        calls.push({ index, arguments: c.arguments.slice(sent.length) });
+        this.argumentsSent[index] = c.arguments;
+      }
+    });
+    if (calls.length > 0) delta.toolCalls = calls;
     return Object.keys(delta).length ? delta : null;
   }
 }

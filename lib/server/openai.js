@@ -299,7 +299,13 @@ function chatDelta(e) {
   if (!e.delta) return delta;
   if (e.delta.reasoningContent) delta.reasoning_content = e.delta.reasoningContent;
   if (e.delta.content) delta.content = e.delta.content;
-  if (e.delta.toolCalls) delta.tool_calls = e.delta.toolCalls.map((c) => ({ index: c.index, ...toolCallOf(c) }));
+  if (e.delta.toolCalls)
+    delta.tool_calls = e.delta.toolCalls.map((c) =>
+      // A call's first piece names it; the later ones carry more of its arguments.
+      c.id === undefined
+        ? { index: c.index, function: { arguments: c.arguments } }
+        : { index: c.index, ...toolCallOf(c) },
+    );
   return delta;
 }
 

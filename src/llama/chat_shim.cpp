@@ -445,26 +445,185 @@ common_json generic_messages(const common_json & messages, const std::string & s
     return out;
 }
 
+// Stands in a healed partial reply for what has not arrived yet (see heal_partial_json).
+const std::string PARTIAL_MARK = "__llama_branch_partial__";
+
+// A prefix of a JSON document (a reply still streaming) made into one that parses: an open
+// string value ends with PARTIAL_MARK; otherwise the text is cut back to where a value could
+// end and PARTIAL_MARK goes in as one more key (objects) or element (arrays); then every open
+// container is closed. What a value dumps to, cut at the mark, is then a prefix of what it dumps
+// to once complete, so streamed pieces concatenate to the final text. "" when nothing opened yet.
+std::string heal_partial_json(const std::string & text) {
+    struct Open {
+        char kind;       // '{' or '['
+        bool has_items;  // a complete member or element is in it
+        bool want_key;   // (objects) the next string is a key
+    };
+    std::vector<Open> open;
+    // The last place the text may be cut: text[0, cut_end) is kept, then the containers open
+    // there ('{' or '[', outermost first) close; cut_has_items: the innermost holds a member.
+    bool        have_cut = false, cut_has_items = false;
+    size_t      cut_end  = 0;
+    std::string cut_kinds;
+    auto        mark_cut = [&](size_t end) {
+        have_cut      = true;
+        cut_end       = end;
+        cut_has_items = open.back().has_items;
+        cut_kinds.clear();
+        for (const Open & o : open) {
+            cut_kinds += o.kind;
+        }
+    };
+    bool   in_string = false, string_is_value = false, escaped = false;
+    size_t string_safe = 0;  // in a string: text up to here holds whole characters and escapes
+    size_t i = 0;
+    auto   value_done = [&](size_t end) {
+        if (!open.empty()) {
+            open.back().has_items = true;
+            mark_cut(end);
+        }
+    };
+    for (; i < text.size(); i++) {
+        const char c = text[i];
+        if (in_string) {
+            if (escaped) {
+                escaped = false;
+                if (c == 'u') {
+                    if (i + 4 >= text.size()) {
+                        break;  // an escape still arriving
+                    }
+                    i += 4;
+                }
+                string_safe = i + 1;
+            } else if (c == '\\') {
+                escaped = true;
+            } else if (c == '"') {
+                in_string = false;
+                if (string_is_value) {
+                    value_done(i + 1);
+                } else if (!open.empty()) {
+                    open.back().want_key = false;
+                }
+            } else if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) {
+                // the start of a character: a multi-byte one is whole once its last byte is in
+                const unsigned char u   = static_cast<unsigned char>(c);
+                const size_t        len = u < 0x80 ? 1 : u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : 2;
+                if (i + len <= text.size()) {
+                    string_safe = i + len;
+                }
+            }
+            continue;
+        }
+        switch (c) {
+            case '"':
+                in_string       = true;
+                string_is_value = !(open.size() > 0 && open.back().kind == '{' && open.back().want_key);
+                string_safe     = i + 1;
+                break;
+            case '{':
+            case '[':
+                open.push_back(Open{ c, false, c == '{' });
+                mark_cut(i + 1);
+                break;
+            case '}':
+            case ']':
+                if (open.empty()) {
+                    return "";
+                }
+                open.pop_back();
+                value_done(i + 1);
+                break;
+            case ',':
+                if (!open.empty() && open.back().kind == '{') {
+                    open.back().want_key = true;
+                }
+                break;
+            default:
+                // a number or literal ends at the delimiter after it: nothing to cut at before
+                if (c != ':' && !std::isspace(static_cast<unsigned char>(c))) {
+                    size_t end = i;
+                    while (end < text.size() && std::string("{}[],: \t\r\n").find(text[end]) == std::string::npos) {
+                        end++;
+                    }
+                    if (end == text.size()) {
+                        i = end;  // still arriving
+                        break;
+                    }
+                    value_done(end);
+                    i = end - 1;
+                }
+        }
+    }
+    std::string healed, closing;
+    if (in_string && string_is_value) {
+        healed = text.substr(0, string_safe) + PARTIAL_MARK + "\"";
+        for (const Open & o : open) {
+            closing += o.kind;
+        }
+    } else if (have_cut) {
+        healed  = text.substr(0, cut_end);
+        closing = cut_kinds;
+        healed += cut_has_items ? "," : "";
+        healed += "\"" + PARTIAL_MARK + "\"" + (closing.back() == '{' ? ":0" : "");
+    } else {
+        return "";
+    }
+    for (auto it = closing.rbegin(); it != closing.rend(); ++it) {
+        healed += *it == '{' ? '}' : ']';
+    }
+    return healed;
+}
+
+// `dumped` up to PARTIAL_MARK (and the quote or comma before it): the part that has arrived.
+std::string cut_at_mark(const std::string & dumped) {
+    const size_t mark = dumped.find(PARTIAL_MARK);
+    if (mark == std::string::npos) {
+        return dumped;
+    }
+    size_t end = mark;
+    if (end > 0 && dumped[end - 1] == '"' && (end < 2 || dumped[end - 2] == ',' || dumped[end - 2] == '{' ||
+                                              dumped[end - 2] == '[')) {
+        end--;  // the mark is a key or element of its own, not the tail of a string value
+        if (end > 0 && dumped[end - 1] == ',') {
+            end--;
+        }
+    }
+    return dumped.substr(0, end);
+}
+
 // A generic reply parsed: {"response": ...} is content, {"tool_calls": [...]} the calls. Output
 // that is not such an object (cut off by maxTokens, or the grammar was not applied) is content.
+// Partial output (streaming) gives what has arrived: the response so far, each call once its
+// name is whole, its arguments as far as they have come ("" before they start).
 common_chat_msg parse_generic(const std::string & output, bool is_partial) {
     common_chat_msg msg;
     auto reply = common_json::parse_no_throw(output);
+    if (is_partial && (reply.is_discarded() || !reply.is_object())) {
+        const std::string healed = heal_partial_json(output);
+        reply = healed.empty() ? common_json::parse_no_throw("null") : common_json::parse_no_throw(healed);
+    }
     if (reply.is_discarded() || !reply.is_object()) {
         msg.content = is_partial ? "" : output;
         return msg;
     }
     if (reply.contains("response") && reply.at("response").is_string()) {
-        msg.content = reply.at("response").get<std::string>();
+        msg.content = cut_at_mark(reply.at("response").get<std::string>());
     }
     if (reply.contains("tool_calls") && reply.at("tool_calls").is_array()) {
         for (const auto & c : reply.at("tool_calls")) {
             if (!c.is_object() || !c.contains("name") || !c.at("name").is_string()) {
-                continue;
+                break;
             }
             common_chat_tool_call call;
-            call.name      = c.at("name").get<std::string>();
-            call.arguments = c.contains("arguments") ? c.at("arguments").dump() : "{}";
+            call.name = c.at("name").get<std::string>();
+            if (call.name.find(PARTIAL_MARK) != std::string::npos) {
+                break;  // the name is still arriving
+            }
+            if (c.contains("arguments")) {
+                call.arguments = cut_at_mark(c.at("arguments").dump());
+            } else {
+                call.arguments = is_partial ? "" : "{}";
+            }
             msg.tool_calls.push_back(call);
         }
     }
