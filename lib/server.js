@@ -27,6 +27,9 @@ const { uiRoutes } = require('./server/ui');
 const defaults = require('./defaults');
 
 const isInt = (v) => Number.isInteger(v);
+/** OpenAI's `system_fingerprint` (a string where present): the backend, named by its version. */
+const PACKAGE_JSON = path.join(__dirname, '..', 'package.json');
+const FINGERPRINT = `llama-branch-${JSON.parse(require('node:fs').readFileSync(PACKAGE_JSON, 'utf8')).version}`;
 
 /**
  * Streams a generation as server-sent events. The first event (or the error) decides the status,
@@ -134,7 +137,7 @@ async function generateEndpoint(app, kind, req, res) {
     object: shape.object,
     created: Math.floor(Date.now() / 1000),
     model: app.env.modelName,
-    system_fingerprint: null,
+    system_fingerprint: FINGERPRINT,
   };
   const { tokenText, corsHeaders } = app;
   if (body.stream) {

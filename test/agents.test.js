@@ -4,13 +4,19 @@
 // embeddings, /metrics, API keys, CORS and request limits, driven by the clients people point at
 // an OpenAI-compatible endpoint: the official `openai` package, Vercel's AI SDK and LangChain.
 // The default model is a small base model: these tests check structure (a forced call parses and
-// matches its schema, shapes, counts), never the quality of an answer.
+// matches its schema, shapes, counts), never the quality of an answer. Every response any client
+// here gets from a /v1 operation of OpenAI's is validated against OpenAI's published schemas
+// (test/openapi): `fetch` in this file is the checking one, and every client is given it.
 
 const assert = require('node:assert/strict');
 const path = require('node:path');
 const OpenAI = require('openai');
 const { MODEL, cosine } = require('./helpers');
 const { startServer, stopServer } = require('./serve-helpers');
+const { conformanceChecker } = require('./openapi/conformance');
+
+const conformance = conformanceChecker();
+const { fetch } = conformance;
 
 const KEYS = ['test-key-one', 'test-key-two'];
 const ORIGIN = 'http://app.example';
@@ -87,9 +93,10 @@ describe('a server agents can use', function () {
       ],
       { ...process.env, LLAMA_BRANCH_API_KEY: KEYS[1] },
     );
-    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEYS[0], maxRetries: 0 });
+    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEYS[0], maxRetries: 0, fetch });
     model = path.basename(MODEL).replace(/\.gguf$/, '');
   });
+  afterEach(() => conformance.assertConforms());
   after(async () => {
     if (server) assert.equal(await stopServer(server.child), 0, `clean exit; stderr: ${server.stderr()}`);
   });
@@ -190,10 +197,13 @@ describe('a server agents can use', function () {
       });
       const calls = [];
       let finish = null;
+      let pieces = 0;
       for await (const chunk of stream) {
         const c = chunk.choices[0];
         if (!c) continue;
         for (const d of c.delta.tool_calls || []) {
+          pieces++;
+          if (calls[d.index]) assert.equal(d.id, undefined, 'only the first piece has the id');
           if (!calls[d.index]) calls[d.index] = { id: d.id, type: d.type, function: { name: '', arguments: '' } };
           if (d.function.name) calls[d.index].function.name += d.function.name;
           calls[d.index].function.arguments += d.function.arguments || '';
@@ -202,6 +212,7 @@ describe('a server agents can use', function () {
       }
       assert.equal(finish, 'tool_calls');
       assert.equal(calls.length, 1);
+      assert.ok(pieces >= 3, `the arguments were streamed as they arrived (${pieces} pieces)`);
       assertWeatherCall(calls[0]);
     });
 
@@ -321,6 +332,26 @@ describe('a server agents can use', function () {
         lp.tokens.map((_, i) => lp.tokens.slice(0, i).join('').length),
       );
       for (const top of lp.top_logprobs) assert.ok(Object.keys(top).length >= 1 && Object.keys(top).length <= 2);
+
+      // Streamed: each chunk has its tokens' logprobs; together they are the whole completion's.
+      const stream = await client.completions.create({
+        model,
+        prompt: 'One, two, three,',
+        max_tokens: 5,
+        logprobs: 2,
+        temperature: 0,
+        stream: true,
+      });
+      const tokens = [];
+      let finish = null;
+      for await (const chunk of stream) {
+        for (const c of chunk.choices) {
+          if (c.logprobs) tokens.push(...c.logprobs.tokens);
+          finish = c.finish_reason || finish;
+        }
+      }
+      assert.equal(tokens.length, 5);
+      assert.equal(finish, 'length');
     });
 
     it('top_logprobs over 20 is a 400', async () => {
@@ -376,7 +407,7 @@ describe('a server agents can use', function () {
       for (const key of KEYS)
         assert.equal((await fetch(url('/v1/models'), { headers: { authorization: `Bearer ${key}` } })).status, 200);
       assert.equal((await fetch(url('/health'))).status, 200);
-      const bad = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'nope', maxRetries: 0 });
+      const bad = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'nope', maxRetries: 0, fetch });
       await assert.rejects(bad.models.list(), (e) => e.status === 401);
     });
 
@@ -440,7 +471,12 @@ describe('a server agents can use', function () {
     it('Vercel AI SDK: generateText runs a tool and returns text; streamText streams', async () => {
       const { generateText, streamText, tool, jsonSchema, stepCountIs } = require('ai');
       const { createOpenAICompatible } = require('@ai-sdk/openai-compatible');
-      const provider = createOpenAICompatible({ name: 'llama-branch', baseURL: `${server.url}/v1`, apiKey: KEYS[1] });
+      const provider = createOpenAICompatible({
+        name: 'llama-branch',
+        baseURL: `${server.url}/v1`,
+        apiKey: KEYS[1],
+        fetch,
+      });
       const executed = [];
       const result = await generateText({
         model: provider.chatModel(model),
@@ -483,7 +519,7 @@ describe('a server agents can use', function () {
       const chat = new ChatOpenAI({
         model,
         apiKey: KEYS[0],
-        configuration: { baseURL: `${server.url}/v1` },
+        configuration: { baseURL: `${server.url}/v1`, fetch },
         temperature: 0,
         maxTokens: 96,
         maxRetries: 0,
@@ -493,6 +529,23 @@ describe('a server agents can use', function () {
       assert.equal(message.tool_calls[0].name, 'get_weather');
       assert.equal(typeof message.tool_calls[0].args.city, 'string');
       assert.match(message.tool_calls[0].id, /^call_/);
+    });
+  });
+
+  describe('conformance', () => {
+    it('every response above validated against OpenAI’s published schemas', async () => {
+      await conformance.assertConforms();
+      // Each test's responses were checked after it; this says the check saw them all: JSON
+      // bodies, every streamed chunk and the 4xx errors of the tests above.
+      assert.deepEqual(Object.keys(conformance.state.bySchema).sort(), [
+        'CreateChatCompletionResponse',
+        'CreateChatCompletionStreamResponse',
+        'CreateCompletionResponse',
+        'CreateCompletionStreamChunk',
+        'CreateEmbeddingResponse',
+        'ErrorResponse',
+        'ListModelsResponse',
+      ]);
     });
   });
 });

@@ -3,12 +3,18 @@
 // `llama-branch serve` as a real child process on 127.0.0.1 (ephemeral port), driven by the
 // official `openai` client: completions and chat, streaming and not, n, JSON schema, stop
 // strings, abort mid-stream, concurrency, and bad requests that must not take the server down.
+// Every response to an OpenAI operation is validated against OpenAI's published schemas
+// (test/openapi): `fetch` in this file is the checking one, and the client is given it.
 
 const assert = require('node:assert/strict');
 const path = require('node:path');
 const OpenAI = require('openai');
 const { MODEL } = require('./helpers');
 const { startServer, stopServer, waitFor } = require('./serve-helpers');
+const { conformanceChecker } = require('./openapi/conformance');
+
+const conformance = conformanceChecker();
+const { fetch } = conformance;
 
 const GREEDY = { temperature: 0 };
 
@@ -22,9 +28,10 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
   before(async () => {
     server = await startServer(['--parallel', '4', '--ctx-size', '4096', '--threads', '2']);
     assert.match(server.url, /^http:\/\/127\.0\.0\.1:\d+$/, 'binds to loopback by default');
-    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'x', maxRetries: 0 });
+    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'x', maxRetries: 0, fetch });
     model = path.basename(MODEL).replace(/\.gguf$/, '');
   });
+  afterEach(() => conformance.assertConforms());
   after(async () => {
     if (server)
       assert.equal(
