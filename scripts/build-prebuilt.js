@@ -270,6 +270,14 @@ function stagePlatformPackage(key, addon, runtime) {
   return shipped.map(({ name }) => ({ name, size: sizeOf(path.join(dir, name)) }));
 }
 
+/**
+ * CPU variants built but not shipped. sapphirerapids is the only one with AMX, whose kernels killed
+ * the process at their first tile instruction on a Sapphire Rapids VM (as in source builds, see
+ * .cargo/config.toml); without it ggml picks the best remaining variant (zen4 or cooperlake there:
+ * AVX-512 with VNNI and BF16).
+ */
+const UNSHIPPED_CPU_VARIANTS = /^libggml-cpu-sapphirerapids\./;
+
 /** GPU backend modules packed on their own, by variant: file name pattern and the system library they add. */
 const GPU_MODULES = { vulkan: { pattern: /^libggml-vulkan\./, systemLib: 'libvulkan.so.1' } };
 
@@ -391,7 +399,12 @@ async function main() {
 
   const gpuVariants = vulkan ? ['vulkan'] : [];
   const isGpuModule = (f) => gpuVariants.some((v) => GPU_MODULES[v].pattern.test(f));
-  const runtime = runtimeFiles(built.addon, built.sysOutDir, target.libExt, isGpuModule);
+  const runtime = runtimeFiles(
+    built.addon,
+    built.sysOutDir,
+    target.libExt,
+    (f) => isGpuModule(f) || UNSHIPPED_CPU_VARIANTS.test(f),
+  );
   const unexpected = runtime.system.filter((lib) => !target.systemLibs.includes(lib));
   if (unexpected.length) {
     die(
