@@ -196,6 +196,9 @@ class ChatStream {
         calls.push({ index, arguments: c.arguments.slice(sent.length) });
         this.argumentsSent[index] = c.arguments;
       }
+      // Otherwise nothing new. Arguments that stopped extending what was sent cannot be streamed
+      // (a piece cannot be taken back); the chat layer's partial parsers only grow them (tested in
+      // test/chat.test.js), and the finished message carries each call whole either way.
     });
     if (calls.length > 0) delta.toolCalls = calls;
     return Object.keys(delta).length ? delta : null;
