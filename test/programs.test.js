@@ -497,6 +497,75 @@ describe('Scheduler.run: branch programs', function () {
       if (sorted[0] - sorted[1] > 0.1) assert.equal(picked.index, refBest);
     });
 
+    it('options longer than nBatch are scored over several steps, every token once, and the line goes on', async () => {
+      // A context of its own with a small nBatch (and nOutputs): the long option cannot fit one decode.
+      const small = await open({ nCtx: 1024, nSeqMax: 4, nBatch: 8, nOutputs: 8 });
+      const seen = [];
+      const s = new Scheduler(small, { onStep: (st) => seen.push(st) });
+      try {
+        const options = [
+          ' a city of many bridges, old streets, cafes, museums, parks and a great river that runs to the sea',
+          ' Paris',
+        ];
+        const tokens = options.map((o) => small.tokenizeSync(o, false));
+        assert.ok(tokens[0].length > 2 * small.nBatch, `${tokens[0].length} tokens: longer than two decodes`);
+        const out = await s.run(
+          async (line) => {
+            line.append('The capital of France is');
+            const prefix = line.tokens;
+            const picked = await line.select(options);
+            const selectSteps = seen.length;
+            const after = line.tokens;
+            const next = await line.gen({ maxTokens: 4, params: GREEDY });
+            return { prefix, picked, selectSteps, after, next };
+          },
+          { maxBranches: 3 },
+        );
+        const best = out.picked.scores.indexOf(Math.max(...out.picked.scores));
+        assert.equal(out.picked.index, best);
+        assert.deepEqual(out.after, [...out.prefix, ...tokens[best]], 'the winner is appended whole');
+        // A line scores at most min(nOutputs, nBatch) tokens a step (the engine splits a step's
+        // prefill into nBatch-sized decodes): the long option spans steps.
+        const scoring = seen
+          .slice(0, out.selectSteps)
+          .filter((st) => st.prefillTokens > 0)
+          .slice(1); // after the prompt's
+        assert.ok(
+          scoring.length >= 3,
+          `the options took ${scoring.length} steps: ${seen.map((st) => st.prefillTokens)}`,
+        );
+        assert.equal(
+          scoring.reduce((n, st) => n + st.prefillTokens, 0),
+          tokens[0].length + tokens[1].length,
+          'every option token scored once',
+        );
+        // Against one token at a time (another batch shape): a chunk lost or scored twice would be
+        // tens of nats away; drift stays well under 0.05 nats a token.
+        const branch = Branch.create(small, 0, GREEDY);
+        try {
+          await branch.prefill(out.prefix);
+          for (const [i, option] of tokens.entries()) {
+            const fork = branch.fork();
+            let sum = 0;
+            for (const t of option) {
+              sum += fork.logprob(t).logprob;
+              await fork.commit(t);
+            }
+            await fork.prune();
+            const score = out.picked.scores[i];
+            assert.ok(Math.abs(score - sum) < 0.05 * option.length, `option ${i}: ${score} vs ${sum}`);
+          }
+        } finally {
+          await branch.prune();
+        }
+        // The KV holds exactly the winner after the prefix: the next gen is greedy after it.
+        await assertGreedy(small, out.after, out.next.tokens, 'gen after a long select');
+      } finally {
+        await s.close();
+        small.dispose();
+      }
+    });
+
     it('one option alone equals store.score on a branch (the same batch shape) within 1e-3', async () => {
       const s = start();
       const option = ' a little girl who lived in a village';
