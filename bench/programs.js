@@ -11,6 +11,9 @@
  *   loop       one hand-written loop: the prompt prefilled once, 8·C forks, store.produce + ONE
  *              store.commit per step (the ceiling)
  * For each: generated tokens per second, prompt tokens evaluated, and the mean rows per decode.
+ * Then the cost of `select` over 4 options of 4, 8, 11 and 15 tokens after the prompt, against
+ * one decode of the longest option alone (a plain prefill of its 15 tokens on a fork of the same
+ * prefix) and against scoring it alone (`store.score`): medians of SELECT_REPS.
  *
  * Usage: node bench/programs.js [--c=1,4] [--reps=2] [--threads=2]   (or npm run bench -- --programs)
  * Writes bench/results/programs-<timestamp>.json and prints the table.
@@ -27,6 +30,14 @@ const REPS = Number(args.reps || 2);
 const THREADS = Number(args.threads || 2);
 const PATHS = 8;
 const NEW_TOKENS = 48;
+const SELECT_REPS = 7;
+/** Options of 4, 8, 11 and 15 tokens (Gemma 3; the run prints the counts). */
+const SELECT_OPTIONS = [
+  ' a small red house',
+  ' a small red house with a garden and',
+  ' a small red house with a garden and a tall tree',
+  ' a small red house with a garden and a tall old tree by the river',
+];
 const MODEL = modelPath();
 
 const now = () => performance.now();
@@ -116,6 +127,61 @@ async function loop(ctx, prompt, c, params) {
   };
 }
 
+/**
+ * select over SELECT_OPTIONS after the prompt (already prefilled: the timing is the select alone),
+ * against one prefill of the longest option and one store.score of it on a fork of the same prefix.
+ */
+async function selectCost(ctx, prompt) {
+  const lengths = SELECT_OPTIONS.map((o) => ctx.tokenizeSync(o, false).length);
+  const longest = ctx.tokenizeSync(SELECT_OPTIONS[SELECT_OPTIONS.length - 1], false);
+  const scheduler = new Scheduler(ctx, { maxQueue: 16 });
+  const store = new BranchStore(ctx);
+  const root = Branch.create(ctx, 0, { temperature: 0 });
+  await root.prefill(ctx.tokenizeSync(prompt, true));
+  const selectMs = [];
+  const prefillMs = [];
+  const scoreMs = [];
+  try {
+    for (let r = 0; r < SELECT_REPS; r++) {
+      selectMs.push(
+        await scheduler.run(
+          async (s) => {
+            s.append(prompt);
+            await s.logprob(' a'); // the prompt prefilled (from the prefix cache after the first run)
+            const t0 = now();
+            await s.select(SELECT_OPTIONS);
+            return now() - t0;
+          },
+          { maxBranches: SELECT_OPTIONS.length + 1 },
+        ),
+      );
+      for (const [out, op] of [
+        [prefillMs, (b) => store.prefill([[b, longest]])],
+        [scoreMs, (b) => store.score([[b, longest]])],
+      ]) {
+        const fork = root.fork();
+        const t0 = now();
+        await op(fork);
+        out.push(now() - t0);
+        await fork.prune();
+      }
+    }
+  } finally {
+    await root.prune();
+    await scheduler.close();
+  }
+  const row = {
+    optionTokens: lengths,
+    selectMs: median(selectMs),
+    longestPrefillMs: median(prefillMs),
+    longestScoreMs: median(scoreMs),
+  };
+  row.selectVsLongestDecode = row.selectMs / row.longestPrefillMs;
+  row.selectVsLongestScored = row.selectMs / row.longestScoreMs;
+  log(`select: ${JSON.stringify(row)}`);
+  return row;
+}
+
 async function main() {
   const started = now();
   const ctx = await createContext({ modelPath: MODEL, nCtx: 8192, nSeqMax: 64, nThreads: THREADS });
@@ -155,6 +221,7 @@ async function main() {
     table.push(row);
     log(`C=${c}: ${JSON.stringify(row)}`);
   }
+  const select = await selectCost(ctx, prompt);
   ctx.dispose();
 
   const result = {
@@ -166,6 +233,7 @@ async function main() {
     promptTokens,
     reps: REPS,
     table,
+    select,
     wallSeconds: (now() - started) / 1000,
   };
   const dir = path.join(__dirname, 'results');
@@ -188,6 +256,12 @@ async function main() {
     console.log(
       `C=${row.c}: programs / n8 ${row.programsVsN8.toFixed(2)}, programs / loop ${row.programsVsLoop.toFixed(2)}`,
     );
+  console.log(
+    `select over ${select.optionTokens.length} options (${select.optionTokens.join(', ')} tokens): ` +
+      `${select.selectMs.toFixed(1)} ms; the longest alone: prefill ${select.longestPrefillMs.toFixed(1)} ms, ` +
+      `scored ${select.longestScoreMs.toFixed(1)} ms; select / one decode of the longest ` +
+      `${select.selectVsLongestDecode.toFixed(2)} (target ≤ 1.5), / scoring it ${select.selectVsLongestScored.toFixed(2)}`,
+  );
   console.log(`\nwrote ${path.relative(process.cwd(), file)} in ${result.wallSeconds.toFixed(0)} s`);
 }
 
@@ -198,4 +272,4 @@ if (require.main === module) {
   });
 }
 
-module.exports = { main };
+module.exports = { main, selectCost };
