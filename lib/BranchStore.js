@@ -151,7 +151,18 @@ class BranchStore {
     return /** @type {Promise<number[]>} */ (this._prefill(scored, options, 'BranchStore.score'));
   }
 
-  async _prefill(entries, options, where) {
+  /**
+   * `prefill`, resolving each scored entry's log-probabilities per token (in order, from its
+   * score start) instead of their sum: the Scheduler's prefill, where a `select` reads the sums
+   * of options that share a prefix off one scored path.
+   * @param {ReadonlyArray<readonly [Branch, number[]] | readonly [Branch, number[], number]>} entries
+   * @returns {Promise<Array<number[] | null>>}
+   */
+  async _prefillPerToken(entries) {
+    return this._prefill(entries, undefined, 'BranchStore.prefill', true);
+  }
+
+  async _prefill(entries, options, where, perToken = false) {
     const { handles, values, extras } = this._entries(entries, where, true);
     for (const v of values) {
       if (!Array.isArray(v)) throw makeError('ERR_INVALID_ARG', `${where}: each value must be an array of token ids`);
@@ -169,7 +180,7 @@ class BranchStore {
     const scoreFrom = extras.some((e) => e !== undefined) ? extras.map((e) => (e === undefined ? null : e)) : undefined;
     const done = runCancellable({ signal }, where, (cancel) =>
       native._storePrefill(handles, values, cancel, scoreFrom),
-    );
+    ).then((scores) => (perToken ? scores : scores.map((s) => (s === null ? null : s.reduce((a, b) => a + b, 0)))));
     return traced(this._ctx, done, (trace) => entries.forEach(([b, tokens]) => trace._grew(b, tokens, false)));
   }
 

@@ -53,6 +53,47 @@ function choicesGrammar(choices) {
   return `root ::= ${choices.map(gbnfLiteral).join(' | ')}`;
 }
 
+/**
+ * How `select` scores `options` (token arrays) so that a token several options share is scored
+ * once: a trie of the options, cut into paths. A path starts at a token where options diverge
+ * (at `depth` option tokens), follows the first option down to a leaf, and is scored by one
+ * line, forked from its `parent` path's line at that depth (null: from the line selecting). Its
+ * `ends` are the options ending on it, `[option, depth after the option's last token]`. One
+ * path per leaf, so at most one line per option.
+ * @param {number[][]} options
+ * @returns {Array<{ parent: number | null, depth: number, tokens: number[], ends: Array<[number, number]> }>}
+ */
+function scoringPaths(options) {
+  const node = () => ({ next: new Map(), ends: [] });
+  const root = node();
+  options.forEach((tokens, option) => {
+    let at = root;
+    for (const t of tokens) {
+      if (!at.next.has(t)) at.next.set(t, node());
+      at = at.next.get(t);
+    }
+    at.ends.push(option);
+  });
+  const paths = [];
+  const walk = (token, from, parent, depth) => {
+    const path = { parent, depth, tokens: [token], ends: [] };
+    const index = paths.push(path) - 1;
+    const forks = [];
+    for (let at = from; ;) {
+      const reached = depth + path.tokens.length;
+      for (const option of at.ends) path.ends.push([option, reached]);
+      const [first, ...rest] = at.next;
+      if (!first) break;
+      for (const [t, n] of rest) forks.push([t, n, reached]);
+      path.tokens.push(first[0]);
+      at = first[1];
+    }
+    for (const [t, n, at] of forks) walk(t, n, index, at);
+  };
+  for (const [t, n] of root.next) walk(t, n, null, 0);
+  return paths;
+}
+
 /** One line of generation inside a program (the `s` of `run(async (s) => ...)`). */
 class ProgramLine {
   /**
@@ -245,12 +286,16 @@ class ProgramLine {
   }
 
   /**
-   * Scores each option as the continuation of the line's text and appends the best: a fork per
-   * option, prefilled with the option's tokens as a scored entry (a logits row per token), every
-   * option in the same decode of a scheduler step, summing each token's log-probability. `method`: `'total'` (the sum,
-   * default), `'normalized'` (the mean per token) or `'unconditional'` (the sum minus the
-   * option's sum after only the BOS token: how much the line's text raises it). The forks count
-   * against `maxBranches` while they score (twice as many for `'unconditional'`).
+   * Scores each option as the continuation of the line's text and appends the best. Options
+   * are scored in forks, as scored prefill entries (a logits row per token) in the scheduler's
+   * steps, beside everything else it runs; a token several options share is scored once (the
+   * options form a trie: a fork per leaf, the forks of a shared prefix made where the options
+   * part, one step later). The winner's fork becomes the line's KV, so its tokens are not decoded
+   * again (unless the winner is a prefix of another option: its fork went on past it). `method`: `'total'` (the sum of the tokens' log-probabilities, default),
+   * `'normalized'` (the mean per token) or `'unconditional'` (the sum minus the option's sum
+   * after only the BOS token: how much the line's text raises it). The forks count against
+   * `maxBranches` while they score (one per option that is not a prefix of another; twice as
+   * many for `'unconditional'`).
    * @param {string[]} options
    * @param {{ method?: 'total' | 'normalized' | 'unconditional' }} [settings]
    * @returns {Promise<import('./types').SelectResult>}
@@ -269,24 +314,85 @@ class ProgramLine {
     const bos = method === 'unconditional' ? ctx.tokenizeSync('', true) : [];
     if (method === 'unconditional' && bos.length === 0)
       throw makeError('ERR_UNSUPPORTED', "select: method 'unconditional' needs a model with a BOS token");
-    this._program.reserveLines(options.length * (method === 'unconditional' ? 2 : 1));
+    const paths = scoringPaths(tokens);
+    this._program.reserveLines(paths.length * (method === 'unconditional' ? 2 : 1));
     this._selecting = true;
-    const scorers = this._spawn(options.length);
-    if (bos.length > 0) scorers.push(...options.map(() => this._program.freshLine(bos)));
+    const scorers = this._scorePaths(paths, tokens, null);
+    const unconditional = bos.length > 0 ? this._scorePaths(paths, tokens, bos) : null;
     try {
-      const sums = await Promise.all(scorers.map((line, i) => line._score(tokens[i % options.length])));
-      const scores = options.map((_, i) => {
-        if (method === 'normalized') return sums[i] / tokens[i].length;
-        return method === 'unconditional' ? sums[i] - sums[i + options.length] : sums[i];
+      const [sums, base] = await Promise.all([scorers.sums, unconditional && unconditional.sums]);
+      const scores = sums.map((sum, i) => {
+        if (method === 'normalized') return sum / tokens[i].length;
+        return base ? sum - base[i] : sum;
       });
       const index = scores.reduce((best, s, i) => (s > scores[best] ? i : best), 0);
       this._selecting = false;
-      this.append(options[index]);
+      if (!this._adopt(scorers.leafOf(index), options[index], tokens[index])) this.append(options[index]);
       return { choice: options[index], index, scores };
     } finally {
       this._selecting = false;
-      for (const line of scorers) line.release();
+      for (const line of [...scorers.lines, ...(unconditional ? unconditional.lines : [])]) line.release();
     }
+  }
+
+  /**
+   * Starts scoring `paths` (see scoringPaths): a line per path, forked from this line (or, with
+   * `bos`, from a fresh line holding only it) or from its parent path's line where the options
+   * part. Returns the lines, the options' sums (a promise) and `leafOf(option)`: the line whose
+   * KV ends exactly after the option, if one does.
+   */
+  _scorePaths(paths, tokens, bos) {
+    const program = this._program;
+    const base = bos || this._tokens; // what every scoring line holds before its options' tokens
+    const lines = [];
+    for (const path of paths) {
+      if (path.parent === null) {
+        lines.push(bos ? program.freshLine(bos) : this._spawn(1)[0]);
+        continue;
+      }
+      // Forked ahead: the parent path's line reaches this fork point once it has scored that far.
+      const parent = lines[path.parent];
+      const [option] = path.ends[0];
+      const child = new ProgramLine(program, parent, [...base, ...tokens[option].slice(0, path.depth)]);
+      parent._dependents++;
+      program.lines.push(child);
+      lines.push(child);
+    }
+    const scored = Promise.all(lines.map((line, i) => line._score(paths[i].tokens)));
+    const sums = scored.then((perPath) => {
+      const logprobAt = (p, depth) =>
+        depth >= paths[p].depth ? perPath[p][depth - paths[p].depth] : logprobAt(paths[p].parent, depth);
+      const out = tokens.map(() => 0);
+      for (const [p, path] of paths.entries()) {
+        for (const [option, end] of path.ends) for (let d = 0; d < end; d++) out[option] += logprobAt(p, d);
+      }
+      return out;
+    });
+    const leafOf = (option) => {
+      const p = paths.findIndex((path) =>
+        path.ends.some(([o, end]) => o === option && end === path.depth + path.tokens.length),
+      );
+      return p < 0 ? null : lines[p];
+    };
+    return { lines, sums, leafOf };
+  }
+
+  /**
+   * The winner's scoring line holds this line's tokens and then exactly the winner's, with the
+   * logits after its last: the two swap branches (the scorer then frees this line's old one), and
+   * the winner is appended without decoding it again. False when that cannot be (no such line,
+   * or it is not in a state to give its branch), and the caller appends the text instead.
+   */
+  _adopt(winner, text, tokens) {
+    if (!winner || !winner._branch || winner._pending.length > 0 || winner._dependents > 0) return false;
+    if (!this._branch || this._pending.length > 0 || this.released) return false;
+    [this._branch, winner._branch] = [winner._branch, this._branch];
+    this._tokens.push(...tokens);
+    this._text += text;
+    if (this._chat === 'open') this._chat = 'replied';
+    if (this._program.events.on)
+      this._program.emit('append', { branch: this._id, text: clipped(text), n: this._tokens.length });
+    return true;
   }
 
   /**
@@ -320,7 +426,8 @@ class ProgramLine {
     this._selecting = true;
     const [scorer] = this._spawn(1);
     try {
-      return { logprob: await scorer._score(tokens), top: [] };
+      const logprobs = await scorer._score(tokens);
+      return { logprob: logprobs.reduce((a, b) => a + b, 0), top: [] };
     } finally {
       this._selecting = false;
       scorer.release();
@@ -355,15 +462,16 @@ class ProgramLine {
   }
 
   /**
-   * Appends `tokens` to the line and resolves with the sum of their log-probabilities: they are
-   * prefilled as a scored entry (a logits row per token), in the same decode as every other
+   * Appends `tokens` to the line and resolves with their log-probabilities, one per token: they
+   * are prefilled as a scored entry (a logits row per token), in the same decode as every other
    * line's and request's prefill of the step.
+   * @returns {Promise<number[]>}
    */
   _score(tokens) {
     return new Promise((resolve, reject) => {
       this._tokens.push(...tokens);
       this._pending.push(...tokens);
-      this._job = { score: tokens.length, sum: 0, resolve, reject, started: true, tokens: [] };
+      this._job = { score: tokens.length, scored: [], resolve, reject, started: true, tokens: [] };
       this._program.wake();
     });
   }
@@ -508,15 +616,28 @@ class ProgramLine {
     return this._branch !== null && this._needed && this._pending.length > 0;
   }
 
-  /** `count` pending tokens are in the KV now (`sum`: the scored ones' log-probability); returns `count`. */
-  _prefilled(count, cache, sum) {
+  /**
+   * Where a scoring line's prefill stops this step: the next point where a line forked ahead of
+   * it (a `select` path where options part) waits to fork it, so that the fork takes the KV and
+   * logits there instead of decoding a token again. Infinity when none waits.
+   */
+  _nextForkPoint() {
+    let at = Infinity;
+    if (this._dependents === 0) return at;
+    for (const line of this._program.lines)
+      if (line._parent === this && !line._branch && line._anchor > this._filled) at = Math.min(at, line._anchor);
+    return at;
+  }
+
+  /** `count` pending tokens are in the KV now (`logprobs`: the scored ones'); returns `count`. */
+  _prefilled(count, cache, logprobs) {
     const from = this._scoreFrom(count);
     const scored = from === undefined ? null : this._pending.slice(from, count);
     this._pending = this._pending.slice(count);
     this._program.cellsUsed += count;
     this._program.usage.promptTokens += count;
     if (this._segment && this._pending.length === 0) this._cacheFilled(cache);
-    if (scored) this._scored(scored, sum);
+    if (scored) this._scored(scored, logprobs);
     return count;
   }
 
@@ -569,10 +690,10 @@ class ProgramLine {
     return false;
   }
 
-  /** Scored `tokens` were prefilled with log-probability `sum`; the score resolves after the last. */
-  _scored(tokens, sum) {
+  /** Scored `tokens` were prefilled with these `logprobs`; the score resolves after the last. */
+  _scored(tokens, logprobs) {
     const job = this._job;
-    job.sum += sum;
+    job.scored.push(...logprobs);
     job.score -= tokens.length;
     if (this._program.events.on) {
       const text = tokens.map((t) => this._program.ctx.tokenToText(t)).join('');
@@ -580,7 +701,7 @@ class ProgramLine {
     }
     if (job.score > 0) return;
     this._job = null;
-    job.resolve(job.sum);
+    job.resolve(job.scored);
   }
 
   /** The token `_take` kept is in the KV now. */

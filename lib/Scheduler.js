@@ -399,7 +399,7 @@ class Scheduler {
     const spareLease = () => this._fits(0, 1);
     const lines = this._programs.linesToPrefill(budget, this._cache, this._createPromptBranch, spareLease);
     if (batch.length === 0 && lines.length === 0) return 0;
-    let sums;
+    let scores;
     try {
       /** @type {Array<[any, number[]] | [any, number[], number]>} */
       const entries = [];
@@ -409,7 +409,7 @@ class Scheduler {
         const tokens = line._pending.slice(0, take);
         entries.push(scoreFrom === undefined ? [line._branch, tokens] : [line._branch, tokens, scoreFrom]);
       }
-      sums = await this._store.prefill(entries);
+      scores = await this._store._prefillPerToken(entries);
     } catch (e) {
       for (const { req } of batch) if (req.running) this._fail(req, e); // all-or-nothing: none advanced
       for (const { line } of lines) {
@@ -419,7 +419,7 @@ class Scheduler {
       return 0;
     }
     let tokens = 0;
-    lines.forEach(({ line, take }, i) => (tokens += line._prefilled(take, this._cache, sums[batch.length + i])));
+    lines.forEach(({ line, take }, i) => (tokens += line._prefilled(take, this._cache, scores[batch.length + i])));
     this._programs.materialize(this._cache, this._createPromptBranch, spareLease); // forks whose parent reached its fork point just now
     for (const { req, take } of batch) {
       req.pos += take;

@@ -481,10 +481,10 @@ export declare class SessionContext {
   _storeCommitDrafts(handles: number[], tokens: number[], drafts: number[][], cancel: CancelToken | undefined): Promise<VerifiedDraft[]>
   /**
    * Token runs for several branches, bin-packed into nBatch-sized decodes; no accept.
-   * `scoreFrom[i]` (an index into entry i's tokens, or null) also sums those tokens'
-   * log-probabilities from there on; resolves each entry's sum (null where not asked).
+   * `scoreFrom[i]` (an index into entry i's tokens, or null) also scores those tokens from
+   * there on; resolves each entry's per-token log-probabilities (null where not asked).
    */
-  _storePrefill(handles: number[], tokenArrays: number[][], cancel: CancelToken | undefined, scoreFrom: Array<number | null> | undefined): Promise<Array<number | null>>
+  _storePrefill(handles: number[], tokenArrays: number[][], cancel: CancelToken | undefined, scoreFrom: Array<number | null> | undefined): Promise<Array<number[] | null>>
   /** Keeps only `winner` (one `seq_keep` pass), in call order; resolves the freed handles. */
   _storeRetainOnly(handle: number): Promise<number[]>
   _storeAvailable(): number

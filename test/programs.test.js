@@ -462,11 +462,22 @@ describe('Scheduler.run: branch programs', function () {
           line.append('The capital of France is');
           const prefix = line.tokens;
           const picked = await line.select(options);
-          return { picked, prefix, text: line.text, tokens: line.tokens };
+          const [tokens, text] = [line.tokens, line.text];
+          const mark = steps.length;
+          const next = await line.gen({ maxTokens: 3, params: GREEDY });
+          return { picked, prefix, text, tokens, next, after: steps.slice(mark) };
         },
         { maxBranches: 5 },
       );
       const { picked, prefix } = result;
+      // The winner's scoring fork became the line's KV: the gen after it prefilled nothing (its
+      // first step only sampled) and is greedy after the winner.
+      assert.deepEqual(
+        result.after.map((st) => st.prefillTokens),
+        result.after.map(() => 0),
+        'the winner is not decoded again',
+      );
+      await assertGreedy(ctx, result.tokens, result.next.tokens, 'gen after select');
       assert.equal(picked.scores.length, 4);
       const best = picked.scores.indexOf(Math.max(...picked.scores));
       assert.equal(picked.index, best);
@@ -479,7 +490,10 @@ describe('Scheduler.run: branch programs', function () {
       const total = tokens.reduce((n, t) => n + t.length, 0);
       assert.ok(total <= ctx.nOutputs, `${total} option tokens fit one decode's ${ctx.nOutputs} rows`);
       assert.deepEqual(
-        steps.map((st) => [st.rows, st.prefillTokens]).filter(([rows, prefill]) => rows + prefill > 0),
+        steps
+          .map((st) => [st.rows, st.prefillTokens])
+          .filter(([rows, prefill]) => rows + prefill > 0)
+          .slice(0, 2),
         [
           [0, prefix.length],
           [0, total],
@@ -495,6 +509,67 @@ describe('Scheduler.run: branch programs', function () {
       const refBest = reference.indexOf(Math.max(...reference));
       const sorted = [...reference].sort((a, b) => b - a);
       if (sorted[0] - sorted[1] > 0.1) assert.equal(picked.index, refBest);
+    });
+
+    it('options sharing a prefix score its tokens once; a prefix option is scored on the way', async () => {
+      const s = start();
+      const options = [
+        ' a small red house',
+        ' a small red house with a garden',
+        ' a small red car',
+        ' a blue boat on the lake',
+        ' a small red house with a garden and a dog',
+      ];
+      const tokens = options.map((o) => ctx.tokenizeSync(o, false));
+      // The trie of the options: every distinct prefix is one node, one scored token.
+      const nodes = new Set(tokens.flatMap((t) => t.map((_, i) => t.slice(0, i + 1).join(','))));
+      const total = tokens.reduce((n, t) => n + t.length, 0);
+      assert.ok(nodes.size < total - 10, `${nodes.size} distinct of ${total} option tokens`);
+      const out = await s.run(
+        async (line) => {
+          line.append('Out of the window I saw');
+          const prefix = line.tokens;
+          await line.logprob(' a'); // the prompt is decoded: what follows is the select's alone
+          const mark = steps.length;
+          const picked = await line.select(options);
+          const scoring = steps.slice(mark);
+          const selected = line.tokens;
+          const afterSelect = steps.length;
+          const next = await line.gen({ maxTokens: 3, params: GREEDY });
+          return { prefix, picked, scoring, selected, after: steps.slice(afterSelect), next };
+        },
+        // The line and one fork per option that is no other's prefix (3): two fewer than options.
+        { maxBranches: 4 },
+      );
+      assert.equal(
+        out.scoring.reduce((n, st) => n + st.prefillTokens, 0),
+        nodes.size,
+        'each distinct option prefix scored once',
+      );
+      const best = out.picked.scores.indexOf(Math.max(...out.picked.scores));
+      assert.equal(out.picked.index, best);
+      assert.deepEqual(out.selected, [...out.prefix, ...tokens[best]]);
+      // Every option's sum, read off the paths it shares, is its own score. One token at a time is
+      // another batch shape: drift, seen up to 0.06 nats a token here (scoring an option alone in
+      // one decode drifts as far the other way); a token missed or read at the wrong depth costs
+      // 1 to 5 nats.
+      for (const [i, option] of tokens.entries()) {
+        const reference = await referenceScore(out.prefix, option);
+        assert.ok(
+          Math.abs(out.picked.scores[i] - reference) < 0.1 * option.length,
+          `option ${i}: ${out.picked.scores[i]} vs ${reference}`,
+        );
+      }
+      // A winner that ends where its fork's KV ends is adopted; one that is a prefix of another
+      // option (its fork went on) is appended and decoded again by the next gen.
+      const isPrefix = tokens.some(
+        (t, j) => j !== best && t.length > tokens[best].length && tokens[best].every((x, k) => x === t[k]),
+      );
+      assert.equal(
+        out.after.reduce((n, st) => n + st.prefillTokens, 0),
+        isPrefix ? tokens[best].length : 0,
+      );
+      await assertGreedy(ctx, out.selected, out.next.tokens, 'gen after a shared-prefix select');
     });
 
     it('options longer than nBatch are scored over several steps, every token once, and the line goes on', async () => {
@@ -602,7 +677,9 @@ describe('Scheduler.run: branch programs', function () {
 
     it("select's normalized and unconditional methods", async () => {
       const s = start();
-      const options = [' blue', ' very very green'];
+      // The last two share their first tokens: scored once on each side (the line's forks, and
+      // the fresh lines after only the BOS token).
+      const options = [' blue', ' very very green', ' very very blue'];
       const out = await s.run(
         async (line) => {
           line.append('The sky is');
@@ -613,10 +690,10 @@ describe('Scheduler.run: branch programs', function () {
           const unconditional = await line.select(options, { method: 'unconditional' });
           return { prefix, total, normalized, unconditional };
         },
-        { maxBranches: 7 },
+        { maxBranches: 9 }, // the line, a and b, and a fork per option twice for 'unconditional'
       );
       const lengths = options.map((o) => ctx.tokenizeSync(o, false).length);
-      for (const i of [0, 1]) {
+      for (const i of options.keys()) {
         assert.ok(Math.abs(out.normalized.scores[i] - out.total.scores[i] / lengths[i]) < 0.05);
         const bos = ctx.tokenizeSync('', true);
         const alone = await referenceScore(bos, ctx.tokenizeSync(options[i], false));

@@ -298,7 +298,9 @@ class Programs {
       let take = Math.min(line._pending.length, budget);
       // A scored entry has a logits row per token and must fit one decode; a longer text to
       // score goes on in the next step (its first token scored from the logits left then).
-      if (line._scoreFrom(take) !== undefined) take = Math.min(take, program.ctx.nOutputs, program.ctx.nBatch);
+      if (line._scoreFrom(take) !== undefined) {
+        take = Math.min(take, program.ctx.nOutputs, program.ctx.nBatch, line._nextForkPoint() - line._filled);
+      }
       if (program.cellsUsed + take > program.maxCells) {
         line._endJob(null, program.cellsExceeded(take));
         continue;

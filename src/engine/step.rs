@@ -107,9 +107,11 @@ impl BranchStore {
             .map(drop)
     }
 
-    /// `prefill` that also scores: for an item whose `score_from[i]` is `Some(k)`, the sum of
-    /// the model log-probabilities (nats, before any sampler) of `tokens[k..]`, each under the
-    /// logits of the token before it — the first from the branch's snapshot when `k` is 0. A
+    /// `prefill` that also scores: for an item whose `score_from[i]` is `Some(k)`, the model
+    /// log-probability (nats, before any sampler) of each of `tokens[k..]`, in order, each under
+    /// the logits of the token before it — the first from the branch's snapshot when `k` is 0
+    /// (per token, not only the sum: a `select` over options that share a prefix reads every
+    /// option's sum off one scored path). A
     /// scored run asks for a logits row per token, so it decodes whole in one decode (at most
     /// `ctx.nOutputs` and nBatch tokens); the scored runs of one call share decodes as far as
     /// those limits allow. This is how a program's `select` scores every option in one decode.
@@ -120,7 +122,7 @@ impl BranchStore {
         score_from: &[Option<usize>],
         limit: Option<u32>,
         cancel: &dyn Fn() -> bool,
-    ) -> Result<Vec<Option<f64>>> {
+    ) -> Result<Vec<Option<Vec<f64>>>> {
         if score_from.len() != items.len() {
             return Err(Error::invalid(
                 "give one score start (or none) per prefill entry",
@@ -129,9 +131,9 @@ impl BranchStore {
         let handles: Vec<Handle> = items.iter().map(|i| i.0).collect();
         Self::check_distinct(&handles)?;
         let mut runs = Vec::with_capacity(items.len());
-        // Per item: the running sum, seeded with the first scored token's log-probability when
-        // that token is scored from the snapshot the branch holds now.
-        let mut sums: Vec<Option<f64>> = Vec::with_capacity(items.len());
+        // Per item: the scored tokens' log-probabilities so far, starting with the first scored
+        // token's when that token is scored from the snapshot the branch holds now.
+        let mut scores: Vec<Option<Vec<f64>>> = Vec::with_capacity(items.len());
         for ((h, tokens), from) in items.iter().zip(score_from) {
             let b = self.get(*h)?;
             b.check_has_prefix()?;
@@ -147,20 +149,21 @@ impl BranchStore {
                         "the branch holds no logits to score its first token from: prefill or commit a token first (or score from index 1)",
                     ))
                 }
-                Some(0) => Some(-b.surprisal_of(tokens[0])),
-                Some(_) => Some(0.0),
+                Some(0) => Some(vec![-b.surprisal_of(tokens[0])]),
+                Some(_) => Some(Vec::with_capacity(tokens.len())),
                 None => None,
             };
-            sums.push(scored);
+            let output = if scored.is_some() {
+                Output::Each
+            } else {
+                Output::Last
+            };
+            scores.push(scored);
             runs.push(Run {
                 seq: b.seq,
                 start: b.position,
                 tokens,
-                output: if scored.is_some() {
-                    Output::Each
-                } else {
-                    Output::Last
-                },
+                output,
             });
         }
         let mut limits = self.limits(kv);
@@ -179,9 +182,9 @@ impl BranchStore {
                         .set_pending(row);
                 }
                 let next = o.index + 1;
-                if let (Some(sum), Some(from)) = (sums[o.run].as_mut(), score_from[o.run]) {
+                if let (Some(scored), Some(from)) = (scores[o.run].as_mut(), score_from[o.run]) {
                     if next < tokens.len() && next >= from {
-                        *sum -= metrics::surprisal(row, tokens[next] as usize, Base::Nats);
+                        scored.push(-metrics::surprisal(row, tokens[next] as usize, Base::Nats));
                     }
                 }
             }
@@ -195,7 +198,7 @@ impl BranchStore {
             b.position += tokens.len() as Pos;
             self.segments.append(&mut b.runs, tokens.len() as u32);
         }
-        Ok(sums)
+        Ok(scores)
     }
 }
 

@@ -491,7 +491,7 @@ fn a_scored_prefill_sums_each_tokens_log_probability_in_one_decode() {
     let (a, b, c) = (kids[0], kids[1], kids[2]);
     let (seq_a, seq_b) = (seq(a), seq(b));
     let decodes = kv.decode_sizes().len();
-    let sums = store
+    let scores = store
         .prefill_scored(
             &mut kv,
             &[(a, vec![4, 5]), (b, vec![6, 7, 8]), (c, vec![9])],
@@ -505,17 +505,20 @@ fn a_scored_prefill_sums_each_tokens_log_probability_in_one_decode() {
         decodes + 1,
         "one decode for all three"
     );
-    let want_a = logprob(&snapshot, 4) + logprob(&fake_row(seq_a, 3, 4), 5);
-    let want_b = logprob(&fake_row(seq_b, 3, 6), 7) + logprob(&fake_row(seq_b, 4, 7), 8);
-    assert!(
-        (sums[0].unwrap() - want_a).abs() < 1e-9,
-        "{sums:?} vs {want_a}"
-    );
-    assert!(
-        (sums[1].unwrap() - want_b).abs() < 1e-9,
-        "{sums:?} vs {want_b}"
-    );
-    assert_eq!(sums[2], None);
+    // One log-probability per scored token, in order.
+    let want_a = [logprob(&snapshot, 4), logprob(&fake_row(seq_a, 3, 4), 5)];
+    let want_b = [
+        logprob(&fake_row(seq_b, 3, 6), 7),
+        logprob(&fake_row(seq_b, 4, 7), 8),
+    ];
+    for (got, want) in [(&scores[0], &want_a[..]), (&scores[1], &want_b[..])] {
+        let got = got.as_ref().unwrap();
+        assert_eq!(got.len(), want.len(), "{scores:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-9, "{scores:?} vs {want:?}");
+        }
+    }
+    assert_eq!(scores[2], None);
     // Each branch ends where a plain prefill would leave it: position and snapshot.
     assert_eq!(store.get(b).unwrap().position, 6);
     assert_eq!(
@@ -548,7 +551,7 @@ fn a_scored_prefill_refuses_what_it_cannot_score_and_changes_nothing() {
         assert_eq!(store.get(r).unwrap().position, 4);
     }
     // From index 1 the branch needs no logits of its own: the first token only gives a row.
-    let sums = store
+    let scores = store
         .prefill_scored(
             &mut kv,
             &[(no_logits, vec![5, 6])],
@@ -557,6 +560,8 @@ fn a_scored_prefill_refuses_what_it_cannot_score_and_changes_nothing() {
             &|| false,
         )
         .unwrap();
-    assert!(sums[0].unwrap().is_finite());
+    let scored = scores[0].as_ref().unwrap();
+    assert_eq!(scored.len(), 1);
+    assert!(scored[0].is_finite() && scored[0] <= 0.0);
     assert_consistent(&kv, &store);
 }

@@ -156,11 +156,11 @@ impl SessionContext {
     }
 
     /// Token runs for several branches, bin-packed into nBatch-sized decodes; no accept.
-    /// `scoreFrom[i]` (an index into entry i's tokens, or null) also sums those tokens'
-    /// log-probabilities from there on; resolves each entry's sum (null where not asked).
+    /// `scoreFrom[i]` (an index into entry i's tokens, or null) also scores those tokens from
+    /// there on; resolves each entry's per-token log-probabilities (null where not asked).
     #[napi(
         js_name = "_storePrefill",
-        ts_return_type = "Promise<Array<number | null>>"
+        ts_return_type = "Promise<Array<number[] | null>>"
     )]
     pub fn _store_prefill<'env>(
         &self,
