@@ -13,7 +13,10 @@
  * For each: generated tokens per second, prompt tokens evaluated, and the mean rows per decode.
  * Then the cost of `select` over 4 options of 4, 8, 11 and 15 tokens after the prompt, against
  * one decode of the longest option alone (a plain prefill of its 15 tokens on a fork of the same
- * prefix) and against scoring it alone (`store.score`): medians of SELECT_REPS.
+ * prefix) and against scoring it alone (`store.score`): medians of SELECT_REPS. Two sets of
+ * options: nested (each a prefix of the next but one: select scores the shared tokens once) and
+ * disjoint (no shared first token: every token scored). Also the first token after the select
+ * (a 1-token gen: the winner's fork is the line's KV, nothing is decoded again).
  *
  * Usage: node bench/programs.js [--c=1,4] [--reps=2] [--threads=2]   (or npm run bench -- --programs)
  * Writes bench/results/programs-<timestamp>.json and prints the table.
@@ -31,13 +34,21 @@ const THREADS = Number(args.threads || 2);
 const PATHS = 8;
 const NEW_TOKENS = 48;
 const SELECT_REPS = 7;
-/** Options of 4, 8, 11 and 15 tokens (Gemma 3; the run prints the counts). */
-const SELECT_OPTIONS = [
-  ' a small red house',
-  ' a small red house with a garden and',
-  ' a small red house with a garden and a tall tree',
-  ' a small red house with a garden and a tall old tree by the river',
-];
+/** Options of 4, 8, 11 and 15 tokens (Gemma 3; the run prints the counts): nested, then disjoint. */
+const SELECT_OPTIONS = {
+  nested: [
+    ' a small red house',
+    ' a small red house with a garden and',
+    ' a small red house with a garden and a tall tree',
+    ' a small red house with a garden and a tall old tree by the river',
+  ],
+  disjoint: [
+    ' one small green door',
+    ' the old stone bridge over the narrow stream',
+    ' two black cats asleep on a warm and sunny window sill',
+    ' every window of the tall grey tower shone in the light of the setting sun',
+  ],
+};
 const MODEL = modelPath();
 
 const now = () => performance.now();
@@ -131,30 +142,33 @@ async function loop(ctx, prompt, c, params) {
  * select over SELECT_OPTIONS after the prompt (already prefilled: the timing is the select alone),
  * against one prefill of the longest option and one store.score of it on a fork of the same prefix.
  */
-async function selectCost(ctx, prompt) {
-  const lengths = SELECT_OPTIONS.map((o) => ctx.tokenizeSync(o, false).length);
-  const longest = ctx.tokenizeSync(SELECT_OPTIONS[SELECT_OPTIONS.length - 1], false);
+async function selectCost(ctx, prompt, options = SELECT_OPTIONS.nested) {
+  const lengths = options.map((o) => ctx.tokenizeSync(o, false).length);
+  const longest = ctx.tokenizeSync(options[options.length - 1], false);
   const scheduler = new Scheduler(ctx, { maxQueue: 16 });
   const store = new BranchStore(ctx);
   const root = Branch.create(ctx, 0, { temperature: 0 });
   await root.prefill(ctx.tokenizeSync(prompt, true));
   const selectMs = [];
+  const nextTokenMs = [];
   const prefillMs = [];
   const scoreMs = [];
   try {
     for (let r = 0; r < SELECT_REPS; r++) {
-      selectMs.push(
-        await scheduler.run(
-          async (s) => {
-            s.append(prompt);
-            await s.logprob(' a'); // the prompt prefilled (from the prefix cache after the first run)
-            const t0 = now();
-            await s.select(SELECT_OPTIONS);
-            return now() - t0;
-          },
-          { maxBranches: SELECT_OPTIONS.length + 1 },
-        ),
+      const [select, next] = await scheduler.run(
+        async (s) => {
+          s.append(prompt);
+          await s.logprob(' a'); // the prompt prefilled (from the prefix cache after the first run)
+          const t0 = now();
+          await s.select(options);
+          const t1 = now();
+          await s.gen({ maxTokens: 1 });
+          return [t1 - t0, now() - t1];
+        },
+        { maxBranches: options.length + 1 },
       );
+      selectMs.push(select);
+      nextTokenMs.push(next);
       for (const [out, op] of [
         [prefillMs, (b) => store.prefill([[b, longest]])],
         [scoreMs, (b) => store.score([[b, longest]])],
@@ -173,6 +187,7 @@ async function selectCost(ctx, prompt) {
   const row = {
     optionTokens: lengths,
     selectMs: median(selectMs),
+    nextTokenMs: median(nextTokenMs),
     longestPrefillMs: median(prefillMs),
     longestScoreMs: median(scoreMs),
   };
@@ -221,7 +236,8 @@ async function main() {
     table.push(row);
     log(`C=${c}: ${JSON.stringify(row)}`);
   }
-  const select = await selectCost(ctx, prompt);
+  const select = {};
+  for (const [name, options] of Object.entries(SELECT_OPTIONS)) select[name] = await selectCost(ctx, prompt, options);
   ctx.dispose();
 
   const result = {
@@ -256,12 +272,14 @@ async function main() {
     console.log(
       `C=${row.c}: programs / n8 ${row.programsVsN8.toFixed(2)}, programs / loop ${row.programsVsLoop.toFixed(2)}`,
     );
-  console.log(
-    `select over ${select.optionTokens.length} options (${select.optionTokens.join(', ')} tokens): ` +
-      `${select.selectMs.toFixed(1)} ms; the longest alone: prefill ${select.longestPrefillMs.toFixed(1)} ms, ` +
-      `scored ${select.longestScoreMs.toFixed(1)} ms; select / one decode of the longest ` +
-      `${select.selectVsLongestDecode.toFixed(2)} (target ≤ 1.5), / scoring it ${select.selectVsLongestScored.toFixed(2)}`,
-  );
+  for (const [name, row] of Object.entries(select))
+    console.log(
+      `select over ${row.optionTokens.length} ${name} options (${row.optionTokens.join(', ')} tokens): ` +
+        `${row.selectMs.toFixed(1)} ms, then the first token ${row.nextTokenMs.toFixed(1)} ms; the longest alone: ` +
+        `prefill ${row.longestPrefillMs.toFixed(1)} ms, scored ${row.longestScoreMs.toFixed(1)} ms; select / one ` +
+        `decode of the longest ${row.selectVsLongestDecode.toFixed(2)} (target ≤ 1.5), / scoring it ` +
+        `${row.selectVsLongestScored.toFixed(2)}`,
+    );
   console.log(`\nwrote ${path.relative(process.cwd(), file)} in ${result.wallSeconds.toFixed(0)} s`);
 }
 
