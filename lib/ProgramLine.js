@@ -286,16 +286,16 @@ class ProgramLine {
   }
 
   /**
-   * Scores each option as the continuation of the line's text and appends the best. Options
-   * are scored in forks, as scored prefill entries (a logits row per token) in the scheduler's
-   * steps, beside everything else it runs; a token several options share is scored once (the
-   * options form a trie: a fork per leaf, the forks of a shared prefix made where the options
-   * part, one step later). The winner's fork becomes the line's KV, so its tokens are not decoded
-   * again (unless the winner is a prefix of another option: its fork went on past it). `method`: `'total'` (the sum of the tokens' log-probabilities, default),
-   * `'normalized'` (the mean per token) or `'unconditional'` (the sum minus the option's sum
-   * after only the BOS token: how much the line's text raises it). The forks count against
-   * `maxBranches` while they score (one per option that is not a prefix of another; twice as
-   * many for `'unconditional'`).
+   * Scores each option as the continuation of the line's text and appends the best. Options are
+   * scored in forks, as scored prefill entries (a logits row per token) in the scheduler's steps,
+   * beside everything else it runs; a token several options share is scored once (the options form a
+   * trie: a fork per leaf, the forks of a shared prefix made where the options part, a step later
+   * for each level of parting). The winner's fork becomes the line's KV, so its tokens are not
+   * decoded again (unless the winner is a prefix of another option: its fork went on past it).
+   * `method`: `'total'` (the sum of the tokens' log-probabilities, default), `'normalized'` (the
+   * mean per token) or `'unconditional'` (the sum minus the option's sum after only the BOS token:
+   * how much the line's text raises it). The forks count against `maxBranches` while they score (one
+   * per option that is not a prefix of another; twice as many for `'unconditional'`).
    * @param {string[]} options
    * @param {{ method?: 'total' | 'normalized' | 'unconditional' }} [settings]
    * @returns {Promise<import('./types').SelectResult>}
@@ -381,11 +381,14 @@ class ProgramLine {
    * The winner's scoring line holds this line's tokens and then exactly the winner's, with the
    * logits after its last: the two swap branches (the scorer then frees this line's old one), and
    * the winner is appended without decoding it again. False when that cannot be (no such line,
-   * or it is not in a state to give its branch), and the caller appends the text instead.
+   * it is not in a state to give its branch, or a fork of this line still waits to fork it where
+   * it is), and the caller appends the text instead.
    */
   _adopt(winner, text, tokens) {
     if (!winner || !winner._branch || winner._pending.length > 0 || winner._dependents > 0) return false;
-    if (!this._branch || this._pending.length > 0 || this.released) return false;
+    // Forks of this line still waiting for its branch fork it at their anchor, before the winner
+    // (forkAt there would decode a token again, and is refused past a sliding window).
+    if (!this._branch || this._pending.length > 0 || this._dependents > 0 || this.released) return false;
     [this._branch, winner._branch] = [winner._branch, this._branch];
     this._tokens.push(...tokens);
     this._text += text;

@@ -572,6 +572,31 @@ describe('Scheduler.run: branch programs', function () {
       await assertGreedy(ctx, out.selected, out.next.tokens, 'gen after a shared-prefix select');
     });
 
+    it('a fork made before a select still forks the line where it was made', async () => {
+      const s = start();
+      const out = await s.run(
+        async (line) => {
+          line.append('The capital of France is');
+          const [early] = line.fork(); // waits for the line's KV at the prompt's end
+          const before = line.tokens;
+          const picked = await line.select([' Paris', ' London']);
+          const mark = steps.length;
+          const next = await early.gen({ maxTokens: 3, params: GREEDY });
+          return { before, picked, next, after: steps.slice(mark), tokens: line.tokens };
+        },
+        { maxBranches: 4 },
+      );
+      // The line did not take the winner's fork (that would move its KV past the early fork's
+      // point, to be decoded again): the fork started where it was made, with nothing to prefill.
+      assert.equal(
+        out.after.reduce((n, st) => n + st.prefillTokens, 0),
+        0,
+        'the early fork decoded nothing again',
+      );
+      assert.deepEqual(out.tokens, [...out.before, ...ctx.tokenizeSync(out.picked.choice, false)]);
+      await assertGreedy(ctx, out.before, out.next.tokens, 'the early fork');
+    });
+
     it('options longer than nBatch are scored over several steps, every token once, and the line goes on', async () => {
       // A context of its own with a small nBatch (and nOutputs): the long option cannot fit one decode.
       const small = await open({ nCtx: 1024, nSeqMax: 4, nBatch: 8, nOutputs: 8 });
@@ -677,9 +702,10 @@ describe('Scheduler.run: branch programs', function () {
 
     it("select's normalized and unconditional methods", async () => {
       const s = start();
-      // The last two share their first tokens: scored once on each side (the line's forks, and
-      // the fresh lines after only the BOS token).
-      const options = [' blue', ' very very green', ' very very blue'];
+      // Three share their first token and one of them is a prefix of two: scored once on each
+      // side (the line's forks, and the fresh lines after only the BOS token), a fork per option
+      // that is no other's prefix (3 each; a fork per option would pass maxBranches).
+      const options = [' blue', ' very very green', ' very very blue', ' very'];
       const out = await s.run(
         async (line) => {
           line.append('The sky is');
@@ -690,7 +716,7 @@ describe('Scheduler.run: branch programs', function () {
           const unconditional = await line.select(options, { method: 'unconditional' });
           return { prefix, total, normalized, unconditional };
         },
-        { maxBranches: 9 }, // the line, a and b, and a fork per option twice for 'unconditional'
+        { maxBranches: 9 }, // the line, a and b, and 3 forks twice for 'unconditional'
       );
       const lengths = options.map((o) => ctx.tokenizeSync(o, false).length);
       for (const i of options.keys()) {

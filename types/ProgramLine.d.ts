@@ -43,16 +43,16 @@ export class ProgramLine {
      */
     fork(n?: number): ProgramLine[];
     /**
-     * Scores each option as the continuation of the line's text and appends the best. Options
-     * are scored in forks, as scored prefill entries (a logits row per token) in the scheduler's
-     * steps, beside everything else it runs; a token several options share is scored once (the
-     * options form a trie: a fork per leaf, the forks of a shared prefix made where the options
-     * part, one step later). The winner's fork becomes the line's KV, so its tokens are not decoded
-     * again (unless the winner is a prefix of another option: its fork went on past it). `method`: `'total'` (the sum of the tokens' log-probabilities, default),
-     * `'normalized'` (the mean per token) or `'unconditional'` (the sum minus the option's sum
-     * after only the BOS token: how much the line's text raises it). The forks count against
-     * `maxBranches` while they score (one per option that is not a prefix of another; twice as
-     * many for `'unconditional'`).
+     * Scores each option as the continuation of the line's text and appends the best. Options are
+     * scored in forks, as scored prefill entries (a logits row per token) in the scheduler's steps,
+     * beside everything else it runs; a token several options share is scored once (the options form a
+     * trie: a fork per leaf, the forks of a shared prefix made where the options part, a step later
+     * for each level of parting). The winner's fork becomes the line's KV, so its tokens are not
+     * decoded again (unless the winner is a prefix of another option: its fork went on past it).
+     * `method`: `'total'` (the sum of the tokens' log-probabilities, default), `'normalized'` (the
+     * mean per token) or `'unconditional'` (the sum minus the option's sum after only the BOS token:
+     * how much the line's text raises it). The forks count against `maxBranches` while they score (one
+     * per option that is not a prefix of another; twice as many for `'unconditional'`).
      * @param {string[]} options
      * @param {{ method?: 'total' | 'normalized' | 'unconditional' }} [settings]
      * @returns {Promise<import('../lib/types').SelectResult>}
