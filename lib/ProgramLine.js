@@ -622,13 +622,17 @@ class ProgramLine {
   /**
    * Where a scoring line's prefill stops this step: the next point where a line forked ahead of
    * it (a `select` path where options part) waits to fork it, so that the fork takes the KV and
-   * logits there instead of decoding a token again. Infinity when none waits.
+   * logits there instead of decoding a token again (forkAt, refused past a sliding window).
+   * Infinity when none waits; `_filled` when one waits right there (for a lease a line released
+   * this step still holds): the line then holds still for a step.
    */
   _nextForkPoint() {
     let at = Infinity;
     if (this._dependents === 0) return at;
-    for (const line of this._program.lines)
-      if (line._parent === this && !line._branch && line._anchor > this._filled) at = Math.min(at, line._anchor);
+    for (const line of this._program.lines) {
+      if (line._parent === this && !line._branch && line._needed && line._anchor >= this._filled)
+        at = Math.min(at, line._anchor);
+    }
     return at;
   }
 

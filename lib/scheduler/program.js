@@ -300,6 +300,7 @@ class Programs {
       // score goes on in the next step (its first token scored from the logits left then).
       if (line._scoreFrom(take) !== undefined) {
         take = Math.min(take, program.ctx.nOutputs, program.ctx.nBatch, line._nextForkPoint() - line._filled);
+        if (take === 0) continue; // a fork waits for its lease where this line's KV ends
       }
       if (program.cellsUsed + take > program.maxCells) {
         line._endJob(null, program.cellsExceeded(take));
