@@ -932,6 +932,12 @@ export interface ServerOptions {
   /** How chat replies are split into reasoning and content. Default `'auto'`. */
   reasoningFormat?: ReasoningFormatName;
   /**
+   * A Jinja chat template for the context the server opens on `modelPath`, instead of the
+   * model's own (`createContext`'s `chatTemplate`; the CLI's `--chat-template-file`). With
+   * `ctx`, create that context with it instead.
+   */
+  chatTemplate?: string;
+  /**
    * Speculative decoding for every request: `'lookup'` (prompt lookup), `'draft'` (a draft model
    * at `modelDraft`, opened and owned by the server) or `'none'` (default). `scheduler.speculative`
    * takes the full {@link SpeculativeOptions} instead.

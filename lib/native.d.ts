@@ -95,6 +95,14 @@ export interface ContextOptions {
    * later, contexts using it are lost (`ERR_CONTEXT_LOST`); see docs/gpu-and-rpc.md, "Multi-host (RPC)".
    */
   rpcServers?: Array<string>
+  /**
+   * A Jinja chat template used instead of the model's own by every chat call of the context:
+   * `formatChat` without a `templateOverride` of its own, `getTurnSeparator`, chat requests and
+   * programs of a Scheduler on it, the server (`llama-branch serve --chat-template-file`). For
+   * models whose template lacks what you need (a thinking section, tool calls). One llama.cpp
+   * cannot parse or render: `ERR_CHAT_TEMPLATE` when the context is created.
+   */
+  chatTemplate?: string
 }
 
 /** A backend device, from {@link listDevices}. */

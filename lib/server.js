@@ -369,7 +369,8 @@ async function speculativeOf(options, ctx, parallel, owned) {
 /** A context the server creates (and disposes of on close) from `options.modelPath`. */
 function openContext(options, shape) {
   const { createContext } = require('./index'); // the package entry requires this file
-  return createContext({ modelPath: options.modelPath, nThreads: options.nThreads, ...shape });
+  const { modelPath, nThreads, chatTemplate } = options;
+  return createContext({ modelPath, nThreads, ...(chatTemplate === undefined ? {} : { chatTemplate }), ...shape });
 }
 
 /** The object createServer resolves with: listen, close, and what it serves. */

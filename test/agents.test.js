@@ -9,6 +9,8 @@
 // (test/openapi): `fetch` in this file is the checking one, and every client is given it.
 
 const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const os = require('node:os');
 const path = require('node:path');
 const OpenAI = require('openai');
 const { MODEL, cosine } = require('./helpers');
@@ -547,5 +549,69 @@ describe('a server agents can use', function () {
         'ListModelsResponse',
       ]);
     });
+  });
+});
+
+describe('a server with a thinking chat template (--chat-template-file)', function () {
+  this.timeout(240000);
+  // The default model's template has no thinking section. This ChatML template opens one in
+  // the generation prompt, as reasoning models' templates do: everything the model writes until
+  // `</think>` is reasoning, so even a base model's reply is (a short one, all of it).
+  const TEMPLATE = [
+    "{%- for m in messages -%}{{ '<|im_start|>' + m.role + '\\n' }}",
+    "{%- if m.role == 'assistant' and m.reasoning_content -%}{{ '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}{%- endif -%}",
+    "{{ m.content + '<|im_end|>\\n' }}{%- endfor -%}",
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}",
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{ '<think>\\n\\n</think>\\n\\n' }}",
+    "{%- else -%}{{ '<think>\\n' }}{%- endif -%}{%- endif -%}",
+  ].join('');
+  let server;
+  let client;
+  let dir;
+  const ask = {
+    model: path.basename(MODEL).replace(/\.gguf$/, ''),
+    messages: [{ role: 'user', content: 'Is 17 a prime number?' }],
+    max_tokens: 12,
+  };
+
+  before(async () => {
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-template-'));
+    const file = path.join(dir, 'thinking.jinja');
+    fs.writeFileSync(file, TEMPLATE);
+    server = await startServer(['--ctx-size', '2048', '--threads', '2', '--chat-template-file', file]);
+    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0, fetch });
+  });
+  afterEach(() => conformance.assertConforms());
+  after(async () => {
+    if (server) assert.equal(await stopServer(server.child), 0, `clean exit; stderr: ${server.stderr()}`);
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('the reply is split into reasoning_content and content, streamed too', async () => {
+    const reply = await client.chat.completions.create({ ...ask, temperature: 0 });
+    const message = /** @type {any} */ (reply.choices[0].message);
+    assert.equal(reply.choices[0].finish_reason, 'length');
+    assert.equal(typeof message.reasoning_content, 'string');
+    assert.ok(message.reasoning_content.trim().length > 0, 'the reply, still thinking, is reasoning');
+    assert.ok(!message.content, `no content before </think>: ${JSON.stringify(message.content)}`);
+
+    const stream = await client.chat.completions.create({ ...ask, temperature: 0, stream: true });
+    const pieces = { reasoning: [], content: [] };
+    for await (const chunk of stream) {
+      const delta = /** @type {any} */ (chunk.choices[0] && chunk.choices[0].delta);
+      if (delta && delta.reasoning_content) pieces.reasoning.push(delta.reasoning_content);
+      if (delta && delta.content) pieces.content.push(delta.content);
+    }
+    assert.ok(pieces.reasoning.length >= 2, `reasoning arrives in pieces: ${pieces.reasoning.length}`);
+    assert.deepEqual(pieces.content, []);
+  });
+
+  it('chat_template_kwargs.enable_thinking false closes the thinking section: no reasoning', async () => {
+    const reply = await client.chat.completions.create(
+      /** @type {any} */ ({ ...ask, temperature: 0, chat_template_kwargs: { enable_thinking: false } }),
+    );
+    const message = /** @type {any} */ (reply.choices[0].message);
+    assert.ok(!message.reasoning_content, `no reasoning: ${JSON.stringify(message.reasoning_content)}`);
+    assert.equal(typeof message.content, 'string');
   });
 });

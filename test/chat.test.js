@@ -77,6 +77,50 @@ describe('Chat helpers', function () {
   });
   after(() => ctx && ctx.dispose());
 
+  describe('createContext chatTemplate', () => {
+    // Gemma's turns, each closed by two newlines instead of one: a separator of its own.
+    const TEMPLATE = [
+      "{%- for m in messages -%}{{ '<start_of_turn>' + ('model' if m.role == 'assistant' else m.role) + '\\n' }}",
+      "{{ m.content + '<end_of_turn>\\n\\n' }}{%- endfor -%}",
+      "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}",
+    ].join('');
+    const messages = [{ role: 'user', content: 'Hi' }];
+
+    it('is used by every chat call of the context that names no template, getTurnSeparator too', async () => {
+      const own = await open({ nCtx: 256, chatTemplate: TEMPLATE });
+      try {
+        const rendered = (await own.formatChat(messages)).prompt;
+        assert.equal(rendered, (await ctx.formatChat(messages, { templateOverride: TEMPLATE })).prompt);
+        assert.notEqual(rendered, (await ctx.formatChat(messages)).prompt);
+        assert.equal(own.formatChatSync(messages).prompt, rendered);
+        // A template named in the call still wins.
+        assert.equal(
+          (await own.formatChat(messages, { templateOverride: TOOL_TEMPLATE })).prompt,
+          (await ctx.formatChat(messages, { templateOverride: TOOL_TEMPLATE })).prompt,
+        );
+        const text = own
+          .getTurnSeparator()
+          .map((t) => own.tokenToText(t))
+          .join('');
+        assert.equal(text, '<end_of_turn>\n\n');
+        assert.equal(
+          ctx
+            .getTurnSeparator()
+            .map((t) => ctx.tokenToText(t))
+            .join(''),
+          '<end_of_turn>\n',
+        );
+      } finally {
+        own.dispose();
+      }
+    });
+
+    it('one llama.cpp cannot parse is ERR_CHAT_TEMPLATE at creation', async () => {
+      await rejects(() => open({ nCtx: 256, chatTemplate: '{% for %}' }), 'ERR_CHAT_TEMPLATE', /chatTemplate/);
+      await rejects(() => open({ nCtx: 256, chatTemplate: 7 }), 'ERR_INVALID_ARG');
+    });
+  });
+
   describe('getTurnSeparator', () => {
     it('is non-empty, contains a stop token, and is cached', () => {
       const sep = ctx.getTurnSeparator();

@@ -2,6 +2,7 @@
 
 /** `llama-branch serve`: the OpenAI-compatible server on a GGUF model, until SIGINT/SIGTERM. */
 
+const fs = require('node:fs');
 const { createServer } = require('../server');
 const defaults = require('../defaults');
 
@@ -44,6 +45,10 @@ const options = {
   },
   cors: { type: 'string', help: 'allow browser requests from this origin (e.g. https://app.example or *)' },
   embeddings: { type: 'boolean', help: 'serve POST /v1/embeddings from a second, pooled context on the same model' },
+  'chat-template-file': {
+    type: 'string',
+    help: "a Jinja chat template to use instead of the model's (e.g. one with a thinking section)",
+  },
   'reasoning-format': {
     type: 'string',
     default: serverDefaults.reasoningFormat,
@@ -89,6 +94,17 @@ function apiKeys(values) {
   return keys.length > 0 ? keys : undefined;
 }
 
+/** The text of --chat-template-file (undefined: the model's own template). */
+function chatTemplate(values) {
+  const file = values['chat-template-file'];
+  if (file === undefined) return undefined;
+  try {
+    return fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new UsageError(`--chat-template-file ${file}: ${e.message}`);
+  }
+}
+
 async function run(values, { log }) {
   if (!values.model) throw new UsageError('--model <file.gguf> is required');
   const server = await createServer({
@@ -103,6 +119,7 @@ async function run(values, { log }) {
     cors: values.cors,
     embeddings: Boolean(values.embeddings),
     reasoningFormat: values['reasoning-format'],
+    chatTemplate: chatTemplate(values),
     maxTokensLimit: integer(values, 'max-tokens-limit'),
     speculative: values.spec,
     modelDraft: values['model-draft'],

@@ -52,6 +52,7 @@ extern "C" {
     fn lb_chat_format_names(out: *mut *mut c_char) -> c_int;
     fn lb_chat_turn_text(
         model: *const sys::llama_model,
+        template_override: *const c_char,
         sentinel_a: *const c_char,
         sentinel_b: *const c_char,
         out: *mut *mut c_char,
@@ -240,20 +241,23 @@ pub fn verify_template(template_src: &str) -> std::result::Result<(), String> {
 
 /// The text the model's template puts between an assistant message's content and the next user
 /// message's content.
-pub fn turn_text(model: &Model) -> Result<String> {
+pub fn turn_text(model: &Model, template: Option<&str>) -> Result<String> {
     let a = c_string("LBSENTINELASSISTANT7f3c", "sentinel")?;
     let b = c_string("LBSENTINELUSER9d2e", "sentinel")?;
+    let template = opt_c_string(&template.map(str::to_string), "chatTemplate")?;
     let ptrs = (
         SendPtr(model.as_ptr()),
+        SendPtr(opt_ptr(&template) as *mut c_char),
         SendPtr(a.as_ptr() as *mut c_char),
         SendPtr(b.as_ptr() as *mut c_char),
     );
     let (status, text) = on_parser_stack(move || {
-        let (model_ptr, a_ptr, b_ptr) = ptrs;
+        let (model_ptr, template_ptr, a_ptr, b_ptr) = ptrs;
         sync_log_level();
         let mut out: *mut c_char = std::ptr::null_mut();
-        // SAFETY: as in `format_chat`.
-        let status = unsafe { lb_chat_turn_text(model_ptr.0, a_ptr.0, b_ptr.0, &mut out) };
+        // SAFETY: as in `format_chat`; the template (or null) outlives the call.
+        let status =
+            unsafe { lb_chat_turn_text(model_ptr.0, template_ptr.0, a_ptr.0, b_ptr.0, &mut out) };
         (status, take(out))
     })?;
     if status == LB_OK {

@@ -904,7 +904,8 @@ int lb_chat_verify_template(const char * template_src, char ** out) {
 
 // The text the template puts between the end of an assistant message and the start of the next
 // user message's content (*out), found by rendering two sentinels.
-int lb_chat_turn_text(const llama_model * model, const char * sentinel_a, const char * sentinel_b, char ** out) {
+int lb_chat_turn_text(const llama_model * model, const char * template_override, const char * sentinel_a,
+                      const char * sentinel_b, char ** out) {
     *out = nullptr;
     try {
         std::vector<common_chat_msg> msgs(3);
@@ -918,7 +919,7 @@ int lb_chat_turn_text(const llama_model * model, const char * sentinel_a, const 
         inputs.messages              = msgs;
         inputs.add_generation_prompt = false;
         inputs.use_jinja             = true;
-        auto templates               = init_templates(model, "");
+        auto templates               = init_templates(model, str_or_empty(template_override));
         const std::string prompt     = common_chat_templates_apply(templates.get(), inputs).prompt;
         const auto a                 = prompt.find(sentinel_a);
         const auto b                 = prompt.find(sentinel_b);

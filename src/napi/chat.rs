@@ -156,10 +156,13 @@ fn reasoning_number(options: &Object) -> Result<i32> {
     }
 }
 
+/// The request of a `formatChat` call; `context_template` (the context's `chatTemplate`) when the
+/// call names no template of its own.
 fn format_request(
     env: &Env,
     messages: Unknown,
     options: Option<Either<String, Object>>,
+    context_template: Option<&str>,
 ) -> Result<FormatRequest> {
     let mut req = FormatRequest {
         messages_json: json_text_of(env, &messages, "messages")?,
@@ -183,8 +186,8 @@ fn format_request(
             req.add_generation_prompt = bool_field(&o, "addGenerationPrompt")?.unwrap_or(true);
         }
     }
-    if req.template_override.as_deref() == Some("") {
-        req.template_override = None;
+    if req.template_override.as_deref().unwrap_or("").is_empty() {
+        req.template_override = context_template.map(str::to_string);
     }
     Ok(req)
 }
@@ -192,8 +195,8 @@ fn format_request(
 /// Tokens that close an assistant turn: the template's text between an assistant message and
 /// the next user message, tokenized, up to and including its first end-of-generation token plus
 /// any whitespace-only tokens after it. `None` when the template gives nothing usable.
-fn turn_separator_from_template(model: &Model) -> Option<Vec<Token>> {
-    let text = chat_ffi::turn_text(model).ok()?;
+fn turn_separator_from_template(model: &Model, template: Option<&str>) -> Option<Vec<Token>> {
+    let text = chat_ffi::turn_text(model, template).ok()?;
     let tokens = model.tokenize(&text, false, true).ok()?;
     let eog = tokens.iter().position(|&t| model.is_eog(t))?;
     let mut end = eog + 1;
@@ -207,8 +210,8 @@ fn turn_separator_from_template(model: &Model) -> Option<Vec<Token>> {
     Some(tokens[..end].to_vec())
 }
 
-fn turn_separator(model: &Model) -> Result<Vec<Token>> {
-    if let Some(tokens) = turn_separator_from_template(model) {
+fn turn_separator(model: &Model, template: Option<&str>) -> Result<Vec<Token>> {
+    if let Some(tokens) = turn_separator_from_template(model, template) {
         return Ok(tokens);
     }
     model
@@ -242,7 +245,7 @@ impl SessionContext {
                 "formatChat: options",
                 "a FormatChatOptions object or a template string",
             )?;
-            let req = format_request(env, messages, options)?;
+            let req = format_request(env, messages, options, self.chat_template.as_deref())?;
             Ok(move |_: &mut Engine| chat_ffi::format_chat(&model, &req).map(JsonText))
         })
     }
@@ -260,7 +263,8 @@ impl SessionContext {
         options: Option<Either<String, Object>>,
     ) -> super::convert::Result<JsonText> {
         self.live().map_err(js)?;
-        let req = format_request(&env, messages, options).map_err(js)?;
+        let req =
+            format_request(&env, messages, options, self.chat_template.as_deref()).map_err(js)?;
         chat_ffi::format_chat(&self.model, &req)
             .map(JsonText)
             .map_err(js)
@@ -323,7 +327,7 @@ impl SessionContext {
         if let Some(tokens) = self.turn_separator.get() {
             return Ok(tokens.clone());
         }
-        let tokens = turn_separator(&self.model).map_err(js)?;
+        let tokens = turn_separator(&self.model, self.chat_template.as_deref()).map_err(js)?;
         Ok(self.turn_separator.get_or_init(|| tokens).clone())
     }
 }

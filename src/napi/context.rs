@@ -111,6 +111,8 @@ pub struct SessionContext {
     pub(super) ids: BranchIds,
     /// getTurnSeparator(), computed on first use.
     pub(super) turn_separator: OnceLock<Vec<Token>>,
+    /// `options.chatTemplate`: the template chat calls use unless they name one.
+    pub(super) chat_template: Option<String>,
     /// The zero-copy view handed out by `getLogits()` (JS thread only).
     pub(super) logits_view: RefCell<LogitsView>,
     /// `ctx.sample()`'s chain and the grammar sampler handles (napi/sampling.rs).
@@ -133,6 +135,7 @@ impl SessionContext {
         released: Released,
         model: Arc<Model>,
         offload: OffloadInfo,
+        chat_template: Option<String>,
     ) -> SessionContext {
         SessionContext {
             shared,
@@ -140,6 +143,7 @@ impl SessionContext {
             info,
             ids: BranchIds::new(next_context_id()),
             turn_separator: OnceLock::new(),
+            chat_template,
             logits_view: Default::default(),
             sampling: SamplingHandles::default(),
             trackers: Trackers::default(),

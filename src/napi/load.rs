@@ -73,6 +73,12 @@ pub struct ContextOptions {
     /// use: malformed → `ERR_INVALID_ARG`, not answering → `ERR_RPC_UNREACHABLE`. If a server dies
     /// later, contexts using it are lost (`ERR_CONTEXT_LOST`); see docs/gpu-and-rpc.md, "Multi-host (RPC)".
     pub rpc_servers: Option<Vec<String>>,
+    /// A Jinja chat template used instead of the model's own by every chat call of the context:
+    /// `formatChat` without a `templateOverride` of its own, `getTurnSeparator`, chat requests and
+    /// programs of a Scheduler on it, the server (`llama-branch serve --chat-template-file`). For
+    /// models whose template lacks what you need (a thinking section, tool calls). One llama.cpp
+    /// cannot parse or render: `ERR_CHAT_TEMPLATE` when the context is created.
+    pub chat_template: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -146,6 +152,7 @@ struct Resolved {
     config: ContextConfig,
     log_level: Option<i32>,
     placement: Placement,
+    chat_template: Option<String>,
 }
 
 fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
@@ -215,6 +222,7 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
         },
         log_level,
         placement,
+        chat_template: o.chat_template.clone().filter(|t| !t.is_empty()),
     })
 }
 
@@ -246,6 +254,13 @@ fn load_context(
     worker: Worker,
 ) -> crate::error::Result<SessionContext> {
     check_model_file(&resolved.path)?;
+    if let Some(template) = &resolved.chat_template {
+        crate::llama::chat::verify_template(template).map_err(|e| {
+            Error::ChatTemplate(format!(
+                "options.chatTemplate: llama.cpp cannot parse or render it ({e}); pass a Jinja chat template, or leave it out for the model's own"
+            ))
+        })?;
+    }
     let (model, offload) = acquire_model(&resolved.path, resolved.use_mmap, &resolved.placement)?;
     let mut ctx = Context::new(model.clone(), &resolved.config)?;
     let split_pairs = measure_pair_plan(&mut ctx, &resolved)?;
@@ -270,7 +285,13 @@ fn load_context(
     let weak: Weak<dyn Losable> = Arc::downgrade(&shared) as Weak<dyn Losable>;
     devices::watch(&endpoints, weak);
     Ok(SessionContext::new(
-        shared, worker, info, released, model, offload,
+        shared,
+        worker,
+        info,
+        released,
+        model,
+        offload,
+        resolved.chat_template,
     ))
 }
 
