@@ -351,12 +351,8 @@ class ProgramLine {
         continue;
       }
       // Forked ahead: the parent path's line reaches this fork point once it has scored that far.
-      const parent = lines[path.parent];
       const [option] = path.ends[0];
-      const child = new ProgramLine(program, parent, [...base, ...tokens[option].slice(0, path.depth)]);
-      parent._dependents++;
-      program.lines.push(child);
-      lines.push(child);
+      lines.push(lines[path.parent]._spawn(1, [...base, ...tokens[option].slice(0, path.depth)])[0]);
     }
     const scored = Promise.all(lines.map((line, i) => line._score(paths[i].tokens)));
     const sums = scored.then((perPath) => {
@@ -449,13 +445,17 @@ class ProgramLine {
     }
   }
 
-  /** `n` children of this line (or fresh lines when it is empty); leases were reserved. */
-  _spawn(n) {
+  /**
+   * `n` children of this line (or fresh lines when it is empty); leases were reserved. `at`:
+   * the children's tokens, when they fork the line further on than it is now (where it will be
+   * once it has decoded that far: a `select` path forked ahead).
+   */
+  _spawn(n, at = this._tokens) {
     const program = this._program;
     const children = [];
     for (let i = 0; i < n; i++) {
       const fresh = this._tokens.length === 0;
-      const child = new ProgramLine(program, fresh ? null : this, this._tokens.slice());
+      const child = new ProgramLine(program, fresh ? null : this, at.slice());
       child._text = this._text;
       if (!fresh) this._dependents++;
       program.lines.push(child);
