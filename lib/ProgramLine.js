@@ -327,7 +327,9 @@ class ProgramLine {
       });
       const index = scores.reduce((best, s, i) => (s > scores[best] ? i : best), 0);
       this._selecting = false;
-      if (!this._adopt(scorers.leafOf(index), options[index], tokens[index])) this.append(options[index]);
+      const adopted = this._adopt(scorers.leafOf(index));
+      this.append(options[index]);
+      if (adopted) this._pending = []; // in the KV already: the branch came from the winner's fork
       return { choice: options[index], index, scores };
     } finally {
       this._selecting = false;
@@ -375,22 +377,17 @@ class ProgramLine {
 
   /**
    * The winner's scoring line holds this line's tokens and then exactly the winner's, with the
-   * logits after its last: the two swap branches (the scorer then frees this line's old one), and
-   * the winner is appended without decoding it again. False when that cannot be (no such line,
-   * it is not in a state to give its branch, or a fork of this line still waits to fork it where
-   * it is), and the caller appends the text instead.
+   * logits after its last: the two swap branches (the scorer then frees this line's old one), so
+   * the winner, appended next, need not be decoded again. False when that cannot be (no such
+   * line, it is not in a state to give its branch, or a fork of this line still waits to fork it
+   * where it is): the appended winner is then decoded by the line's next use.
    */
-  _adopt(winner, text, tokens) {
+  _adopt(winner) {
     if (!winner || !winner._branch || winner._pending.length > 0 || winner._dependents > 0) return false;
     // Forks of this line still waiting for its branch fork it at their anchor, before the winner
     // (forkAt there would decode a token again, and is refused past a sliding window).
     if (!this._branch || this._pending.length > 0 || this._dependents > 0 || this.released) return false;
     [this._branch, winner._branch] = [winner._branch, this._branch];
-    this._tokens.push(...tokens);
-    this._text += text;
-    if (this._chat === 'open') this._chat = 'replied';
-    if (this._program.events.on)
-      this._program.emit('append', { branch: this._id, text: clipped(text), n: this._tokens.length });
     return true;
   }
 
