@@ -1,10 +1,9 @@
 'use strict';
 
 /**
- * Reads the dynamic section of an ELF shared library: which libraries it needs (DT_NEEDED), its
- * own name (DT_SONAME) and where it looks for them (DT_RPATH / DT_RUNPATH). scripts/build-prebuilt.js
- * uses it to ship exactly the libraries the addon needs and to check the shipped set; no binutils
- * needed. 64-bit little-endian ELF only (x86-64, aarch64); other files throw.
+ * Reads the dynamic section of an ELF shared library: which libraries it needs (DT_NEEDED) and where it
+ * looks for them (DT_RPATH / DT_RUNPATH), without binutils: scripts/build-prebuilt.js ships exactly the
+ * libraries the addon needs. 64-bit little-endian ELF only (x86-64, aarch64); other files throw.
  */
 
 const fs = require('node:fs');
@@ -12,7 +11,6 @@ const fs = require('node:fs');
 const SHT_DYNAMIC = 6;
 const DT_NULL = 0;
 const DT_NEEDED = 1;
-const DT_SONAME = 14;
 const DT_RPATH = 15;
 const DT_RUNPATH = 29;
 
@@ -21,7 +19,7 @@ function cString(buf, offset) {
   return buf.toString('utf8', offset, end === -1 ? buf.length : end);
 }
 
-/** { needed: string[], soname, rpath, runpath } of the ELF file at `file` (null = absent). */
+/** { needed: string[], rpath, runpath } of the ELF file at `file` (null = absent). */
 function readDynamic(file) {
   const buf = fs.readFileSync(file);
   if (buf.length < 64 || buf.readUInt32BE(0) !== 0x7f454c46) throw new Error(`${file} is not an ELF file`);
@@ -38,7 +36,7 @@ function readDynamic(file) {
       link: buf.readUInt32LE(at + 0x28),
     };
   };
-  const out = { needed: [], soname: null, rpath: null, runpath: null };
+  const out = { needed: [], rpath: null, runpath: null };
   for (let i = 0; i < shnum; i++) {
     const dyn = section(i);
     if (dyn.type !== SHT_DYNAMIC) continue;
@@ -49,7 +47,6 @@ function readDynamic(file) {
       const val = Number(buf.readBigUInt64LE(at + 8));
       if (tag === DT_NULL) break;
       if (tag === DT_NEEDED) out.needed.push(str(val));
-      else if (tag === DT_SONAME) out.soname = str(val);
       else if (tag === DT_RPATH) out.rpath = str(val);
       else if (tag === DT_RUNPATH) out.runpath = str(val);
     }

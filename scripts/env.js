@@ -1,11 +1,10 @@
 'use strict';
 
 /**
- * The one helper module of the scripts in this folder: where things are (repository, cargo
- * target dir, addon), the build's settings (LLAMA_BRANCH_FEATURES, LLAMA_BRANCH_CPU), finding
- * cargo and npm, running commands (with a heartbeat for long builds), the system packages a
- * source build needs and installing them with apt, and logging. No npm dependencies: build.js
- * runs as the `install` script, before devDependencies may exist.
+ * The one helper module of scripts/: where things are, the build's settings
+ * (LLAMA_BRANCH_FEATURES, LLAMA_BRANCH_CPU), finding cargo and npm, running commands (with a
+ * heartbeat for long builds), the system packages a source build needs, apt, and logging. No npm
+ * dependencies: build.js runs as the `install` script, before devDependencies may exist.
  */
 
 const fs = require('node:fs');
@@ -13,27 +12,9 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 
-/** Absolute path of the package root (the directory holding package.json). */
 const repoRoot = path.resolve(__dirname, '..');
-
-/**
- * Cargo target directory used by every script.
- *
- * Respects CARGO_TARGET_DIR when set. Otherwise defaults to a per-user cache
- * (`~/.cache/llama-branch/target`) instead of `<repo>/target`, so that fresh
- * clones and reinstalls on the same machine reuse the compiled llama.cpp
- * (the expensive part of the build) rather than recompiling it from scratch.
- */
-function targetDir() {
-  const fromEnv = process.env.CARGO_TARGET_DIR;
-  if (fromEnv && fromEnv.trim() !== '') return path.resolve(repoRoot, fromEnv);
-  // One folder per feature set that changes llama.cpp: switching between a CPU and a GPU build
-  // then recompiles nothing. (`bench` only adds a Rust function: same folder.)
-  const name = ['target', ...featureList().filter((f) => f !== 'bench')].join('-');
-  const home = os.homedir();
-  if (!home) return path.join(repoRoot, name);
-  return path.join(home, '.cache', 'llama-branch', name);
-}
+/** Where build.js puts the loadable addon. */
+const addonPath = path.join(repoRoot, 'build', 'llama_branch.node');
 
 /** Cargo features from LLAMA_BRANCH_FEATURES (comma or space separated), sorted. */
 function featureList() {
@@ -44,41 +25,23 @@ function featureList() {
 }
 
 /**
- * Extra cargo arguments selecting optional backends, from the env var
- * LLAMA_BRANCH_FEATURES (e.g. "cuda" or "vulkan"; comma or space separated).
- *
- * Every cargo invocation (build and test) must use the same feature set:
- * a different set changes the llama-cpp-sys-2 fingerprint and recompiles
- * llama.cpp.
+ * The cargo target dir: CARGO_TARGET_DIR, else one per feature set under ~/.cache/llama-branch, so
+ * that fresh clones reuse the compiled llama.cpp and switching CPU/GPU builds recompiles nothing.
  */
+function targetDir() {
+  if (process.env.CARGO_TARGET_DIR?.trim()) return path.resolve(repoRoot, process.env.CARGO_TARGET_DIR);
+  const name = ['target', ...featureList().filter((f) => f !== 'bench')].join('-'); // bench adds Rust only
+  return os.homedir() ? path.join(os.homedir(), '.cache', 'llama-branch', name) : path.join(repoRoot, name);
+}
+
+/** `--features ...`; every cargo call must pass the same set, or llama.cpp is recompiled. */
 function featureArgs() {
-  const features = featureList();
-  return features.length ? ['--features', features.join(',')] : [];
+  return featureList().length ? ['--features', featureList().join(',')] : [];
 }
 
-/**
- * The CPU the build targets, from LLAMA_BRANCH_CPU (every cargo call must use the same value:
- * a different one recompiles llama.cpp):
- *   native (default) this machine's whole instruction set, AVX-512 included where present, for
- *                    the Rust code and ggml (GGML_NATIVE). The addon may not run on an older CPU,
- *                    so do not ship such a build to other machines;
- *   portable         x86-64-v3 (AVX2, FMA, BMI2, F16C) on x86-64, the generic target elsewhere:
- *                    for prebuilt packages;
- *   <name>           any rustc target-cpu name, e.g. x86-64-v4 or znver4.
- * `.cargo/config.toml` holds the native default; any other choice replaces it with a
- * `target.'cfg(all())'.rustflags` entry on the cargo command line (which takes precedence over
- * build.rustflags). Never RUSTFLAGS: it would also be seen by every other cargo build.
- */
-function cpuArgs() {
-  const choice = cpuChoice();
-  if (choice === 'native') return [];
-  const cpu = choice === 'portable' ? (process.arch === 'x64' ? 'x86-64-v3' : 'generic') : choice;
-  return targetCpuArgs(cpu);
-}
-
-/** LLAMA_BRANCH_CPU: 'native' (default), 'portable' or a target-cpu name; exits on anything else. */
+/** LLAMA_BRANCH_CPU: native (default), portable or a rustc target-cpu name; exits on anything else. */
 function cpuChoice() {
-  const choice = (process.env.LLAMA_BRANCH_CPU || 'native').trim() || 'native';
+  const choice = (process.env.LLAMA_BRANCH_CPU || '').trim() || 'native';
   if (!/^[A-Za-z0-9_.-]+$/.test(choice)) {
     console.error(`error: LLAMA_BRANCH_CPU must be native, portable or a target-cpu name, got "${choice}"`);
     process.exit(2);
@@ -88,16 +51,25 @@ function cpuChoice() {
 
 /** Cargo arguments compiling the Rust code, and through the sys crate ggml, for rustc target-cpu `cpu`. */
 function targetCpuArgs(cpu) {
+  // On the command line, this beats .cargo/config.toml's native default; never RUSTFLAGS, which
+  // every other cargo build would see too.
   return ['--config', `target.'cfg(all())'.rustflags=["-C", "target-cpu=${cpu}"]`];
 }
 
-/**
- * Environment for cargo child processes: the caller's environment plus the resolved
- * CARGO_TARGET_DIR and the folder for the native typings (the same value for every cargo call,
- * or cargo would rerun the build script each time). RUSTFLAGS is deliberately left untouched
- * (and never set here): it would replace the target-cpu flags from .cargo/config.toml and
- * force a full llama.cpp rebuild.
- */
+/** native: this machine's whole instruction set (not for shipping); portable: x86-64-v3 (AVX2) on x64. */
+function cpuArgs() {
+  const choice = cpuChoice();
+  if (choice === 'native') return [];
+  return targetCpuArgs(choice !== 'portable' ? choice : process.arch === 'x64' ? 'x86-64-v3' : 'generic');
+}
+
+/** Where napi-derive records the `#[napi]` signatures (one folder per checkout: the target dir is shared). */
+function typeDefFolder() {
+  const key = require('node:crypto').createHash('sha256').update(repoRoot).digest('hex').slice(0, 12);
+  return path.join(targetDir(), 'napi-typedefs', key);
+}
+
+/** The environment of cargo calls: the target dir and typedef folder resolved (the same for every call). */
 function cargoEnv() {
   const env = { ...process.env, CARGO_TARGET_DIR: targetDir(), NAPI_TYPE_DEF_TMP_FOLDER: typeDefFolder() };
   fs.mkdirSync(env.NAPI_TYPE_DEF_TMP_FOLDER, { recursive: true });
@@ -107,9 +79,8 @@ function cargoEnv() {
 }
 
 /**
- * For a native build, a file naming this CPU's instruction-set flags, which ccache adds to its
- * hash: `-march=native` looks the same on every host, so a cache shared between machines could
- * otherwise hand objects built for another CPU (ccache issue #824). Null when not needed.
+ * A file naming this CPU's flags, for ccache's hash: `-march=native` reads the same on every host,
+ * so a shared cache could hand out objects built for another CPU (ccache issue #824).
  */
 function nativeCpuFile(target) {
   if (cpuChoice() !== 'native' || process.platform !== 'linux') return null;
@@ -118,16 +89,9 @@ function nativeCpuFile(target) {
       .readFileSync('/proc/cpuinfo', 'utf8')
       .split('\n')
       .find((l) => /^(flags|Features)\s*:/.test(l));
-    if (!flags) return null;
     const file = path.join(target, 'native-cpu-flags.txt');
     const content = `${os.arch()} ${flags.split(':')[1].trim()}\n`;
-    let current = null;
-    try {
-      current = fs.readFileSync(file, 'utf8');
-    } catch {
-      // first build in this target dir
-    }
-    if (current !== content) {
+    if (!fs.existsSync(file) || fs.readFileSync(file, 'utf8') !== content) {
       fs.mkdirSync(target, { recursive: true });
       fs.writeFileSync(file, content);
     }
@@ -137,178 +101,70 @@ function nativeCpuFile(target) {
   }
 }
 
-/**
- * llama.cpp build directories in this target dir configured before GGML_RPC=ON became part of
- * every build (.cargo/config.toml). The sys crate runs CMake's configure step only once per build
- * directory, so a new GGML_* setting never reaches an existing one; build.rs refuses such a build.
- * Returns true when `cargo clean -p llama-cpp-sys-2` is needed (once; ccache makes it cheap).
- */
-function staleLlamaBuild(target = targetDir()) {
-  for (const profile of ['release', 'debug']) {
-    const dir = path.join(target, profile, 'build');
-    let names = [];
-    try {
-      names = fs.readdirSync(dir).filter((n) => n.startsWith('llama-cpp-sys-2-'));
-    } catch {
-      continue;
-    }
-    for (const name of names) {
-      const cache = path.join(dir, name, 'out', 'build', 'CMakeCache.txt');
-      let text;
-      try {
-        text = fs.readFileSync(cache, 'utf8');
-      } catch {
-        continue;
-      }
-      if (!/^GGML_RPC:[A-Z]*=ON$/m.test(text)) return true;
-    }
-  }
-  return false;
-}
-
-/**
- * Cleans a stale llama.cpp build (see staleLlamaBuild) before a compiling cargo call, in `target`
- * with `env` (default: the dev target dir and cargoEnv()).
- */
-function cleanStaleLlamaBuild(target = targetDir(), env = undefined) {
-  if (!staleLlamaBuild(target)) return;
-  console.error(
-    `[llama-branch] llama.cpp in ${target} was built without GGML_RPC; cleaning it once (cargo clean -p llama-cpp-sys-2)`,
-  );
-  const cleanEnv = env || cargoEnv();
-  for (const profile of [['--release'], []]) {
-    run('cargo', ['clean', ...profile, '-p', 'llama-cpp-sys-2'], { env: { ...cleanEnv, CARGO_TARGET_DIR: target } });
-  }
-}
-
-/**
- * File name cargo gives the cdylib on the current platform.
- */
+/** File name cargo gives the cdylib on this platform. */
 function cdylibName() {
-  switch (process.platform) {
-    case 'win32':
-      return 'llama_branch.dll';
-    case 'darwin':
-      return 'libllama_branch.dylib';
-    default:
-      return 'libllama_branch.so';
-  }
+  return { win32: 'llama_branch.dll', darwin: 'libllama_branch.dylib' }[process.platform] || 'libllama_branch.so';
 }
 
-/**
- * Where napi-derive records the TypeScript signatures of the #[napi] items while the crate
- * compiles (NAPI_TYPE_DEF_TMP_FOLDER, set by build.js): one folder per checkout, since the
- * cargo target dir is shared between checkouts. scripts/native-typings.js reads it.
- */
-function typeDefFolder() {
-  const key = require('node:crypto').createHash('sha256').update(repoRoot).digest('hex').slice(0, 12);
-  return path.join(targetDir(), 'napi-typedefs', key);
-}
-
-function typeDefFile() {
-  return path.join(typeDefFolder(), 'llama-branch');
-}
-
-/** Where build.js puts the loadable addon. */
-const addonPath = path.join(repoRoot, 'build', 'llama_branch.node');
-
-/**
- * Locate an executable on PATH (like `which`). Returns its absolute path or
- * null. Handles PATHEXT on Windows.
- */
+/** Absolute path of an executable on PATH, or null. */
 function which(cmd) {
-  const dirs = (process.env.PATH || '').split(path.delimiter).filter(Boolean);
-  const exts = process.platform === 'win32' ? ['', ...(process.env.PATHEXT || '.EXE;.CMD;.BAT;.COM').split(';')] : [''];
-  for (const dir of dirs) {
+  const exts = process.platform === 'win32' ? ['', '.exe', '.cmd'] : [''];
+  for (const dir of (process.env.PATH || '').split(path.delimiter).filter(Boolean)) {
     for (const ext of exts) {
-      const candidate = path.join(dir, cmd + ext);
+      const file = path.join(dir, cmd + ext);
       try {
-        const st = fs.statSync(candidate);
-        if (!st.isFile()) continue;
-        if (process.platform !== 'win32') fs.accessSync(candidate, fs.constants.X_OK);
-        return candidate;
+        fs.accessSync(file, fs.constants.X_OK);
+        if (fs.statSync(file).isFile()) return file;
       } catch {
-        // not here; keep looking
+        // not here
       }
     }
   }
   return null;
 }
 
-/** True when running as root (who may install system packages). */
-function isRoot() {
-  return typeof process.getuid === 'function' && process.getuid() === 0;
-}
+const isRoot = () => process.getuid?.() === 0;
+const hasApt = () => process.platform === 'linux' && fs.existsSync('/etc/debian_version') && which('apt-get') !== null;
 
-/** True on a Debian-family Linux with apt-get. */
-function hasApt() {
-  return process.platform === 'linux' && which('apt-get') !== null && fs.existsSync('/etc/debian_version');
-}
-
-/**
- * Locate cargo. rustup installs into ~/.cargo/bin, which is often not on PATH
- * in non-login shells (CI, npm hooks); in that case it is added to PATH for
- * this process and its children.
- */
+/** Cargo on PATH, else rustup's ~/.cargo/bin (often missing from PATH in CI and npm hooks: added). */
 function findCargo() {
-  const onPath = which('cargo');
-  if (onPath) return onPath;
-  const cargoHome = process.env.CARGO_HOME || path.join(os.homedir(), '.cargo');
-  const candidate = path.join(cargoHome, 'bin', process.platform === 'win32' ? 'cargo.exe' : 'cargo');
-  if (fs.existsSync(candidate)) {
-    process.env.PATH = `${path.dirname(candidate)}${path.delimiter}${process.env.PATH || ''}`;
-    return candidate;
-  }
-  return null;
+  if (which('cargo')) return which('cargo');
+  const bin = path.join(process.env.CARGO_HOME || path.join(os.homedir(), '.cargo'), 'bin');
+  if (!fs.existsSync(path.join(bin, process.platform === 'win32' ? 'cargo.exe' : 'cargo'))) return null;
+  process.env.PATH = `${bin}${path.delimiter}${process.env.PATH || ''}`;
+  return which('cargo');
 }
 
-/**
- * Run a command with inherited stdio and return its exit code.
- * A failure to start (e.g. ENOENT) or death by signal yields a non-zero code
- * and a message on stderr instead of an exception.
- *
- * @param {string} cmd
- * @param {string[]} args
- * @param {import('node:child_process').SpawnSyncOptions} [opts]
- * @returns {number}
- */
+/** Runs a command with inherited stdio; its exit code (127 when it cannot start, 128+n on signal n). */
 function run(cmd, args, opts = {}) {
   const res = spawnSync(cmd, args, { stdio: 'inherit', cwd: repoRoot, ...opts });
   if (res.error) {
     console.error(`error: could not run ${cmd}: ${res.error.message}`);
     return 127;
   }
-  if (res.signal) {
-    console.error(`error: ${cmd} was killed by ${res.signal}`);
-    const signo = os.constants.signals[res.signal];
-    return signo ? 128 + signo : 1;
-  }
-  return res.status === null ? 1 : res.status;
+  if (!res.signal) return res.status ?? 1;
+  console.error(`error: ${cmd} was killed by ${res.signal}`);
+  return 128 + (os.constants.signals[res.signal] || 0);
 }
 
 /**
- * Runs `cmd` and resolves its exit code. Without a terminal (CI, npm install logs) a long build
- * shows no progress for minutes, so `log` gets a heartbeat line every `every` ms. `onStdout`, when
- * given, receives stdout line by line instead of the terminal.
+ * Resolves `cmd`'s exit code. Without a terminal (CI, npm install logs) a long build is silent for
+ * minutes, so `log` gets a heartbeat every `every` ms. `onStdout` takes stdout line by line.
  */
 function spawnWithHeartbeat(cmd, args, { env = process.env, log, every = 30000, onStdout = null } = {}) {
   return new Promise((resolve) => {
     const started = Date.now();
     const child = spawn(cmd, args, { cwd: repoRoot, env, stdio: ['ignore', onStdout ? 'pipe' : 'inherit', 'inherit'] });
-    const heartbeat = process.stderr.isTTY
-      ? null
-      : setInterval(() => log(`still building (${formatDuration(Date.now() - started)} so far) ...`), every);
-    if (onStdout) {
-      let pending = '';
-      child.stdout.setEncoding('utf8');
-      child.stdout.on('data', (chunk) => {
-        const lines = (pending + chunk).split('\n');
-        pending = lines.pop();
-        lines.forEach(onStdout);
-      });
-    }
+    const beat = () => log(`still building (${formatDuration(Date.now() - started)} so far) ...`);
+    const heartbeat = process.stderr.isTTY ? null : setInterval(beat, every);
+    let pending = '';
+    child.stdout?.setEncoding('utf8').on('data', (chunk) => {
+      const lines = (pending + chunk).split('\n');
+      pending = lines.pop();
+      lines.forEach(onStdout);
+    });
     const finish = (code) => {
-      if (heartbeat) clearInterval(heartbeat);
+      clearInterval(heartbeat);
       resolve(code);
     };
     child.on('error', (e) => {
@@ -319,17 +175,11 @@ function spawnWithHeartbeat(cmd, args, { env = process.env, log, every = 30000, 
   });
 }
 
-/**
- * npm's own npm-cli.js: the npm running this script (npm_execpath), else the one on PATH. Run
- * with this node (`npmCommand`), it works where npm itself is not on PATH.
- */
+/** npm's npm-cli.js (the npm running us, else the one on PATH): run with this node, it needs no PATH. */
 function npmCli() {
-  if (process.env.npm_execpath && /npm-cli\.js$/.test(process.env.npm_execpath)) return process.env.npm_execpath;
-  const res = spawnSync(process.platform === 'win32' ? 'npm.cmd' : 'npm', ['root', '-g'], {
-    encoding: 'utf8',
-    shell: process.platform === 'win32',
-  });
-  const cli = path.join(String(res.stdout).trim(), 'npm', 'bin', 'npm-cli.js');
+  if (/npm-cli\.js$/.test(process.env.npm_execpath || '')) return process.env.npm_execpath;
+  const root = spawnSync('npm', ['root', '-g'], { encoding: 'utf8', shell: process.platform === 'win32' });
+  const cli = path.join(String(root.stdout).trim(), 'npm', 'bin', 'npm-cli.js');
   return fs.existsSync(cli) ? cli : null;
 }
 
@@ -349,63 +199,54 @@ function logger(tag) {
   return log;
 }
 
-// --- System packages of a source build -------------------------------------------------------
-
-/** Names in `dir` matching `re` (empty if `dir` is unreadable). */
-function listMatching(dir, re) {
-  try {
-    return fs.readdirSync(dir).filter((name) => re.test(name));
-  } catch {
-    return [];
-  }
+/** Human-readable duration, e.g. "4m 12s" or "850 ms". */
+function formatDuration(ms) {
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(1)}s`;
+  return `${Math.floor(ms / 60000)}m ${String(Math.floor((ms % 60000) / 1000)).padStart(2, '0')}s`;
 }
 
-/** Path of a libclang shared library on Linux (the C API bindgen needs), or null. */
+// --- System packages --------------------------------------------------------------------------
+
+const listMatching = (dir, re) => (fs.existsSync(dir) ? fs.readdirSync(dir).filter((n) => re.test(n)) : []);
+const llvmDirs = (sub) => listMatching('/usr/lib', /^llvm-\d+/).map((d) => `/usr/lib/${d}/${sub}`);
+
+/** A libclang shared library (bindgen's C API), or null. */
 function findLibclang() {
-  const dirs = process.env.LIBCLANG_PATH ? [process.env.LIBCLANG_PATH] : [];
-  for (const llvm of listMatching('/usr/lib', /^llvm-\d+/)) dirs.push(`/usr/lib/${llvm}/lib`);
-  for (const base of ['/usr/lib', '/lib'])
-    for (const multiarch of listMatching(base, /-linux-(gnu|musl)/)) dirs.push(`${base}/${multiarch}`);
-  dirs.push('/usr/lib64', '/usr/lib', '/usr/local/lib', '/usr/local/lib64');
-  const re = /^libclang(-[0-9.]+)?\.so(\.[0-9]+)*$/;
-  for (const dir of dirs) {
-    const hit = listMatching(dir, re)[0];
+  const multiarch = ['/usr/lib', '/lib'].flatMap((b) => listMatching(b, /-linux-(gnu|musl)/).map((d) => `${b}/${d}`));
+  const dirs = [
+    process.env.LIBCLANG_PATH,
+    ...llvmDirs('lib'),
+    ...multiarch,
+    '/usr/lib64',
+    '/usr/lib',
+    '/usr/local/lib',
+  ];
+  for (const dir of dirs.filter(Boolean)) {
+    const hit = listMatching(dir, /^libclang(-[0-9.]+)?\.so(\.[0-9]+)*$/)[0];
     if (hit) return path.join(dir, hit);
-  }
-  const res = spawnSync('ldconfig', ['-p'], { encoding: 'utf8' }); // last resort: the linker cache
-  const line =
-    !res.error && res.status === 0 && res.stdout.split('\n').find((l) => /\blibclang(-[0-9.]+)?\.so/.test(l));
-  return line ? line.split('=>').pop().trim() : null;
-}
-
-/** Folder of clang's resource headers (stdbool.h, ...), which bindgen needs to parse llama.h; or null. */
-function findClangHeaders() {
-  const roots = process.env.LIBCLANG_PATH ? [path.join(process.env.LIBCLANG_PATH, 'clang')] : [];
-  for (const llvm of listMatching('/usr/lib', /^llvm-\d+/)) roots.push(`/usr/lib/${llvm}/lib/clang`);
-  roots.push('/usr/lib/clang', '/usr/lib64/clang', '/usr/local/lib/clang');
-  for (const root of roots) {
-    for (const version of listMatching(root, /^\d/)) {
-      const include = path.join(root, version, 'include');
-      if (fs.existsSync(path.join(include, 'stdbool.h'))) return include;
-    }
   }
   return null;
 }
 
-/**
- * What a source build lacks on this system: `[{ what, apt }]` (a readable name and the Debian
- * package providing it). Cargo itself is not an apt package: see `findCargo`.
- */
+/** Whether clang's resource headers (stdbool.h ...), which bindgen needs to parse llama.h, exist. */
+function hasClangHeaders() {
+  const roots = [process.env.LIBCLANG_PATH && path.join(process.env.LIBCLANG_PATH, 'clang'), ...llvmDirs('lib/clang')];
+  return [...roots, '/usr/lib/clang', '/usr/lib64/clang', '/usr/local/lib/clang']
+    .filter(Boolean)
+    .some((root) => listMatching(root, /^\d/).some((v) => fs.existsSync(path.join(root, v, 'include', 'stdbool.h'))));
+}
+
+/** What a source build lacks here: `[{ what, apt }]` (cargo is not an apt package: see findCargo). */
 function missingBuildTools() {
   const missing = [];
   if (!which('cmake')) missing.push({ what: 'cmake (builds llama.cpp)', apt: 'cmake' });
   if (process.platform !== 'linux') return missing;
   if (!which('make') && !which('ninja')) missing.push({ what: 'make (cmake build tool)', apt: 'make' });
-  if (!process.env.CXX && !which('c++') && !which('g++') && !which('clang++'))
-    missing.push({ what: 'a C++ compiler (g++)', apt: 'g++' });
+  if (!process.env.CXX && !['c++', 'g++', 'clang++'].some(which)) missing.push({ what: 'a C++ compiler', apt: 'g++' });
   if (!findLibclang()) missing.push({ what: 'libclang (needed by bindgen)', apt: 'libclang-dev' });
-  if (!process.env.BINDGEN_EXTRA_CLANG_ARGS && !findClangHeaders())
-    missing.push({ what: 'clang resource headers, e.g. stdbool.h (needed by bindgen)', apt: 'libclang-dev' });
+  if (!process.env.BINDGEN_EXTRA_CLANG_ARGS && !hasClangHeaders())
+    missing.push({ what: "clang's resource headers, e.g. stdbool.h (needed by bindgen)", apt: 'libclang-dev' });
   return missing;
 }
 
@@ -415,62 +256,38 @@ function aptCommand(packages) {
 }
 
 /**
- * Installs `packages` with apt-get, as root or through `sudo -n` (never asking for a password);
- * false when that is not possible here or apt fails. Only setup and CI scripts call this: the
- * npm `install` script never installs system packages.
+ * Installs `packages` with apt-get as root or through `sudo -n` (never asks for a password); false
+ * when that is not possible or apt fails. Only setup and CI call this, never the install script.
  */
 function aptInstall(packages, log) {
   const sudo = isRoot() ? [] : which('sudo') ? ['sudo', '-n'] : null;
   if (!hasApt() || !sudo) return false;
-  const unique = [...new Set(packages)];
   const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
-  const apt = (args) =>
-    sudo.length ? run(sudo[0], [...sudo.slice(1), 'apt-get', ...args], { env }) : run('apt-get', args, { env });
-  log(`installing with apt-get: ${unique.join(' ')}`);
+  const [cmd, ...prefix] = [...sudo, 'apt-get'];
+  const apt = (args) => run(cmd, [...prefix, ...args], { env });
+  log(`installing with apt-get: ${[...new Set(packages)].join(' ')}`);
   if (apt(['update']) !== 0) log('warning: apt-get update failed; trying the existing package lists');
-  return apt(['install', '-y', '--no-install-recommends', ...unique]) === 0;
+  return apt(['install', '-y', '--no-install-recommends', ...new Set(packages)]) === 0;
 }
 
-/**
- * The Chromium the browser tests drive (`npm run test:ui`): LLAMA_BRANCH_BROWSER, else Debian's
- * chromium (or another system Chromium/Chrome); null when none is installed.
- */
+/** The Chromium of `npm run test:ui`: LLAMA_BRANCH_BROWSER, else a system Chromium or Chrome; or null. */
 function browserPath() {
-  const candidates = [
-    process.env.LLAMA_BRANCH_BROWSER,
-    '/usr/bin/chromium',
-    '/usr/bin/chromium-browser',
-    '/usr/bin/google-chrome',
-  ];
-  return candidates.find((p) => p && fs.existsSync(p)) || null;
-}
-
-/** Human-readable duration, e.g. "4m 12s" or "850 ms". */
-function formatDuration(ms) {
-  if (ms < 1000) return `${Math.round(ms)} ms`;
-  const totalSeconds = ms / 1000;
-  if (totalSeconds < 60) return `${totalSeconds.toFixed(1)}s`;
-  const minutes = Math.floor(totalSeconds / 60);
-  const seconds = Math.round(totalSeconds - minutes * 60);
-  return `${minutes}m ${String(seconds).padStart(2, '0')}s`;
+  const candidates = [process.env.LLAMA_BRANCH_BROWSER, '/usr/bin/chromium', '/usr/bin/chromium-browser'];
+  return [...candidates, '/usr/bin/google-chrome'].find((p) => p && fs.existsSync(p)) || null;
 }
 
 module.exports = {
   repoRoot,
-  browserPath,
-  targetDir,
-  featureList,
-  featureArgs,
-  cpuArgs,
-  targetCpuArgs,
-  cpuChoice,
-  cargoEnv,
-  staleLlamaBuild,
-  cleanStaleLlamaBuild,
-  typeDefFolder,
-  typeDefFile,
-  cdylibName,
   addonPath,
+  featureList,
+  targetDir,
+  featureArgs,
+  cpuChoice,
+  targetCpuArgs,
+  cpuArgs,
+  typeDefFolder,
+  cargoEnv,
+  cdylibName,
   which,
   isRoot,
   hasApt,
@@ -480,8 +297,9 @@ module.exports = {
   npmCli,
   npmCommand,
   logger,
+  formatDuration,
   missingBuildTools,
   aptCommand,
   aptInstall,
-  formatDuration,
+  browserPath,
 };

@@ -2,13 +2,11 @@
 'use strict';
 
 /**
- * The public class declarations, generated from lib/'s JSDoc: `tsc --declaration
- * --emitDeclarationOnly` over lib/ into types/, with every member whose name starts with `_`
- * left out (private plumbing between lib/ and the addon). index.d.ts re-exports the classes
- * from there, so each method is documented once, next to its code.
+ * types/, the public class declarations: `tsc --declaration --emitDeclarationOnly` over lib/'s
+ * JSDoc, with members named `_…` (plumbing between lib/ and the addon) and the imports only they
+ * used left out. index.d.ts re-exports the classes, so each method is documented once, by its code.
  *
- *   node scripts/lib-typings.js          writes types/
- *   node scripts/lib-typings.js --check  exits 1 if types/ is not what lib/ says
+ *   node scripts/lib-typings.js [--check]   writes types/ (--check: exits 1 if it is not current)
  */
 
 const fs = require('node:fs');
@@ -34,13 +32,9 @@ function sources(dir) {
   });
 }
 
-/** What the emitted files may import: each other and the copied declarations. */
 const EMITTED = new Set([...PUBLIC, ...COPIED].map((f) => `./${f.replace(/(\.d)?\.[jt]s$/, '')}`));
 
-/**
- * Drops class members named `_…` from the emitted declarations, and the imports only they used
- * (lib/'s internal modules, which are not emitted).
- */
+/** Drops `_…` class members and imports of lib/'s internal modules (which are not emitted). */
 function withoutPrivatePlumbing(context) {
   const visit = (node) => {
     if (
@@ -66,10 +60,7 @@ function withoutPrivatePlumbing(context) {
   return (file) => ts.visitNode(file, visit);
 }
 
-/**
- * The emitted files import lib/'s own declarations (`./types`, `./native`) by lib's relative
- * paths; from types/ they are `../lib/...`, so lib/ (published beside types/) is not copied.
- */
+/** Imports of lib/'s own declarations (`./types`, `./native`) seen from types/: `../lib/...`. */
 function fromLib(text) {
   const names = COPIED.map((f) => f.replace(/\.d\.ts$/, '')).join('|');
   return text.replace(new RegExp(`(["'])\\./(${names})\\1`, 'g'), '$1../lib/$2$1');
@@ -102,52 +93,29 @@ function generate() {
     );
   }
   const errors = diagnostics.filter((d) => d.category === ts.DiagnosticCategory.Error);
-  if (errors.length) {
-    throw new Error(
-      ts.formatDiagnostics(errors, {
-        getCanonicalFileName: (f) => f,
-        getCurrentDirectory: () => repoRoot,
-        getNewLine: () => '\n',
-      }),
-    );
-  }
+  const host = { getCanonicalFileName: (f) => f, getCurrentDirectory: () => repoRoot, getNewLine: () => '\n' };
+  if (errors.length) throw new Error(ts.formatDiagnostics(errors, host));
   return files;
-}
-
-/** Files under `dir`, relative to it. */
-function listed(dir, prefix = '') {
-  if (!fs.existsSync(dir)) return [];
-  return fs
-    .readdirSync(dir, { withFileTypes: true })
-    .flatMap((e) => (e.isDirectory() ? listed(path.join(dir, e.name), `${prefix}${e.name}/`) : [`${prefix}${e.name}`]));
 }
 
 function main() {
   const check = process.argv.includes('--check');
   const files = generate();
-  const stale = [];
-  const extra = listed(OUT).filter((rel) => !files.has(rel));
-  for (const [rel, text] of files) {
-    const file = path.join(OUT, rel);
-    const current = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : null;
-    if (current === text) continue;
-    stale.push(rel);
-    if (!check) {
-      fs.mkdirSync(path.dirname(file), { recursive: true });
-      fs.writeFileSync(file, text);
-    }
-  }
-  if (!check) for (const rel of extra) fs.rmSync(path.join(OUT, rel));
-  stale.push(...extra);
-  if (check && stale.length) {
+  const current = (rel) => (fs.existsSync(path.join(OUT, rel)) ? fs.readFileSync(path.join(OUT, rel), 'utf8') : null);
+  const stale = [...files.keys()].filter((rel) => current(rel) !== files.get(rel));
+  const extra = fs.existsSync(OUT) ? fs.readdirSync(OUT).filter((rel) => !files.has(rel)) : [];
+  if (check && stale.length + extra.length > 0) {
     console.error(
-      `types/ does not match lib/'s JSDoc (${stale.join(', ')}): run \`node scripts/lib-typings.js\` and commit the result`,
+      `types/ does not match lib/ (${[...stale, ...extra].join(', ')}): run \`node scripts/lib-typings.js\``,
     );
     process.exit(1);
+  }
+  if (!check) {
+    fs.mkdirSync(OUT, { recursive: true });
+    for (const rel of stale) fs.writeFileSync(path.join(OUT, rel), files.get(rel));
+    for (const rel of extra) fs.rmSync(path.join(OUT, rel));
   }
   console.log(check ? 'types/ matches lib/' : `types/: ${stale.length ? `wrote ${stale.join(', ')}` : 'up to date'}`);
 }
 
-if (require.main === module) main();
-
-module.exports = { generate };
+main();

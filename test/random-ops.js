@@ -2,7 +2,7 @@
 
 /**
  * Seeded random operation sequences on one context, checked against a model after every step.
- * Used by test/property.test.js (CI-sized) and scripts/soak.js (long runs).
+ * Used by test/property.test.js (CI-sized) and test/soak.js (long runs).
  *
  * The model keeps, per live branch, its position, parent and the KV cell runs it references (a
  * fork references its parent's runs; new tokens make new runs), so the exact `cellsUsed` is the

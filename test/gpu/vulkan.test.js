@@ -1,10 +1,10 @@
 'use strict';
 
 // The GPU tier (`npm run test:gpu`): the prebuilt installed from its tarballs with the Vulkan
-// module package (scripts/test-gpu.js installs them into a scratch project with no compiler,
+// module package (test/gpu/run.js installs them into a scratch project with no compiler,
 // offline, and points LLAMA_BRANCH_PACKAGE at it), on whatever Vulkan device exists. On a machine
 // without a GPU that is Mesa's software device, lavapipe, which ggml hides unless
-// GGML_VK_VISIBLE_DEVICES names it (scripts/test-gpu.js sets it). lavapipe runs at about one token
+// GGML_VK_VISIBLE_DEVICES names it (test/gpu/run.js sets it). lavapipe runs at about one token
 // per second on the 270M model, so every generation here is a few tokens long.
 //
 // The CPU reference is the same prebuilt with `gpu: false` (one prebuilt per process): its CPU

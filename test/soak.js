@@ -9,9 +9,9 @@
  */
 
 const path = require('node:path');
-const { ensureModel } = require('./fetch-model');
+const { ensureModel } = require('../scripts/fetch-model');
 const { createContext } = require('..');
-const { runRandomOps } = require('../test/random-ops');
+const { runRandomOps } = require('./random-ops');
 
 async function main() {
   const args = process.argv.slice(2);

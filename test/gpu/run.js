@@ -32,10 +32,10 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
-const { repoRoot, run, formatDuration } = require('./env');
-const { ensureVulkanDriver, installVulkanBuild } = require('./vulkan');
-const { ensureTarballs, noCompilerEnv, COMPILERS } = require('./test-prebuilt');
-const { platformPackageName } = require('../lib/loader');
+const { repoRoot, run, formatDuration } = require('../../scripts/env');
+const { ensureVulkanDriver, installVulkanBuild } = require('../../scripts/vulkan');
+const { ensureTarballs, noCompilerEnv, COMPILERS } = require('../install/prebuilt');
+const { platformPackageName } = require('../../lib/loader');
 
 const node = process.execPath;
 
@@ -104,7 +104,7 @@ function main() {
   });
   const model = env.LLAMA_TEST_MODEL ? path.resolve(env.LLAMA_TEST_MODEL) : null;
   step('model', () => (model ? 0 : run(node, [path.join(repoRoot, 'scripts', 'fetch-model.js')])));
-  const modelPath = model || require('./fetch-model').ensureModel();
+  const modelPath = model || require('../../scripts/fetch-model').ensureModel();
 
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-gpu-'));
   const project = path.join(dir, 'project');

@@ -29,10 +29,10 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
-const { repoRoot, addonPath, formatDuration, npmCli } = require('./env');
-const { distDir, addonFileName } = require('./build-prebuilt');
-const { platformKey, platformPackageName } = require('../lib/loader');
-const { vulkanBuildEnv } = require('./vulkan');
+const { repoRoot, addonPath, formatDuration, npmCli } = require('../../scripts/env');
+const { distDir, addonFileName } = require('../../scripts/build-prebuilt');
+const { platformKey, platformPackageName } = require('../../lib/loader');
+const { vulkanBuildEnv } = require('../../scripts/vulkan');
 
 const INSTALL_LIMIT_MS = 60000;
 const COMPILERS = ['cargo', 'rustc', 'cmake', 'cc', 'gcc', 'g++', 'c++', 'clang', 'make'];
@@ -103,7 +103,7 @@ function ensureTarballs({ vulkan = vulkanBuildEnv() !== null } = {}) {
   const started = Date.now();
   const res = spawnSync(
     process.execPath,
-    [path.join(__dirname, 'build-prebuilt.js'), ...(vulkan ? ['--vulkan'] : [])],
+    [path.join(repoRoot, 'scripts', 'build-prebuilt.js'), ...(vulkan ? ['--vulkan'] : [])],
     {
       cwd: repoRoot,
       stdio: 'inherit',
@@ -189,7 +189,7 @@ function main() {
   const started = Date.now();
   const model = process.env.LLAMA_TEST_MODEL
     ? path.resolve(process.env.LLAMA_TEST_MODEL)
-    : require('./fetch-model').ensureModel();
+    : require('../../scripts/fetch-model').ensureModel();
   const tarballs = ensureTarballs();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-prebuilt-'));
   try {

@@ -21,7 +21,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
-const { repoRoot, cargoEnv, formatDuration, npmCommand } = require('./env');
+const { repoRoot, cargoEnv, formatDuration, npmCommand } = require('../../scripts/env');
 
 function log(msg) {
   console.log(`[test-pack] ${msg}`);
@@ -61,7 +61,7 @@ function main() {
   const started = Date.now();
   const model = process.env.LLAMA_TEST_MODEL
     ? path.resolve(process.env.LLAMA_TEST_MODEL)
-    : require('./fetch-model').ensureModel();
+    : require('../../scripts/fetch-model').ensureModel();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-pack-'));
   try {
     // 1. Pack.
