@@ -25,14 +25,20 @@ const {
   targetDir,
   targetCpuArgs,
   findCargo,
-  which,
   formatDuration,
   spawnWithHeartbeat,
   npmCommand,
   logger,
 } = require('./env');
-const { readDynamic } = require('./elf');
 const { platformKey, platformPackageName } = require('../lib/loader');
+
+/** DT_NEEDED and DT_RPATH / DT_RUNPATH of a shared library, from binutils' `objdump -p` (g++ needs binutils too). */
+function readDynamic(file) {
+  const res = spawnSync('objdump', ['-p', file], { encoding: 'utf8', maxBuffer: 64 * 2 ** 20 });
+  if (res.status !== 0) die(`objdump -p ${file} failed: ${res.error ? res.error.message : res.stderr}`);
+  const entries = (tag) => [...res.stdout.matchAll(new RegExp(`^\\s+${tag}\\s+(\\S+)$`, 'gm'))].map((m) => m[1]);
+  return { needed: entries('NEEDED'), rpath: entries('R(?:UN)?PATH')[0] ?? null };
+}
 
 /** Libraries every glibc Linux system has; a prebuilt may need nothing else from the system: users may lack it. */
 const GLIBC_SYSTEM_LIBS = 'libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libstdc++.so.6 libgcc_s.so.1';
@@ -126,15 +132,14 @@ function runtimeFiles(addon, sysOutDir, skip) {
   return { files: [...files].map(([name, from]) => ({ name, from })), system: [...system].sort() };
 }
 
-/** The newest GLIBC and GLIBCXX symbol versions `files` need (what a user's system must have); null without objdump. */
+/** The newest GLIBC and GLIBCXX symbol versions `files` need: what a user's system must have. */
 function newestSymbolVersions(files) {
-  if (!which('objdump')) return null;
   const newest = {};
-  for (const file of files) {
-    const { stdout } = spawnSync('objdump', ['-T', file], { encoding: 'utf8', maxBuffer: 64 * 2 ** 20 });
-    for (const [, lib, version] of (stdout || '').matchAll(/\b(GLIBC|GLIBCXX)_([0-9.]+)\b/g)) {
-      if (!newest[lib] || version.localeCompare(newest[lib], 'en', { numeric: true }) > 0) newest[lib] = version;
-    }
+  const dynamicSymbols = files.map(
+    (f) => spawnSync('objdump', ['-T', f], { encoding: 'utf8', maxBuffer: 2 ** 26 }).stdout,
+  );
+  for (const [, lib, version] of dynamicSymbols.join('\n').matchAll(/\b(GLIBC|GLIBCXX)_([0-9.]+)\b/g)) {
+    if (!newest[lib] || version.localeCompare(newest[lib], 'en', { numeric: true }) > 0) newest[lib] = version;
   }
   return Object.entries(newest)
     .map(([lib, version]) => `${lib}_${version}`)
@@ -164,14 +169,13 @@ function stagePackage(folder, packageName, files, mains) {
   const manifestFile = path.join(dir, 'package.json');
   if (!fs.existsSync(manifestFile)) die(`${manifestFile} is missing (the manifest is kept in the repository)`);
   for (const f of fs.readdirSync(dir)) if (/\.(node|so)$|\.so\./.test(f)) fs.rmSync(path.join(dir, f));
-  const canStrip = which('strip');
-  if (!canStrip) log('warning: no `strip` on PATH; the shared libraries ship with their symbol tables');
   for (const { name, from } of files) {
     const to = path.join(dir, name);
     fs.copyFileSync(from, to);
     fs.chmodSync(to, 0o755);
-    const res = canStrip ? spawnSync('strip', ['--strip-unneeded', to], { encoding: 'utf8' }) : { status: 0 };
-    if (res.status !== 0) die(`strip --strip-unneeded ${to} failed: ${res.stderr}`);
+    // binutils' strip, like objdump above: a C++ toolchain has it.
+    const res = spawnSync('strip', ['--strip-unneeded', to], { encoding: 'utf8' });
+    if (res.status !== 0) die(`strip --strip-unneeded ${to} failed: ${res.error ? res.error.message : res.stderr}`);
   }
   const manifest = JSON.parse(fs.readFileSync(manifestFile, 'utf8'));
   if (manifest.name !== packageName) die(`${manifestFile}: name must be ${packageName}`);
@@ -187,12 +191,8 @@ function stagePackage(folder, packageName, files, mains) {
 /** Runs `npm <args> --json` in `dir`; returns npm's description of the (first) package. */
 function npmJson(dir, args) {
   const [cmd, pre] = npmCommand();
-  const res = spawnSync(cmd, [...pre, ...args, '--json'], {
-    cwd: dir,
-    encoding: 'utf8',
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  if (res.status !== 0) die(`npm ${args.join(' ')} in ${dir} exited with ${res.status}`);
+  const res = spawnSync(cmd, [...pre, ...args, '--json'], { cwd: dir, encoding: 'utf8', stdio: 'pipe' });
+  if (res.status !== 0) die(`npm ${args.join(' ')} in ${dir} exited with ${res.status}: ${res.stderr}`);
   return JSON.parse(res.stdout.slice(res.stdout.indexOf('[')))[0];
 }
 
@@ -291,7 +291,7 @@ async function main() {
   list([...platform.files, { name: 'total', size: platform.files.reduce((sum, f) => sum + f.size, 0) }]);
   console.log(`  needs from the system: ${runtime.system.join(', ')}`);
   const versions = newestSymbolVersions(platform.files.map((f) => path.join(platform.dir, f.name)));
-  if (versions) console.log(`  newest symbol versions needed: ${versions}`);
+  console.log(`  newest symbol versions needed: ${versions}`);
   for (const m of modulePackages) {
     console.log(`\n${platformPackageName(m.variant, key)} ships (stripped; optional, installed by hand):`);
     list(m.files);
@@ -309,4 +309,4 @@ if (require.main === module) {
   main().catch((e) => die(e.stack || e.message));
 }
 
-module.exports = { prebuildTargetDir, addonFileName, distDir };
+module.exports = { addonFileName, distDir };

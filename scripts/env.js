@@ -85,17 +85,10 @@ function cargoEnv() {
 function nativeCpuFile(target) {
   if (cpuChoice() !== 'native' || process.platform !== 'linux') return null;
   try {
-    const flags = fs
-      .readFileSync('/proc/cpuinfo', 'utf8')
-      .split('\n')
-      .find((l) => /^(flags|Features)\s*:/.test(l));
-    const file = path.join(target, 'native-cpu-flags.txt');
-    const content = `${os.arch()} ${flags.split(':')[1].trim()}\n`;
-    if (!fs.existsSync(file) || fs.readFileSync(file, 'utf8') !== content) {
-      fs.mkdirSync(target, { recursive: true });
-      fs.writeFileSync(file, content);
-    }
-    return file;
+    const flags = /^(?:flags|Features)\s*:(.*)$/m.exec(fs.readFileSync('/proc/cpuinfo', 'utf8'))[1].trim();
+    fs.mkdirSync(target, { recursive: true });
+    fs.writeFileSync(path.join(target, 'native-cpu-flags.txt'), `${os.arch()} ${flags}\n`);
+    return path.join(target, 'native-cpu-flags.txt');
   } catch {
     return null;
   }
@@ -124,6 +117,7 @@ function which(cmd) {
 }
 
 const isRoot = () => process.getuid?.() === 0;
+/** Debian or a derivative, with apt-get. */
 const hasApt = () => process.platform === 'linux' && fs.existsSync('/etc/debian_version') && which('apt-get') !== null;
 
 /** Cargo on PATH, else rustup's ~/.cargo/bin (often missing from PATH in CI and npm hooks: added). */
@@ -206,22 +200,15 @@ function formatDuration(ms) {
   return `${Math.floor(ms / 60000)}m ${String(Math.floor((ms % 60000) / 1000)).padStart(2, '0')}s`;
 }
 
-// --- System packages --------------------------------------------------------------------------
-
+// The system packages of a source build.
+const SYSTEM_LIB_DIRS = ['/usr/lib64', '/usr/lib', '/usr/local/lib'];
 const listMatching = (dir, re) => (fs.existsSync(dir) ? fs.readdirSync(dir).filter((n) => re.test(n)) : []);
 const llvmDirs = (sub) => listMatching('/usr/lib', /^llvm-\d+/).map((d) => `/usr/lib/${d}/${sub}`);
 
 /** A libclang shared library (bindgen's C API), or null. */
 function findLibclang() {
   const multiarch = ['/usr/lib', '/lib'].flatMap((b) => listMatching(b, /-linux-(gnu|musl)/).map((d) => `${b}/${d}`));
-  const dirs = [
-    process.env.LIBCLANG_PATH,
-    ...llvmDirs('lib'),
-    ...multiarch,
-    '/usr/lib64',
-    '/usr/lib',
-    '/usr/local/lib',
-  ];
+  const dirs = [process.env.LIBCLANG_PATH, ...llvmDirs('lib'), ...multiarch, ...SYSTEM_LIB_DIRS];
   for (const dir of dirs.filter(Boolean)) {
     const hit = listMatching(dir, /^libclang(-[0-9.]+)?\.so(\.[0-9]+)*$/)[0];
     if (hit) return path.join(dir, hit);

@@ -18,52 +18,44 @@
 
 const fs = require('node:fs');
 const path = require('node:path');
-const { repoRoot, featureArgs, cpuArgs, cargoEnv, findCargo, run, formatDuration } = require('./env');
+const { repoRoot, run, formatDuration } = require('./env');
 
-const file = (...p) => path.join(repoRoot, ...p);
-/** Runs a script of this repository (a path relative to its root) with this node. */
-const node = (script, ...args) => run(process.execPath, [file(script), ...args]);
-
-/** Runs a devDependency's CLI, e.g. devCli('mocha/bin/mocha.js', ...args); a trailing object is spawn options. */
-function devCli(bin, ...args) {
+/** Runs a file of this repository (scripts, devDependencies' CLIs) with this node; a trailing object is spawn options. */
+function node(file, ...args) {
   const opts = typeof args[args.length - 1] === 'object' ? args.pop() : {};
-  if (!fs.existsSync(file('node_modules', bin))) {
-    console.error(`error: ${bin.split('/')[0]} is not installed; run \`npm install\` first`);
-    return 1;
-  }
-  return run(process.execPath, [file('node_modules', bin), ...args], opts);
+  if (fs.existsSync(path.join(repoRoot, file)))
+    return run(process.execPath, [path.join(repoRoot, file), ...args], opts);
+  console.error(`error: ${file} is missing${file.startsWith('node_modules') ? '; run `npm install` first' : ''}`);
+  return 1;
 }
 
-const mocha = (...args) => devCli('mocha/bin/mocha.js', ...args);
+const mocha = (...args) => node('node_modules/mocha/bin/mocha.js', ...args);
+const tsc = (project) => node('node_modules/typescript/bin/tsc', '-p', path.join(repoRoot, project));
 const skipIf = (name) => () => (process.env[name] === '1' ? `${name}=1` : null);
 
 const steps = [
   {
     name: 'lint: prettier --check, eslint (npm run lint adds rustfmt and clippy)',
     run: () =>
-      devCli('prettier/bin/prettier.cjs', '--check', '--log-level', 'warn', '.') || devCli('eslint/bin/eslint.js', '.'),
+      node('node_modules/prettier/bin/prettier.cjs', '--check', '--log-level', 'warn', '.') ||
+      node('node_modules/eslint/bin/eslint.js', '.'),
   },
   { name: 'build native addon', run: () => node('scripts/build.js') },
   {
     name: 'tier 1: rust unit tests (cargo test --release --lib)',
-    run: () => {
-      if (findCargo())
-        return run('cargo', ['test', '--release', '--lib', ...featureArgs(), ...cpuArgs()], { env: cargoEnv() });
-      console.error('error: cargo not found; install Rust with rustup (https://rustup.rs)');
-      return 127;
-    },
+    run: () => node('scripts/cargo.js', 'test', '--release', '--lib'),
   },
   {
     name: 'tier 1: js unit tests, no model (mocha test/unit)',
-    run: () => mocha('--no-config', '--node-option', 'expose-gc', file('test', 'unit')),
+    run: () => mocha('--no-config', '--node-option', 'expose-gc', 'test/unit'),
   },
   {
     name: 'tier 1: typings (lib/native.d.ts and types/ current, tsc -p lib, tsc -p test/types)',
     run: () =>
       node('scripts/native-typings.js', '--check') ||
       node('scripts/lib-typings.js', '--check') ||
-      devCli('typescript/bin/tsc', '-p', file('lib')) ||
-      devCli('typescript/bin/tsc', '-p', file('test', 'types')),
+      tsc('lib') ||
+      tsc('test/types'),
   },
   {
     name: 'fetch model',
@@ -79,7 +71,7 @@ const steps = [
     // exit); the hard time limit turns such a hang into a failure instead of a stuck CI run.
     name: 'tier 2: RPC across two loopback rpc-server processes (test/rpc.test.js)',
     run: () =>
-      mocha('--no-config', '--timeout', '240000', '--node-option', 'expose-gc', file('test', 'rpc.test.js'), {
+      mocha('--no-config', '--timeout', '240000', '--node-option', 'expose-gc', 'test/rpc.test.js', {
         timeout: 600000,
         killSignal: 'SIGKILL',
       }),
