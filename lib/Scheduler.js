@@ -26,15 +26,14 @@
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { jsonSchemaToGrammar } = require('./schema');
-const defaults = require('./defaults');
+const { schedulerOptions } = require('./scheduler/options');
 const { PrefixCache } = require('./scheduler/prefix-cache');
-const { Request, positiveInt, invalid } = require('./scheduler/request');
+const { Request, invalid } = require('./scheduler/request');
 const { SystemPrompts } = require('./scheduler/system-prompts');
 const { Generation } = require('./scheduler/generation');
 const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
 const { Program, Programs, abortedProgram } = require('./scheduler/program');
-const { produceAll, commitAll, commitDraftsAll } = require('./scheduler/rows');
-const { checkSpeculative, draftAll, DraftModel, StepCost } = require('./speculative');
+const { decodeAll } = require('./scheduler/rows');
 const { SchedulerEvents } = require('./scheduler/events');
 
 /**
@@ -53,36 +52,38 @@ class Scheduler {
       throw invalid('new Scheduler(ctx, options?): options must be an object');
     this._ctx = ctx;
     this._store = new BranchStore(ctx);
-    const o = { ...defaults.scheduler, onStep: null, ...options };
-    this._prefillChunk = positiveInt(o.prefillChunk, 'options.prefillChunk');
-    this._maxQueue = o.maxQueue === 0 ? 0 : positiveInt(o.maxQueue, 'options.maxQueue');
-    this._maxRunning = o.maxRunning === Infinity ? Infinity : positiveInt(o.maxRunning, 'options.maxRunning');
-    this._defaultMaxTokens = positiveInt(o.defaultMaxTokens, 'options.defaultMaxTokens');
-    if (o.onStep !== null && typeof o.onStep !== 'function') throw invalid('options.onStep must be a function');
-    this._onStep = o.onStep;
-    const spec = checkSpeculative(o.speculative, 'new Scheduler: options');
-    if (spec && spec.source instanceof DraftModel) spec.source.checkVocabulary(ctx);
+    /** `prefillChunk`, `maxQueue`, `maxRunning`, `defaultMaxTokens`, `onStep` and `spec`, checked. */
+    this._options = schedulerOptions(ctx, options);
     /** Speculation shared by every request's choices: the draft source, maxDraft and the step-cost fit. */
-    this._spec = spec && { ...spec, cost: new StepCost() };
+    this._spec = this._options.spec;
 
     /** @type {Request[]} queued and ready requests, in arrival order */
     this._queue = [];
     /** @type {Request[]} prefilling, generating and aborting requests */
     this._running = [];
+    this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow });
+    /** Prompt branches are only forked, never sampled. */
+    this._createPromptBranch = () => Branch.create(ctx, 0, { temperature: 0 });
+    const spareLease = () => this._fits(0, 1); // a lease that no running request or program may still need
     /** Admitted programs, until their step of ending. */
-    this._programs = new Programs();
+    this._programs = new Programs({ cache: this._cache, createBranch: this._createPromptBranch, spareLease });
     /** The queue's head waits for a program to give room back: no step until something changes. */
     this._blocked = false;
-    this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow });
     this._loop = null;
     this._closed = false;
     this._systemPrompts = new SystemPrompts(ctx);
-    /** Prompt branches are only forked, never sampled. */
-    this._createPromptBranch = () => Branch.create(ctx, 0, { temperature: 0 });
     this._pressure = this._store.kvPressure();
     /** What happens to requests, programs and their branches, for `subscribe` (docs/events.md). */
     this._events = new SchedulerEvents();
-    this._evictionsSeen = 0;
+    /** What each request and program is given: the defaults, the shared cache and events, `wake` for new needs. */
+    this._env = {
+      ctx,
+      defaultMaxTokens: this._options.defaultMaxTokens,
+      jsonSchemaToGrammar,
+      wake: () => this._kick(),
+      cache: this._cache,
+      events: this._events,
+    };
     this._counters = {
       steps: 0,
       promptTokens: 0,
@@ -104,13 +105,7 @@ class Scheduler {
   generate(request) {
     const gen = new Generation();
     try {
-      const env = {
-        vocabSize: this._ctx.vocabSize,
-        defaultMaxTokens: this._defaultMaxTokens,
-        jsonSchemaToGrammar,
-        events: this._events,
-      };
-      this._enqueue(new Request(request, gen, env));
+      this._enqueue(new Request(request, gen, { vocabSize: this._ctx.vocabSize, ...this._env }));
     } catch (e) {
       gen._fail(e);
     }
@@ -130,16 +125,7 @@ class Scheduler {
    */
   run(program, options = {}) {
     try {
-      const wake = () => this._kick();
-      const env = {
-        ctx: this._ctx,
-        defaultMaxTokens: this._defaultMaxTokens,
-        jsonSchemaToGrammar,
-        wake,
-        cache: this._cache,
-        events: this._events,
-      };
-      const p = new Program(program, options, env);
+      const p = new Program(program, options, this._env);
       this._enqueue(p);
       return p.promise;
     } catch (e) {
@@ -153,8 +139,8 @@ class Scheduler {
       this._fail(item, closedError());
     } else if (item.signal && item.signal.aborted) {
       this._abortQueued(item);
-    } else if (this._queue.length >= this._maxQueue) {
-      this._fail(item, queueFullError(this._maxQueue));
+    } else if (this._queue.length >= this._options.maxQueue) {
+      this._fail(item, queueFullError(this._options.maxQueue));
     } else {
       if (item.signal) {
         item.onAbort = () => this._abort(item);
@@ -279,41 +265,21 @@ class Scheduler {
     this._counters.steps++;
     if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
     if (this._events.on) this._stepEvent(rows, prefillTokens, ended - started);
-    if (this._onStep) {
+    if (this._options.onStep) {
       const { cellsUsed } = this._pressure;
       const [running, queued] = [this._running.length + this._programs.size, this._queue.length];
       const [prefillMs, decodeMs, stepMs] = [decodeStart - prefillStart, ended - decodeStart, ended - started];
-      this._onStep({ rows, prefillTokens, prefillMs, decodeMs, stepMs, cellsUsed, running, queued });
+      this._options.onStep({ rows, prefillTokens, prefillMs, decodeMs, stepMs, cellsUsed, running, queued });
     }
     return rows + prefillTokens;
   }
 
   /** The `step` event: what the step did and the gauges after it (an `evict` event first, if any). */
   _stepEvent(rows, prefillTokens, stepMs) {
-    const evicted = this._cache.evictions - this._evictionsSeen;
-    this._evictionsSeen = this._cache.evictions;
-    if (evicted > 0) this._events.emit('evict', { entries: evicted });
-    const { cellsUsed, nCtx } = this._pressure;
-    const c = this._counters;
     const nSeqMax = this._ctx.disposed ? 0 : this._ctx.nSeqMax;
-    this._events.emit('step', {
-      step: c.steps,
-      rows,
-      prefillTokens,
-      stepMs: Math.round(stepMs * 100) / 100,
-      running: this._running.length + this._programs.size,
-      queued: this._queue.length,
-      cellsUsed,
-      nCtx,
-      leasesUsed: this._ctx.disposed ? 0 : nSeqMax - this._store.available,
-      nSeqMax,
-      cache: {
-        entries: this._cache.size,
-        tokens: this._cache.tokens,
-        hitRate: c.promptTokens === 0 ? 0 : Math.round((c.cachedPromptTokens / c.promptTokens) * 1000) / 1000,
-        evictions: this._cache.evictions,
-      },
-    });
+    const leasesUsed = this._ctx.disposed ? 0 : nSeqMax - this._store.available;
+    const gauges = { leasesUsed, nSeqMax, cacheTokens: this._cache.tokens };
+    this._events.step({ rows, prefillTokens, stepMs }, this.stats(), gauges);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -339,14 +305,12 @@ class Scheduler {
    * requests may still need. A request that cannot fit even into an empty context fails.
    */
   _admit() {
-    while (this._queue.length > 0 && this._running.length < this._maxRunning) {
+    while (this._queue.length > 0 && this._running.length < this._options.maxRunning) {
       const req = this._queue[0];
       if (req.state !== 'ready') return;
-      const program = req instanceof Program;
-      const { entry, length } = program ? { entry: null, length: 0 } : this._cache.bestStart(req.tokens);
-      const cells = program ? req.maxCells : req.tokens.length - length + req.n * req.maxTokens;
-      const leases = program ? req.maxBranches : req.n + req.cachePoints.filter((p) => p > length).length;
-      if (!this._cache.evictUntil(() => this._fits(cells, leases), entry)) {
+      const need = req.needs(this._cache);
+      const { cells, leases } = need;
+      if (!this._cache.evictUntil(() => this._fits(cells, leases), need.entry)) {
         if (this._running.length > 0) return; // wait for running requests to finish
         if (this._programs.size > 0) return void (this._blocked = true); // until a program ends
         this._queue.shift();
@@ -354,18 +318,12 @@ class Scheduler {
         continue;
       }
       this._queue.shift();
-      if (program) {
+      if (req instanceof Program) {
         this._programs.admit(req);
-        continue;
+      } else {
+        req.admit(need, this._spec);
+        this._running.push(req);
       }
-      req.plannedStart = length;
-      req.leasesToCome = leases;
-      req.usage.promptTokens = req.tokens.length;
-      // Log-probabilities need each token's own snapshot, which a verified draft does not keep.
-      req.spec = this._spec && req.logprobs === undefined ? this._spec : null;
-      req.to('prefilling');
-      req.admitted(length);
-      this._running.push(req);
     }
   }
 
@@ -382,7 +340,7 @@ class Scheduler {
 
   /** Prefills up to `prefillChunk` prompt tokens of prefilling requests in one batch; returns the count. */
   async _prefillPhase() {
-    let budget = this._prefillChunk;
+    let budget = this._options.prefillChunk;
     const batch = [];
     for (const req of this._running.filter((r) => r.state === 'prefilling')) {
       try {
@@ -396,37 +354,26 @@ class Scheduler {
       batch.push({ req, take });
       budget -= take;
     }
-    const spareLease = () => this._fits(0, 1);
-    const lines = this._programs.linesToPrefill(budget, this._cache, this._createPromptBranch, spareLease);
+    const lines = this._programs.linesToPrefill(budget);
     if (batch.length === 0 && lines.length === 0) return 0;
     let scores;
     try {
       /** @type {Array<[any, number[]] | [any, number[], number]>} */
-      const entries = [];
-      for (const { req, take } of batch) entries.push([req.branch, req.tokens.slice(req.pos, req.pos + take)]);
-      for (const { line, take } of lines) {
-        const scoreFrom = line._scoreFrom(take); // a select's option, scored in this same decode
-        const tokens = line._pending.slice(0, take);
-        entries.push(scoreFrom === undefined ? [line._branch, tokens] : [line._branch, tokens, scoreFrom]);
-      }
-      scores = await this._store._prefillPerToken(entries);
+      const entries = batch.map(({ req, take }) => [req.branch, req.tokens.slice(req.pos, req.pos + take)]);
+      scores = await this._store._prefillPerToken([...entries, ...this._programs.prefillEntries(lines)]);
     } catch (e) {
       for (const { req } of batch) if (req.running) this._fail(req, e); // all-or-nothing: none advanced
-      for (const { line } of lines) {
-        line._dropSegment(this._cache);
-        line._endJob(null, e);
-      }
+      this._programs.prefillFailed(lines, e);
       return 0;
     }
-    let tokens = 0;
-    lines.forEach(({ line, take }, i) => (tokens += line._prefilled(take, this._cache, scores[batch.length + i])));
-    this._programs.materialize(this._cache, this._createPromptBranch, spareLease); // forks whose parent reached its fork point just now
+    let tokens = this._programs.prefilled(lines, scores.slice(batch.length));
     for (const { req, take } of batch) {
-      req.pos += take;
       tokens += take;
-      if (req.pos < req.segment.tokens.length) continue;
-      if (req.state === 'prefilling') this._segmentFilled(req);
-      else this._cache.filled(req.segment); // aborted meanwhile: the filled prefix stays cached
+      try {
+        req.prefilled(take, this._cache);
+      } catch (e) {
+        this._fail(req, e); // e.g. invalid sampling params or grammar
+      }
     }
     this._counters.prefilledTokens += tokens;
     return tokens;
@@ -439,14 +386,6 @@ class Scheduler {
     this._counters.promptTokens += req.tokens.length;
     this._counters.cachedPromptTokens += cached;
     return true;
-  }
-
-  _segmentFilled(req) {
-    try {
-      req.segmentFilled(this._cache);
-    } catch (e) {
-      this._fail(req, e); // e.g. invalid sampling params or grammar
-    }
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -467,66 +406,14 @@ class Scheduler {
       ...this._programs.decodeRows(onToken),
     ];
     if (rows.length === 0) return 0;
-    const produced = produceAll(this._store, rows);
-    rows.forEach((row, i) => {
-      if (produced[i] instanceof Error && row.live()) row.fail(produced[i]);
-    });
-    const commits = [];
-    rows.forEach((row, i) => {
-      if (row.live() && row.take(produced[i])) commits.push({ row, token: produced[i].token });
-    });
-    if (commits.length > 0) {
-      if (this._spec) await this._commitSpeculative(commits);
-      else await commitAll(this._store, commits);
-    }
+    const speculation = this._spec && { ctx: this._ctx, spec: this._spec };
+    const { committed, drafted, accepted } = await decodeAll(this._store, rows, speculation);
+    this._counters.draftTokens += drafted;
+    this._counters.acceptedDraftTokens += accepted;
     for (const req of this._running.filter((r) => r.choices && r.state !== 'prefilling')) {
       if (req.choices.every((c) => c.finishReason)) this._settle(req, null);
     }
-    return commits.length;
-  }
-
-  /**
-   * The decode of a speculating scheduler: rows that speculate get a draft (its length adapted
-   * per row; all rows together within one decode's `nOutputs`), every row's token and draft go
-   * into ONE `store.commitDrafts`, and the step's time feeds the cost fit.
-   * @param {Array<{ row: any, token: number, draft?: number[] }>} commits
-   */
-  async _commitSpeculative(commits) {
-    const spec = /** @type {any} */ (this._spec);
-    const wanted = commits.map((c) => (c.row.spec ? c.row.spec.length.next(c.row.spec.limit(), commits.length) : 0));
-    let over = wanted.reduce((a, b) => a + b, 0) - (Math.min(this._ctx.nOutputs, this._ctx.nBatch) - commits.length);
-    while (over > 0 && Math.max(...wanted) > 0) {
-      wanted[wanted.indexOf(Math.max(...wanted))]--;
-      over--;
-    }
-    const jobs = commits.map((c, i) => ({
-      source: spec.source,
-      drafter: c.row.spec && c.row.spec.drafter,
-      token: c.token,
-      k: wanted[i],
-    }));
-    let started = 0;
-    let drafts;
-    try {
-      // A new line's one-time work (a draft model prefilling its prompt) stays out of the step's
-      // measured cost; the drafting itself counts.
-      for (const job of jobs) if (job.k > 0 && typeof job.drafter.prepare === 'function') await job.drafter.prepare();
-      started = performance.now();
-      drafts = await draftAll(jobs);
-    } catch (e) {
-      started = performance.now();
-      // The draft source failed (e.g. its context was disposed): the rows that drafted fail.
-      for (const c of commits.filter((_, i) => wanted[i] > 0)) if (c.row.live()) c.row.fail(e);
-      commits = commits.filter((c) => c.row.live());
-      drafts = commits.map(() => []);
-      if (commits.length === 0) return;
-    }
-    commits.forEach((c, i) => (c.draft = drafts[i] || []));
-    const accepted = await commitDraftsAll(this._store, commits);
-    const rows = commits.reduce((sum, c) => sum + 1 + c.draft.length, 0);
-    spec.cost.observe(rows, performance.now() - started);
-    this._counters.draftTokens += commits.reduce((sum, c) => sum + c.draft.length, 0);
-    this._counters.acceptedDraftTokens += accepted;
+    return committed;
   }
 
   // ---------------------------------------------------------------------------------------------

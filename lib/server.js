@@ -251,24 +251,7 @@ async function createServer(options) {
       });
       owned.push(ctx);
     }
-    let embeddingsCtx = options.embeddingsCtx || null;
-    if (!embeddingsCtx && options.embeddings) {
-      if (!options.modelPath)
-        throw makeError(
-          'ERR_INVALID_ARG',
-          'options.embeddings with options.ctx: pass embeddingsCtx instead (a context created with embeddings: true)',
-        );
-      const size = defaults.server.embeddingsCtx;
-      const { PoolingType } = require('./index');
-      embeddingsCtx = await openContext(options, {
-        embeddings: true,
-        nCtx: size,
-        nBatch: size,
-        nSeqMax: 1,
-        poolingType: PoolingType.MEAN,
-      });
-      owned.push(embeddingsCtx);
-    }
+    const embeddingsCtx = await embeddingsContextOf(options, owned);
     const speculative = await speculativeOf(options, ctx, parallel, owned);
     const metrics = new Metrics();
     const userOnStep = options.scheduler && options.scheduler.onStep;
@@ -336,6 +319,31 @@ function checkTraceFile(file) {
   if (!require('node:fs').existsSync(dir))
     throw makeError('ERR_INVALID_ARG', `options.traceFile: the folder ${dir} does not exist`);
   return file;
+}
+
+/**
+ * The pooled context behind /v1/embeddings: `options.embeddingsCtx`, or with `options.embeddings`
+ * one the server opens on `modelPath` and owns (pushed to `owned`); null when there is none.
+ */
+async function embeddingsContextOf(options, owned) {
+  if (options.embeddingsCtx) return options.embeddingsCtx;
+  if (!options.embeddings) return null;
+  if (!options.modelPath)
+    throw makeError(
+      'ERR_INVALID_ARG',
+      'options.embeddings with options.ctx: pass embeddingsCtx instead (a context created with embeddings: true)',
+    );
+  const size = defaults.server.embeddingsCtx;
+  const { PoolingType } = require('./index');
+  const ctx = await openContext(options, {
+    embeddings: true,
+    nCtx: size,
+    nBatch: size,
+    nSeqMax: 1,
+    poolingType: PoolingType.MEAN,
+  });
+  owned.push(ctx);
+  return ctx;
 }
 
 /**

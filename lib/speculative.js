@@ -450,6 +450,23 @@ async function draftAll(jobs) {
 }
 
 /**
+ * `Branch.generate`'s options, checked, with the defaults filled in (`speculative` is checked by
+ * `checkSpeculative`).
+ * @param {any} options
+ */
+function checkGenerateOptions(options) {
+  if (typeof options !== 'object' || options === null)
+    throw makeError('ERR_INVALID_ARG', 'generate(options): options must be an object');
+  const { maxTokens = 256, speculative, signal, onToken, history = [] } = /** @type {any} */ (options);
+  if (!Number.isInteger(maxTokens) || maxTokens < 1)
+    throw makeError('ERR_INVALID_ARG', `generate: maxTokens must be a positive integer (got ${maxTokens})`);
+  if (onToken !== undefined && typeof onToken !== 'function')
+    throw makeError('ERR_INVALID_ARG', 'generate: onToken must be a function');
+  if (!Array.isArray(history)) throw makeError('ERR_INVALID_ARG', 'generate: history must be an array of token ids');
+  return { maxTokens, speculative, signal, onToken, history };
+}
+
+/**
  * The loop behind `Branch.generate`: produce, draft, verify in one decode, repeat. Ends at an
  * end-of-generation token ('stop') or after `maxTokens` ('length'); the last token is accepted
  * but not decoded, as the Scheduler does, so the branch ends where plain generation ends.
@@ -459,14 +476,7 @@ async function draftAll(jobs) {
  */
 async function generate(branch, options = {}) {
   const { BranchStore } = require('./BranchStore');
-  if (typeof options !== 'object' || options === null)
-    throw makeError('ERR_INVALID_ARG', 'generate(options): options must be an object');
-  const { maxTokens = 256, speculative, signal, onToken, history = [] } = /** @type {any} */ (options);
-  if (!Number.isInteger(maxTokens) || maxTokens < 1)
-    throw makeError('ERR_INVALID_ARG', `generate: maxTokens must be a positive integer (got ${maxTokens})`);
-  if (onToken !== undefined && typeof onToken !== 'function')
-    throw makeError('ERR_INVALID_ARG', 'generate: onToken must be a function');
-  if (!Array.isArray(history)) throw makeError('ERR_INVALID_ARG', 'generate: history must be an array of token ids');
+  const { maxTokens, speculative, signal, onToken, history } = checkGenerateOptions(options);
   const spec = checkSpeculative(speculative, 'generate');
   if (spec && spec.source instanceof DraftModel) spec.source.checkVocabulary(branch._ctx);
   const store = new BranchStore(branch._ctx);

@@ -56,5 +56,4 @@ export class Scheduler {
     close(): Promise<void>;
 }
 import { BranchStore } from "./BranchStore";
-import { StepCost } from "./speculative";
 import { Branch } from "./Branch";

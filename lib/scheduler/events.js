@@ -21,6 +21,8 @@ class SchedulerEvents {
     this._listeners = new Set();
     this._requests = 0;
     this._programs = 0;
+    /** The prefix cache's evictions as of the last `step` event (the next `evict` event counts the rest). */
+    this._evictionsSeen = 0;
   }
 
   /** Whether anyone listens (emit nothing, read nothing extra, when not). */
@@ -62,6 +64,37 @@ class SchedulerEvents {
         process.emitWarning(`a Scheduler event listener threw and was removed: ${e && e.message}`);
       }
     }
+  }
+
+  /**
+   * The events of one scheduler step: an `evict` event when cached prefixes were evicted since
+   * the last `step` event, then the `step` event, what the step did and the gauges after it.
+   * @param {{ rows: number, prefillTokens: number, stepMs: number }} step what the step did
+   * @param {import('../types').SchedulerStats} stats the scheduler's `stats()` after the step
+   * @param {{ leasesUsed: number, nSeqMax: number, cacheTokens: number }} gauges what `stats()` leaves out
+   */
+  step({ rows, prefillTokens, stepMs }, stats, { leasesUsed, nSeqMax, cacheTokens }) {
+    const evicted = stats.evictions - this._evictionsSeen;
+    this._evictionsSeen = stats.evictions;
+    if (evicted > 0) this.emit('evict', { entries: evicted });
+    this.emit('step', {
+      step: stats.steps,
+      rows,
+      prefillTokens,
+      stepMs: Math.round(stepMs * 100) / 100,
+      running: stats.running + stats.programs,
+      queued: stats.queued,
+      cellsUsed: stats.cellsUsed,
+      nCtx: stats.nCtx,
+      leasesUsed,
+      nSeqMax,
+      cache: {
+        entries: stats.cachedPrefixes,
+        tokens: cacheTokens,
+        hitRate: Math.round(stats.hitRate * 1000) / 1000,
+        evictions: stats.evictions,
+      },
+    });
   }
 }
 

@@ -166,6 +166,14 @@ class Program {
     return schedulerError(Code.PROGRAM_STATE, 'the program has ended; its lines can no longer be used');
   }
 
+  /**
+   * What admitting the program takes: everything it declared (what its lines will write is not
+   * known yet, so no cached start is planned for it).
+   */
+  needs() {
+    return { entry: null, start: 0, cells: this.maxCells, leases: this.maxBranches };
+  }
+
   /** Admitted: the function starts on a fresh root line. */
   start() {
     this.to('running');
@@ -238,13 +246,23 @@ class Program {
 
 /**
  * The admitted programs of one Scheduler and what their lines ask of each step: branches to
- * make (`materialize`), pending tokens to prefill (`linesToPrefill`), tokens to sample and
- * commit (`decodeRows`, rows of the Scheduler's decode phase).
+ * make (`materialize`), pending tokens to prefill (`linesToPrefill`, then `prefillEntries` in
+ * the step's one prefill and `prefilled`), tokens to sample and commit (`decodeRows`, rows of
+ * the Scheduler's decode phase).
  */
 class Programs {
-  constructor() {
+  /**
+   * @param {{ cache: any, createBranch: () => any, spareLease: () => boolean }} scheduler what a
+   *   line needs from the Scheduler to get its branch: the prefix cache (a fresh line's prompt may
+   *   start from it or become an entry), a new root branch, and whether one more lease is free
+   *   beyond what running requests and programs may still take
+   */
+  constructor({ cache, createBranch, spareLease }) {
     /** @type {Program[]} */
     this.list = [];
+    this.cache = cache;
+    this.createBranch = createBranch;
+    this.spareLease = spareLease;
   }
 
   get size() {
@@ -278,10 +296,10 @@ class Programs {
   }
 
   /** Gives needed lines their branches (a failure fails the line's gen, not the step). */
-  materialize(cache, createBranch, spareLease) {
+  materialize() {
     for (const line of this._runningLines()) {
       try {
-        line._materialize(cache, createBranch, spareLease);
+        line._materialize(this.cache, this.createBranch, this.spareLease);
       } catch (e) {
         line._endJob(null, e);
       }
@@ -289,8 +307,8 @@ class Programs {
   }
 
   /** Lines whose pending tokens are prefilled this step, `{line, take}`, within `budget` tokens. */
-  linesToPrefill(budget, cache, createBranch, spareLease) {
-    this.materialize(cache, createBranch, spareLease);
+  linesToPrefill(budget) {
+    this.materialize();
     const out = [];
     for (const line of this._runningLines()) {
       if (budget === 0 || !line._wantsPrefill) continue;
@@ -310,6 +328,42 @@ class Programs {
       budget -= take;
     }
     return out;
+  }
+
+  /**
+   * The prefill entries of `lines` (from `linesToPrefill`): `[branch, tokens]`, with a third
+   * item, where scoring starts, for a select's option (scored in the same decode).
+   * @param {Array<{ line: ProgramLine, take: number }>} lines
+   * @returns {Array<[any, number[]] | [any, number[], number]>}
+   */
+  prefillEntries(lines) {
+    return lines.map(({ line, take }) => {
+      const scoreFrom = line._scoreFrom(take);
+      const tokens = line._pending.slice(0, take);
+      return scoreFrom === undefined ? [line._branch, tokens] : [line._branch, tokens, scoreFrom];
+    });
+  }
+
+  /**
+   * After the step's prefill: each of `lines` takes its tokens and their `scores` (in the same
+   * order); forks whose parent reached its fork point just now get their branches. Returns the
+   * count of tokens prefilled.
+   * @param {Array<{ line: ProgramLine, take: number }>} lines
+   * @param {Array<number[] | null>} scores
+   */
+  prefilled(lines, scores) {
+    let tokens = 0;
+    lines.forEach(({ line, take }, i) => (tokens += line._prefilled(take, this.cache, scores[i])));
+    this.materialize();
+    return tokens;
+  }
+
+  /** The step's prefill failed (all or nothing: no line advanced): each line's job fails with `error`. */
+  prefillFailed(lines, error) {
+    for (const { line } of lines) {
+      line._dropSegment(this.cache);
+      line._endJob(null, error);
+    }
   }
 
   /** The decode phase's rows of lines in a gen; `onToken()` counts each token sampled. */

@@ -178,15 +178,40 @@ class Request {
     this.state = state;
   }
 
-  /** Admitted: its `admit` event and its prompt as the root node of its tree. */
-  admitted(cachedTokens) {
-    const { events, id } = this;
+  /**
+   * What admitting the request takes now: the best cached start of its prompt (its `entry`, kept
+   * from eviction meanwhile, and its `start` in tokens), and the KV cells and the leases it needs
+   * beyond that start.
+   * @param {import('./prefix-cache').PrefixCache} cache
+   */
+  needs(cache) {
+    const { entry, length: start } = cache.bestStart(this.tokens);
+    const cells = this.tokens.length - start + this.n * this.maxTokens;
+    const leases = this.n + this.cachePoints.filter((p) => p > start).length;
+    return { entry, start, cells, leases };
+  }
+
+  /**
+   * Admitted with what `needs` found (`prefilling` from now on): its `admit` event and its prompt
+   * as the root node of its tree. It speculates with the scheduler's `spec` unless it asks for
+   * log-probabilities, which need each token's own snapshot, which a verified draft does not keep.
+   * @param {{ start: number, leases: number }} need
+   * @param {{ source: any, maxDraft: number, adaptive: boolean, cost: any } | null} spec
+   */
+  admit({ start, leases }, spec) {
+    this.plannedStart = start;
+    this.leasesToCome = leases;
+    this.usage.promptTokens = this.tokens.length;
+    this.spec = spec && this.logprobs === undefined ? spec : null;
+    this.to('prefilling');
     this.wasAdmitted = true;
+    const { events, id } = this;
     if (!events.on) return;
     const kind = this.input.messages !== undefined ? 'chat' : 'completion';
     const text = this.chat ? this.chat.formatted.prompt : this.input.prompt;
     const promptTokens = this.tokens.length;
-    events.emit('admit', { request: id, kind, n: this.n, maxTokens: this.maxTokens, promptTokens, cachedTokens });
+    const { n, maxTokens } = this;
+    events.emit('admit', { request: id, kind, n, maxTokens, promptTokens, cachedTokens: start });
     events.emit('fork', { request: id, branch: id, parent: null, at: 0 });
     events.emit('append', {
       request: id,
@@ -281,6 +306,18 @@ class Request {
     const end = this.cachePoints.find((p) => p > this.pos);
     this.segment = cache.open(this.tokens.slice(0, end), this.branch);
     this.pins.push(cache.pin(this.segment));
+  }
+
+  /**
+   * `take` more prompt tokens are in the prompt branch. A segment filled becomes a ready cache
+   * entry the request goes on from (`segmentFilled`); when the request was aborted meanwhile,
+   * the filled prefix just stays cached.
+   */
+  prefilled(take, cache) {
+    this.pos += take;
+    if (this.pos < this.segment.tokens.length) return;
+    if (this.state === 'prefilling') this.segmentFilled(cache);
+    else cache.filled(this.segment);
   }
 
   /** The segment is filled: the choices start from it, or the next segment opens in a fork. */

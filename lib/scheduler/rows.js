@@ -6,8 +6,11 @@
  * `{ branch, owner, live(), take(produced), committed(token), fail(error) }`: `take` says
  * whether the sampled token is to be decoded now, `committed` hears that it was, and a failure
  * goes to `fail` of the rows of one owner only, so one request's bad grammar or one program's
- * error never ends the others.
+ * error never ends the others. `decodeAll` is the phase's one produce and one commit (with
+ * drafts when the scheduler speculates).
  */
+
+const { draftAll } = require('../speculative');
 
 /**
  * @typedef {object} DecodeRow
@@ -101,4 +104,76 @@ function commitDraftsAll(store, commits) {
   });
 }
 
-module.exports = { produceAll, commitAll, commitDraftsAll };
+/**
+ * The commit of a speculating scheduler: rows that speculate get a draft (its length adapted
+ * per row; all rows together within one decode's `nOutputs`), every row's token and draft go
+ * into ONE `store.commitDrafts`, and the step's time feeds the cost fit. Returns the count of
+ * draft tokens drafted and accepted.
+ * @param {any} store
+ * @param {{ ctx: any, spec: any }} speculation the context and the scheduler's speculation
+ * @param {Array<{ row: any, token: number, draft?: number[] }>} commits
+ */
+async function commitSpeculative(store, { ctx, spec }, commits) {
+  const wanted = commits.map((c) => (c.row.spec ? c.row.spec.length.next(c.row.spec.limit(), commits.length) : 0));
+  let over = wanted.reduce((a, b) => a + b, 0) - (Math.min(ctx.nOutputs, ctx.nBatch) - commits.length);
+  while (over > 0 && Math.max(...wanted) > 0) {
+    wanted[wanted.indexOf(Math.max(...wanted))]--;
+    over--;
+  }
+  const jobs = commits.map((c, i) => ({
+    source: spec.source,
+    drafter: c.row.spec && c.row.spec.drafter,
+    token: c.token,
+    k: wanted[i],
+  }));
+  let started = 0;
+  let drafts;
+  try {
+    // A new line's one-time work (a draft model prefilling its prompt) stays out of the step's
+    // measured cost; the drafting itself counts.
+    for (const job of jobs) if (job.k > 0 && typeof job.drafter.prepare === 'function') await job.drafter.prepare();
+    started = performance.now();
+    drafts = await draftAll(jobs);
+  } catch (e) {
+    started = performance.now();
+    // The draft source failed (e.g. its context was disposed): the rows that drafted fail.
+    for (const c of commits.filter((_, i) => wanted[i] > 0)) if (c.row.live()) c.row.fail(e);
+    commits = commits.filter((c) => c.row.live());
+    drafts = commits.map(() => []);
+    if (commits.length === 0) return { drafted: 0, accepted: 0 };
+  }
+  commits.forEach((c, i) => (c.draft = drafts[i] || []));
+  const accepted = await commitDraftsAll(store, commits);
+  const drafted = commits.reduce((sum, c) => sum + c.draft.length, 0);
+  spec.cost.observe(commits.length + drafted, performance.now() - started);
+  return { drafted, accepted };
+}
+
+/**
+ * The decode of one step: ONE produce for all `rows` (a row whose sampling failed hears it),
+ * then ONE commit of every live row that takes its token; with `speculation` (the context and
+ * the scheduler's speculation), a commit with drafts. Returns the count of rows committed and
+ * of draft tokens drafted and accepted.
+ * @param {any} store
+ * @param {DecodeRow[]} rows
+ * @param {{ ctx: any, spec: any } | null} speculation
+ * @returns {Promise<{ committed: number, drafted: number, accepted: number }>}
+ */
+async function decodeAll(store, rows, speculation) {
+  const produced = produceAll(store, rows);
+  rows.forEach((row, i) => {
+    if (produced[i] instanceof Error && row.live()) row.fail(produced[i]);
+  });
+  const commits = [];
+  rows.forEach((row, i) => {
+    if (row.live() && row.take(produced[i])) commits.push({ row, token: produced[i].token });
+  });
+  let drafts = { drafted: 0, accepted: 0 };
+  if (commits.length > 0) {
+    if (speculation) drafts = await commitSpeculative(store, speculation, commits);
+    else await commitAll(store, commits);
+  }
+  return { committed: commits.length, ...drafts };
+}
+
+module.exports = { decodeAll };

@@ -1,7 +1,8 @@
 'use strict';
 
 // The Scheduler's parts that need no model: the radix index, stop strings, the prefix cache's
-// policy (pins, LRU, eviction, part-way forks) and the request life cycle.
+// policy (pins, LRU, eviction, part-way forks), the request life cycle and admission, the
+// Scheduler's options and its step events.
 
 const assert = require('node:assert/strict');
 const { RadixTree } = require('../../lib/scheduler/radix');
@@ -10,6 +11,8 @@ const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-c
 const { Request } = require('../../lib/scheduler/request');
 const { Generation } = require('../../lib/scheduler/generation');
 const { SchedulerEvents } = require('../../lib/scheduler/events');
+const { schedulerOptions } = require('../../lib/scheduler/options');
+const { StepCost } = require('../../lib/speculative');
 
 /** A stand-in for a Branch: a position and a prune that records itself. */
 function fakeBranch(position, pruned) {
@@ -203,6 +206,98 @@ describe('Scheduler parts (no model)', () => {
         { tokens: [7], finishReason: 'stop' },
       ];
       assert.equal(req.cellsToCome(), 3);
+    });
+
+    it('needs: its cached start, and the cells and leases beyond it; admit takes them', () => {
+      const cache = new PrefixCache();
+      const cached = cache.open([1, 2, 3], fakeBranch(3, []));
+      cache.filled(cached);
+      const req = make({ tokens: [1, 2, 3, 4, 5], n: 2, maxTokens: 5, logprobs: true });
+      req.tokens = [1, 2, 3, 4, 5];
+      req.cachePoints = [2, 5]; // a system prompt's end below the cached start needs no branch
+      req.to('ready');
+      const need = req.needs(cache);
+      assert.deepEqual(need, { entry: cached, start: 3, cells: 2 + 2 * 5, leases: 2 + 1 });
+      req.admit(need, { source: {}, maxDraft: 4, adaptive: true, cost: null });
+      assert.equal(req.state, 'prefilling');
+      assert.deepEqual([req.plannedStart, req.leasesToCome, req.usage.promptTokens], [3, 3, 5]);
+      assert.equal(req.spec, null, 'log-probabilities need every token sampled, not drafted');
+      assert.equal(req.cellsToCome(), 12);
+    });
+  });
+
+  describe('schedulerOptions', () => {
+    const ctx = {}; // read only to check a draft model's vocabulary
+
+    it('fills in the defaults', () => {
+      const o = schedulerOptions(ctx, {});
+      assert.deepEqual(o, {
+        prefillChunk: 256,
+        maxQueue: 64,
+        maxRunning: Infinity,
+        defaultMaxTokens: 256,
+        onStep: null,
+        spec: null,
+      });
+      assert.equal(schedulerOptions(ctx, { maxQueue: 0 }).maxQueue, 0, 'maxQueue 0: nothing may wait');
+    });
+
+    it('refuses bad values with coded errors that name the option', () => {
+      const bad = [
+        [{ prefillChunk: 0 }, /options.prefillChunk/],
+        [{ maxQueue: -1 }, /options.maxQueue/],
+        [{ maxRunning: 1.5 }, /options.maxRunning/],
+        [{ defaultMaxTokens: '8' }, /options.defaultMaxTokens/],
+        [{ onStep: 1 }, /options.onStep/],
+        [{ speculative: { lookup: true, draft: {} } }, /exactly one of lookup, draft or source/],
+      ];
+      for (const [options, message] of bad)
+        assert.throws(
+          () => schedulerOptions(ctx, options),
+          (e) => e.code === 'ERR_INVALID_ARG' && message.test(e.message),
+          JSON.stringify(options),
+        );
+    });
+
+    it('speculation gets the step-cost fit every request shares', () => {
+      const { spec } = schedulerOptions(ctx, { speculative: { lookup: true, maxDraft: 4 } });
+      assert.equal(spec.maxDraft, 4);
+      assert.equal(typeof spec.source.open, 'function');
+      assert.ok(spec.cost instanceof StepCost);
+    });
+  });
+
+  describe('SchedulerEvents.step', () => {
+    it('sends an evict event only for evictions since the last step event, then the gauges', () => {
+      const events = new SchedulerEvents();
+      const seen = [];
+      events.subscribe((e) => seen.push(e));
+      const stats = { steps: 3, running: 2, programs: 1, queued: 4, cellsUsed: 50, nCtx: 512 };
+      const cache = { cachedPrefixes: 2, hitRate: 2 / 3, evictions: 2 };
+      const gauges = { leasesUsed: 5, nSeqMax: 16, cacheTokens: 40 };
+      events.step({ rows: 7, prefillTokens: 9, stepMs: 1.23456 }, { ...stats, ...cache }, gauges);
+      events.step({ rows: 1, prefillTokens: 0, stepMs: 1 }, { ...stats, ...cache }, gauges);
+      assert.deepEqual(
+        seen.map((e) => e.event),
+        ['evict', 'step', 'step'],
+      );
+      assert.equal(seen[0].entries, 2);
+      const { t, ...step } = seen[1];
+      assert.equal(typeof t, 'number');
+      assert.deepEqual(step, {
+        event: 'step',
+        step: 3,
+        rows: 7,
+        prefillTokens: 9,
+        stepMs: 1.23,
+        running: 3,
+        queued: 4,
+        cellsUsed: 50,
+        nCtx: 512,
+        leasesUsed: 5,
+        nSeqMax: 16,
+        cache: { entries: 2, tokens: 40, hitRate: 0.667, evictions: 2 },
+      });
     });
   });
 });

@@ -83,18 +83,8 @@
       case 'fork':
         return fork(e);
       case 'append':
-      case 'token': {
-        const n = node(e.branch);
-        if (!n) return log(e);
-        n.text += e.text || '';
-        if (typeof e.n === 'number') n.n = e.n;
-        if (e.event === 'token') {
-          if (e.ppl !== undefined) n.ppl = e.ppl;
-          if (n.state !== 'pruned' && n.state !== 'prompt') n.state = 'running';
-          n.reason = null;
-        }
-        return touch(n);
-      }
+      case 'token':
+        return grow(e);
       case 'finish': {
         const n = node(e.branch);
         if (!n) return log(e);
@@ -110,18 +100,8 @@
         n.state = 'pruned';
         return touch(n);
       }
-      case 'done': {
-        const t = model.trees.get(e.request);
-        if (!t) return;
-        tree(e.request, { status: e.status, error: e.error ? `${e.error.code}: ${e.error.message}` : null });
-        for (const n of model.nodes.values()) {
-          if (n.tree !== t || n.state !== 'running') continue;
-          n.state = 'finished';
-          n.reason = 'end';
-          touch(n);
-        }
-        return;
-      }
+      case 'done':
+        return treeDone(e);
       case 'step':
         if (typeof e.rows !== 'number') return log(e);
         model.gauges = e;
@@ -155,6 +135,33 @@
     model.nodes.set(n.id, n);
     if (!parent) t.roots.push(n);
     touch(n);
+  }
+
+  /** An `append` (prompt text) or `token` event: the branch's text grows. */
+  function grow(e) {
+    const n = node(e.branch);
+    if (!n) return log(e);
+    n.text += e.text || '';
+    if (typeof e.n === 'number') n.n = e.n;
+    if (e.event === 'token') {
+      if (e.ppl !== undefined) n.ppl = e.ppl;
+      if (n.state !== 'pruned' && n.state !== 'prompt') n.state = 'running';
+      n.reason = null;
+    }
+    touch(n);
+  }
+
+  /** A `done` event: the request or program ended; branches still running end with it. */
+  function treeDone(e) {
+    const t = model.trees.get(e.request);
+    if (!t) return;
+    tree(e.request, { status: e.status, error: e.error ? `${e.error.code}: ${e.error.message}` : null });
+    for (const n of model.nodes.values()) {
+      if (n.tree !== t || n.state !== 'running') continue;
+      n.state = 'finished';
+      n.reason = 'end';
+      touch(n);
+    }
   }
 
   function log(e) {

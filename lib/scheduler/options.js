@@ -1,0 +1,39 @@
+'use strict';
+
+/**
+ * The Scheduler's own options (`new Scheduler(ctx, options)`), checked once with the defaults of
+ * lib/defaults.js filled in. What one request or one program asks for is checked by ./request.js
+ * and ./program.js.
+ */
+
+const defaults = require('../defaults');
+const { positiveInt, invalid } = require('./request');
+const { checkSpeculative, DraftModel, StepCost } = require('../speculative');
+
+/**
+ * The checked options of a scheduler on `ctx` (`options` is an object; see SchedulerOptions).
+ * `spec`, when it speculates: the draft source and `maxDraft`, with the step-cost fit that every
+ * request's choices share.
+ * @param {import('../Context').SessionContext} ctx
+ * @param {import('../types').SchedulerOptions} options
+ */
+function schedulerOptions(ctx, options) {
+  const o = { ...defaults.scheduler, onStep: null, ...options };
+  const prefillChunk = positiveInt(o.prefillChunk, 'options.prefillChunk');
+  const maxQueue = o.maxQueue === 0 ? 0 : positiveInt(o.maxQueue, 'options.maxQueue');
+  const maxRunning = o.maxRunning === Infinity ? Infinity : positiveInt(o.maxRunning, 'options.maxRunning');
+  const defaultMaxTokens = positiveInt(o.defaultMaxTokens, 'options.defaultMaxTokens');
+  if (o.onStep !== null && typeof o.onStep !== 'function') throw invalid('options.onStep must be a function');
+  const spec = checkSpeculative(o.speculative, 'new Scheduler: options');
+  if (spec && spec.source instanceof DraftModel) spec.source.checkVocabulary(ctx);
+  return {
+    prefillChunk,
+    maxQueue,
+    maxRunning,
+    defaultMaxTokens,
+    onStep: o.onStep,
+    spec: spec && { ...spec, cost: new StepCost() },
+  };
+}
+
+module.exports = { schedulerOptions };
