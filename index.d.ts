@@ -150,8 +150,10 @@ export declare function serveRpc(options: ServeRpcOptions): RpcServerInfo;
  * i.e. `LLAMA_BRANCH_BINARY`, else a local source build, else the prebuilt platform package
  * (whose CPU backend is chosen at run time for the CPU). `'cuda'` / `'vulkan'`: a source build
  * kept beside the CPU one in `build/<variant>/` (`LLAMA_BRANCH_FEATURES=vulkan npm run build --
- * --out build/vulkan`), else `build/` when it was built with that cargo feature, else the
- * platform package `llama-branch-<platform>-<variant>` (e.g. `llama-branch-linux-x64-gnu-vulkan`).
+ * --out build/vulkan`), else `build/` when it was built with that cargo feature; else, for
+ * `'vulkan'`, the prebuilt `llama-branch-<platform>` once it loaded its Vulkan module package
+ * `llama-branch-<platform>-vulkan` (e.g. `llama-branch-linux-x64-gnu-vulkan`) and found a device;
+ * for `'cuda'`, a platform package `llama-branch-<platform>-cuda` (this project builds none).
  * Source builds link llama.cpp statically, so a CPU and a GPU source build run side by side in
  * one process.
  */
@@ -169,7 +171,7 @@ export interface NativeBinding {
   systemInfo(): string;
   /** The devices that build sees (see {@link listDevices}); e.g. a Vulkan build's GPUs. */
   listDevices(options?: ListDevicesOptions): DeviceDescription[];
-  /** That build's context class; contexts it creates are `instanceof` this class. */
+  /** The context class: the exported {@link SessionContext} for every build (contexts of any build are `instanceof` it). */
   readonly SessionContext: typeof SessionContext;
 }
 
@@ -177,8 +179,9 @@ export interface NativeBinding {
  * Loads the model (shared between contexts on the same file) and creates a llama.cpp context,
  * off the main thread, with the build `loadOptions.gpuVariant` selects (see {@link loadBinary}).
  * Rejects with `ERR_MODEL_NOT_FOUND`, `ERR_MODEL_LOAD`, `ERR_CONTEXT_CREATE`, `ERR_INVALID_ARG`
- * (also for malformed `loadOptions` or an unknown variant), or `ERR_NATIVE_LOAD` when no build
- * of the requested variant loads.
+ * (also for malformed `loadOptions` or an unknown variant), `ERR_DEVICE` (a placement that does
+ * not fit the devices or the model), `ERR_RPC_UNREACHABLE` (an RPC server that does not answer),
+ * or `ERR_NATIVE_LOAD` when no build of the requested variant loads.
  */
 export declare function createContext(options: ContextOptions, loadOptions?: LoadOptions): Promise<SessionContext>;
 
@@ -186,8 +189,9 @@ export declare function createContext(options: ContextOptions, loadOptions?: Loa
  * The native binding for `variant` (default: the one `require('llama-branch')` loaded), loaded
  * once per process and file. Throws `ERR_NATIVE_LOAD` when no build of that variant loads (the
  * message lists where it looked and how to get one), `ERR_INVALID_ARG` for an unknown variant.
- * Only one prebuilt (shared-library) build can be active in a process: load a GPU variant's
- * package in a process that has not loaded another prebuilt.
+ * Only one prebuilt (shared-library) build can be active in a process, since the dynamic linker
+ * shares llama.cpp's libraries by name: a second is refused with `ERR_NATIVE_LOAD`. Load a GPU
+ * variant's package in a process that has not loaded another prebuilt.
  */
 export declare function loadBinary(variant?: GpuVariant): NativeBinding;
 
@@ -239,15 +243,17 @@ export type KvPressure = KvPressureInfo;
 /** Options for {@link createContext}: the native ones, with `modelPath` also taking a `file:` URL. */
 export interface ContextOptions extends Omit<NativeContextOptions, 'modelPath'> {
   /**
-   * Path of a `.gguf` model file, or a `file:` URL. Contexts created on the same file (and the
-   * same `useMmap`) share one loaded model.
+   * Path of a `.gguf` model file, or a `file:` URL. Contexts created on the same file with the
+   * same `useMmap` and placement share one loaded model; a model on RPC servers is loaded per
+   * context.
    */
   modelPath: string | URL;
   /**
    * Where the model runs: `'auto'` (default) puts every layer on the GPUs this build sees (a
    * prebuilt sees Vulkan devices when `llama-branch-<platform>-vulkan` is installed and loads),
    * else the CPU; `'vulkan'` insists on the Vulkan devices (`ERR_DEVICE` saying why there is none);
-   * `false` keeps everything on the CPU even with a GPU present. `ctx.offload` says what happened.
+   * `false` keeps everything on the CPU even with a GPU present (with `devices` or `rpcServers`
+   * naming others: `ERR_INVALID_ARG`). `ctx.offload` says what happened.
    */
   gpu?: 'auto' | 'vulkan' | false;
 }
@@ -431,6 +437,7 @@ export interface GpuModuleStatus {
 /**
  * The GPU backend module packages a prebuilt looked for at load time and what each did; empty in
  * a source build (its backends are compiled in). `LLAMA_BRANCH_GPU=cpu` skips them all.
+ * `npx llama-branch devices` prints them with the devices.
  */
 export declare function gpuModules(): GpuModuleStatus[];
 

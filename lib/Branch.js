@@ -36,6 +36,9 @@ function logprobsOption(options, where) {
  * {@link Branch.fork}. Free with {@link prune}, {@link pruneSubtree}, {@link destroy} or
  * {@link BranchStore.retainOnly}; a branch garbage-collected without being freed is pruned at the
  * next opportunity.
+ *
+ * Every synchronous method and getter except `handle`, `disposed` and `isActive` waits for the
+ * operations queued on the context before it (see {@link SessionContext}).
  * @implements {AsyncIterable<BranchToken>}
  */
 class Branch {

@@ -10,7 +10,11 @@ const { traced } = require('./trace');
  * @typedef {import('./types').OperationOptions} OperationOptions
  */
 
-/** Batched operations over many branches of one context: one `llama_decode` per step. */
+/**
+ * Batched operations over many branches of one context: one `llama_decode` per step. The
+ * branches belong to the context, so every store on it sees the same ones; a branch of another
+ * context is refused with `ERR_FOREIGN_BRANCH`.
+ */
 class BranchStore {
   /**
    * Throws `ERR_INVALID_ARG` for a non-context, `ERR_CONTEXT_DISPOSED` for a disposed one.
@@ -139,7 +143,8 @@ class BranchStore {
    * `[[branch, tokens], ...]`: the natural-log probability of each entry's tokens as its branch's
    * continuation, every entry in the same decode where `ctx.nOutputs` allows, and the tokens
    * stay (each branch goes on after them, as after `prefill`). The way to rank candidate
-   * continuations forked from one prefix: one decode instead of one per token.
+   * continuations forked from one prefix: one decode instead of one per token (a program's
+   * `select` scores its options this way).
    * @param {ReadonlyArray<readonly [Branch, number[]]>} entries
    * @param {OperationOptions} [options]
    * @returns {Promise<number[]>}
@@ -185,7 +190,7 @@ class BranchStore {
   }
 
   /**
-   * Samples every branch in one native call (no KV write, no accept).
+   * Samples every branch in one native call (no KV write, no accept). Waits for queued operations.
    * @param {readonly Branch[]} branches
    * @returns {import('./types').Produced[]}
    */
@@ -207,13 +212,14 @@ class BranchStore {
     wrapFreed(this._ctx, await nativeOf(this._ctx)._storeRetainOnly(h));
   }
 
-  /** Number of free sequence leases. */
+  /** Number of free sequence leases. Waits for queued operations. */
   get available() {
     return nativeOf(this._ctx)._storeAvailable();
   }
 
   /**
-   * Exact KV usage (cells shared by forks counted once).
+   * Exact KV usage, `{ nCtx, cellsUsed, remaining }` (cells shared by forks counted once).
+   * Waits for queued operations.
    * @returns {import('./types').KvPressure}
    */
   kvPressure() {

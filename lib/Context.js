@@ -45,6 +45,10 @@ let construct;
  *   branch leases it;
  * - whole-cache writes (`kvCacheClear`, `clearAndReseed`) reject while any branch is alive, and
  *   `kvSeqKeep(seqId)` while any branch on another sequence is alive.
+ *
+ * Synchronous methods marked "waits" first wait for the operations queued before them, blocking
+ * the event loop meanwhile (`ctx.decode(tokens, 0); ctx.getLogits()` reads that decode's row).
+ * The properties and the other synchronous methods never wait.
  */
 class SessionContext {
   /** @type {NativeContext} the guarded view of the native context */
@@ -153,7 +157,7 @@ class SessionContext {
     return this.#native.tokenize(text, addSpecial);
   }
   /**
-   * Synchronous {@link tokenize}. Does not need an idle context.
+   * Synchronous {@link tokenize}. Never waits.
    * @param {string} text
    * @param {boolean} [addSpecial]
    * @returns {number[]}
@@ -170,7 +174,7 @@ class SessionContext {
     return this.#native.detokenize(tokens);
   }
   /**
-   * The text piece of one token. Does not need an idle context.
+   * The text piece of one token. Never waits.
    * @param {number} token
    * @returns {string}
    */
@@ -178,7 +182,7 @@ class SessionContext {
     return this.#native.tokenToText(token);
   }
   /**
-   * Whether `token` ends generation (EOS, EOT, ...). Does not need an idle context.
+   * Whether `token` ends generation (EOS, EOT, ...). Never waits.
    * @param {number} token
    * @returns {boolean}
    */
@@ -242,14 +246,15 @@ class SessionContext {
    * `kvCacheSave` / `kvCacheWriteFile`. Copy it (`Float32Array.from(view)`) to keep values.
    * Calls within one step share one buffer, and writes through the view are seen by
    * `greedySample()`, `modelEntropy()` and `modelSurprisal()` (e.g. to mask tokens).
-   * Throws `ERR_NO_LOGITS` before the first decode.
+   * Throws `ERR_NO_LOGITS` before the first decode. Waits for queued operations.
    * @returns {Float32Array}
    */
   getLogits() {
     return this.#native.getLogits();
   }
   /**
-   * Argmax of the context's last logits row (ties: the lowest id). Sees writes through {@link getLogits}.
+   * Argmax of the context's last logits row (ties: the lowest id). Sees writes through
+   * {@link getLogits}. Waits for queued operations.
    * @returns {number}
    */
   greedySample() {
@@ -277,7 +282,7 @@ class SessionContext {
   /**
    * Entropy of the softmax of `logits` (default: the context's last logits row). Non-finite
    * logits (masked tokens) are left out. A given `logits` must be a Float32Array of length
-   * `vocabSize` (else `ERR_INVALID_ARG`).
+   * `vocabSize` (else `ERR_INVALID_ARG`). Without `logits`, waits for queued operations.
    * @param {import('./types').EntropyBase} [base] `'nats'` (default) or `'bits'`.
    * @param {Float32Array} [logits]
    * @returns {number}
@@ -288,7 +293,8 @@ class SessionContext {
   /**
    * Surprisal `-log p(token)` under `logits` (default: the context's last logits row); `Infinity`
    * for a masked token. `token` outside the vocabulary throws `ERR_TOKEN_OUT_OF_RANGE`; a given
-   * `logits` must be a Float32Array of length `vocabSize` (else `ERR_INVALID_ARG`).
+   * `logits` must be a Float32Array of length `vocabSize` (else `ERR_INVALID_ARG`). Without
+   * `logits`, waits for queued operations.
    * @param {number} token
    * @param {import('./types').EntropyBase} [base] `'nats'` (default) or `'bits'`.
    * @param {Float32Array} [logits]
@@ -301,7 +307,7 @@ class SessionContext {
   // --- KV cache -------------------------------------------------------------------------------
 
   /**
-   * Highest position stored for the sequence, or -1 when it is empty.
+   * Highest position stored for the sequence, or -1 when it is empty. Waits for queued operations.
    * @param {number} seqId
    * @returns {number}
    */
@@ -310,7 +316,8 @@ class SessionContext {
   }
   /**
    * Same as `kvSeqPosMax(seqId)` (default sequence 0): the highest position, or -1 when empty.
-   * Note: this is not a cell count (a sequence holding 3 tokens returns 2).
+   * Note: this is not a cell count (a sequence holding 3 tokens returns 2). Waits for queued
+   * operations.
    * @param {number} [seqId]
    * @returns {number}
    */
@@ -339,7 +346,7 @@ class SessionContext {
   /**
    * Makes `dst` hold sequence `src`'s cells at positions `[p0, p1)` (default: all; `-1` means
    * "from the start" / "to the end"). Cells are shared, not duplicated. `dst` is cleared first,
-   * must differ from `src` and must not be leased by a live branch.
+   * must differ from `src` and must not be leased by a live branch. Waits for queued operations.
    * @param {number} src
    * @param {number} dst
    * @param {number} [p0]
@@ -351,7 +358,8 @@ class SessionContext {
   }
   /**
    * Removes the cells of every sequence except `seqId`. Throws `ERR_INVALID_ARG` while a live
-   * branch holds another sequence (use `store.retainOnly` to keep one branch).
+   * branch holds another sequence (use `store.retainOnly` to keep one branch). Waits for queued
+   * operations.
    * @param {number} seqId
    * @returns {void}
    */
@@ -361,8 +369,10 @@ class SessionContext {
   /**
    * Clears the whole KV cache, then decodes `sinks` at position 0 and `tail` right after them
    * into sequence 0 (logits for the last token; the next position is `sinks.length +
-   * tail.length`). Rejects with `ERR_INVALID_ARG` when both are empty or while any branch is
-   * alive, with `ERR_KV_FULL` when they exceed `nCtx` (checked before clearing).
+   * tail.length`): StreamingLLM-style reseeding, keeping the first tokens (attention sinks) and
+   * a recent tail of a long generation. Rejects with `ERR_INVALID_ARG` when both are empty or
+   * while any branch is alive, with `ERR_KV_FULL` when they exceed `nCtx` (checked before
+   * clearing).
    * @param {number[]} sinks
    * @param {number[]} tail
    * @returns {Promise<void>}
@@ -444,6 +454,7 @@ class SessionContext {
   }
   /**
    * {@link formatChat} on the calling thread (the template renders while JavaScript waits).
+   * Never waits for queued operations: it uses the model only.
    * @param {string | readonly import('./types').ChatMessage[]} messages
    * @param {import('./types').FormatChatOptions | string} [options]
    * @returns {import('./types').FormattedChatResult}
@@ -473,7 +484,7 @@ class SessionContext {
    * `generationPrompt`) as options; without a `parser` the whole output is content.
    * Throws `ERR_CHAT_PARSE` when the output does not match the format (`isPartial: true` accepts
    * an unfinished output while streaming), `ERR_INVALID_ARG` for malformed options.
-   * Synchronous; usable while the context is busy.
+   * Synchronous; never waits (usable while the context is busy).
    * @param {string} output
    * @param {import('./types').ChatFormat} format
    * @param {import('./types').ParseChatOutputOptions} [options]
@@ -495,7 +506,7 @@ class SessionContext {
    * assistant message and the next user message, tokenized, up to its first end-of-generation
    * token plus trailing whitespace tokens (Gemma: `<end_of_turn>`, `"\n"`; ChatML:
    * `<|im_end|>`, `"\n"`). Falls back to `[EOT or EOS]` when the template yields nothing usable.
-   * Computed once per context. Usable while the context is busy.
+   * Computed once per context. Never waits (usable while the context is busy).
    * @returns {number[]}
    */
   getTurnSeparator() {
@@ -518,7 +529,7 @@ class SessionContext {
    *   {@link createSampler} + {@link applySampler}, or a Branch with a grammar.
    *
    * Throws `ERR_NO_LOGITS` before any decode, `ERR_INVALID_ARG` for bad params,
-   * `ERR_GRAMMAR` if `logitBias` bans every token. Runs after any queued operation.
+   * `ERR_GRAMMAR` if `logitBias` bans every token. Waits for queued operations.
    * @param {import('./types').SamplingParams | null} [params]
    * @returns {number}
    */
@@ -541,7 +552,7 @@ class SessionContext {
   /**
    * Masks `logits` in place: every token the grammar forbids in its current state becomes
    * `-Infinity`; allowed entries are unchanged. `logits` must be a Float32Array of length
-   * `vocabSize` (else `ERR_INVALID_ARG`). Runs after any queued operation.
+   * `vocabSize` (else `ERR_INVALID_ARG`). Waits for queued operations.
    * @param {number} handle
    * @param {Float32Array} logits
    * @returns {void}
@@ -656,6 +667,7 @@ class SessionContext {
    * pooled over sequence 0 (`poolingType` MEAN, CLS or LAST), or the last token's vector with
    * `PoolingType.NONE`. L2-normalised unless `normalize` is false. Throws `ERR_NO_LOGITS` before
    * the first encode, `ERR_UNSUPPORTED` on a non-embedding context or with `PoolingType.RANK`.
+   * Waits for queued operations.
    * @param {boolean} [normalize]
    * @returns {Float32Array}
    */

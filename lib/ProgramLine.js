@@ -94,7 +94,12 @@ function scoringPaths(options) {
   return paths;
 }
 
-/** One line of generation inside a program (the `s` of `run(async (s) => ...)`). */
+/**
+ * One line of generation inside a program (the `s` of `run(async (s) => ...)`). A line runs one
+ * gen, select or logprob at a time: `append`, `gen`, `fork`, `select` and `logprob` while one
+ * runs, after `release()` or after the program ended throw `ERR_PROGRAM_STATE` (the async ones
+ * reject; after an aborted program, with its `ERR_ABORTED`).
+ */
 class ProgramLine {
   /**
    * Made by `Scheduler.run` (the root) and `fork`, never directly.

@@ -37,7 +37,8 @@ const { decodeAll } = require('./scheduler/rows');
 const { SchedulerEvents } = require('./scheduler/events');
 
 /**
- * Continuous batching over one context (see the file comment and docs/serving.md). The context
+ * Continuous batching over one context, with a prefix cache and a request queue (`generate`, see
+ * docs/serving.md), and branch programs (`run`, see docs/programs.md). The context
  * must be used by this scheduler alone; size `nSeqMax` ≥ running requests × (n + 1) plus cached
  * prefixes, `nCtx` ≥ their prompts + n × maxTokens each.
  */
@@ -117,7 +118,7 @@ class Scheduler {
    * release) and every line's work shares the scheduler's steps with everything else. Resolves
    * with what the program returns; rejects with what it throws, ERR_ABORTED when
    * `options.signal` fires, or ERR_QUEUE_FULL / ERR_SCHEDULER_CLOSED. Everything the program
-   * holds is freed when it ends. See docs/programs.md.
+   * holds is freed before `run()` settles. See docs/programs.md.
    * @template T
    * @param {(s: import('./ProgramLine').ProgramLine) => T | Promise<T>} program
    * @param {import('./types').RunOptions} [options]

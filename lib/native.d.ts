@@ -235,8 +235,11 @@ export declare function _setBackendDir(dir: string): number
 export interface AdvancedSamplingParams {
   /** Locally typical sampling, in (0, 1]; 1 = off. Default 1. */
   typicalP?: number
+  /** Mirostat in place of temperature + dist; off when absent. */
   mirostat?: MirostatParams
+  /** DRY penalty; off when absent. */
   dry?: DryParams
+  /** XTC; off when absent. */
   xtc?: XtcParams
   /** Top-n-sigma, > 0. Default off. */
   topNSigma?: number
@@ -259,8 +262,9 @@ export interface BranchInfo {
 /** Options for {@link createContext}. */
 export interface ContextOptions {
   /**
-   * Path of a `.gguf` model file, or a `file:` URL. Contexts created on the same file (and the
-   * same `useMmap`) share one loaded model.
+   * Path of a `.gguf` model file, or a `file:` URL. Contexts created on the same file with the
+   * same `useMmap` and placement share one loaded model; a model on RPC servers is loaded per
+   * context.
    */
   modelPath: string
   /**
@@ -304,7 +308,11 @@ export interface ContextOptions {
   nGpuLayers?: number
   /** Index (into the offload devices) of the device for `splitMode: 'none'` and row-split results. Default 0. */
   mainGpu?: number
-  /** How layers spread over several devices. Default `'layer'`. */
+  /**
+   * How layers spread over several devices: `'none'` (all on `mainGpu`), `'layer'` (whole
+   * layers per device; the default) or `'row'` (the rows of each matrix across the devices,
+   * where the backend supports it, e.g. CUDA).
+   */
   splitMode?: 'none' | 'layer' | 'row'
   /**
    * Relative share of the offloaded layers per device, one number per offload device in order
@@ -313,7 +321,8 @@ export interface ContextOptions {
   tensorSplit?: Array<number>
   /**
    * Names (from {@link listDevices}) of the GPU / RPC devices to place layers on, in order.
-   * Default: every local GPU, then the `rpcServers`' devices. Unknown names and the CPU: `ERR_DEVICE`.
+   * Default: every local GPU, then the `rpcServers`' devices; `[]`: none, the CPU alone (as
+   * `gpu: false`). Unknown names and the CPU: `ERR_DEVICE`.
    */
   devices?: Array<string>
   /**
@@ -462,7 +471,8 @@ export interface RpcServerInfo {
 }
 
 /**
- * A branch's sampler chain. Invalid values are errors (`ERR_INVALID_ARG`), never silently clamped.
+ * A branch's sampler chain, as `Branch.create` and `setSamplerParams` take it (and `ctx.sample`,
+ * without `grammar`). Invalid values are errors (`ERR_INVALID_ARG`), never silently clamped.
  *
  * Order: logit bias + steer → grammar → penalties → DRY → top-n-sigma → top-k → typical → top-p →
  * min-p → XTC → greedy | temperature + dist | temperature + mirostat.
@@ -482,6 +492,7 @@ export interface SamplingParams {
   grammar?: string
   /** Repetition penalties; off when absent. */
   penalties?: PenaltyParams
+  /** Less common samplers (typical, Mirostat, DRY, XTC, top-n-sigma); each off when absent. */
   advanced?: AdvancedSamplingParams
   /** Static per-token biases (kept by forks). */
   logitBias?: Array<TokenBias>

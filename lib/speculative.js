@@ -35,7 +35,11 @@ const MAX_DRAFT = 32;
  * summaries with quotes, RAG answers, code).
  */
 class PromptLookup {
-  /** @param {{ ngramMin?: number, ngramMax?: number }} [options] */
+  /**
+   * `ngramMin` (default 2) to `ngramMax` (default 4): the n-gram sizes looked up, integers in
+   * 1..16 with `ngramMin` ≤ `ngramMax` (else `ERR_INVALID_ARG`).
+   * @param {{ ngramMin?: number, ngramMax?: number }} [options]
+   */
   constructor(options = {}) {
     const { ngramMin = 2, ngramMax = 4 } = options;
     for (const [name, v] of /** @type {Array<[string, number]>} */ ([
@@ -49,10 +53,12 @@ class PromptLookup {
       throw makeError('ERR_INVALID_ARG', `PromptLookup: ngramMin (${ngramMin}) must not exceed ngramMax (${ngramMax})`);
     this.ngramMin = ngramMin;
     this.ngramMax = ngramMax;
+    /** The source's kind, `'lookup'`. */
     this.kind = 'lookup';
   }
 
   /**
+   * A drafter for one line whose tokens so far are `history`.
    * @param {readonly number[]} history the tokens the line holds (typically its prompt)
    * @returns {LookupDrafter}
    */
@@ -125,8 +131,11 @@ class DraftModel {
    */
   constructor(draftCtx, targetCtx) {
     const { BranchStore } = require('./BranchStore');
+    /** The draft model's context. */
     this.ctx = draftCtx;
-    this.store = new BranchStore(draftCtx); // throws for a non-context or a disposed one
+    /** A BranchStore over `ctx` (made now: throws for a non-context or a disposed one). */
+    this.store = new BranchStore(draftCtx);
+    /** The source's kind, `'draft'`. */
     this.kind = 'draft';
     /** @type {WeakSet<object>} targets already checked */
     this._checked = new WeakSet();
@@ -155,7 +164,12 @@ class DraftModel {
     this._checked.add(target);
   }
 
-  /** @param {readonly number[]} history @returns {ModelDrafter} */
+  /**
+   * A drafter for one line whose tokens so far are `history` (decoded on the draft context before
+   * its first draft).
+   * @param {readonly number[]} history
+   * @returns {ModelDrafter}
+   */
   open(history) {
     return new ModelDrafter(this, history);
   }

@@ -4,7 +4,11 @@ export type OperationOptions = import("../lib/types").OperationOptions;
 /**
  * @typedef {import('../lib/types').OperationOptions} OperationOptions
  */
-/** Batched operations over many branches of one context: one `llama_decode` per step. */
+/**
+ * Batched operations over many branches of one context: one `llama_decode` per step. The
+ * branches belong to the context, so every store on it sees the same ones; a branch of another
+ * context is refused with `ERR_FOREIGN_BRANCH`.
+ */
 export class BranchStore {
     /**
      * Throws `ERR_INVALID_ARG` for a non-context, `ERR_CONTEXT_DISPOSED` for a disposed one.
@@ -56,14 +60,15 @@ export class BranchStore {
      * `[[branch, tokens], ...]`: the natural-log probability of each entry's tokens as its branch's
      * continuation, every entry in the same decode where `ctx.nOutputs` allows, and the tokens
      * stay (each branch goes on after them, as after `prefill`). The way to rank candidate
-     * continuations forked from one prefix: one decode instead of one per token.
+     * continuations forked from one prefix: one decode instead of one per token (a program's
+     * `select` scores its options this way).
      * @param {ReadonlyArray<readonly [Branch, number[]]>} entries
      * @param {OperationOptions} [options]
      * @returns {Promise<number[]>}
      */
     score(entries: ReadonlyArray<readonly [Branch, number[]]>, options?: OperationOptions): Promise<number[]>;
     /**
-     * Samples every branch in one native call (no KV write, no accept).
+     * Samples every branch in one native call (no KV write, no accept). Waits for queued operations.
      * @param {readonly Branch[]} branches
      * @returns {import('../lib/types').Produced[]}
      */
@@ -75,10 +80,11 @@ export class BranchStore {
      * @returns {Promise<void>}
      */
     retainOnly(winner: Branch): Promise<void>;
-    /** Number of free sequence leases. */
+    /** Number of free sequence leases. Waits for queued operations. */
     get available(): number;
     /**
-     * Exact KV usage (cells shared by forks counted once).
+     * Exact KV usage, `{ nCtx, cellsUsed, remaining }` (cells shared by forks counted once).
+     * Waits for queued operations.
      * @returns {import('../lib/types').KvPressure}
      */
     kvPressure(): import("../lib/types").KvPressure;

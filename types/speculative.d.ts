@@ -21,15 +21,21 @@ export function generate(branch: any, options?: any): Promise<import("../lib/typ
  * summaries with quotes, RAG answers, code).
  */
 export class PromptLookup {
-    /** @param {{ ngramMin?: number, ngramMax?: number }} [options] */
+    /**
+     * `ngramMin` (default 2) to `ngramMax` (default 4): the n-gram sizes looked up, integers in
+     * 1..16 with `ngramMin` ≤ `ngramMax` (else `ERR_INVALID_ARG`).
+     * @param {{ ngramMin?: number, ngramMax?: number }} [options]
+     */
     constructor(options?: {
         ngramMin?: number;
         ngramMax?: number;
     });
     ngramMin: number;
     ngramMax: number;
+    /** The source's kind, `'lookup'`. */
     kind: string;
     /**
+     * A drafter for one line whose tokens so far are `history`.
      * @param {readonly number[]} history the tokens the line holds (typically its prompt)
      * @returns {LookupDrafter}
      */
@@ -47,8 +53,11 @@ export class DraftModel {
      *   otherwise checked by the first line that opens on a target
      */
     constructor(draftCtx: import("./Context").SessionContext, targetCtx?: import("./Context").SessionContext);
+    /** The draft model's context. */
     ctx: import("./Context").SessionContext;
+    /** A BranchStore over `ctx` (made now: throws for a non-context or a disposed one). */
     store: import("./BranchStore").BranchStore;
+    /** The source's kind, `'draft'`. */
     kind: string;
     /**
      * Throws `ERR_VOCAB_MISMATCH` unless `target` tokenizes like the draft model (same vocabulary
@@ -56,7 +65,12 @@ export class DraftModel {
      * @param {import('./Context').SessionContext} target
      */
     checkVocabulary(target: import("./Context").SessionContext): void;
-    /** @param {readonly number[]} history @returns {ModelDrafter} */
+    /**
+     * A drafter for one line whose tokens so far are `history` (decoded on the draft context before
+     * its first draft).
+     * @param {readonly number[]} history
+     * @returns {ModelDrafter}
+     */
     open(history: readonly number[]): ModelDrafter;
     /**
      * Drafts for many lines at once: one prefill of every line's unsent tokens, then one commit

@@ -23,8 +23,9 @@ use crate::llama::{self, Context, ContextConfig, Model};
 /// Options for {@link createContext}.
 #[napi(object)]
 pub struct ContextOptions {
-    /// Path of a `.gguf` model file, or a `file:` URL. Contexts created on the same file (and the
-    /// same `useMmap`) share one loaded model.
+    /// Path of a `.gguf` model file, or a `file:` URL. Contexts created on the same file with the
+    /// same `useMmap` and placement share one loaded model; a model on RPC servers is loaded per
+    /// context.
     pub model_path: String,
     /// KV cache size in cells (tokens, summed over all sequences). Default 2048; range 16 to 2^24.
     /// llama.cpp may round it up (read the effective value from `ctx.nCtx`).
@@ -59,14 +60,17 @@ pub struct ContextOptions {
     pub n_gpu_layers: Option<f64>,
     /// Index (into the offload devices) of the device for `splitMode: 'none'` and row-split results. Default 0.
     pub main_gpu: Option<f64>,
-    /// How layers spread over several devices. Default `'layer'`.
+    /// How layers spread over several devices: `'none'` (all on `mainGpu`), `'layer'` (whole
+    /// layers per device; the default) or `'row'` (the rows of each matrix across the devices,
+    /// where the backend supports it, e.g. CUDA).
     #[napi(ts_type = "'none' | 'layer' | 'row'")]
     pub split_mode: Option<String>,
     /// Relative share of the offloaded layers per device, one number per offload device in order
     /// (`ctx.offload.devices`), e.g. `[1, 3]`. Default: by free memory. A wrong length: `ERR_DEVICE`.
     pub tensor_split: Option<Vec<f64>>,
     /// Names (from {@link listDevices}) of the GPU / RPC devices to place layers on, in order.
-    /// Default: every local GPU, then the `rpcServers`' devices. Unknown names and the CPU: `ERR_DEVICE`.
+    /// Default: every local GPU, then the `rpcServers`' devices; `[]`: none, the CPU alone (as
+    /// `gpu: false`). Unknown names and the CPU: `ERR_DEVICE`.
     pub devices: Option<Vec<String>>,
     /// llama.cpp RPC servers (`"host:port"`, IPv4 or a host name; started with
     /// `npx llama-branch rpc-server`) whose devices take layers. Each is parsed and probed before

@@ -76,8 +76,11 @@ pub struct XtcParams {
 pub struct AdvancedSamplingParams {
     /// Locally typical sampling, in (0, 1]; 1 = off. Default 1.
     pub typical_p: Option<f64>,
+    /// Mirostat in place of temperature + dist; off when absent.
     pub mirostat: Option<MirostatParams>,
+    /// DRY penalty; off when absent.
     pub dry: Option<DryParams>,
+    /// XTC; off when absent.
     pub xtc: Option<XtcParams>,
     /// Top-n-sigma, > 0. Default off.
     pub top_n_sigma: Option<f64>,
@@ -90,7 +93,8 @@ pub struct TokenBias {
     pub bias: f64,
 }
 
-/// A branch's sampler chain. Invalid values are errors (`ERR_INVALID_ARG`), never silently clamped.
+/// A branch's sampler chain, as `Branch.create` and `setSamplerParams` take it (and `ctx.sample`,
+/// without `grammar`). Invalid values are errors (`ERR_INVALID_ARG`), never silently clamped.
 ///
 /// Order: logit bias + steer → grammar → penalties → DRY → top-n-sigma → top-k → typical → top-p →
 /// min-p → XTC → greedy | temperature + dist | temperature + mirostat.
@@ -110,6 +114,7 @@ pub struct SamplingParams {
     pub grammar: Option<String>,
     /// Repetition penalties; off when absent.
     pub penalties: Option<PenaltyParams>,
+    /// Less common samplers (typical, Mirostat, DRY, XTC, top-n-sigma); each off when absent.
     pub advanced: Option<AdvancedSamplingParams>,
     /// Static per-token biases (kept by forks).
     pub logit_bias: Option<Vec<TokenBias>>,
