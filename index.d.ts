@@ -1,5 +1,11 @@
 // Type definitions for llama-branch.
 //
+// What is written by hand here, and why: the module functions of lib/index.js and the option and
+// result shapes of the JavaScript layer (chat JSON from the C++ shim, the Scheduler's requests and
+// results, branch programs, speculative decoding, trace events, the server). This file is their
+// only declaration: lib/ names them through lib/types.d.ts. The classes come from lib/'s JSDoc
+// (types/) and the addon's own shapes from Rust (lib/native.d.ts); both are generated.
+//
 // The package is CommonJS (`require('llama-branch')`); these declarations describe exactly what
 // `lib/index.js` exports. Everything here is public API; members whose names start with `_` on
 // the runtime objects are private plumbing between lib/ and the native addon and are not typed.
