@@ -55,7 +55,13 @@ function probePrebuilt() {
       process.exit(1);
     }`;
   const res = spawnSync(process.execPath, ['-e', program], { encoding: 'utf8', timeout: 120000 });
-  if (res.status === 0) return { ok: true, ...JSON.parse(res.stdout) };
+  if (res.status === 0) {
+    try {
+      return { ok: true, ...JSON.parse(res.stdout) };
+    } catch {
+      return { ok: false, reason: `unexpected output: ${res.stdout.slice(0, 200)}` };
+    }
+  }
   const why = res.error?.message || (res.signal && `loading it killed the process with ${res.signal}`);
   return { ok: false, reason: why || (res.stderr || `exit code ${res.status}`).trim().split('\n')[0] };
 }

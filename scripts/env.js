@@ -63,10 +63,13 @@ function cpuArgs() {
   return targetCpuArgs(choice !== 'portable' ? choice : process.arch === 'x64' ? 'x86-64-v3' : 'generic');
 }
 
-/** Where napi-derive records the `#[napi]` signatures (one folder per checkout: the target dir is shared). */
+/**
+ * Where napi-derive records the `#[napi]` signatures: one folder per checkout (the target dir is
+ * shared) and feature set (a `bench` build shares the target dir but adds a method).
+ */
 function typeDefFolder() {
   const key = require('node:crypto').createHash('sha256').update(repoRoot).digest('hex').slice(0, 12);
-  return path.join(targetDir(), 'napi-typedefs', key);
+  return path.join(targetDir(), 'napi-typedefs', [key, ...featureList()].join('-'));
 }
 
 /** The environment of cargo calls: the target dir and typedef folder resolved (the same for every call). */
@@ -101,7 +104,7 @@ function cdylibName() {
 
 /** Absolute path of an executable on PATH, or null. */
 function which(cmd) {
-  const exts = process.platform === 'win32' ? ['', '.exe', '.cmd'] : [''];
+  const exts = process.platform === 'win32' ? ['', ...(process.env.PATHEXT || '.EXE;.CMD;.BAT;.COM').split(';')] : [''];
   for (const dir of (process.env.PATH || '').split(path.delimiter).filter(Boolean)) {
     for (const ext of exts) {
       const file = path.join(dir, cmd + ext);
@@ -201,8 +204,15 @@ function formatDuration(ms) {
 }
 
 // The system packages of a source build.
-const SYSTEM_LIB_DIRS = ['/usr/lib64', '/usr/lib', '/usr/local/lib'];
-const listMatching = (dir, re) => (fs.existsSync(dir) ? fs.readdirSync(dir).filter((n) => re.test(n)) : []);
+const SYSTEM_LIB_DIRS = ['/usr/lib64', '/usr/lib', '/usr/local/lib', '/usr/local/lib64'];
+/** Names in folder `dir` matching `re`; none when it is not a readable folder (LIBCLANG_PATH may name a file). */
+function listMatching(dir, re) {
+  try {
+    return fs.readdirSync(dir).filter((n) => re.test(n));
+  } catch {
+    return [];
+  }
+}
 const llvmDirs = (sub) => listMatching('/usr/lib', /^llvm-\d+/).map((d) => `/usr/lib/${d}/${sub}`);
 
 /** A libclang shared library (bindgen's C API), or null. */
@@ -213,7 +223,10 @@ function findLibclang() {
     const hit = listMatching(dir, /^libclang(-[0-9.]+)?\.so(\.[0-9]+)*$/)[0];
     if (hit) return path.join(dir, hit);
   }
-  return null;
+  if (process.env.LIBCLANG_PATH && fs.existsSync(process.env.LIBCLANG_PATH)) return process.env.LIBCLANG_PATH; // the file
+  const cache = spawnSync('ldconfig', ['-p'], { encoding: 'utf8' }).stdout || ''; // last resort: the linker's cache
+  const line = cache.split('\n').find((l) => /\blibclang(-[0-9.]+)?\.so/.test(l));
+  return line ? line.split('=>').pop().trim() : null;
 }
 
 /** Whether clang's resource headers (stdbool.h ...), which bindgen needs to parse llama.h, exist. */

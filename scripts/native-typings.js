@@ -24,7 +24,9 @@ const GLOBAL_TYPES = new Set(['Array', 'Promise', 'Float32Array', 'Uint8Array', 
 
 /** The declarations, importing from the public index.d.ts what they name but do not define (chat shapes). */
 async function render() {
-  const { generateTypeDef } = require('@napi-rs/cli');
+  // import(), not require(): the CLI's CommonJS build requires ESM-only packages, which only newer
+  // Node versions can require().
+  const { generateTypeDef } = await import('@napi-rs/cli');
   const { dts } = await generateTypeDef({ typeDefDir: typeDefFolder(), cwd: repoRoot, noDtsHeader: true });
   if (/\bArg</.test(dts)) throw new Error('a #[napi] parameter of type Arg<T> needs #[napi(ts_arg_type = "...")]');
   const code = dts.replace(/\/\*[\s\S]*?\*\/|\/\/.*/g, '');

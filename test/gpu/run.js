@@ -142,8 +142,8 @@ function main() {
     });
     console.error(`GGML_VK_VISIBLE_DEVICES=${env.GGML_VK_VISIBLE_DEVICES}`);
     const mocha = path.join(repoRoot, 'node_modules', 'mocha', 'bin', 'mocha.js');
-    step('GPU tests (test/gpu) on the installed prebuilt', () =>
-      run(node, [mocha, '--no-config', '--timeout', '600000', path.join(repoRoot, 'test', 'gpu')], {
+    step('GPU tests (test/gpu/*.test.js) on the installed prebuilt', () =>
+      run(node, [mocha, '--no-config', '--timeout', '600000', path.join(repoRoot, 'test', 'gpu', '*.test.js')], {
         env: {
           ...env,
           LLAMA_BRANCH_PACKAGE: path.join(project, 'node_modules', 'llama-branch'),
@@ -197,4 +197,4 @@ function fallbacks(dir, project, userEnv, model) {
   return 0;
 }
 
-main();
+if (require.main === module) main();
