@@ -2,18 +2,12 @@
 'use strict';
 
 /**
- * `npm run build:prebuilt [-- --vulkan]`: builds the prebuilt of this machine's platform (no cross builds) and
- * packs into dist/, printing the size of each shipped file and tarball:
- *
- *   llama-branch-<platform>-<version>.tgz         npm/<platform>/: the addon, llama.cpp's shared libraries and
- *       every backend module ggml built (one CPU backend per instruction-set level, chosen at run time), stripped;
- *   llama-branch-<platform>-vulkan-<version>.tgz  with --vulkan: ggml's Vulkan module, in a package of its own;
- *   llama-branch-<version>.tgz                    the main package, whose optionalDependencies name every
- *       platform package packed into dist/ for this version.
- *
- * The addon is built for the architecture's baseline CPU (the CPU backend variants bring the speed), in a cargo
- * target directory of its own (LLAMA_BRANCH_PREBUILD_TARGET_DIR, default `<dev target dir>-prebuilt`) so that the
- * dev build's llama.cpp stays. A cold build (~14 CPU variants) takes ~20 minutes on 2 cores.
+ * `npm run build:prebuilt [-- --vulkan]`: this platform's prebuilt (no cross builds), packed into dist/ with sizes:
+ * the platform package (npm/<platform>/: the addon, llama.cpp's libraries and every backend module ggml built, one
+ * CPU backend per instruction-set level chosen at run time; stripped), with --vulkan the Vulkan module's package,
+ * and the main package, whose optionalDependencies name the platform packages. The addon targets the baseline
+ * CPU of the architecture, in a cargo target dir of its own (LLAMA_BRANCH_PREBUILD_TARGET_DIR, default
+ * `<dev target dir>-prebuilt`). A cold build (~14 CPU variants) takes ~20 minutes on 2 cores.
  */
 
 const fs = require('node:fs');

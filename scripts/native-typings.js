@@ -2,14 +2,10 @@
 'use strict';
 
 /**
- * lib/native.d.ts, the typed contract between lib/ and the addon: napi-derive records the
- * TypeScript signature of every `#[napi]` item while the crate compiles (scripts/build.js points
- * it at `typeDefFolder()`), and @napi-rs/cli's `generateTypeDef` (what `napi build --dts` runs)
- * renders them. The build itself stays ours: it also runs as the install script, where
- * devDependencies such as @napi-rs/cli do not exist. `tsc -p lib` then checks lib/ against it.
- *
- *   node scripts/native-typings.js          writes lib/native.d.ts
- *   node scripts/native-typings.js --check  exits 1 if lib/native.d.ts is not what the Rust says
+ * lib/native.d.ts, lib/'s typed contract with the addon: napi-derive records each `#[napi]` item's
+ * signature while the crate compiles (in `typeDefFolder()`) and @napi-rs/cli's `generateTypeDef`,
+ * what `napi build --dts` runs, renders them. The build stays ours: it is also the install script,
+ * where devDependencies do not exist. `--check`: exit 1 if lib/native.d.ts is not current.
  */
 
 const fs = require('node:fs');

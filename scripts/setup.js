@@ -2,14 +2,10 @@
 'use strict';
 
 /**
- * First-time setup of a checkout (`npm run setup`, the README's first command):
- *   1. the system packages a source build needs (cmake, a C++ compiler, libclang; ccache to make
- *      rebuilds cheap) and Debian's chromium for the browser tests, with apt as root or through
- *      sudo: the one place besides CI that installs them (the npm `install` script only prints the
- *      command). `--system` stops after this step (`.ci/run` runs it before `npm ci`);
- *   2. `npm install` (whose install script builds the addon), or only the build when node_modules
- *      exists;
- *   3. the default model, fetched and verified; 4. the demo (examples/demo.js).
+ * `npm run setup`, the README's first command: the system packages a source build needs and Chromium
+ * for the browser tests (apt, as root or through sudo: the npm `install` script only prints the
+ * command; `--system` stops here, as `.ci/run` uses it), `npm install` (or only the build when
+ * node_modules exists), the default model, and the demo.
  */
 
 const fs = require('node:fs');

@@ -2,18 +2,10 @@
 'use strict';
 
 /**
- * The one test command (`npm test`): each step in order, stopping at the first failure with its
- * exit code, then a summary with times.
- *   - lint (prettier, eslint) and the build (cheap when up to date);
- *   - tier 1, no model: Rust unit tests (the store and decode engine over an in-memory KV backend,
- *     planning, sampling, metrics), JS unit tests (test/unit), the generated typings current and
- *     lib/ type-checked against them, the public surface under --strict (test/types);
- *   - the default model, fetched and verified (exported as LLAMA_TEST_MODEL unless already set);
- *   - tier 2, on the model: mocha integration tests, RPC across two loopback rpc-server processes
- *     (its own process: it kills one mid-generation), every example, the npm package installed
- *     into a scratch project (LLAMA_BRANCH_SKIP_PACK_TEST=1 skips it), and the prebuilt tarballs
- *     installed with no compiler and no network (test/install/prebuilt.js: builds them first
- *     when dist/ is stale, ~20 min cold; LLAMA_BRANCH_SKIP_PREBUILT_TEST=1 skips it).
+ * The one test command (`npm test`): lint, build, tier 1 without a model (Rust and JS unit tests,
+ * the generated typings current and type-checked), the model fetched (exported as LLAMA_TEST_MODEL
+ * unless set), then tier 2 on it (integration tests, RPC, examples, the packed and the prebuilt
+ * package installed). Stops at the first failing step with its exit code; prints a summary.
  */
 
 const fs = require('node:fs');
