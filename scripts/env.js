@@ -217,13 +217,14 @@ const llvmDirs = (sub) => listMatching('/usr/lib', /^llvm-\d+/).map((d) => `/usr
 
 /** A libclang shared library (bindgen's C API), or null. */
 function findLibclang() {
+  const chosen = process.env.LIBCLANG_PATH; // a folder, or the library file itself
+  if (chosen && fs.existsSync(chosen) && fs.statSync(chosen).isFile()) return chosen;
   const multiarch = ['/usr/lib', '/lib'].flatMap((b) => listMatching(b, /-linux-(gnu|musl)/).map((d) => `${b}/${d}`));
-  const dirs = [process.env.LIBCLANG_PATH, ...llvmDirs('lib'), ...multiarch, ...SYSTEM_LIB_DIRS];
+  const dirs = [chosen, ...llvmDirs('lib'), ...multiarch, ...SYSTEM_LIB_DIRS];
   for (const dir of dirs.filter(Boolean)) {
     const hit = listMatching(dir, /^libclang(-[0-9.]+)?\.so(\.[0-9]+)*$/)[0];
     if (hit) return path.join(dir, hit);
   }
-  if (process.env.LIBCLANG_PATH && fs.existsSync(process.env.LIBCLANG_PATH)) return process.env.LIBCLANG_PATH; // the file
   const cache = spawnSync('ldconfig', ['-p'], { encoding: 'utf8' }).stdout || ''; // last resort: the linker's cache
   const line = cache.split('\n').find((l) => /\blibclang(-[0-9.]+)?\.so/.test(l));
   return line ? line.split('=>').pop().trim() : null;
