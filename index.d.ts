@@ -173,6 +173,12 @@ export interface LoadOptions {
 
 /** A loaded build of the native addon, as {@link loadBinary} returns it. */
 export interface NativeBinding {
+  /**
+   * Creates a context on this build: the same {@link SessionContext} the package's
+   * {@link createContext} returns (the reference's loader contract: a binding is valid when it has
+   * `createContext`, and programs written for it call `loadBinary().createContext(options)`).
+   */
+  createContext(options: ContextOptions): Promise<SessionContext>;
   /** That build's llama.cpp system line (see {@link systemInfo}). */
   systemInfo(): string;
   /** The devices that build sees (see {@link listDevices}); e.g. a Vulkan build's GPUs. */

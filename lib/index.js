@@ -31,13 +31,16 @@ function guardedBinding(variant) {
 }
 
 /**
- * A loaded build of the addon as users see it: its system line, its devices and the context
- * class (contexts of every build are `SessionContext`s of lib/Context.js).
+ * A loaded build of the addon as users see it: `createContext(options)` on that build (the
+ * reference's loader contract: a module is valid when it has `createContext`), its system line,
+ * its devices and the context class (contexts of every build are `SessionContext`s of
+ * lib/Context.js).
  */
 function publicBinding(binding) {
   let view = publicBindings.get(binding);
   if (!view) {
     view = Object.freeze({
+      createContext: (options) => createContextOn(binding, options),
       systemInfo: () => binding.systemInfo(),
       listDevices: (options) => listDevicesOf(binding, options),
       SessionContext,
@@ -84,6 +87,11 @@ function bindingFor(loadOptions) {
  * thread, with the binding `loadOptions.gpuVariant` selects.
  */
 async function createContext(options, loadOptions) {
+  return createContextOn(bindingFor(loadOptions), options);
+}
+
+/** `createContext` on one guarded binding: the options checked, the placement resolved, the facade made. */
+async function createContextOn(binding, options) {
   if (options === null || typeof options !== 'object')
     throw makeError('ERR_INVALID_ARG', 'createContext(options): expected an options object');
   let modelPath = options.modelPath;
@@ -117,7 +125,6 @@ async function createContext(options, loadOptions) {
       throw makeError('ERR_INVALID_ARG', `options.${k} must be an array of strings`);
     }
   }
-  const binding = bindingFor(loadOptions);
   return wrapContext(await binding.createContext({ ...placementOf(options, binding), modelPath }));
 }
 

@@ -8,20 +8,73 @@ const path = require('node:path');
 const { execFile } = require('node:child_process');
 const { MODEL } = require('./helpers');
 
-function runProgram(name) {
+function runProgram(name, env = {}) {
   return new Promise((resolve, reject) => {
     execFile(
       process.execPath,
       [path.join(__dirname, 'compat', name)],
-      { env: { ...process.env, LLAMA_TEST_MODEL: MODEL }, timeout: 240000 },
+      { env: { ...process.env, LLAMA_TEST_MODEL: MODEL, ...env }, timeout: 240000, maxBuffer: 16 << 20 },
       (err, stdout, stderr) => {
-        if (err) return reject(new Error(`${name} failed: ${err.message}\n${stderr}`));
         const line = stdout.trim().split('\n').pop();
+        if (err) return reject(new Error(`${name} failed: ${err.message}\n${line}\n${stderr}`));
         resolve(JSON.parse(line));
       },
     );
   });
 }
+
+// The suites of the reference's own integration test (shared/spec/js-api.md §3.3), entered the
+// way its file enters: through `loadBinary().createContext`, and through the package's
+// `createContext`. A facade change that breaks either way in fails here.
+describe('compatibility: the reference integration suites (test/compat/integration.js)', function () {
+  this.timeout(600000);
+  const results = {};
+
+  for (const entry of ['loadBinary', 'createContext']) {
+    it(`every suite passes entered through ${entry === 'loadBinary' ? 'loadBinary().createContext' : 'createContext'}`, async function () {
+      const r = await runProgram('integration.js', { LLAMA_COMPAT_ENTRY: entry });
+      assert.equal(r.entry, entry);
+      assert.equal(r.failed, undefined);
+      results[entry] = r;
+      // Each suite of §3.3 but the two model-quality ones contributed its checks.
+      for (const suite of [
+        'createContext',
+        'Core API',
+        'KV Cache',
+        'Metrics',
+        'Tokenizer',
+        'chat_in / chat_out',
+        'Multi-Sequence KV',
+        'Grammar Sampling',
+        'Branch.prefill Multi-Turn',
+        'Warm Multi-Turn Recall',
+        'Branch.steer',
+        'nBatch Ablation',
+        'Determinism',
+        'decodeAndCapture',
+        'BranchStore',
+        'PPL Sanity',
+        'Commit Rollback',
+        'Async Rejection',
+        'Empty Input Edge Cases',
+        'jsonSchemaToGrammar',
+        'Disposed During Async',
+        'Async Iterator',
+        'Embeddings',
+      ])
+        assert.ok(
+          r.checks.some((c) => c.startsWith(`${suite}: `)),
+          `suite ${suite} ran`,
+        );
+      assert.ok(r.passed >= 120, `${r.passed} checks passed`);
+    });
+  }
+
+  it('both ways in run the same checks', function () {
+    if (!results.loadBinary || !results.createContext) this.skip();
+    assert.deepEqual(results.loadBinary.checks, results.createContext.checks);
+  });
+});
 
 describe('compatibility: programs in the reference style run unchanged', function () {
   this.timeout(300000);

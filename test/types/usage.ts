@@ -81,6 +81,7 @@ async function main(): Promise<void> {
   const binding: NativeBinding = loadBinary(variant);
   const sameInfo: string = binding.systemInfo();
   const cpu: NativeBinding = loadBinary();
+  const viaBinding: SessionContext = await cpu.createContext({ modelPath: 'm.gguf', nCtx: 2048 });
   const loadOptions: LoadOptions = { gpuVariant: 'cuda' };
   const onGpu: SessionContext = await createContext({ modelPath: 'm.gguf' }, loadOptions);
   const onCpu: SessionContext = await createContext({ modelPath: 'm.gguf' }, { gpuVariant: 'default' });
@@ -88,7 +89,7 @@ async function main(): Promise<void> {
   loadBinary('rocm');
   // @ts-expect-error: not a variant
   await createContext({ modelPath: 'm.gguf' }, { gpuVariant: 'metal' });
-  void [sameInfo, cpu, onGpu, onCpu];
+  void [sameInfo, cpu, viaBinding, onGpu, onCpu];
   const options: ContextOptions = {
     modelPath: new URL('file:///models/model.gguf'),
     nCtx: 2048,
