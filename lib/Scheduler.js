@@ -28,12 +28,12 @@ const { BranchStore } = require('./BranchStore');
 const { jsonSchemaToGrammar } = require('./schema');
 const { schedulerOptions } = require('./scheduler/options');
 const { PrefixCache } = require('./scheduler/prefix-cache');
-const { Request } = require('./scheduler/request');
+const { RequestProgram } = require('./scheduler/request');
 const { invalid } = require('./scheduler/checks');
 const { SystemPrompts } = require('./scheduler/system-prompts');
 const { Generation } = require('./scheduler/generation');
 const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
-const { Program, Programs, abortedProgram } = require('./scheduler/program');
+const { RunProgram, Programs } = require('./scheduler/program');
 const { decodeAll } = require('./scheduler/rows');
 const { SchedulerEvents } = require('./scheduler/events');
 
@@ -59,15 +59,13 @@ class Scheduler {
     /** Speculation shared by every request's choices: the draft source, maxDraft and the step-cost fit. */
     this._spec = this._options.spec;
 
-    /** @type {Request[]} queued and ready requests, in arrival order */
+    /** @type {import('./scheduler/program').Program[]} queued and ready programs (requests too), in arrival order */
     this._queue = [];
-    /** @type {Request[]} prefilling, generating and aborting requests */
-    this._running = [];
     this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow });
     /** Prompt branches are only forked, never sampled. */
     this._createPromptBranch = () => Branch.create(ctx, 0, { temperature: 0 });
-    const spareLease = () => this._fits(0, 1); // a lease that no running request or program may still need
-    /** Admitted programs, until their step of ending. */
+    const spareLease = () => this._fits(0, 1); // a lease that no running program may still need
+    /** Admitted programs (requests too), until their step of ending. */
     this._programs = new Programs({ cache: this._cache, createBranch: this._createPromptBranch, spareLease });
     /** The queue's head waits for a program to give room back: no step until something changes. */
     this._blocked = false;
@@ -78,14 +76,6 @@ class Scheduler {
     /** What happens to requests, programs and their branches, for `subscribe` (docs/events.md). */
     this._events = new SchedulerEvents();
     /** What each request and program is given: the defaults, the shared cache and events, `wake` for new needs. */
-    this._env = {
-      ctx,
-      defaultMaxTokens: this._options.defaultMaxTokens,
-      jsonSchemaToGrammar,
-      wake: () => this._kick(),
-      cache: this._cache,
-      events: this._events,
-    };
     this._counters = {
       steps: 0,
       promptTokens: 0,
@@ -95,6 +85,18 @@ class Scheduler {
       completed: 0,
       draftTokens: 0,
       acceptedDraftTokens: 0,
+    };
+    /** What each program is given: the defaults, the shared cache, events and counters, `wake` for new needs. */
+    this._env = {
+      ctx,
+      vocabSize: ctx.vocabSize,
+      defaultMaxTokens: this._options.defaultMaxTokens,
+      jsonSchemaToGrammar,
+      wake: () => this._kick(),
+      cache: this._cache,
+      events: this._events,
+      counters: this._counters,
+      spec: this._spec,
     };
   }
 
@@ -109,7 +111,7 @@ class Scheduler {
     let sink;
     const gen = new Generation((s) => (sink = s));
     try {
-      this._enqueue(new Request(request, sink, { vocabSize: this._ctx.vocabSize, ...this._env }));
+      this._enqueue(new RequestProgram(request, sink, this._env));
     } catch (e) {
       sink.fail(e);
     }
@@ -129,7 +131,7 @@ class Scheduler {
    */
   run(program, options = {}) {
     try {
-      const p = new Program(program, options, this._env);
+      const p = new RunProgram(program, options, this._env);
       this._enqueue(p);
       return p.promise;
     } catch (e) {
@@ -137,14 +139,14 @@ class Scheduler {
     }
   }
 
-  /** Queues a request or program, or refuses it through its own promise. */
+  /** Queues a program (a request too), or refuses it through its own promise. */
   _enqueue(item) {
     if (this._closed) {
-      this._fail(item, closedError());
+      item.reject(closedError());
     } else if (item.signal && item.signal.aborted) {
-      this._abortQueued(item);
+      item.abort();
     } else if (this._queue.length >= this._options.maxQueue) {
-      this._fail(item, queueFullError(this._options.maxQueue));
+      item.reject(queueFullError(this._options.maxQueue));
     } else {
       if (item.signal) {
         item.onAbort = () => this._abort(item);
@@ -176,9 +178,10 @@ class Scheduler {
    */
   stats() {
     const c = this._counters;
+    const requests = this._programs.list.filter((p) => p.isRequest).length;
     return {
-      running: this._running.length,
-      programs: this._programs.size,
+      running: requests,
+      programs: this._programs.size - requests,
       queued: this._queue.length,
       cachedPrefixes: this._cache.size,
       cellsUsed: this._pressure.cellsUsed,
@@ -197,30 +200,19 @@ class Scheduler {
    */
   async close() {
     this._closed = true;
-    for (const req of this._queue.splice(0)) this._fail(req, closedError(false));
-    for (const req of this._running) if (req.state !== 'aborting') req.to('aborting');
-    this._programs.endAll({ error: closedError() });
+    for (const item of this._queue.splice(0)) item.reject(closedError(false));
+    for (const item of this._programs.list) item.close(closedError());
+    this._kick();
     while (this._loop) await this._loop;
     this._cache.clear();
     if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
   }
 
-  /** A queued request or program ends now; a running one at the start of the next step. */
+  /** A queued program ends now; a running one at the start of the next step. */
   _abort(item) {
     const queued = this._queue.indexOf(item);
-    if (queued !== -1) {
-      this._queue.splice(queued, 1);
-      this._abortQueued(item);
-    } else if (item instanceof Program) {
-      item.end({ error: abortedProgram(item.signal) });
-    } else if (item.running && item.state !== 'aborting') {
-      item.to('aborting');
-    }
-  }
-
-  _abortQueued(item) {
-    if (item instanceof Program) item.reject(abortedProgram(item.signal));
-    else this._settle(item, 'abort');
+    if (queued !== -1) this._queue.splice(queued, 1);
+    item.abort();
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -236,7 +228,7 @@ class Scheduler {
   }
 
   _hasWork() {
-    return this._running.length > 0 || this._programs.hasWork() || (this._queue.length > 0 && !this._blocked);
+    return this._programs.hasWork() || (this._queue.length > 0 && !this._blocked);
   }
 
   async _run() {
@@ -247,17 +239,15 @@ class Scheduler {
         // wait never turns into a loop of microtasks that starves timers and I/O.
         if ((await this._step()) === 0) await new Promise((resolve) => setImmediate(resolve));
       } catch (e) {
-        // Not attributable to one request (e.g. the context was disposed): nobody can go on.
-        for (const req of [...this._running]) this._fail(req, e);
-        this._programs.endAll({ error: e });
-        if (this._ctx.disposed) for (const req of this._queue.splice(0)) this._fail(req, e);
+        // Not attributable to one program (e.g. the context was disposed): nobody can go on.
+        for (const item of this._programs.list) item.end({ error: e });
+        if (this._ctx.disposed) for (const item of this._queue.splice(0)) item.reject(e);
       }
     }
   }
 
   async _step() {
     const started = performance.now();
-    for (const req of this._running.filter((r) => r.state === 'aborting')) this._settle(req, 'abort');
     await this._programs.collect();
     await this._prepareQueued();
     this._admit();
@@ -271,7 +261,7 @@ class Scheduler {
     if (this._events.on) this._stepEvent(rows, prefillTokens, ended - started);
     if (this._options.onStep) {
       const { cellsUsed } = this._pressure;
-      const [running, queued] = [this._running.length + this._programs.size, this._queue.length];
+      const [running, queued] = [this._programs.size, this._queue.length];
       const [prefillMs, decodeMs, stepMs] = [decodeStart - prefillStart, ended - decodeStart, ended - started];
       this._options.onStep({ rows, prefillTokens, prefillMs, decodeMs, stepMs, cellsUsed, running, queued });
     }
@@ -289,163 +279,84 @@ class Scheduler {
   // ---------------------------------------------------------------------------------------------
   // Preparation and admission
 
-  /** Tokenizes queued requests in order (chat templates run on the context's worker: here, between steps). */
+  /** Prepares queued programs in order (a request's chat template runs on the context's worker: here, between steps). */
   async _prepareQueued() {
-    for (const req of this._queue.filter((r) => r.state === 'queued' && r instanceof Request)) {
+    for (const item of this._queue.filter((p) => p.state === 'queued')) {
       try {
-        await req.prepare(this._ctx, this._systemPrompts);
-        if (req.state === 'queued') req.to('ready'); // (an abort while it was prepared settled it)
+        await item.prepare(this._ctx, this._systemPrompts);
+        if (item.state === 'queued') item.to('ready'); // (an abort while it was prepared settled it)
       } catch (e) {
-        const at = this._queue.indexOf(req);
+        const at = this._queue.indexOf(item);
         if (at === -1) continue; // aborted (and settled) while it was prepared
         this._queue.splice(at, 1);
-        this._fail(req, e);
+        item.reject(e);
       }
     }
   }
 
   /**
-   * Admits ready requests in FIFO order while their worst case fits next to what running
-   * requests may still need. A request that cannot fit even into an empty context fails.
+   * Admits ready programs in FIFO order while their worst case fits next to what running ones
+   * may still need (at most `maxRunning` requests at once). A program that cannot fit even into
+   * an empty context fails.
    */
   _admit() {
-    while (this._queue.length > 0 && this._running.length < this._options.maxRunning) {
-      const req = this._queue[0];
-      if (req.state !== 'ready') return;
-      const need = req.needs(this._cache);
+    while (this._queue.length > 0) {
+      const item = this._queue[0];
+      if (item.state !== 'ready') return;
+      if (item.isRequest && this._programs.list.filter((p) => p.isRequest).length >= this._options.maxRunning) return;
+      const need = item.needs(this._cache);
       const { cells, leases } = need;
       if (!this._cache.evictUntil(() => this._fits(cells, leases), need.entry)) {
-        if (this._running.length > 0) return; // wait for running requests to finish
-        if (this._programs.size > 0) return void (this._blocked = true); // until a program ends
+        if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
         this._queue.shift();
-        this._fail(req, neverFitsError(cells, leases, this._store.kvPressure(), this._store.available));
+        item.reject(neverFitsError(cells, leases, this._store.kvPressure(), this._store.available));
         continue;
       }
       this._queue.shift();
-      if (req instanceof Program) {
-        this._programs.admit(req);
-      } else {
-        req.admit(need, this._spec);
-        this._running.push(req);
-      }
+      this._programs.admit(item, need);
     }
   }
 
-  /** Whether `cells` and `leases` are free beyond what running requests may still take. */
+  /** Whether `cells` and `leases` are free beyond what running programs may still take. */
   _fits(cells, leases) {
-    const holders = [...this._running, ...this._programs.list];
+    const holders = this._programs.list;
     const freeCells = this._store.kvPressure().remaining - holders.reduce((sum, r) => sum + r.cellsToCome(), 0);
     const freeLeases = this._store.available - holders.reduce((sum, r) => sum + r.leasesToCome, 0);
     return freeCells >= cells && freeLeases >= leases;
   }
 
   // ---------------------------------------------------------------------------------------------
-  // Prefill
+  // Prefill and decode
 
-  /** Prefills up to `prefillChunk` prompt tokens of prefilling requests in one batch; returns the count. */
+  /** Prefills up to `prefillChunk` pending tokens of running lines in one batch; returns the count. */
   async _prefillPhase() {
-    let budget = this._options.prefillChunk;
-    const batch = [];
-    for (const req of this._running.filter((r) => r.state === 'prefilling')) {
-      try {
-        if (!req.segment && !this._begin(req)) continue; // its cached start is still being filled
-      } catch (e) {
-        this._fail(req, e); // e.g. no free lease after all
-        continue;
-      }
-      if (req.state !== 'prefilling' || budget === 0) continue;
-      const take = Math.min(req.segment.tokens.length - req.pos, budget);
-      batch.push({ req, take });
-      budget -= take;
-    }
-    const lines = this._programs.linesToPrefill(budget);
-    if (batch.length === 0 && lines.length === 0) return 0;
+    const lines = this._programs.linesToPrefill(this._options.prefillChunk);
+    if (lines.length === 0) return 0;
     let scores;
     try {
-      /** @type {Array<[any, number[]] | [any, number[], number]>} */
-      const entries = batch.map(({ req, take }) => [req.branch, req.tokens.slice(req.pos, req.pos + take)]);
-      scores = await this._store.scorePerToken([...entries, ...this._programs.prefillEntries(lines)]);
+      scores = await this._store.scorePerToken(this._programs.prefillEntries(lines));
     } catch (e) {
-      for (const { req } of batch) if (req.running) this._fail(req, e); // all-or-nothing: none advanced
-      this._programs.prefillFailed(lines, e);
+      this._programs.prefillFailed(lines, e); // all-or-nothing: none advanced
       return 0;
     }
-    let tokens = this._programs.prefilled(lines, scores.slice(batch.length));
-    for (const { req, take } of batch) {
-      tokens += take;
-      try {
-        req.prefilled(take, this._cache);
-      } catch (e) {
-        this._fail(req, e); // e.g. invalid sampling params or grammar
-      }
-    }
+    const tokens = this._programs.prefilled(lines, scores);
     this._counters.prefilledTokens += tokens;
     return tokens;
   }
 
-  /** Starts a newly admitted request from the best cached start; false while that start is being filled. */
-  _begin(req) {
-    const cached = req.begin(this._cache, this._createPromptBranch);
-    if (cached === null) return false;
-    this._counters.promptTokens += req.tokens.length;
-    this._counters.cachedPromptTokens += cached;
-    return true;
-  }
-
-  // ---------------------------------------------------------------------------------------------
-  // Decode
-
   /**
-   * ONE produce and ONE commit for every unfinished choice of every generating request and every
-   * program line in a gen. A row: its branch, its owner (failures stay the owner's), `live()`,
-   * `take(produced)` (true: commit the token) and `fail(error)`.
+   * ONE produce and ONE commit for every line of every program in a gen (a request's choices
+   * too). A row: its branch, its owner (failures stay the owner's), `live()`, `take(produced)`
+   * (true: commit the token) and `fail(error)`.
    */
   async _decodePhase() {
-    const onToken = () => this._counters.generatedTokens++;
-    const requests = this._running.filter((r) => r.state === 'generating');
-    const failRequest = (req, e) => req.running && this._fail(req, e);
-    /** @type {import('./scheduler/rows').DecodeRow[]} */
-    const rows = [
-      ...requests.flatMap((r) => r.decodeRows(onToken, failRequest)),
-      ...this._programs.decodeRows(onToken),
-    ];
+    const rows = this._programs.decodeRows(() => this._counters.generatedTokens++);
     if (rows.length === 0) return 0;
     const speculation = this._spec && { ctx: this._ctx, spec: this._spec };
     const { committed, drafted, accepted } = await decodeAll(this._store, rows, speculation);
     this._counters.draftTokens += drafted;
     this._counters.acceptedDraftTokens += accepted;
-    for (const req of this._running.filter((r) => r.choices && r.state !== 'prefilling')) {
-      if (req.choices.every((c) => c.finishReason)) this._settle(req, null);
-    }
     return committed;
-  }
-
-  // ---------------------------------------------------------------------------------------------
-  // Ending requests and programs
-
-  _releaseRequest(req) {
-    const at = this._running.indexOf(req);
-    if (at !== -1) this._running.splice(at, 1);
-    req.giveBack(this._cache);
-  }
-
-  /** Resolves the request: `reason` 'abort' ends unfinished choices so; null when all finished. */
-  _settle(req, reason) {
-    this._releaseRequest(req);
-    req.to('done');
-    if (!req.choices) req.endUnstarted(reason || 'abort');
-    this._counters.completed++;
-    req.ended(reason === 'abort' || req.choices.some((c) => c.finishReason === 'abort') ? 'abort' : 'ok');
-    req.sink.finish(req.result());
-  }
-
-  _fail(req, error) {
-    if (req instanceof Program) return req.reject(error); // still queued: it holds nothing
-    req.choices = req.choices || [];
-    this._releaseRequest(req);
-    req.to('failed');
-    req.ended('error', error);
-    req.sink.fail(error);
   }
 }
 

@@ -20,9 +20,7 @@ const { StopMatcher } = require('./stops');
 const { MIN_PARTIAL_REUSE } = require('./prefix-cache');
 const { clipped, perplexityOf } = require('./events');
 const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
-
-/** What `forkCached` says when the prompt's cache entry is still being filled by someone else. */
-const WAIT = Symbol('wait');
+const { DraftLength } = require('./speculation');
 
 /** A promise and the functions that settle it. */
 function deferred() {
@@ -40,60 +38,137 @@ function tokenLogprob(branch, produced, top) {
   return { token: produced.token, text: produced.text, logprob, top: best };
 }
 
-/** A gen: one token sampled per step until a stop, an end-of-generation token or maxTokens. */
+/**
+ * A gen: one token sampled per step until a stop, an end-of-generation token or maxTokens. A
+ * request's choice is a gen too, with `choice` set: its events then also go to the request's
+ * Generation (`{choice, token, text, logprob?, top?, delta?}`, then one ending event), its chat
+ * reply is parsed as it grows, and the choice ends with its branch given back at once.
+ */
 class GenJob {
   /**
-   * @param {{ maxTokens: number, stops: string[], params: any, grammar: string | null, logprobs?: number }} options
+   * @param {{ maxTokens: number, stops: string[], params: any, grammar: string | null, lazy?: any, logprobs?: number,
+   *   choice?: { index: number, push: (event: any) => void, chat: import('./chat').ChatStream | null } }} options
    */
-  constructor({ maxTokens, stops, params, grammar, logprobs }) {
+  constructor({ maxTokens, stops, params, grammar, lazy = null, logprobs, choice = null }) {
     this.maxTokens = maxTokens;
     this.matcher = new StopMatcher(stops);
     this.params = params;
     this.grammar = grammar;
+    /** Lazy-grammar triggers of a tool-call grammar (null: the grammar applies from the start). */
+    this.lazy = lazy;
     /** Top alternatives per token when log-probabilities were asked for, else undefined. */
     this.logprobs = logprobs;
     this.tokenLogprobs = [];
     this.tokens = [];
+    this.choice = choice;
+    /** Speculating: the line's drafter and draft length, and the token verification sampled next. */
+    this.drafter = null;
+    this.draftLength = null;
+    this.next = undefined;
+    /** @type {any} the gen's result once it ended */
+    this.result = null;
     /** The line's sampler has the gen's params and grammar (set before its first sample). */
     this.armed = false;
     this.done = deferred();
   }
 
-  /** Before the first sample: the line's sampler gets the gen's params and grammar (throws when refused). */
-  arm(branch) {
+  /**
+   * Before the first sample: the line's sampler gets the gen's params and grammar (throws when
+   * refused), and with `spec` (the scheduler speculates; log-probabilities need each token's own
+   * snapshot, which a verified draft does not keep) the line's drafter.
+   */
+  arm(line, spec) {
     if (this.armed) return;
+    const branch = line.branch;
     branch.setSamplerParams(this.params);
     // setSamplerParams keeps a grammar it is not given: an earlier gen's (complete) grammar
     // would allow nothing but end-of-generation.
-    branch.setGrammar(this.grammar || null);
+    branch.setGrammar(this.grammar || null, this.lazy || undefined);
+    if (spec && this.logprobs === undefined) {
+      this.drafter = spec.source.open(line.tokens);
+      this.draftLength = new DraftLength(spec);
+    }
     this.armed = true;
   }
 
-  /** Takes a produced token; true when it is to be committed (decoded) now. */
-  take(line, produced) {
+  /**
+   * Takes a produced token; true when it is to be committed (decoded) now. `committed`: an
+   * accepted draft token, already decoded and accepted.
+   */
+  take(line, produced, committed = false) {
+    this.next = undefined;
     if (produced.isStop) {
       line.endJob('stop');
       return false;
     }
     this.tokens.push(produced.token);
-    this.matcher.push(produced.text);
-    line.emitToken(produced.text, line.tokens.length + 1); // the sampled token is not committed yet
-    if (this.logprobs !== undefined) this.tokenLogprobs.push(tokenLogprob(line.branch, produced, this.logprobs));
+    if (committed) line.committed(produced.token);
+    const text = this.matcher.push(produced.text);
     line.program.usage.completionTokens++;
+    /** @type {any} */
+    let lp = null;
+    if (this.logprobs !== undefined) this.tokenLogprobs.push((lp = tokenLogprob(line.branch, produced, this.logprobs)));
+    const n = line.tokens.length + (committed ? 0 : 1); // a sampled token is not committed yet
+    line.emitToken(produced.text, n, committed);
+    if (this.choice) this.choiceEvent(produced.token, text, lp);
     const reason = this.matcher.stopped ? 'stop' : this.tokens.length >= this.maxTokens ? 'length' : null;
     if (!reason) return true;
-    // Nothing is sampled after the last token now: it waits in `pending` for the line's next use.
-    line.tokens.push(produced.token);
-    line.pending.push(produced.token);
+    if (!committed) line.keepLast(produced.token);
     line.endJob(reason);
     return false;
   }
 
-  /** The gen's result, once it ended with `reason`. */
-  finish(reason) {
-    this.matcher.flush();
+  /** A request choice's event for one token: its released text, log-probability and chat delta. */
+  choiceEvent(token, text, lp) {
+    const { index, push, chat } = /** @type {any} */ (this.choice);
+    /** @type {any} */
+    const event = { choice: index, token, text };
+    if (lp) {
+      event.logprob = lp.logprob;
+      event.top = lp.top;
+    }
+    if (chat) event.delta = text === '' ? null : chat.update(this.matcher.text.slice(0, this.matcher.released));
+    push(event);
+  }
+
+  /**
+   * A speculative step's outcome: the accepted draft tokens (already committed) are taken like
+   * sampled ones, and the token verification sampled next is kept for the next step.
+   */
+  verified(line, { token, accepted, next, drafted }) {
+    const usage = line.program.usage;
+    usage.draftTokens += drafted;
+    usage.acceptedDraftTokens += accepted.length;
+    for (const produced of accepted) {
+      if (line.job !== this) return;
+      this.take(line, produced, true);
+    }
+    if (line.job !== this) return;
+    this.drafter.accept([token, ...accepted.map((p) => p.token)]);
+    this.next = next || undefined;
+  }
+
+  /** The gen's result, once it ended with `reason`; a request's choice sends its ending event. */
+  finish(line, reason) {
+    if (this.drafter) this.drafter.close();
+    this.drafter = null;
+    const rest = this.matcher.flush(); // the events' texts add up to the result's text
+    /** @type {any} */
     const result = { text: this.matcher.text, tokens: this.tokens, finishReason: reason };
     if (this.logprobs !== undefined) result.logprobs = this.tokenLogprobs;
+    const chat = this.choice && this.choice.chat;
+    let delta = null;
+    if (chat && reason !== 'abort') {
+      delta = chat.finish(this.matcher.text);
+      Object.assign(result, chat.message);
+      if (chat.message.toolCalls.length > 0 && reason === 'stop') result.finishReason = 'tool_calls';
+    }
+    if (this.choice) {
+      const end = { choice: this.choice.index, token: null, text: rest, finishReason: result.finishReason };
+      this.choice.push(chat ? { ...end, delta, message: chat.message } : end);
+    }
+    /** What the gen ended with (a request reads its choices' results when it settles). */
+    this.result = result;
     this.done.resolve(result);
     return result;
   }
@@ -130,10 +205,15 @@ class ScoreJob {
   }
 }
 
-/** A single-token log-probability read from the logits the line holds once its pending tokens are in. */
+/**
+ * Log-probabilities read from the logits the line holds once its pending tokens are in (no
+ * decode): one token with its `top` alternatives (`logprob`), or several candidate next tokens at
+ * once (`logprobs`: one copy of the row, one log-sum-exp for all of them).
+ */
 class PeekJob {
-  constructor(token, top) {
-    this.token = token;
+  /** @param {number | number[]} tokens @param {number} [top] */
+  constructor(tokens, top = 0) {
+    this.tokens = tokens;
     this.top = top;
     this.done = deferred();
   }
@@ -141,8 +221,18 @@ class PeekJob {
   read(line) {
     line.job = null;
     try {
-      const { logprob, top } = line.branch.logprob(this.token, this.top);
-      this.done.resolve({ logprob, top });
+      if (!Array.isArray(this.tokens)) {
+        const { logprob, top } = line.branch.logprob(this.tokens, this.top);
+        this.done.resolve({ logprob, top });
+        return;
+      }
+      const row = line.branch.getLogits();
+      let max = -Infinity;
+      for (let i = 0; i < row.length; i++) if (row[i] > max) max = row[i];
+      let sum = 0;
+      for (let i = 0; i < row.length; i++) sum += Math.exp(row[i] - max);
+      const lse = max + Math.log(sum);
+      this.done.resolve(this.tokens.map((t) => row[t] - lse));
     } catch (e) {
       this.done.reject(e);
     }
@@ -172,6 +262,18 @@ class Line {
     this.job = null;
     /** The cache entry this line's branch is filling (its prompt, for others to fork), if any. */
     this.segment = null;
+    /**
+     * Where a request's prompt is cut into cache entries (token counts; null for a program's
+     * line, whose prompt becomes one entry when a lease is spare). Their leases were reserved at
+     * admission, and the entries stay pinned while the line lives.
+     */
+    this.cachePoints = null;
+    /** @type {any[]} cache entries this line pins until it is freed */
+    this.pins = [];
+    /** A request's prompt: it never grows, so once filled it may use its cache entry's branch as is. */
+    this.sealed = false;
+    /** The branch is a cache entry's, used as is (never pruned by the line). */
+    this.borrowed = false;
     /** Stop strings every gen of this line adds (the chat template's end of turn), inherited by forks. */
     this.stops = parent ? parent.stops : [];
     /**
@@ -253,11 +355,14 @@ class Line {
     return true;
   }
 
-  /** Gives the line's branch back at the next step (a job in flight rejects with ERR_ABORTED). Idempotent. */
-  release() {
+  /**
+   * Gives the line's branch back at the next step (a job in flight rejects with ERR_ABORTED).
+   * Idempotent. `announce`: a `prune` event (a request's choice ends with its `finish` alone).
+   */
+  release(announce = true) {
     if (this.released || this.freed) return;
     this.released = true;
-    this.program.emit('prune', { branch: this.id });
+    if (announce) this.program.emit('prune', { branch: this.id });
     if (this.job) this.endJob(null, makeError('ERR_ABORTED', 'the line was released while it generated'));
     if (this.parent) {
       this.parent.dependents--; // it will never fork the parent now
@@ -294,6 +399,16 @@ class Line {
     return this.released && !this.freed && this.dependents === 0;
   }
 
+  /** Whose rows these are in the decode phase: one failure of a request's choice fails the request. */
+  get owner() {
+    return this.program.ownerOf(this);
+  }
+
+  /** The line's work failed with `error` (its job rejects; a request fails whole). */
+  fail(error) {
+    this.program.lineFailed(this, error);
+  }
+
   /** The scored tokens' start within a prefill entry of `take` pending tokens (see ScoreJob). */
   scoreFrom(take) {
     return this.job instanceof ScoreJob ? this.job.scoreFrom(this, take) : undefined;
@@ -325,63 +440,96 @@ class Line {
       parent.dependents--;
       this.parent = null;
     } else {
-      const cached = this.forkCached(cache);
-      if (cached === WAIT) return false;
-      this.branch = cached || this.openCacheEntry(cache, createBranch(), spareLease);
+      return this.startFresh(cache, createBranch, spareLease);
     }
-    program.leasesHeld++;
+    program.tookLease();
     return true;
   }
 
-  /** A fork of the longest cached prefix of the line's tokens (never all but logits-less). */
-  forkCached(cache) {
+  /**
+   * A fresh line's start: a fork of the longest cached prefix of its tokens (never all but
+   * logits-less), the cache entry's branch itself when a sealed prompt is cached whole, or a new
+   * branch; its prompt then becomes a cache entry while the line fills it (see openSegment).
+   * False while the prefix it wants is still being filled by someone else.
+   */
+  startFresh(cache, createBranch, spareLease) {
     // Tokens to score must be decoded by the line itself (their logits rows are the score); the
     // first of them is scored from the logits at the fork point, which a partial fork lacks.
-    const scored = this.job instanceof ScoreJob ? this.job.left : 0;
-    const start = cache.bestStart(this.pending.slice(0, this.pending.length - scored));
-    const { entry } = start;
-    if (!entry) return null;
-    const length = start.partial ? Math.min(start.length, this.pending.length - 1 - scored) : start.length;
-    if (length <= 0) return null;
+    const wanted = this.pending.length - (this.job instanceof ScoreJob ? this.job.left : 0);
+    const start = cache.bestStart(this.pending.slice(0, wanted));
+    let entry = start.entry;
+    const length = !entry ? 0 : start.partial ? Math.min(start.length, wanted - 1) : start.length;
+    if (length <= 0) entry = null;
     // Another line or request is filling this prompt: fork it once it is filled that far.
-    if (!entry.ready && entry.branch.position < length) return WAIT;
-    cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
-    const branch = start.partial ? entry.branch.forkAt(length) : entry.branch.fork();
+    if (entry && !entry.ready && entry.branch.position < length) return false;
+    if (entry && this.cachePoints) this.pins.push(cache.pin(entry));
+    else if (entry) cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
+    this.program.started(this, entry ? length : 0);
+    if (entry && this.sealed && length === this.pending.length) {
+      this.pending = [];
+      this.useCached(entry); // the whole prompt is cached, logits included
+      return true;
+    }
+    this.branch = !entry ? createBranch() : start.partial ? entry.branch.forkAt(length) : entry.branch.fork();
+    this.program.tookLease();
     this.pending = this.pending.slice(length);
-    this.program.usage.cachedPromptTokens += length;
-    return branch;
+    if (this.cachePoints || (!entry && this.pending.length >= MIN_PARTIAL_REUSE && spareLease()))
+      this.openSegment(cache);
+    return true;
   }
 
   /**
-   * A fresh line's prompt becomes a cache entry while the line fills it (when a lease is free
-   * beyond every reservation, for the entry to keep once filled), so that programs and
-   * requests starting with the same text fork it instead of prefilling it again.
+   * The line's branch fills a new cache entry up to its next cache point (a program's line: all
+   * of its prompt), so that programs and requests starting with the same text fork it instead of
+   * prefilling it again. A prompt to score is nobody's.
    */
-  openCacheEntry(cache, branch, spareLease) {
-    if (this.job instanceof ScoreJob) return branch; // a BOS + option to score: nobody's prompt
-    if (this.pending.length >= MIN_PARTIAL_REUSE && spareLease()) {
-      this.segment = cache.pin(cache.open(this.pending.slice(), branch));
-    }
-    return branch;
+  openSegment(cache) {
+    if (this.job instanceof ScoreJob) return;
+    const end = this.cachePoints ? this.cachePoints.find((p) => p > this.filled) : this.tokens.length;
+    if (end === undefined) return;
+    this.segment = cache.open(this.tokens.slice(0, end), this.branch);
+    if (this.cachePoints) this.pins.push(cache.pin(this.segment));
+    else cache.pin(this.segment);
   }
 
-  /** The cache entry is filled: the cache keeps that branch, the line goes on in a fork of it. */
+  /** A sealed prompt's branch is the cache entry's own: nothing to fork or free. */
+  useCached(entry) {
+    this.branch = entry.branch;
+    this.borrowed = true;
+  }
+
+  /**
+   * The cache entry is filled: the cache keeps that branch; the line goes on in a fork of it (a
+   * sealed prompt filled to its end uses the entry's branch as is), the next segment open.
+   */
   cacheFilled(cache) {
     const entry = this.segment;
     this.segment = null;
-    cache.unpin(entry);
+    if (!this.cachePoints) cache.unpin(entry);
+    if (this.sealed && this.pending.length === 0) {
+      cache.filled(entry);
+      this.program.gaveLease(); // the branch is the cache's from now on
+      this.useCached(entry);
+      return;
+    }
     try {
       this.branch = entry.branch.fork();
       cache.filled(entry);
-    } catch {
+    } catch (e) {
+      if (this.cachePoints) throw e; // its lease was reserved: a failure is the request's
       cache.forget(entry); // no lease after all: the line keeps the branch, nothing is cached
+      return;
     }
+    // The filled branch is the cache's now; the fork is a lease of the line's own.
+    this.program.gaveLease();
+    this.program.tookLease();
+    if (this.pending.length > 0) this.openSegment(cache);
   }
 
   /** An unfilled cache entry of this line leaves the cache (the line frees its branch itself). */
   dropSegment(cache) {
     if (!this.segment) return;
-    cache.unpin(this.segment);
+    if (!this.cachePoints) cache.unpin(this.segment);
     cache.forget(this.segment);
     this.segment = null;
   }
@@ -407,9 +555,8 @@ class Line {
     const from = this.scoreFrom(count);
     const scored = from === undefined ? null : this.pending.slice(from, count);
     this.pending = this.pending.slice(count);
-    this.program.cellsUsed += count;
-    this.program.usage.promptTokens += count;
-    if (this.segment && this.pending.length === 0) this.cacheFilled(cache);
+    this.program.prefilledTokens(count);
+    if (this.segment && this.filled === this.segment.tokens.length) this.cacheFilled(cache);
     if (scored) /** @type {ScoreJob} */ (this.job).scored(this, scored, logprobs);
     return count;
   }
@@ -419,16 +566,39 @@ class Line {
     return /** @type {GenJob} */ (this.job).take(this, produced);
   }
 
+  /**
+   * The gen's last token, sampled but not decoded (nothing samples after it): a program's line
+   * keeps it pending for its next use; a request's choice accepts it, so perplexity counts it.
+   */
+  keepLast(token) {
+    this.tokens.push(token);
+    if (/** @type {GenJob} */ (this.job).choice) {
+      try {
+        this.branch.accept(token);
+      } catch {
+        // perplexity then leaves the last token out; the text is complete either way
+      }
+      return;
+    }
+    this.pending.push(token);
+  }
+
   /** The token `take` kept is in the KV now. */
   committed(token) {
     this.tokens.push(token);
     this.program.cellsUsed++;
   }
 
-  /** A `token` event of this line (`n`: its length with the token). */
-  emitToken(text, n) {
+  /** A `token` event of this line (`n`: its length with the token; `draft`: an accepted draft token). */
+  emitToken(text, n, draft = false) {
     if (this.program.events.on)
-      this.program.emit('token', { branch: this.id, text, n, ppl: perplexityOf(this.branch) });
+      this.program.emit('token', {
+        branch: this.id,
+        text,
+        n,
+        ppl: perplexityOf(this.branch),
+        ...(draft ? { draft: true } : {}),
+      });
   }
 
   /** Settles the job in flight: a gen with `reason` as its finishReason, or rejected with `error`. */
@@ -439,14 +609,35 @@ class Line {
     // A prompt nobody will finish filling must not keep others waiting to fork it.
     if (this.segment && !this.needed) this.dropSegment(this.program.cache);
     if (error) {
+      if (job instanceof GenJob && job.drafter) job.drafter.close();
       job.done.reject(error);
       return;
     }
-    const { text } = /** @type {GenJob} */ (job).finish(reason);
-    this.text += text;
-    if (this.program.events.on)
-      this.program.emit('finish', { branch: this.id, reason, n: this.tokens.length, ppl: perplexityOf(this.branch) });
+    const gen = /** @type {GenJob} */ (job);
+    const ppl = perplexityOf(this.branch);
+    const result = gen.finish(this, reason);
+    this.text += result.text;
+    if (this.program.events.on) {
+      const n = this.tokens.length;
+      this.program.emit('finish', { branch: this.id, reason: result.finishReason, n, ppl });
+    }
     if (this.chat === 'open') this.chat = 'replied';
+    if (gen.choice) {
+      // A request's choice is done with its branch: it goes back now, not at the next step.
+      result.perplexity = this.perplexity();
+      this.release(false);
+      this.free(false, []);
+    }
+    this.program.jobEnded();
+  }
+
+  /** The branch's perplexity (Infinity when it cannot be read). */
+  perplexity() {
+    try {
+      return this.branch && !this.branch.disposed ? this.branch.perplexity : Infinity;
+    } catch {
+      return Infinity; // busy or disposed
+    }
   }
 
   /**
@@ -458,11 +649,13 @@ class Line {
     this.dropSegment(this.program.cache);
     if (this.job) this.endJob(null, this.program.endedError());
     this.freed = true;
-    if (this.branch) {
+    if (this.branch && !this.borrowed) {
       if (!this.branch.disposed) prunes.push(this.branch.prune().catch(() => {}));
-      this.branch = null;
-      this.program.leasesHeld--;
+      this.program.gaveLease();
     }
+    this.branch = null;
+    for (const entry of this.pins) this.program.cache.unpin(entry);
+    this.pins = [];
     this.parent = null;
   }
 }

@@ -1,28 +1,31 @@
 'use strict';
 
 /**
- * Branch programs: `scheduler.run(async (s) => { ... })`. A program is a JavaScript function that
- * drives lines of generation (`ProgramLine`): it appends prompt text, generates, forks and
- * releases. It never decodes by itself: each line states what it needs (its pending tokens
- * prefilled, a fork of its parent made, one token per step while a `gen` runs) and the Scheduler
- * serves those needs in its own steps, in the same `store.prefill` and the same `store.commit`
- * as every plain request and every other program.
+ * The Scheduler's one kind of work item: a program of lines (lib/scheduler/line.js). A branch
+ * program (`scheduler.run(async (s) => ...)`, a `RunProgram` here) is a JavaScript function
+ * that drives its lines through `ProgramLine`; a request (`scheduler.generate`, a
+ * `RequestProgram` in ./request.js) is a built-in program: one prompt line forked n times, each
+ * fork running a gen. Neither decodes by itself: each line states what it needs (its pending
+ * tokens prefilled, a fork of its parent made, one token per step while a gen runs) and the
+ * Scheduler serves those needs in its own steps, in ONE `store.prefill` and ONE `store.commit`.
  *
  * A program's life cycle is one explicit `state`:
  *
- *   ready ──▶ running ──▶ ending ──▶ done
- *     │                     │
- *     └─────────────────────┴──▶ failed
+ *   queued ──▶ ready ──▶ running ──▶ ending ──▶ done
+ *     │          │                     │
+ *     └──────────┴─────────────────────┴──▶ failed
  *
- * ready: waiting in the queue for its leases and cells; running: admitted, its function runs;
- * ending: the function returned or threw, or the signal fired, or the scheduler closed: the next
- * step frees everything it holds and settles `run()`'s promise; done / failed: settled.
+ * queued: waiting for its preparation (a request's tokenization); ready: waiting in the queue for
+ * its leases and cells; running: admitted, its lines at work; ending: it returned or threw, its
+ * signal fired or the scheduler closed: the next step frees everything it holds and settles it;
+ * done / failed: settled.
  *
  * Leases: a program declares `maxBranches` and is admitted only when that many leases are free
- * beyond what running requests may still take; `fork` past it throws ERR_TOO_MANY_BRANCHES at
- * once instead of waiting, so two programs never wait on each other's leases. Cells: it declares
- * `maxCells` (KV cells it may write: prompt tokens prefilled plus tokens generated, a shared
- * prefix counted once); a gen or prefill past it rejects with ERR_KV_FULL.
+ * beyond what running programs may still take; a branch program's `fork` past it throws
+ * ERR_TOO_MANY_BRANCHES at once instead of waiting, so two programs never wait on each other's
+ * leases. Cells: it declares `maxCells` (KV cells it may write: prompt tokens prefilled plus
+ * tokens generated, a shared prefix counted once); a gen or prefill past it rejects with
+ * ERR_KV_FULL.
  */
 
 const { makeError } = require('../errors');
@@ -34,6 +37,7 @@ const { SchedulerErrorCode: Code, schedulerError, tooManyBranches } = require('.
 const { doneFields } = require('./events');
 
 const TRANSITIONS = {
+  queued: ['ready', 'failed'],
   ready: ['running', 'failed'],
   running: ['ending'],
   ending: ['done', 'failed'],
@@ -55,51 +59,48 @@ function abortedProgram(signal) {
   return err;
 }
 
-/** One `scheduler.run()`: the function, its lines and what it may hold. */
+/**
+ * What every program has: its lines, what it holds and may hold, its events and usage. The kinds
+ * differ in how they start, settle and answer an abort (the methods marked so below).
+ */
 class Program {
   /**
-   * @param {(s: ProgramLine) => any} fn
-   * @param {import('../types').RunOptions} options
-   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents }} env
+   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, counters: any, spec: any }} env
+   * @param {'program' | 'request'} kind
+   * @param {any} signal
    */
-  constructor(fn, options, env) {
-    if (typeof fn !== 'function') throw invalid('run(program, options?): program must be a function (s) => ...');
-    if (options === null || typeof options !== 'object')
-      throw invalid('run(program, options?): options must be an object');
-    const { ctx } = env;
-    this.ctx = ctx;
-    this.state = 'ready';
-    this.fn = fn;
-    this.maxBranches = positiveInt(options.maxBranches, 'options.maxBranches', DEFAULT_MAX_BRANCHES);
-    if (this.maxBranches > ctx.nSeqMax)
-      throw invalid(`options.maxBranches is ${this.maxBranches} but the context has nSeqMax ${ctx.nSeqMax}`);
-    this.maxCells = positiveInt(options.maxCells, 'options.maxCells', Math.min(DEFAULT_MAX_CELLS, ctx.nCtx));
-    if (this.maxCells > ctx.nCtx)
-      throw invalid(`options.maxCells is ${this.maxCells} but the context has nCtx ${ctx.nCtx}`);
-    const { seed } = checkSampling({ seed: options.seed });
-    this._seed = seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
-    this.signal = signalOf({ signal: options.signal }, 'run');
+  constructor(env, kind, signal) {
+    this.ctx = env.ctx;
+    this.state = kind === 'request' ? 'queued' : 'ready';
+    this.signal = signalOf({ signal }, kind === 'request' ? 'generate' : 'run');
     this.onAbort = null;
     this.defaultMaxTokens = env.defaultMaxTokens;
     this.jsonSchemaToGrammar = env.jsonSchemaToGrammar;
     this.wake = env.wake;
+    /** The scheduler's counters (`stats()`), and its speculation (null: none). */
+    this.counters = env.counters;
+    this.spec = env.spec;
     /** Where the program's events go, its id in them, and its lines' count (for their ids). */
     this.events = env.events;
-    this.id = env.events.nextId('program');
-    this._lines = 0;
+    this.id = env.events.nextId(kind);
+    this.lineCount = 0;
     /** The Scheduler's prefix cache (a line's prompt may become an entry of it). */
     this.cache = env.cache;
     /** @type {Line[]} every line made, released ones until they are freed */
     this.lines = [];
+    this.maxBranches = 0;
+    this.maxCells = 0;
     this.leasesHeld = 0;
     this.cellsUsed = 0;
-    this.usage = { promptTokens: 0, cachedPromptTokens: 0, completionTokens: 0 };
+    this.usage = {
+      promptTokens: 0,
+      cachedPromptTokens: 0,
+      completionTokens: 0,
+      draftTokens: 0,
+      acceptedDraftTokens: 0,
+    };
     /** Why the program ends: its value, or an error (set once, when it moves to `ending`). */
     this.outcome = null;
-    this.promise = new Promise((resolve, reject) => {
-      this._resolve = resolve;
-      this._reject = reject;
-    });
   }
 
   to(state) {
@@ -114,7 +115,7 @@ class Program {
 
   /** The id of a new line of this program. */
   lineId() {
-    return `${this.id}.${this._lines++}`;
+    return `${this.id}.${this.lineCount++}`;
   }
 
   /** Emits one of the program's events (nothing when nobody listens). */
@@ -122,11 +123,71 @@ class Program {
     if (this.events.on) this.events.emit(type, { request: this.id, ...fields });
   }
 
-  /** Settled: its `done` event. */
-  ended(error) {
-    if (!this.events.on) return;
-    const status = !error ? 'ok' : error.code === 'ERR_ABORTED' ? 'abort' : 'error';
-    this.emit('done', doneFields(status, error, this.usage));
+  /** Whose rows a line's are in the decode phase (a failure stays its owner's). */
+  ownerOf(line) {
+    return line;
+  }
+
+  /** `line`'s work failed: its job rejects. */
+  lineFailed(line, error) {
+    line.endJob(null, error);
+  }
+
+  /** A line's gen ended (a request ends with its last choice). */
+  jobEnded() {}
+
+  /**
+   * Prepares a queued program (nothing to do but for a request).
+   * @param {any} _ctx @param {any} _systemPrompts
+   */
+  async prepare(_ctx, _systemPrompts) {}
+
+  /** Counted by the Scheduler's `maxRunning` (requests are). */
+  get isRequest() {
+    return false;
+  }
+
+  // What each kind writes: its admission (`needs`, `begin`), its abort and close, and how it settles.
+
+  /**
+   * What admitting the program takes now: `{ entry, start, cells, leases }`.
+   * @param {any} _cache @returns {{ entry: any, start: number, cells: number, leases: number }}
+   */
+  needs(_cache) {
+    throw makeError('ERR_INTERNAL', 'Program.needs is written by each kind of program');
+  }
+
+  /** @param {{ entry: any, start: number, cells: number, leases: number }} _need */
+  begin(_need) {}
+
+  abort() {}
+
+  /** @param {any} _error */
+  close(_error) {}
+
+  /** @param {{ error?: any, value?: any, abort?: boolean }} _outcome */
+  settled(_outcome) {}
+
+  /** @param {any} _error */
+  refused(_error) {}
+
+  /** A fresh line of the program got its branch, `cached` of its tokens from the prefix cache. */
+  started(line, cached) {
+    this.usage.cachedPromptTokens += cached;
+  }
+
+  /** `count` pending tokens of a line were prefilled. */
+  prefilledTokens(count) {
+    this.cellsUsed += count;
+    this.usage.promptTokens += count;
+  }
+
+  tookLease() {
+    this.leasesHeld++;
+  }
+
+  gaveLease() {
+    this.leasesHeld--;
   }
 
   /** Leases the program may still take. */
@@ -139,25 +200,9 @@ class Program {
     return this.state === 'running' ? Math.max(0, this.maxCells - this.cellsUsed) : 0;
   }
 
-  nextSeed() {
-    this._seed = (this._seed + 1) % SEED_SPACE;
-    return this._seed;
-  }
-
-  /** Throws ERR_TOO_MANY_BRANCHES unless `n` more lines fit in `maxBranches`. */
-  reserveLines(n) {
-    const live = this.liveLines();
-    if (live + n > this.maxBranches) throw tooManyBranches(this.maxBranches, live, n);
-  }
-
   /** A new line of this program holding only `tokens` (decoded when it first needs its KV). */
   freshLine(tokens) {
     return new Line(this, null, tokens.slice());
-  }
-
-  /** Lines that hold a lease or will take one. */
-  liveLines() {
-    return this.lines.filter((l) => !l.freed && !(l.released && l.dependents === 0)).length;
   }
 
   endedError() {
@@ -165,25 +210,10 @@ class Program {
     return schedulerError(Code.PROGRAM_STATE, 'the program has ended; its lines can no longer be used');
   }
 
-  /**
-   * What admitting the program takes: everything it declared (what its lines will write is not
-   * known yet, so no cached start is planned for it).
-   */
-  needs() {
-    return { entry: null, start: 0, cells: this.maxCells, leases: this.maxBranches };
-  }
-
-  /** Admitted: the function starts on a fresh root line. */
-  start() {
+  /** Admitted with what `needs` found: its lines start (kind-specific: `begin`). */
+  start(need) {
     this.to('running');
-    this.emit('admit', { kind: 'program', maxBranches: this.maxBranches, maxCells: this.maxCells });
-    const root = new ProgramLine(this.freshLine([]));
-    Promise.resolve()
-      .then(() => this.fn(root))
-      .then(
-        (value) => this.end({ value }),
-        (error) => this.end({ error }),
-      );
+    this.begin(need);
   }
 
   /** Ends the program (first reason wins); the next step frees what it holds and settles it. */
@@ -191,8 +221,13 @@ class Program {
     if (this.state !== 'running') return;
     this.outcome = outcome;
     this.to('ending');
-    for (const line of this.lines) if (line.job) line.endJob(null, this.endedError());
+    this.endJobs();
     this.wake();
+  }
+
+  /** At its end, the jobs still running: each rejects (a request's choices end 'abort' instead). */
+  endJobs() {
+    for (const line of this.lines) if (line.job) line.endJob(null, this.endedError());
   }
 
   /** Whether the scheduler has something to do for this program. */
@@ -212,14 +247,12 @@ class Program {
     return ending;
   }
 
-  /** Resolves or rejects `run()`'s promise with the outcome (its branches are back). */
+  /** Settles the program with its outcome (its branches are back). */
   settle() {
-    const { error, value } = this.outcome;
     this.detach();
+    const { error } = this.outcome;
     this.to(error ? 'failed' : 'done');
-    this.ended(error);
-    if (error) this._reject(error);
-    else this._resolve(value);
+    this.settled(this.outcome);
   }
 
   /** Why a gen or prefill of `more` cells is refused: the program wrote all its maxCells. */
@@ -230,15 +263,100 @@ class Program {
     );
   }
 
-  /** A queued program that will never start (closed scheduler, abort, never fits). */
+  /** A queued program that will never start (closed scheduler, never fits, a failed preparation). */
   reject(error) {
     this.to('failed');
     this.detach();
-    this._reject(error);
+    this.refused(error);
   }
 
   detach() {
     if (this.signal && this.onAbort) this.signal.removeEventListener('abort', this.onAbort);
+  }
+}
+
+/** One `scheduler.run()`: the user's function over a root `ProgramLine`, and what it may hold. */
+class RunProgram extends Program {
+  /**
+   * @param {(s: ProgramLine) => any} fn
+   * @param {import('../types').RunOptions} options
+   * @param {any} env see Program
+   */
+  constructor(fn, options, env) {
+    if (typeof fn !== 'function') throw invalid('run(program, options?): program must be a function (s) => ...');
+    if (options === null || typeof options !== 'object')
+      throw invalid('run(program, options?): options must be an object');
+    super(env, 'program', options.signal);
+    const { ctx } = env;
+    this.fn = fn;
+    this.maxBranches = positiveInt(options.maxBranches, 'options.maxBranches', DEFAULT_MAX_BRANCHES);
+    if (this.maxBranches > ctx.nSeqMax)
+      throw invalid(`options.maxBranches is ${this.maxBranches} but the context has nSeqMax ${ctx.nSeqMax}`);
+    this.maxCells = positiveInt(options.maxCells, 'options.maxCells', Math.min(DEFAULT_MAX_CELLS, ctx.nCtx));
+    if (this.maxCells > ctx.nCtx)
+      throw invalid(`options.maxCells is ${this.maxCells} but the context has nCtx ${ctx.nCtx}`);
+    const { seed } = checkSampling({ seed: options.seed });
+    this.seed = seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
+    this.promise = new Promise((resolve, reject) => {
+      this.resolve = resolve;
+      this.rejectPromise = reject;
+    });
+  }
+
+  nextSeed() {
+    this.seed = (this.seed + 1) % SEED_SPACE;
+    return this.seed;
+  }
+
+  /** Throws ERR_TOO_MANY_BRANCHES unless `n` more lines fit in `maxBranches`. */
+  reserveLines(n) {
+    const live = this.lines.filter((l) => !l.freed && !(l.released && l.dependents === 0)).length;
+    if (live + n > this.maxBranches) throw tooManyBranches(this.maxBranches, live, n);
+  }
+
+  /**
+   * What admitting the program takes: everything it declared (what its lines will write is not
+   * known yet, so no cached start is planned for it).
+   */
+  needs() {
+    return { entry: null, start: 0, cells: this.maxCells, leases: this.maxBranches };
+  }
+
+  /** Admitted: the function starts on a fresh root line. */
+  begin() {
+    this.emit('admit', { kind: 'program', maxBranches: this.maxBranches, maxCells: this.maxCells });
+    const root = new ProgramLine(this.freshLine([]));
+    Promise.resolve()
+      .then(() => this.fn(root))
+      .then(
+        (value) => this.end({ value }),
+        (error) => this.end({ error }),
+      );
+  }
+
+  /** Its signal fired: a queued program never starts, a running one ends. */
+  abort() {
+    const error = abortedProgram(this.signal);
+    if (this.state === 'running') this.end({ error });
+    else if (this.state === 'ready' || this.state === 'queued') this.reject(error);
+  }
+
+  /** The scheduler closes: the program ends with `error`. */
+  close(error) {
+    this.end({ error });
+  }
+
+  settled({ error, value }) {
+    if (this.events.on) {
+      const status = !error ? 'ok' : error.code === 'ERR_ABORTED' ? 'abort' : 'error';
+      this.emit('done', doneFields(status, error, this.usage));
+    }
+    if (error) this.rejectPromise(error);
+    else this.resolve(value);
+  }
+
+  refused(error) {
+    this.rejectPromise(error);
   }
 }
 
@@ -253,7 +371,7 @@ class Programs {
    * @param {{ cache: any, createBranch: () => any, spareLease: () => boolean }} scheduler what a
    *   line needs from the Scheduler to get its branch: the prefix cache (a fresh line's prompt may
    *   start from it or become an entry), a new root branch, and whether one more lease is free
-   *   beyond what running requests and programs may still take
+   *   beyond what running programs may still take
    */
   constructor({ cache, createBranch, spareLease }) {
     /** @type {Program[]} */
@@ -267,17 +385,13 @@ class Programs {
     return this.list.length;
   }
 
-  admit(program) {
+  admit(program, need) {
     this.list.push(program);
-    program.start();
+    program.start(need);
   }
 
   hasWork() {
     return this.list.some((p) => p.hasWork());
-  }
-
-  endAll(outcome) {
-    for (const p of this.list) p.end(outcome);
   }
 
   /** At the start of a step: frees what programs released; settles the ones that ended. */
@@ -293,13 +407,13 @@ class Programs {
     for (const p of this.list) if (p.state === 'running') yield* p.lines;
   }
 
-  /** Gives needed lines their branches (a failure fails the line's gen, not the step). */
+  /** Gives needed lines their branches (a failure fails the line's job, not the step). */
   materialize() {
     for (const line of this.runningLines()) {
       try {
         line.materialize(this.cache, this.createBranch, this.spareLease);
       } catch (e) {
-        line.endJob(null, e);
+        line.fail(e);
       }
     }
   }
@@ -312,6 +426,8 @@ class Programs {
       if (budget === 0 || !line.wantsPrefill) continue;
       const program = line.program;
       let take = Math.min(line.pending.length, budget);
+      // A cache entry being filled ends where the next one starts: it is filled first.
+      if (line.segment) take = Math.min(take, line.segment.tokens.length - line.filled);
       // A scored entry has a logits row per token and must fit one decode; a longer text to
       // score goes on in the next step (its first token scored from the logits left then).
       if (line.scoreFrom(take) !== undefined) {
@@ -319,7 +435,7 @@ class Programs {
         if (take === 0) continue; // a fork waits for its lease where this line's KV ends
       }
       if (program.cellsUsed + take > program.maxCells) {
-        line.endJob(null, program.cellsExceeded(take));
+        line.fail(program.cellsExceeded(take));
         continue;
       }
       out.push({ line, take });
@@ -351,7 +467,14 @@ class Programs {
    */
   prefilled(lines, scores) {
     let tokens = 0;
-    lines.forEach(({ line, take }, i) => (tokens += line.prefilled(take, this.cache, scores[i])));
+    lines.forEach(({ line, take }, i) => {
+      tokens += take;
+      try {
+        line.prefilled(take, this.cache, scores[i]);
+      } catch (e) {
+        line.fail(e); // e.g. no lease for a request's next segment after all
+      }
+    });
     this.materialize();
     return tokens;
   }
@@ -360,11 +483,15 @@ class Programs {
   prefillFailed(lines, error) {
     for (const { line } of lines) {
       line.dropSegment(this.cache);
-      line.endJob(null, error);
+      line.fail(error);
     }
   }
 
-  /** The decode phase's rows of lines in a gen; `onToken()` counts each token sampled. */
+  /**
+   * The decode phase's rows of lines in a gen (peeks are read here: nothing to decode);
+   * `onToken()` counts each token sampled. A row speculates when the scheduler does and its gen
+   * asks for no log-probabilities.
+   */
   decodeRows(onToken) {
     const rows = [];
     for (const line of this.runningLines()) {
@@ -375,31 +502,54 @@ class Programs {
       }
       const job = /** @type {import('./line').GenJob} */ (line.job);
       const program = line.program;
-      const fail = (e) => line.endJob(null, e);
+      const fail = (e) => line.fail(e);
       if (program.cellsUsed >= program.maxCells) {
         fail(program.cellsExceeded(1));
         continue;
       }
       try {
-        job.arm(line.branch);
+        job.arm(line, program.spec);
       } catch (e) {
         fail(e);
         continue;
       }
-      rows.push({
-        branch: line.branch,
-        owner: line,
-        live: () => line.decoding,
-        take: (produced) => {
-          if (!produced.isStop) onToken();
-          return line.take(produced);
-        },
-        committed: (token) => line.committed(token),
-        fail,
-      });
+      rows.push(rowOf(line, job, onToken, fail));
     }
     return rows;
   }
 }
 
-module.exports = { Program, Programs, abortedProgram };
+/** The decode row of `line`'s gen (see ./rows.js); failures stay the line's owner's. */
+function rowOf(line, job, onToken, fail) {
+  const live = () => line.job === job && line.decoding;
+  /** @type {import('./rows').DecodeRow} */
+  const row = {
+    branch: line.branch,
+    owner: line.owner,
+    carried: job.next,
+    live,
+    take: (produced) => {
+      if (!produced.isStop) onToken();
+      return line.take(produced);
+    },
+    committed: (token) => line.committed(token),
+    fail,
+  };
+  if (!job.drafter) return row;
+  return {
+    ...row,
+    spec: {
+      drafter: job.drafter,
+      length: job.draftLength,
+      // The last token comes from `next`, accepted without a decode, as without speculation.
+      limit: () => job.maxTokens - job.tokens.length - 1,
+    },
+    verified: (token, accepted, next, drafted) => {
+      const before = job.tokens.length;
+      job.verified(line, { token, accepted, next, drafted });
+      for (let i = before; i < job.tokens.length; i++) onToken();
+    },
+  };
+}
+
+module.exports = { Program, RunProgram, Programs, abortedProgram };

@@ -1,58 +1,34 @@
 'use strict';
 
 /**
- * One `scheduler.generate()` request: its validated inputs and ONE explicit `state` (the idea of
- * llama.cpp's server `slot_state`), changed only through `to()`, which refuses a transition the
- * life cycle does not have:
- *
- *   queued ──▶ ready ──▶ prefilling ──▶ generating ──▶ done
- *     │          │           │              │           ▲
- *     │          │           └──▶ aborting ◀┘ ──────────┤
- *     └──────────┴──────────────────────────────────────┴──▶ failed (from any live state)
- *
- * queued: waiting, not yet tokenized; ready: tokenized and checked, waiting for admission;
- * prefilling: admitted, its prompt branch being filled (possibly waiting for a cached prefix
- * another request fills); generating: its n choices sample and commit each step; aborting: its
- * signal fired (or the scheduler closed) while running, ended at the start of the next step;
- * done / failed: settled, everything given back.
+ * One `scheduler.generate()` request as a built-in program (./program.js): ONE prompt line (cut
+ * into cached prefixes at its system prompt's end and at its own end) forked `n` times, each
+ * fork running a gen with the request's sampling, stops, log-probabilities and chat options.
+ * Everything a line does — its cache start, prefill, token intake, speculation — is the line's
+ * (./line.js); what is the request's own is its preparation (chat template, tokenization),
+ * what admitting it takes, and how it settles: with a result of n choices (choices still running
+ * when it is aborted or the scheduler closes end with finishReason 'abort'), or rejected when it
+ * fails.
  */
 
-const { makeError } = require('../errors');
 const { SEED_SPACE, invalid, positiveInt, checkInput, checkStops, checkLogprobs, checkSampling } = require('./checks');
-const { tokenLogprob } = require('./line');
-const { signalOf } = require('../cancel');
-const { StopMatcher } = require('./stops');
-const { release } = require('../Context');
 const { checkChat, formatTurn, ChatStream } = require('./chat');
-const { DraftLength } = require('./speculation');
-const { clipped, perplexityOf, roundedPerplexity, doneFields } = require('./events');
+const { GenJob } = require('./line');
+const { Program } = require('./program');
+const { doneFields } = require('./events');
 
-const TRANSITIONS = {
-  queued: ['ready', 'done', 'failed'],
-  ready: ['prefilling', 'done', 'failed'],
-  prefilling: ['generating', 'aborting', 'failed'],
-  generating: ['aborting', 'done', 'failed'],
-  aborting: ['done', 'failed'],
-  done: [],
-  failed: [],
-};
-
-class Request {
+class RequestProgram extends Program {
   /**
-   * Checks `request` (throws ERR_INVALID_ARG) and starts it queued.
+   * Checks `request` (throws ERR_INVALID_ARG); the request starts queued.
    * @param {any} request what `generate` was given
    * @param {{ push: (event: any) => void, finish: (result: any) => void, fail: (error: any) => void }} sink
    *   what feeds its Generation: its events and result
-   * @param {{ vocabSize: number, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, events: import('./events').SchedulerEvents }} env
+   * @param {any} env see Program, with `vocabSize`
    */
   constructor(request, sink, env) {
     checkInput(request, env.vocabSize);
-    /** Where the request's events go, and its id in them (see ./events.js). */
-    this.events = env.events;
-    this.id = env.events.nextId('request');
-    this.wasAdmitted = false;
     const { params, seed, grammar } = checkSampling(request);
-    this.state = 'queued';
+    super(env, 'request', request.signal);
     this.sink = sink;
     this.input = request;
     this.n = positiveInt(request.n, 'request.n', 1);
@@ -63,103 +39,23 @@ class Request {
     this.params = params;
     this.seedBase = seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
     this.grammar = grammar;
+    /** Lazy-grammar triggers of a tool-call grammar (null: the grammar applies from the start). */
+    this.grammarLazy = null;
     /** formatChat's options (tools, toolChoice, reasoning), and the ChatTurn once prepared. */
     this.chatOptions = checkChat(request);
     this.chat = null;
-    /** Lazy-grammar triggers of a tool-call grammar (null: the grammar applies from the start). */
-    this.grammarLazy = null;
     /** Converted off the main thread from now on; awaited when the request is prepared. */
     this.grammarPending = request.jsonSchema !== undefined ? env.jsonSchemaToGrammar(request.jsonSchema) : null;
     if (this.grammarPending) this.grammarPending.catch(() => {}); // reported when prepared
-    this.signal = signalOf({ signal: request.signal }, 'generate');
-    this.onAbort = null;
     /** The prompt's tokens, and where the prompt is cut into cached prefixes (ready on). */
-    this.tokens = null;
-    this.cachePoints = null;
-    /** Prefilling: the cache start planned at admission, the prompt branch and how far it is filled. */
+    this.tokens = [];
+    this.cachePoints = [];
+    /** Admitted: the cache start planned then, every lease it takes (never given back to it), its lines. */
     this.plannedStart = 0;
-    this.branch = null;
-    this.segment = null;
-    this.pos = 0;
-    /** Cache entries this request pins, and leases it has yet to take. */
-    this.pins = [];
-    this.leasesToCome = 0;
-    /** Generating: `{index, branch, tokens, matcher, finishReason, perplexity}` per choice. */
-    this.choices = null;
-    this.usage = { promptTokens: 0, cachedPromptTokens: 0, completionTokens: 0 };
-    /**
-     * Speculation (set at admission when the scheduler speculates and the request does not ask
-     * for log-probabilities, which need each token's own snapshot): the draft source and the
-     * step-cost fit every line of this scheduler shares.
-     * @type {{ source: any, maxDraft: number, adaptive: boolean, cost: any } | null}
-     */
-    this.spec = null;
-  }
-
-  /** Moves to `state`, or throws: a transition the life cycle lacks is a bug in the Scheduler. */
-  to(state) {
-    if (!TRANSITIONS[this.state].includes(state)) {
-      throw makeError(
-        'ERR_INTERNAL',
-        `Scheduler request: no transition from ${this.state} to ${state}; please report this bug`,
-      );
-    }
-    this.state = state;
-  }
-
-  /**
-   * What admitting the request takes now: the best cached start of its prompt (its `entry`, kept
-   * from eviction meanwhile, and its `start` in tokens), and the KV cells and the leases it needs
-   * beyond that start.
-   * @param {import('./prefix-cache').PrefixCache} cache
-   */
-  needs(cache) {
-    const { entry, length: start } = cache.bestStart(this.tokens);
-    const cells = this.tokens.length - start + this.n * this.maxTokens;
-    const leases = this.n + this.cachePoints.filter((p) => p > start).length;
-    return { entry, start, cells, leases };
-  }
-
-  /**
-   * Admitted with what `needs` found (`prefilling` from now on): its `admit` event and its prompt
-   * as the root node of its tree. It speculates with the scheduler's `spec` unless it asks for
-   * log-probabilities, which need each token's own snapshot, which a verified draft does not keep.
-   * @param {{ start: number, leases: number }} need
-   * @param {{ source: any, maxDraft: number, adaptive: boolean, cost: any } | null} spec
-   */
-  admit({ start, leases }, spec) {
-    this.plannedStart = start;
-    this.leasesToCome = leases;
-    this.usage.promptTokens = this.tokens.length;
-    this.spec = spec && this.logprobs === undefined ? spec : null;
-    this.to('prefilling');
-    this.wasAdmitted = true;
-    const { events, id } = this;
-    if (!events.on) return;
-    const kind = this.input.messages !== undefined ? 'chat' : 'completion';
-    const text = this.chat ? this.chat.formatted.prompt : this.input.prompt;
-    const promptTokens = this.tokens.length;
-    const { n, maxTokens } = this;
-    events.emit('admit', { request: id, kind, n, maxTokens, promptTokens, cachedTokens: start });
-    events.emit('fork', { request: id, branch: id, parent: null, at: 0 });
-    events.emit('append', {
-      request: id,
-      branch: id,
-      n: promptTokens,
-      text: text === undefined ? `(${promptTokens} prompt tokens)` : clipped(text),
-    });
-  }
-
-  /** Settled: its `done` event (`status` 'ok', 'abort' or 'error'). */
-  ended(status, error) {
-    if (!this.events.on || !this.wasAdmitted) return; // a request refused in the queue has no tree
-    const usage = this.usage.completionTokens ? this.usage : null;
-    this.events.emit('done', { request: this.id, ...doneFields(status, error, usage) });
-  }
-
-  /** Running: admitted and not settled. */
-  get running() {
-    return this.state === 'prefilling' || this.state === 'generating' || this.state === 'aborting';
+    this.leasesTaken = 0;
+    this.prompt = null;
+    /** @type {GenJob[]} */
+    this.choices = [];
   }
 
   /**
@@ -170,7 +66,6 @@ class Request {
    */
   async prepare(ctx, systemPrompts) {
     const { prompt, tokens, messages } = this.input;
-    this.cachePoints = [];
     if (messages !== undefined) {
       this.chat = await formatTurn(ctx, messages, this.chatOptions);
       const { formatted } = this.chat;
@@ -205,285 +100,176 @@ class Request {
   }
 
   /**
-   * Gives the admitted request its prompt branch, forked from the best cached start (or made by
-   * `createBranch`). Returns the count of prompt tokens the cache saved, or null while the start
-   * it wants is still being prefilled by an earlier request.
+   * What admitting the request takes now: the best cached start of its prompt (its `entry`, kept
+   * from eviction meanwhile, and its `start` in tokens), and the KV cells and the leases it needs
+   * beyond that start.
+   * @param {import('./prefix-cache').PrefixCache} cache
    */
-  begin(cache, createBranch) {
-    const start = cache.bestStart(this.tokens);
-    const { entry } = start;
-    // Never fork the whole prompt's logits from a partial fork: at least one token is decoded.
-    const length = start.partial ? Math.min(start.length, this.tokens.length - 1) : start.length;
-    if (entry && !entry.ready && entry.branch.position < length) return null;
-    if (entry) this.pins.push(cache.pin(entry));
-    this.usage.cachedPromptTokens = length;
-    if (entry && length === this.tokens.length) {
-      this.spawnChoices(entry.branch); // the whole prompt is cached, logits included
-      return length;
-    }
-    if (!entry) this.branch = createBranch();
-    else if (start.partial) this.branch = entry.branch.forkAt(length);
-    else this.branch = entry.branch.fork();
-    this.leasesToCome--;
-    this.pos = length;
-    this.openSegment(cache);
-    return length;
+  needs(cache) {
+    const { entry, length: start } = cache.bestStart(this.tokens);
+    const cells = this.tokens.length - start + this.n * this.maxTokens;
+    const leases = this.n + this.cachePoints.filter((p) => p > start).length;
+    return { entry, start, cells, leases };
   }
 
-  /** The prompt branch becomes a (growing) cache entry up to the next cache point. */
-  openSegment(cache) {
-    const end = this.cachePoints.find((p) => p > this.pos);
-    this.segment = cache.open(this.tokens.slice(0, end), this.branch);
-    this.pins.push(cache.pin(this.segment));
+  /** Its ids: the prompt line is the request's own id, the choices `id.0`, `id.1`, ... */
+  lineId() {
+    const k = this.lineCount++;
+    return k === 0 ? this.id : `${this.id}.${k - 1}`;
   }
 
-  /**
-   * `take` more prompt tokens are in the prompt branch. A segment filled becomes a ready cache
-   * entry the request goes on from (`segmentFilled`); when the request was aborted meanwhile,
-   * the filled prefix just stays cached.
-   */
-  prefilled(take, cache) {
-    this.pos += take;
-    if (this.pos < this.segment.tokens.length) return;
-    if (this.state === 'prefilling') this.segmentFilled(cache);
-    else cache.filled(this.segment);
-  }
-
-  /** The segment is filled: the choices start from it, or the next segment opens in a fork. */
-  segmentFilled(cache) {
-    const entry = this.segment;
-    cache.filled(entry);
-    if (this.pos === this.tokens.length) {
-      this.spawnChoices(entry.branch);
-      return;
-    }
-    this.branch = entry.branch.fork(); // the cached prefix stays; the request goes on in a fork
-    this.leasesToCome--;
-    this.openSegment(cache);
-  }
-
-  /** The n choices, each sampling from a fork of `from` with the request's params and its own seed. */
-  spawnChoices(from) {
-    this.segment = null;
-    this.branch = null;
-    this.leasesToCome = 0;
-    this.choices = [];
-    this.to('generating');
-    for (let i = 0; i < this.n; i++) {
-      const branch = from.fork();
-      this.choices.push({
-        index: i,
-        branch,
-        tokens: [],
-        matcher: new StopMatcher(this.stops),
-        finishReason: null,
-        perplexity: Infinity,
-        logprobs: this.logprobs === undefined ? null : [],
-        chat: this.chat && this.chat.parse ? new ChatStream(this.chat) : null,
-        message: null,
-        /** Speculating: the choice's drafter, its draft length, and the token verification sampled next. */
-        drafter: this.spec ? this.spec.source.open(this.tokens) : null,
-        draftLength: this.spec ? new DraftLength(this.spec) : null,
-        next: null,
+  /** Admitted: its prompt line, and its n choices forked from it, each with its gen. */
+  begin({ start, leases }) {
+    this.plannedStart = start;
+    this.maxBranches = leases;
+    this.maxCells = this.tokens.length + this.n * this.maxTokens;
+    this.usage.promptTokens = this.tokens.length;
+    const kind = this.input.messages !== undefined ? 'chat' : 'completion';
+    const { n, maxTokens } = this;
+    const promptTokens = this.tokens.length;
+    this.emit('admit', { request: this.id, kind, n, maxTokens, promptTokens, cachedTokens: start });
+    const prompt = this.freshLine([]);
+    prompt.sealed = true;
+    prompt.cachePoints = this.cachePoints;
+    const text = this.chat ? this.chat.formatted.prompt : this.input.prompt;
+    prompt.push(this.tokens, text === undefined ? `(${promptTokens} prompt tokens)` : text);
+    this.prompt = prompt;
+    prompt.spawn(n).forEach((line, index) => {
+      const params = { ...this.params, seed: (this.seedBase + index) % SEED_SPACE };
+      const chat = this.chat && this.chat.parse ? new ChatStream(this.chat) : null;
+      const job = new GenJob({
+        maxTokens,
+        stops: this.stops,
+        params,
+        grammar: this.grammar,
+        lazy: this.grammarLazy,
+        logprobs: this.logprobs,
+        choice: { index, push: this.sink.push, chat },
       });
-      if (this.events.on)
-        this.events.emit('fork', {
-          request: this.id,
-          branch: `${this.id}.${i}`,
-          parent: this.id,
-          at: this.tokens.length,
-        });
-      const params = { ...this.params, seed: (this.seedBase + i) % SEED_SPACE };
-      if (this.grammar && !this.grammarLazy) params.grammar = this.grammar;
-      branch.setSamplerParams(params);
-      if (this.grammarLazy) branch.setGrammar(this.grammar, this.grammarLazy);
-    }
+      job.done.promise.catch(() => {}); // a failure is the request's, reported by settle
+      this.choices.push(job);
+      line.start(job);
+    });
   }
 
-  /** Ends `choice` with `reason`: its perplexity is read, its branch freed, its last event sent. */
-  finishChoice(choice, reason) {
-    if (choice.drafter) choice.drafter.close();
-    choice.drafter = null;
-    const rest = choice.matcher.flush(); // the events' texts add up to the result's text
-    let delta = null;
-    if (choice.chat && reason !== 'abort') {
-      delta = choice.chat.finish(choice.matcher.text);
-      choice.message = choice.chat.message;
-      if (choice.message.toolCalls.length > 0 && reason === 'stop') reason = 'tool_calls';
-    }
-    choice.finishReason = reason;
-    if (choice.branch && !choice.branch.disposed) {
-      try {
-        choice.perplexity = choice.branch.perplexity;
-      } catch {
-        // busy or disposed: keep Infinity
-      }
-    }
-    if (this.events.on && choice.branch) {
-      const ppl = roundedPerplexity(choice.perplexity);
-      const branch = `${this.id}.${choice.index}`;
-      const n = this.tokens.length + choice.tokens.length;
-      this.events.emit('finish', { request: this.id, branch, reason, n, ppl });
-    }
-    release(choice.branch);
-    choice.branch = null;
-    const end = { choice: choice.index, token: null, text: rest, finishReason: reason };
-    this.sink.push(choice.chat ? { ...end, delta, message: choice.chat.message } : end);
+  /** The prompt line got its branch, `cached` prompt tokens from the prefix cache. */
+  started(line, cached) {
+    this.usage.cachedPromptTokens = cached;
+    this.counters.promptTokens += this.tokens.length;
+    this.counters.cachedPromptTokens += cached;
   }
 
-  /** Gives back everything the request holds; an unfinished prompt segment leaves the cache. */
-  giveBack(cache) {
-    if (this.segment && !this.segment.ready) cache.evict(this.segment, false);
-    if (this.branch && this.branch !== (this.segment && this.segment.branch)) release(this.branch);
-    for (const choice of this.choices || []) {
-      if (!choice.finishReason) this.finishChoice(choice, 'abort');
-    }
-    for (const entry of this.pins) cache.unpin(entry);
-    this.pins = [];
-    this.segment = null;
-    this.branch = null;
-    if (this.signal && this.onAbort) this.signal.removeEventListener('abort', this.onAbort);
+  /** `count` prompt tokens were prefilled (usage counts the whole prompt from the start). */
+  prefilledTokens(count) {
+    this.cellsUsed += count;
   }
 
-  /** A request that ends before it generated: n empty choices, all ended with `reason`. */
-  endUnstarted(reason) {
-    this.choices = Array.from({ length: this.n }, (_, index) => ({
-      index,
-      branch: null,
-      tokens: [],
-      matcher: new StopMatcher([]),
-      finishReason: null,
-      perplexity: Infinity,
-      logprobs: null,
-      chat: null,
-      message: null,
-      drafter: null,
-      draftLength: null,
-      next: null,
-    }));
-    for (const choice of this.choices) this.finishChoice(choice, reason);
+  tookLease() {
+    super.tookLease();
+    this.leasesTaken++;
   }
 
-  /**
-   * The decode phase's rows of the unfinished choices (see ./rows.js); `onToken()` counts each
-   * token sampled, `fail(request, error)` fails the whole request.
-   */
-  decodeRows(onToken, fail) {
-    return this.choices
-      .filter((c) => !c.finishReason)
-      .map((choice) => ({
-        branch: choice.branch,
-        owner: this,
-        carried: choice.next || undefined,
-        live: () => this.state === 'generating',
-        take: (produced) => this.take(choice, produced, onToken),
-        committed: () => {},
-        fail: (e) => fail(this, e),
-        ...(choice.drafter
-          ? {
-              spec: {
-                drafter: choice.drafter,
-                length: choice.draftLength,
-                // The last token comes from `next`, accepted without a decode, as without speculation.
-                limit: () => this.maxTokens - choice.tokens.length - 1,
-              },
-              verified: (token, accepted, next, drafted) =>
-                this.verified(choice, { token, accepted, next, drafted }, onToken),
-            }
-          : {}),
-      }));
-  }
-
-  /**
-   * A speculative step's outcome for `choice`: the accepted draft tokens (already committed) are
-   * taken like sampled ones, and the token verification sampled next is kept for the next step.
-   */
-  verified(choice, { token, accepted, next, drafted }, onToken) {
-    this.usage.draftTokens = (this.usage.draftTokens || 0) + drafted;
-    this.usage.acceptedDraftTokens = (this.usage.acceptedDraftTokens || 0) + accepted.length;
-    for (const produced of accepted) {
-      if (choice.finishReason) return;
-      this.take(choice, produced, onToken, true);
-    }
-    if (choice.finishReason) return;
-    if (choice.drafter) choice.drafter.accept([token, ...accepted.map((p) => p.token)]);
-    choice.next = next;
-  }
-
-  /**
-   * Takes a produced token into its choice; true when it is still to be committed. `committed`:
-   * an accepted draft token, already decoded and accepted.
-   */
-  take(choice, produced, onToken, committed = false) {
-    choice.next = null;
-    if (produced.isStop) {
-      this.finishChoice(choice, 'stop');
-      return false;
-    }
-    choice.tokens.push(produced.token);
-    this.usage.completionTokens++;
-    onToken();
-    const text = choice.matcher.push(produced.text);
-    /** @type {any} */
-    const event = { choice: choice.index, token: produced.token, text };
-    if (choice.logprobs) {
-      const lp = tokenLogprob(choice.branch, produced, this.logprobs);
-      choice.logprobs.push(lp);
-      event.logprob = lp.logprob;
-      event.top = lp.top;
-    }
-    if (choice.chat)
-      event.delta = text === '' ? null : choice.chat.update(choice.matcher.text.slice(0, choice.matcher.released));
-    this.sink.push(event);
-    if (this.events.on) {
-      const n = this.tokens.length + choice.tokens.length;
-      const [branch, ppl] = [`${this.id}.${choice.index}`, perplexityOf(choice.branch)];
-      this.events.emit('token', {
-        request: this.id,
-        branch,
-        text: produced.text,
-        n,
-        ppl,
-        ...(committed ? { draft: true } : {}),
-      });
-    }
-    const reason = choice.matcher.stopped ? 'stop' : choice.tokens.length >= this.maxTokens ? 'length' : null;
-    if (!reason) return true;
-    // Not decoded (nothing will be sampled after it), but accepted so perplexity counts it.
-    try {
-      if (!committed) choice.branch.accept(produced.token);
-    } catch {
-      // perplexity then leaves the last token out; the text is complete either way
-    }
-    this.finishChoice(choice, reason);
-    return false;
+  /** Leases the request may still take: each is taken once (a filled prompt's goes to the cache). */
+  get leasesToCome() {
+    return this.state === 'running' ? Math.max(0, this.maxBranches - this.leasesTaken) : 0;
   }
 
   /** KV cells this request may still write: its unfilled prompt and every token left to generate. */
   cellsToCome() {
-    if (this.choices) {
-      let cells = 0;
-      for (const c of this.choices) if (!c.finishReason) cells += this.maxTokens - c.tokens.length;
-      return cells;
+    if (this.state !== 'running') return 0;
+    const filled = this.prompt.branch ? this.prompt.filled : this.plannedStart;
+    let cells = this.tokens.length - filled;
+    for (const job of this.choices) if (!job.result) cells += this.maxTokens - job.tokens.length;
+    return cells;
+  }
+
+  /** Counted by the Scheduler's `maxRunning`. */
+  get isRequest() {
+    return true;
+  }
+
+  /** Its last choice ended: the request ends (settled at the next step, once its branches are back). */
+  jobEnded() {
+    if (this.choices.every((job) => job.result)) this.end({});
+  }
+
+  /** A failure of any choice is the whole request's. */
+  ownerOf() {
+    return this;
+  }
+
+  lineFailed(line, error) {
+    this.end({ error });
+  }
+
+  /** At its end, choices still running end with finishReason 'abort'. */
+  endJobs() {
+    for (const line of this.lines) if (line.job) line.endJob('abort');
+  }
+
+  /** Its signal fired: running, it ends at the next step; queued, it settles now. Either way it resolves. */
+  abort() {
+    if (this.state === 'running') this.end({ abort: true });
+    else if (this.state === 'queued' || this.state === 'ready') this.endUnstarted();
+  }
+
+  /** The scheduler closes: running choices end with finishReason 'abort'. */
+  close() {
+    this.end({ abort: true });
+  }
+
+  /** A request that ends before it started: n empty choices, all ended 'abort'. */
+  endUnstarted() {
+    this.to('failed');
+    this.detach();
+    this.state = 'done';
+    for (let index = 0; index < this.n; index++) {
+      const job = new GenJob({
+        maxTokens: 1,
+        stops: [],
+        params: {},
+        grammar: null,
+        choice: { index, push: this.sink.push, chat: null },
+      });
+      job.result = job.finish(null, 'abort');
+      job.result.perplexity = Infinity;
+      this.choices.push(job);
     }
-    const filled = this.branch || this.segment ? this.pos : this.plannedStart;
-    return this.tokens.length - filled + this.n * this.maxTokens;
+    this.counters.completed++;
+    this.sink.finish(this.result());
+  }
+
+  settled({ error, abort }) {
+    const aborted = abort || this.choices.some((j) => j.result && j.result.finishReason === 'abort');
+    if (this.events.on) {
+      const usage = this.usage.completionTokens ? this.usageOut() : null;
+      this.emit('done', doneFields(error ? 'error' : aborted ? 'abort' : 'ok', error, usage));
+    }
+    if (error) return this.sink.fail(error);
+    this.counters.completed++;
+    this.sink.finish(this.result());
+  }
+
+  refused(error) {
+    this.sink.fail(error);
+  }
+
+  /** Usage as results and events show it: draft counts only when the request speculated. */
+  usageOut() {
+    const { draftTokens, acceptedDraftTokens, ...usage } = this.usage;
+    return this.spec && this.logprobs === undefined ? { ...usage, draftTokens, acceptedDraftTokens } : usage;
   }
 
   /** The result `generate` resolves with. */
   result() {
     return {
-      choices: this.choices.map((c) => ({
-        text: c.matcher.text,
-        tokens: c.tokens,
-        finishReason: c.finishReason,
-        perplexity: c.perplexity,
-        ...(c.logprobs ? { logprobs: c.logprobs } : {}),
-        ...(c.message || {}),
-      })),
-      usage: { ...this.usage },
+      choices: this.choices.map(({ result }) => {
+        const { text, tokens, finishReason, logprobs, perplexity, ...message } = result;
+        return { text, tokens, finishReason, perplexity, ...(logprobs ? { logprobs } : {}), ...message };
+      }),
+      usage: this.usageOut(),
     };
   }
 }
 
-module.exports = { Request };
+module.exports = { RequestProgram };
