@@ -264,10 +264,10 @@ export interface ContextOptions extends Omit<NativeContextOptions, 'modelPath'> 
    * Where the model runs: `'auto'` (default) puts every layer on the GPUs this build sees (a
    * prebuilt sees Vulkan devices when `llama-branch-<platform>-vulkan` is installed and loads),
    * else the CPU; `'vulkan'` insists on the Vulkan devices (`ERR_DEVICE` saying why there is none);
-   * `false` keeps everything on the CPU even with a GPU present (with `devices` or `rpcServers`
-   * naming others: `ERR_INVALID_ARG`). `ctx.offload` says what happened.
+   * `false` or `'cpu'` keeps everything on the CPU even with a GPU present (with `devices` or
+   * `rpcServers` naming others: `ERR_INVALID_ARG`). `ctx.offload` says what happened.
    */
-  gpu?: 'auto' | 'vulkan' | false;
+  gpu?: 'auto' | 'vulkan' | 'cpu' | false;
 }
 
 /**
@@ -936,6 +936,13 @@ export interface ServerOptions {
   nSeqMax?: number;
   /** Threads of a loaded context. Default: all cores. */
   nThreads?: number;
+  /**
+   * Where the contexts the server loads run (the main one, the embeddings and draft ones):
+   * {@link ContextOptions.gpu}. Default `'auto'`. The CLI's `--gpu auto|vulkan|cpu`.
+   */
+  gpu?: ContextOptions['gpu'];
+  /** Layers of a loaded model on the GPU ({@link ContextOptions.nGpuLayers}). The CLI's `--n-gpu-layers`. */
+  nGpuLayers?: number;
   /** Scheduler options (`maxRunning` defaults to `parallel`). */
   scheduler?: SchedulerOptions;
   /** Largest accepted request body, in bytes. Default 1 MiB. */

@@ -176,7 +176,10 @@ function placementOf(options, binding) {
       throw makeError('ERR_DEVICE', `options.gpu is 'vulkan' but no Vulkan device is available. ${noVulkanReason()}`);
     return rest.devices ? rest : { ...rest, devices: vulkan.map((d) => d.name) };
   }
-  throw makeError('ERR_INVALID_ARG', `options.gpu must be 'auto', 'vulkan' or false, got ${JSON.stringify(gpu)}`);
+  throw makeError(
+    'ERR_INVALID_ARG',
+    `options.gpu must be 'auto', 'vulkan', 'cpu' or false, got ${JSON.stringify(gpu)}`,
+  );
 }
 
 /**

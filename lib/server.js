@@ -367,6 +367,7 @@ async function speculativeOf(options, ctx, parallel, owned) {
   const draftCtx = await createContext({
     modelPath: options.modelDraft,
     nThreads: options.nThreads,
+    ...placementOptions(options),
     nCtx: ctx.nCtx,
     nSeqMax: Math.min(defaults.server.maxSeqMax, 3 * parallel * defaults.server.draftLinesPerRequest),
   });
@@ -374,11 +375,24 @@ async function speculativeOf(options, ctx, parallel, owned) {
   return { draft: draftCtx, maxDraft };
 }
 
+/** The options of createContext that say where the server's contexts run (those given). */
+function placementOptions(options) {
+  const picked = {};
+  for (const k of ['gpu', 'nGpuLayers']) if (options[k] !== undefined) picked[k] = options[k];
+  return picked;
+}
+
 /** A context the server creates (and disposes of on close) from `options.modelPath`. */
 function openContext(options, shape) {
   const { createContext } = require('./index'); // the package entry requires this file
   const { modelPath, nThreads, chatTemplate } = options;
-  return createContext({ modelPath, nThreads, ...(chatTemplate === undefined ? {} : { chatTemplate }), ...shape });
+  return createContext({
+    modelPath,
+    nThreads,
+    ...placementOptions(options),
+    ...(chatTemplate === undefined ? {} : { chatTemplate }),
+    ...shape,
+  });
 }
 
 /** The object createServer resolves with: listen, close, and what it serves. */

@@ -27,6 +27,15 @@ const options = {
     help: `sequence leases (default parallel × ${serverDefaults.leasesPerRequest} + ${serverDefaults.cacheLeases}, at most ${serverDefaults.maxSeqMax})`,
   },
   threads: { type: 'string', help: 'CPU threads per decode (default: all cores)' },
+  gpu: {
+    type: 'string',
+    default: 'auto',
+    help: 'where the model runs: auto (the GPU when one works, else the CPU), vulkan (fail unless a Vulkan device works) or cpu',
+  },
+  'n-gpu-layers': {
+    type: 'string',
+    help: 'layers on the GPU, counting the output layer (default: all; 0 keeps the weights on the CPU)',
+  },
   'model-name': { type: 'string', help: 'model id in /v1/models (default: the file name)' },
   'prefill-chunk': {
     type: 'string',
@@ -87,6 +96,21 @@ function integer(values, name) {
 
 class UsageError extends Error {}
 
+const GPU_CHOICES = ['auto', 'vulkan', 'cpu'];
+
+/** --gpu and --n-gpu-layers as createContext's `gpu` and `nGpuLayers`, checked against each other. */
+function placement(values) {
+  const gpu = values.gpu === undefined ? 'auto' : values.gpu;
+  if (!GPU_CHOICES.includes(gpu))
+    throw new UsageError(`--gpu must be one of ${GPU_CHOICES.join(', ')}, got ${JSON.stringify(gpu)}`);
+  const nGpuLayers = integer(values, 'n-gpu-layers');
+  // With --gpu cpu no layer is offloaded whatever --n-gpu-layers says; a positive count there is
+  // a contradiction the user should hear about rather than have silently ignored.
+  if (gpu === 'cpu' && nGpuLayers !== undefined && nGpuLayers > 0)
+    throw new UsageError(`--n-gpu-layers ${nGpuLayers} needs a GPU, but --gpu cpu keeps every layer on the CPU`);
+  return { gpu, nGpuLayers };
+}
+
 /** --api-key values and LLAMA_BRANCH_API_KEY's comma-separated keys together (undefined: none). */
 function apiKeys(values) {
   const fromEnv = (process.env.LLAMA_BRANCH_API_KEY || '').split(',').map((k) => k.trim());
@@ -107,8 +131,11 @@ function chatTemplate(values) {
 
 async function run(values, { log }) {
   if (!values.model) throw new UsageError('--model <file.gguf> is required');
+  const { gpu, nGpuLayers } = placement(values);
   const server = await createServer({
     modelPath: values.model,
+    gpu,
+    nGpuLayers,
     modelName: values['model-name'],
     parallel: integer(values, 'parallel'),
     nCtx: integer(values, 'ctx-size'),
@@ -126,6 +153,12 @@ async function run(values, { log }) {
     specMaxDraft: integer(values, 'spec-max-draft'),
     ui: !values['no-ui'],
     traceFile: values.trace,
+  }).catch((e) => {
+    // createContext's ERR_DEVICE speaks of its options (`gpu`, `nGpuLayers`); on the command
+    // line the flag is what the user typed, so name it.
+    if (e.code === 'ERR_DEVICE' && /nGpuLayers/.test(e.message)) e.message = `--n-gpu-layers: ${e.message}`;
+    else if (e.code === 'ERR_DEVICE') e.message = `--gpu ${gpu}: ${e.message}`;
+    throw e;
   });
   const { url } = await server.listen(integer(values, 'port'), values.host);
   log(`listening on ${url}`);
