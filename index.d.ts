@@ -943,6 +943,12 @@ export interface ServerOptions {
   gpu?: ContextOptions['gpu'];
   /** Layers of a loaded model on the GPU ({@link ContextOptions.nGpuLayers}). The CLI's `--n-gpu-layers`. */
   nGpuLayers?: number;
+  /** KV key type of the contexts the server loads ({@link ContextOptions.typeK}). The CLI's `--cache-type-k`. */
+  typeK?: ContextOptions['typeK'];
+  /** KV value type ({@link ContextOptions.typeV}). The CLI's `--cache-type-v`. */
+  typeV?: ContextOptions['typeV'];
+  /** Flash attention ({@link ContextOptions.flashAttention}). The CLI's `--flash-attn`. */
+  flashAttention?: ContextOptions['flashAttention'];
   /** Scheduler options (`maxRunning` defaults to `parallel`). */
   scheduler?: SchedulerOptions;
   /** Largest accepted request body, in bytes. Default 1 MiB. */

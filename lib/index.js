@@ -112,6 +112,16 @@ async function createContextOn(binding, options) {
   }
   if (options.logLevel !== undefined && typeof options.logLevel !== 'string')
     throw makeError('ERR_INVALID_ARG', 'options.logLevel must be a string');
+  // The values are checked natively (with the choices in the message); a non-string would only
+  // get napi-rs's generic conversion error there.
+  for (const [k, choices] of [
+    ['typeK', "'f16', 'q8_0' or 'q4_0'"],
+    ['typeV', "'f16', 'q8_0' or 'q4_0'"],
+    ['flashAttention', "'auto', 'on' or 'off'"],
+  ]) {
+    if (options[k] !== undefined && typeof options[k] !== 'string')
+      throw makeError('ERR_INVALID_ARG', `options.${k} must be ${choices}, got ${typeof options[k]}`);
+  }
   if (options.splitMode !== undefined && typeof options.splitMode !== 'string')
     throw makeError('ERR_INVALID_ARG', "options.splitMode must be 'none', 'layer' or 'row'");
   if (

@@ -367,7 +367,7 @@ async function speculativeOf(options, ctx, parallel, owned) {
   const draftCtx = await createContext({
     modelPath: options.modelDraft,
     nThreads: options.nThreads,
-    ...placementOptions(options),
+    ...contextOptions(options),
     nCtx: ctx.nCtx,
     nSeqMax: Math.min(defaults.server.maxSeqMax, 3 * parallel * defaults.server.draftLinesPerRequest),
   });
@@ -375,10 +375,14 @@ async function speculativeOf(options, ctx, parallel, owned) {
   return { draft: draftCtx, maxDraft };
 }
 
-/** The options of createContext that say where the server's contexts run (those given). */
-function placementOptions(options) {
+/**
+ * The options of createContext the server passes to every context it loads (those given): where
+ * they run and how their KV cache is stored.
+ */
+function contextOptions(options) {
   const picked = {};
-  for (const k of ['gpu', 'nGpuLayers']) if (options[k] !== undefined) picked[k] = options[k];
+  for (const k of ['gpu', 'nGpuLayers', 'typeK', 'typeV', 'flashAttention'])
+    if (options[k] !== undefined) picked[k] = options[k];
   return picked;
 }
 
@@ -389,7 +393,7 @@ function openContext(options, shape) {
   return createContext({
     modelPath,
     nThreads,
-    ...placementOptions(options),
+    ...contextOptions(options),
     ...(chatTemplate === undefined ? {} : { chatTemplate }),
     ...shape,
   });

@@ -282,12 +282,15 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
   });
 });
 
-describe('llama-branch serve --gpu / --n-gpu-layers', function () {
+describe('llama-branch serve: --gpu, --n-gpu-layers, --cache-type-k/-v, --flash-attn', function () {
   this.timeout(240000);
   afterEach(() => conformance.assertConforms());
 
-  it('--gpu cpu --n-gpu-layers 0 serves completions', async () => {
-    const server = await startServer(['--gpu', 'cpu', '--n-gpu-layers', '0', '--ctx-size', '1024', '--threads', '2']);
+  it('--gpu cpu --n-gpu-layers 0 with a q8_0 KV cache serves completions', async () => {
+    const server = await startServer([
+      ...['--gpu', 'cpu', '--n-gpu-layers', '0', '--ctx-size', '1024', '--threads', '2'],
+      ...['--cache-type-k', 'q8_0', '--cache-type-v', 'q8_0', '--flash-attn', 'on'],
+    ]);
     try {
       const res = await fetch(`${server.url}/v1/completions`, {
         method: 'POST',
@@ -310,6 +313,13 @@ describe('llama-branch serve --gpu / --n-gpu-layers', function () {
       [['--n-gpu-layers=-1'], /--n-gpu-layers must be a non-negative integer/],
       [['--n-gpu-layers', '2.5'], /--n-gpu-layers must be a non-negative integer/],
       [['--gpu', 'cpu', '--n-gpu-layers', '4'], /--n-gpu-layers 4 needs a GPU, but --gpu cpu/],
+      [['--cache-type-k', 'q5_1'], /--cache-type-k must be one of f16, q8_0, q4_0, got "q5_1"/],
+      [['--cache-type-v', 'bf16'], /--cache-type-v must be one of f16, q8_0, q4_0/],
+      [['--flash-attn', 'yes'], /--flash-attn must be one of auto, on, off/],
+      [
+        ['--cache-type-v', 'q4_0', '--flash-attn', 'off'],
+        /--cache-type-v q4_0 needs flash attention: use --flash-attn auto or on/,
+      ],
     ]) {
       const { status, stderr } = serveUntilExit(args);
       assert.equal(status, 2, `${args.join(' ')}: ${stderr}`);

@@ -36,6 +36,21 @@ const options = {
     type: 'string',
     help: 'layers on the GPU, counting the output layer (default: all; 0 keeps the weights on the CPU)',
   },
+  'cache-type-k': {
+    type: 'string',
+    default: 'f16',
+    help: 'element type of the KV cache keys: f16, q8_0 (about half the memory) or q4_0 (about a quarter)',
+  },
+  'cache-type-v': {
+    type: 'string',
+    default: 'f16',
+    help: 'element type of the KV cache values: f16, q8_0 or q4_0 (quantized needs flash attention)',
+  },
+  'flash-attn': {
+    type: 'string',
+    default: 'auto',
+    help: 'flash attention: auto (where the backend has it), on or off',
+  },
   'model-name': { type: 'string', help: 'model id in /v1/models (default: the file name)' },
   'prefill-chunk': {
     type: 'string',
@@ -111,6 +126,29 @@ function placement(values) {
   return { gpu, nGpuLayers };
 }
 
+const KV_TYPES = ['f16', 'q8_0', 'q4_0'];
+const FLASH_ATTN = ['auto', 'on', 'off'];
+
+/** --cache-type-k/-v and --flash-attn as createContext's `typeK`, `typeV` and `flashAttention`. */
+function kvCache(values) {
+  const pick = (flag, choices, fallback) => {
+    const v = values[flag] === undefined ? fallback : values[flag];
+    if (!choices.includes(v))
+      throw new UsageError(`--${flag} must be one of ${choices.join(', ')}, got ${JSON.stringify(v)}`);
+    return v;
+  };
+  const typeK = pick('cache-type-k', KV_TYPES, 'f16');
+  const typeV = pick('cache-type-v', KV_TYPES, 'f16');
+  const flashAttention = pick('flash-attn', FLASH_ATTN, 'auto');
+  // llama.cpp reads a quantized V cache only inside the flash-attention kernel (createContext
+  // refuses the pair too; said here in the flags' own names).
+  if (typeV !== 'f16' && flashAttention === 'off')
+    throw new UsageError(
+      `--cache-type-v ${typeV} needs flash attention: use --flash-attn auto or on, or --cache-type-v f16`,
+    );
+  return { typeK, typeV, flashAttention };
+}
+
 /** --api-key values and LLAMA_BRANCH_API_KEY's comma-separated keys together (undefined: none). */
 function apiKeys(values) {
   const fromEnv = (process.env.LLAMA_BRANCH_API_KEY || '').split(',').map((k) => k.trim());
@@ -136,6 +174,7 @@ async function run(values, { log }) {
     modelPath: values.model,
     gpu,
     nGpuLayers,
+    ...kvCache(values),
     modelName: values['model-name'],
     parallel: integer(values, 'parallel'),
     nCtx: integer(values, 'ctx-size'),
