@@ -444,6 +444,22 @@ export interface GpuModuleStatus {
   devices: number;
   /** Why it is off: not installed, no `libvulkan.so.1`, no driver, no device, ... (null when on). */
   error: string | null;
+  /**
+   * When the module is installed but found no working device: the system libraries or driver
+   * parts missing, each with the command or setting that adds it (empty when nothing on the
+   * system explains it, and when the module works).
+   */
+  diagnosis: GpuModuleFinding[];
+}
+
+/** One missing piece found by the Vulkan diagnosis (see {@link GpuModuleStatus.diagnosis}). */
+export interface GpuModuleFinding {
+  /** What is missing, e.g. `libvulkan.so.1` or `libGLdispatch.so.0`. */
+  missing: string;
+  /** Why it matters here. */
+  why: string;
+  /** What installs it, e.g. `sudo apt-get install -y libglvnd0`. */
+  fix: string;
 }
 
 /**

@@ -141,7 +141,7 @@ async function createContextOn(binding, options) {
 /** Why this process has no Vulkan device: the module package's reason, or the build's. */
 function noVulkanReason() {
   const status = loader.gpuModules().find((m) => m.variant === 'vulkan');
-  if (status && status.error) return `${status.package}: ${status.error}`;
+  if (status && status.error) return `${status.package}: ${loader.moduleReason(status)}`;
   return `this build has no Vulkan backend: install ${loader.platformPackageName('vulkan')} beside the prebuilt (npm install ${loader.platformPackageName('vulkan')}), or build from source with LLAMA_BRANCH_FEATURES=vulkan (docs/gpu-and-rpc.md)`;
 }
 
@@ -157,7 +157,7 @@ function warnGpuFallback() {
   if (!off) return;
   fallbackWarned = true;
   process.emitWarning(
-    `${off.package} is installed but off: ${off.error}. Running on the CPU (createContext({ gpu: false }) says so explicitly).`,
+    `${off.package} is installed but off: ${loader.moduleReason(off)}. Running on the CPU (createContext({ gpu: false }) says so explicitly).`,
     {
       code: 'LLAMA_BRANCH_GPU_FALLBACK',
     },
