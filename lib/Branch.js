@@ -1,9 +1,19 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const { nativeOf, wrapFreed, registerBranch, subtreeOf } = require('./Context');
+const {
+  nativeOf,
+  wrapFreed,
+  registerBranch,
+  subtreeOf,
+  isDisposed,
+  markDisposed,
+  setRootBranchFactory,
+} = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 const { traceOf, traced } = require('./trace');
+const { BranchStore } = require('./BranchStore');
+const { generate } = require('./scheduler/speculation');
 
 /**
  * @typedef {import('./Context').SessionContext} SessionContext
@@ -51,10 +61,9 @@ class Branch {
   constructor(ctx, handle, parent) {
     this._ctx = ctx;
     this._handle = handle;
-    this._disposed = false;
     registerBranch(ctx, this, handle, parent);
     const trace = traceOf(ctx);
-    if (trace) trace._created(this, handle, parent);
+    if (trace) trace.created(this, handle, parent);
   }
 
   /**
@@ -113,7 +122,7 @@ class Branch {
   _live() {
     const native = nativeOf(this._ctx);
     // Freed here, possibly still queued natively: the native side gives the error and message.
-    if (this._disposed) native._throwCoded('ERR_BRANCH_DISPOSED');
+    if (isDisposed(this)) native._throwCoded('ERR_BRANCH_DISPOSED');
     return native;
   }
 
@@ -229,7 +238,7 @@ class Branch {
   async commit(token, options) {
     const native = this._live();
     const done = runCancellable(options, 'commit', (cancel) => native._storeCommit([this._handle], [token], cancel));
-    return traced(this._ctx, done, (trace) => trace._grew(this, [token], true));
+    return traced(this._ctx, done, (trace) => trace.grew(this, [token], true));
   }
 
   /**
@@ -249,7 +258,7 @@ class Branch {
       return runCancellable({ signal }, 'prefill', () => Promise.resolve());
     }
     const done = runCancellable(options, 'prefill', (cancel) => native._branchPrefill(this._handle, tokens, cancel));
-    return traced(this._ctx, done, (trace) => trace._grew(this, tokens, false));
+    return traced(this._ctx, done, (trace) => trace.grew(this, tokens, false));
   }
 
   /**
@@ -263,7 +272,7 @@ class Branch {
     const done = runCancellable(options, 'decodeAndCaptureOne', (cancel) =>
       native._branchDecodeAndCaptureOne(this._handle, token, cancel),
     );
-    return traced(this._ctx, done, (trace) => trace._grew(this, [token], false));
+    return traced(this._ctx, done, (trace) => trace.grew(this, [token], false));
   }
 
   /**
@@ -365,7 +374,7 @@ class Branch {
    * @returns {number | undefined}
    */
   destroy() {
-    if (this._disposed) return undefined;
+    if (isDisposed(this)) return undefined;
     const seq = nativeOf(this._ctx)._branchDestroy(this._handle);
     wrapFreed(this._ctx, [this._handle]);
     return seq;
@@ -378,12 +387,12 @@ class Branch {
    * @returns {Promise<void>}
    */
   _free(method) {
-    if (this._disposed) return Promise.resolve();
+    if (isDisposed(this)) return Promise.resolve();
     const ctx = this._ctx;
     // Every wrapper the call frees reads `disposed` from now on, while the free may still be queued.
     const handles = method === '_branchPruneSubtree' ? subtreeOf(ctx, this._handle) : [this._handle];
     wrapFreed(ctx, handles);
-    this._disposed = true;
+    markDisposed(this);
     if (ctx.disposed) return Promise.resolve(); // dispose() already freed every branch
     const freeing = nativeOf(ctx)[method](this._handle);
     return freeing.then(
@@ -398,12 +407,12 @@ class Branch {
 
   /** @param {'_branchPruneSync' | '_branchPruneSubtreeSync'} method */
   _freeSync(method) {
-    if (this._disposed || this._ctx.disposed) {
-      this._disposed = true;
+    if (isDisposed(this) || this._ctx.disposed) {
+      markDisposed(this);
       return;
     }
     const freed = nativeOf(this._ctx)[method](this._handle);
-    this._disposed = true;
+    markDisposed(this);
     wrapFreed(this._ctx, freed);
   }
 
@@ -417,7 +426,7 @@ class Branch {
   }
   /** True once pruned, destroyed or released by `retainOnly`. Never throws. */
   get disposed() {
-    return this._disposed;
+    return isDisposed(this);
   }
   /** The leased KV sequence id. */
   get seqId() {
@@ -460,7 +469,7 @@ class Branch {
   }
   /** `!disposed`. */
   get isActive() {
-    return !this._disposed;
+    return !isDisposed(this);
   }
 
   // --- Compatibility aliases: the names of the reference's later surface, in one place ---------
@@ -495,7 +504,7 @@ class Branch {
    */
   async generate(options) {
     this._live();
-    return require('./speculative').generate(this, options);
+    return generate(this, this._ctx, new BranchStore(this._ctx), options);
   }
 
   /**
@@ -504,7 +513,7 @@ class Branch {
    * @returns {AsyncGenerator<BranchToken, void, undefined>}
    */
   async *[Symbol.asyncIterator]() {
-    while (!this._disposed) {
+    while (!isDisposed(this)) {
       const produced = this.produce();
       if (produced.isStop) return;
       await this.commit(produced.token);
@@ -512,5 +521,7 @@ class Branch {
     }
   }
 }
+
+setRootBranchFactory((ctx, position, params) => Branch.create(ctx, position, params));
 
 module.exports = { Branch };

@@ -1,13 +1,13 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const { Branch } = require('./Branch');
-const { nativeOf, wrapFreed } = require('./Context');
+const { nativeOf, wrapFreed, branchHandle } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 const { traced } = require('./trace');
 
 /**
  * @typedef {import('./types').OperationOptions} OperationOptions
+ * @typedef {import('./Branch').Branch} Branch
  */
 
 /**
@@ -31,9 +31,7 @@ class BranchStore {
    * @param {string} where
    */
   _branch(b, where) {
-    if (!(b instanceof Branch)) throw makeError('ERR_INVALID_ARG', `${where}: expected a Branch`);
-    if (b._disposed && b._ctx === this._ctx) b._live(); // throws ERR_BRANCH_DISPOSED
-    return b._handle;
+    return branchHandle(this._ctx, b, where);
   }
 
   /**
@@ -77,7 +75,7 @@ class BranchStore {
     const done = runCancellable({ signal }, 'BranchStore.commit', (cancel) =>
       native._storeCommit(handles, values, cancel),
     );
-    return traced(this._ctx, done, (trace) => entries.forEach(([b, token]) => trace._grew(b, [token], true)));
+    return traced(this._ctx, done, (trace) => entries.forEach(([b, token]) => trace.grew(b, [token], true)));
   }
 
   /**
@@ -117,7 +115,7 @@ class BranchStore {
       native._storeCommitDrafts(handles, tokens, drafts, cancel),
     );
     return traced(this._ctx, done, (trace, verified) =>
-      entries.forEach(([b, token], i) => trace._grew(b, [token, ...verified[i].accepted.map((p) => p.token)], true)),
+      entries.forEach(([b, token], i) => trace.grew(b, [token, ...verified[i].accepted.map((p) => p.token)], true)),
     );
   }
 
@@ -158,13 +156,15 @@ class BranchStore {
 
   /**
    * `prefill`, resolving each scored entry's log-probabilities per token (in order, from its
-   * score start) instead of their sum: the Scheduler's prefill, where a `select` reads the sums
-   * of options that share a prefix off one scored path.
+   * score start) instead of their sum, and null for an entry without a score start: one decode
+   * for prompts to fill and texts to score together (the Scheduler's prefill, where a `select`
+   * reads the sums of options that share a prefix off one scored path).
    * @param {ReadonlyArray<readonly [Branch, number[]] | readonly [Branch, number[], number]>} entries
+   * @param {OperationOptions} [options]
    * @returns {Promise<Array<number[] | null>>}
    */
-  async _prefillPerToken(entries) {
-    return this._prefill(entries, undefined, 'BranchStore.prefill', true);
+  async scorePerToken(entries, options) {
+    return this._prefill(entries, options, 'BranchStore.scorePerToken', true);
   }
 
   async _prefill(entries, options, where, perToken = false) {
@@ -186,7 +186,7 @@ class BranchStore {
     const done = runCancellable({ signal }, where, (cancel) =>
       native._storePrefill(handles, values, cancel, scoreFrom),
     ).then((scores) => (perToken ? scores : scores.map((s) => (s === null ? null : s.reduce((a, b) => a + b, 0)))));
-    return traced(this._ctx, done, (trace) => entries.forEach(([b, tokens]) => trace._grew(b, tokens, false)));
+    return traced(this._ctx, done, (trace) => entries.forEach(([b, tokens]) => trace.grew(b, tokens, false)));
   }
 
   /**

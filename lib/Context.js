@@ -778,8 +778,13 @@ function captureTarget(dest, n) {
 // descendant disposed before it returns, even while the native free is still queued.
 
 /**
- * @typedef {{ ref: WeakRef<{ _disposed: boolean }>, parent: number }} WrapperNode
+ * @typedef {{ ref: WeakRef<object>, parent: number }} WrapperNode
  */
+
+/** Each Branch wrapper's context and handle: what BranchStore and the speculation helpers read of it. */
+const wrapperInfo = new WeakMap();
+/** Wrappers whose branch was freed (by their own call, a subtree prune or a retainOnly). */
+const disposedWrappers = new WeakSet();
 
 const collected = new FinalizationRegistry(({ ctxRef, handle }) => {
   const ctx = ctxRef.deref();
@@ -793,11 +798,12 @@ const collected = new FinalizationRegistry(({ ctxRef, handle }) => {
  * Remembers `branch` (a Branch wrapper of `handle` on `ctx`, a child of `parent` or a root for 0)
  * so a native free marks it disposed.
  * @param {SessionContext} ctx
- * @param {{ _disposed: boolean }} branch
+ * @param {object} branch
  * @param {number} handle
  * @param {number} parent
  */
 function registerBranch(ctx, branch, handle, parent) {
+  wrapperInfo.set(branch, { ctx, handle });
   wrappersOfContext(ctx).set(handle, { ref: new WeakRef(branch), parent });
   collected.register(branch, { ctxRef: new WeakRef(ctx), handle }, branch);
 }
@@ -824,7 +830,7 @@ function wrapFreed(ctx, handles) {
   for (const h of handles || []) {
     const w = nodes.get(h)?.ref.deref();
     if (w) {
-      w._disposed = true;
+      disposedWrappers.add(w);
       collected.unregister(w);
     }
     unlink(nodes, h);
@@ -859,4 +865,77 @@ function subtreeOf(ctx, handle) {
   return out;
 }
 
-module.exports = { SessionContext, wrapContext, nativeOf, registerBranch, wrapFreed, subtreeOf };
+/**
+ * How modules below Branch.js make a root branch (the draft model's lines in lib/speculative.js,
+ * which Branch.generate itself depends on): Branch.js registers `Branch.create` as it loads, so
+ * those modules need not require it (that would be an import cycle).
+ * @type {((ctx: SessionContext, position: number, params?: object) => any) | null}
+ */
+let rootBranchFactory = null;
+
+/** @param {(ctx: SessionContext, position: number, params?: object) => any} factory */
+function setRootBranchFactory(factory) {
+  rootBranchFactory = factory;
+}
+
+/**
+ * A root branch on a free sequence of `ctx` at `position` (see Branch.create).
+ * @param {SessionContext} ctx @param {number} position @param {object} [params]
+ */
+function createRootBranch(ctx, position, params) {
+  if (!rootBranchFactory) throw makeError('ERR_INTERNAL', 'lib/Branch.js was not loaded');
+  return rootBranchFactory(ctx, position, params);
+}
+
+/** Fire-and-forget prune that never surfaces as an unhandled rejection (the branch may be gone). */
+function release(branch) {
+  if (branch && !branch.disposed) branch.prune().catch(() => {});
+}
+
+/** Whether the branch wrapper was freed. */
+function isDisposed(branch) {
+  return disposedWrappers.has(branch);
+}
+
+/** Marks the branch wrapper freed (its native free is called or queued). */
+function markDisposed(branch) {
+  disposedWrappers.add(branch);
+}
+
+/**
+ * The handle of branch wrapper `b` for an operation on `ctx`: ERR_INVALID_ARG for anything else,
+ * ERR_BRANCH_DISPOSED for a freed branch of `ctx` (a foreign one is left to the native side,
+ * which names it ERR_FOREIGN_BRANCH).
+ * @param {SessionContext} ctx
+ * @param {unknown} b
+ * @param {string} where
+ */
+function branchHandle(ctx, b, where) {
+  const info = typeof b === 'object' && b !== null ? wrapperInfo.get(b) : undefined;
+  if (!info) throw makeError('ERR_INVALID_ARG', `${where}: expected a Branch`);
+  if (disposedWrappers.has(/** @type {object} */ (b)) && info.ctx === ctx)
+    nativeOf(ctx)._throwCoded('ERR_BRANCH_DISPOSED');
+  return info.handle;
+}
+
+/** The context a branch wrapper belongs to. */
+function branchContext(b) {
+  const info = wrapperInfo.get(b);
+  return info && info.ctx;
+}
+
+module.exports = {
+  SessionContext,
+  wrapContext,
+  nativeOf,
+  registerBranch,
+  wrapFreed,
+  subtreeOf,
+  isDisposed,
+  markDisposed,
+  branchHandle,
+  branchContext,
+  setRootBranchFactory,
+  createRootBranch,
+  release,
+};

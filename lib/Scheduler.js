@@ -28,7 +28,8 @@ const { BranchStore } = require('./BranchStore');
 const { jsonSchemaToGrammar } = require('./schema');
 const { schedulerOptions } = require('./scheduler/options');
 const { PrefixCache } = require('./scheduler/prefix-cache');
-const { Request, invalid } = require('./scheduler/request');
+const { Request } = require('./scheduler/request');
+const { invalid } = require('./scheduler/checks');
 const { SystemPrompts } = require('./scheduler/system-prompts');
 const { Generation } = require('./scheduler/generation');
 const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
@@ -104,11 +105,13 @@ class Scheduler {
    * @returns {import('./types').Generation}
    */
   generate(request) {
-    const gen = new Generation();
+    /** @type {any} */
+    let sink;
+    const gen = new Generation((s) => (sink = s));
     try {
-      this._enqueue(new Request(request, gen, { vocabSize: this._ctx.vocabSize, ...this._env }));
+      this._enqueue(new Request(request, sink, { vocabSize: this._ctx.vocabSize, ...this._env }));
     } catch (e) {
-      gen._fail(e);
+      sink.fail(e);
     }
     return gen;
   }
@@ -361,7 +364,7 @@ class Scheduler {
     try {
       /** @type {Array<[any, number[]] | [any, number[], number]>} */
       const entries = batch.map(({ req, take }) => [req.branch, req.tokens.slice(req.pos, req.pos + take)]);
-      scores = await this._store._prefillPerToken([...entries, ...this._programs.prefillEntries(lines)]);
+      scores = await this._store.scorePerToken([...entries, ...this._programs.prefillEntries(lines)]);
     } catch (e) {
       for (const { req } of batch) if (req.running) this._fail(req, e); // all-or-nothing: none advanced
       this._programs.prefillFailed(lines, e);
@@ -433,7 +436,7 @@ class Scheduler {
     if (!req.choices) req.endUnstarted(reason || 'abort');
     this._counters.completed++;
     req.ended(reason === 'abort' || req.choices.some((c) => c.finishReason === 'abort') ? 'abort' : 'ok');
-    req.gen._finish(req.result());
+    req.sink.finish(req.result());
   }
 
   _fail(req, error) {
@@ -442,7 +445,7 @@ class Scheduler {
     this._releaseRequest(req);
     req.to('failed');
     req.ended('error', error);
-    req.gen._fail(error);
+    req.sink.fail(error);
   }
 }
 

@@ -11,7 +11,8 @@ const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
 const { PromptLookup, DraftModel } = require('./speculative');
 const { Scheduler } = require('./Scheduler');
 const { ProgramLine } = require('./ProgramLine');
-const { createServer } = require('./server');
+const server = require('./server');
+const { PoolingType, ReasoningFormat } = require('./constants');
 const { GrammarTriggerType } = require('./scheduler/chat');
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'nOutputs', 'poolingType', 'nGpuLayers', 'mainGpu'];
@@ -270,7 +271,12 @@ module.exports = {
   ProgramLine,
   PromptLookup,
   DraftModel,
-  createServer,
+  /**
+   * The OpenAI-compatible server (see ServerOptions in index.d.ts); contexts it opens come from
+   * this package's createContext.
+   * @param {any} options
+   */
+  createServer: (options) => server.createServer(options, createContext),
   withLogits,
   SessionContext,
   jsonSchemaToGrammar,
@@ -280,8 +286,8 @@ module.exports = {
   gpuModules: loader.gpuModules,
   listDevices,
   serveRpc,
-  PoolingType: Object.freeze({ UNSPECIFIED: -1, NONE: 0, MEAN: 1, CLS: 2, LAST: 3, RANK: 4 }),
+  PoolingType,
   ChatFormat,
-  ReasoningFormat: Object.freeze({ NONE: 0, AUTO: 1, DEEPSEEK_LEGACY: 2, DEEPSEEK: 3 }),
+  ReasoningFormat,
   GrammarTriggerType,
 };

@@ -12,6 +12,7 @@
  * request (its branches are freed within one scheduler step).
  */
 
+const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
 const { randomUUID, createHash, timingSafeEqual } = require('node:crypto');
@@ -25,11 +26,12 @@ const { EventFeed } = require('./server/events');
 const { uiRoutes } = require('./server/ui');
 
 const defaults = require('./defaults');
+const { PoolingType } = require('./constants');
 
 const isInt = (v) => Number.isInteger(v);
 /** OpenAI's `system_fingerprint` (a string where present): the backend, named by its version. */
 const PACKAGE_JSON = path.join(__dirname, '..', 'package.json');
-const FINGERPRINT = `llama-branch-${JSON.parse(require('node:fs').readFileSync(PACKAGE_JSON, 'utf8')).version}`;
+const FINGERPRINT = `llama-branch-${JSON.parse(fs.readFileSync(PACKAGE_JSON, 'utf8')).version}`;
 
 /**
  * Streams a generation as server-sent events. The first event (or the error) decides the status,
@@ -229,10 +231,13 @@ function apiKeysOf(option) {
 }
 
 /**
- * Creates the server on `options.ctx`, or on a context it loads from `options.modelPath`.
- * See ServerOptions in index.d.ts.
+ * Creates the server on `options.ctx`, or on contexts it opens with `createContext` (the
+ * package's, given by lib/index.js: this file never requires the package entry, which requires
+ * it) from `options.modelPath`. See ServerOptions in index.d.ts.
+ * @param {any} options
+ * @param {(options: any) => Promise<any>} createContext
  */
-async function createServer(options) {
+async function createServer(options, createContext) {
   if (options === null || typeof options !== 'object')
     throw makeError('ERR_INVALID_ARG', 'createServer(options): expected { ctx } or { modelPath }');
   if (!options.ctx === !options.modelPath)
@@ -245,14 +250,14 @@ async function createServer(options) {
   try {
     let ctx = options.ctx;
     if (!ctx) {
-      ctx = await openContext(options, {
+      ctx = await openContext(createContext, options, {
         nCtx: options.nCtx === undefined ? defaults.server.nCtx : options.nCtx,
         nSeqMax: options.nSeqMax === undefined ? defaults.serverSeqMax(parallel) : options.nSeqMax,
       });
       owned.push(ctx);
     }
-    const embeddingsCtx = await embeddingsContextOf(options, owned);
-    const speculative = await speculativeOf(options, ctx, parallel, owned);
+    const embeddingsCtx = await embeddingsContextOf(createContext, options, owned);
+    const speculative = await speculativeOf(createContext, options, ctx, parallel, owned);
     const metrics = new Metrics();
     const userOnStep = options.scheduler && options.scheduler.onStep;
     const onStep = (info) => {
@@ -316,8 +321,7 @@ function checkTraceFile(file) {
   if (typeof file !== 'string' || file === '')
     throw makeError('ERR_INVALID_ARG', 'options.traceFile must be the path of a file to write the trace to');
   const dir = path.dirname(path.resolve(file));
-  if (!require('node:fs').existsSync(dir))
-    throw makeError('ERR_INVALID_ARG', `options.traceFile: the folder ${dir} does not exist`);
+  if (!fs.existsSync(dir)) throw makeError('ERR_INVALID_ARG', `options.traceFile: the folder ${dir} does not exist`);
   return file;
 }
 
@@ -325,7 +329,7 @@ function checkTraceFile(file) {
  * The pooled context behind /v1/embeddings: `options.embeddingsCtx`, or with `options.embeddings`
  * one the server opens on `modelPath` and owns (pushed to `owned`); null when there is none.
  */
-async function embeddingsContextOf(options, owned) {
+async function embeddingsContextOf(createContext, options, owned) {
   if (options.embeddingsCtx) return options.embeddingsCtx;
   if (!options.embeddings) return null;
   if (!options.modelPath)
@@ -334,8 +338,7 @@ async function embeddingsContextOf(options, owned) {
       'options.embeddings with options.ctx: pass embeddingsCtx instead (a context created with embeddings: true)',
     );
   const size = defaults.server.embeddingsCtx;
-  const { PoolingType } = require('./index');
-  const ctx = await openContext(options, {
+  const ctx = await openContext(createContext, options, {
     embeddings: true,
     nCtx: size,
     nBatch: size,
@@ -351,7 +354,7 @@ async function embeddingsContextOf(options, owned) {
  * `modelDraft` (a context the server opens on it and owns: three sequences per line that may
  * speculate), with `specMaxDraft`; null when off.
  */
-async function speculativeOf(options, ctx, parallel, owned) {
+async function speculativeOf(createContext, options, ctx, parallel, owned) {
   const kind = options.speculative;
   if (kind === undefined || kind === null || kind === false || kind === 'none') return null;
   const maxDraft = options.specMaxDraft === undefined ? defaults.server.specMaxDraft : options.specMaxDraft;
@@ -363,7 +366,6 @@ async function speculativeOf(options, ctx, parallel, owned) {
       'ERR_INVALID_ARG',
       "options.speculative 'draft' needs modelDraft: the path of a smaller model with the same vocabulary",
     );
-  const { createContext } = require('./index');
   const draftCtx = await createContext({
     modelPath: options.modelDraft,
     nThreads: options.nThreads,
@@ -387,8 +389,7 @@ function contextOptions(options) {
 }
 
 /** A context the server creates (and disposes of on close) from `options.modelPath`. */
-function openContext(options, shape) {
-  const { createContext } = require('./index'); // the package entry requires this file
+function openContext(createContext, options, shape) {
   const { modelPath, nThreads, chatTemplate } = options;
   return createContext({
     modelPath,

@@ -62,7 +62,7 @@ class BranchTrace {
   }
 
   /** A branch wrapper was made: a root (`parentHandle` 0) or a fork. */
-  _created(branch, handle, parentHandle) {
+  created(branch, handle, parentHandle) {
     const id = `b${++this._count}`;
     let n = 0;
     try {
@@ -77,7 +77,7 @@ class BranchTrace {
   }
 
   /** Tokens went into `branch`: `sampled` (committed) or prefilled (an `append`). */
-  _grew(branch, tokens, sampled) {
+  grew(branch, tokens, sampled) {
     const node = this._nodes.get(branch);
     if (!node || tokens.length === 0) return;
     node.n += tokens.length;

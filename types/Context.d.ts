@@ -2,9 +2,7 @@
 // run `node scripts/lib-typings.js`.
 export type NativeContext = import("../lib/native").SessionContext;
 export type WrapperNode = {
-    ref: WeakRef<{
-        _disposed: boolean;
-    }>;
+    ref: WeakRef<object>;
     parent: number;
 };
 /**
@@ -522,13 +520,11 @@ export function nativeOf(ctx: any): NativeContext;
  * Remembers `branch` (a Branch wrapper of `handle` on `ctx`, a child of `parent` or a root for 0)
  * so a native free marks it disposed.
  * @param {SessionContext} ctx
- * @param {{ _disposed: boolean }} branch
+ * @param {object} branch
  * @param {number} handle
  * @param {number} parent
  */
-export function registerBranch(ctx: SessionContext, branch: {
-    _disposed: boolean;
-}, handle: number, parent: number): void;
+export function registerBranch(ctx: SessionContext, branch: object, handle: number, parent: number): void;
 /**
  * Marks the wrappers of freed handles disposed (and forgets them).
  * @param {SessionContext} ctx
@@ -543,3 +539,27 @@ export function wrapFreed(ctx: SessionContext, handles: number[] | undefined): n
  * @returns {number[]}
  */
 export function subtreeOf(ctx: SessionContext, handle: number): number[];
+/** Whether the branch wrapper was freed. */
+export function isDisposed(branch: any): boolean;
+/** Marks the branch wrapper freed (its native free is called or queued). */
+export function markDisposed(branch: any): void;
+/**
+ * The handle of branch wrapper `b` for an operation on `ctx`: ERR_INVALID_ARG for anything else,
+ * ERR_BRANCH_DISPOSED for a freed branch of `ctx` (a foreign one is left to the native side,
+ * which names it ERR_FOREIGN_BRANCH).
+ * @param {SessionContext} ctx
+ * @param {unknown} b
+ * @param {string} where
+ */
+export function branchHandle(ctx: SessionContext, b: unknown, where: string): any;
+/** The context a branch wrapper belongs to. */
+export function branchContext(b: any): any;
+/** @param {(ctx: SessionContext, position: number, params?: object) => any} factory */
+export function setRootBranchFactory(factory: (ctx: SessionContext, position: number, params?: object) => any): void;
+/**
+ * A root branch on a free sequence of `ctx` at `position` (see Branch.create).
+ * @param {SessionContext} ctx @param {number} position @param {object} [params]
+ */
+export function createRootBranch(ctx: SessionContext, position: number, params?: object): any;
+/** Fire-and-forget prune that never surfaces as an unhandled rejection (the branch may be gone). */
+export function release(branch: any): void;

@@ -9,11 +9,9 @@
 export class ProgramLine {
     /**
      * Made by `Scheduler.run` (the root) and `fork`, never directly.
-     * @param {any} program the program the line belongs to (lib/scheduler/program.js)
-     * @param {ProgramLine | null} parent the line this one was forked from (null: a fresh line)
-     * @param {number[]} tokens the line's tokens so far (a copy of the parent's at the fork)
+     * @param {any} line the Scheduler's side of the line (lib/scheduler/line.js)
      */
-    constructor(program: any, parent: ProgramLine | null, tokens: number[]);
+    constructor(line: any);
     /** The line's text: what was appended as text and what gen produced, in order. */
     get text(): string;
     /** Every token of the line (prompt, generated and appended), in order. */
@@ -85,4 +83,5 @@ export class ProgramLine {
      * Idempotent. Everything a program holds is released when it returns anyway.
      */
     release(): void;
+    #private;
 }

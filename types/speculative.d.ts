@@ -6,15 +6,6 @@ export const SpeculativeErrorCode: Readonly<{
     VOCAB_MISMATCH: "ERR_VOCAB_MISMATCH";
 }>;
 /**
- * The loop behind `Branch.generate`: produce, draft, verify in one decode, repeat. Ends at an
- * end-of-generation token ('stop') or after `maxTokens` ('length'); the last token is accepted
- * but not decoded, as the Scheduler does, so the branch ends where plain generation ends.
- * @param {any} branch
- * @param {any} options
- * @returns {Promise<import('../lib/types').BranchGenerateResult>}
- */
-export function generate(branch: any, options?: any): Promise<import("../lib/types").BranchGenerateResult>;
-/**
  * Prompt lookup: the draft is what followed the most recent earlier occurrence of the line's
  * last n tokens (n from `ngramMax` down to `ngramMin`) in its own history — the prompt and what
  * it generated. No second model; it pays where the output quotes its input (editing, extraction,
@@ -56,7 +47,7 @@ export class DraftModel {
     /** The draft model's context. */
     ctx: import("./Context").SessionContext;
     /** A BranchStore over `ctx` (made now: throws for a non-context or a disposed one). */
-    store: import("./BranchStore").BranchStore;
+    store: BranchStore;
     /** The source's kind, `'draft'`. */
     kind: string;
     /**
@@ -80,80 +71,6 @@ export class DraftModel {
      */
     draftMany(drafters: ModelDrafter[], tokens: number[], ks: number[]): Promise<number[][]>;
 }
-/**
- * How long a line's next draft is. Each line keeps an estimate of how often its draft tokens are
- * accepted; the context's cost of a verified row relative to a plain step is measured from the
- * steps themselves. The length chosen maximises expected tokens per unit of step time,
- * `(1 − a^(k+1)) / (1 − a) / (1 + r·k)`, so a line whose drafts are rejected drafts nothing
- * (probing with a short draft now and then), and a line copying its input drafts long.
- */
-export class DraftLength {
-    /** @param {{ maxDraft: number, cost: StepCost, adaptive?: boolean }} options */
-    constructor({ maxDraft, cost, adaptive }: {
-        maxDraft: number;
-        cost: StepCost;
-        adaptive?: boolean;
-    });
-    maxDraft: number;
-    adaptive: boolean;
-    cost: StepCost;
-    acceptance: number;
-    idle: number;
-    probeEvery: number;
-    drafted: number;
-    accepted: number;
-    steps: number;
-    /**
-     * The draft length for the next step; at most `limit`. `rows`: the rows of the step without
-     * drafts (other lines' tokens), which make one more row relatively cheaper but also raise the
-     * throughput a draft row must beat.
-     * @param {number} limit @param {number} [rows]
-     */
-    next(limit: number, rows?: number): number;
-    /** @param {number} drafted @param {number} accepted */
-    observe(drafted: number, accepted: number): void;
-}
-/**
- * The cost of one step as `base + perRow · (rows − 1)`, fitted to the steps seen (recent ones
- * weigh more; a step's time includes drafting, so a draft model's own decodes count). `ratio(rows)` is what one more row costs against the throughput of a step of
- * `rows` plain rows: `perRow · rows / (base + perRow · (rows − 1))` (`perRow / base` for one);
- * `perRow / base` is taken as 0.5 until the steps have varied enough to say.
- */
-export class StepCost {
-    n: number;
-    sx: number;
-    sy: number;
-    sxx: number;
-    sxy: number;
-    /** @param {number} rows @param {number} ms */
-    observe(rows: number, ms: number): void;
-    /** @param {number} [rows] */
-    ratio(rows?: number): number;
-    /** True while the steps seen have not varied enough in size to fit the line. */
-    uncertain(): boolean;
-}
-/**
- * Checks `speculative` options: `{ lookup: true | { ngramMin, ngramMax } }`, `{ draft: ctx }`
- * (a SessionContext or a DraftModel) or `{ source }` (any draft source), with `maxDraft`.
- * @param {unknown} options @param {string} where
- * @returns {{ source: any, maxDraft: number, adaptive: boolean } | null}
- */
-export function checkSpeculative(options: unknown, where: string): {
-    source: any;
-    maxDraft: number;
-    adaptive: boolean;
-} | null;
-/**
- * Drafts for many lines, in one call per source that can batch.
- * @param {Array<{ source: any, drafter: any, token: number, k: number }>} jobs
- * @returns {Promise<number[][]>}
- */
-export function draftAll(jobs: Array<{
-    source: any;
-    drafter: any;
-    token: number;
-    k: number;
-}>): Promise<number[][]>;
 /** The most tokens one draft may hold. */
 export const MAX_DRAFT: 32;
 /** One line's n-gram index: for each n-gram, where the tokens after its latest occurrence start. */
@@ -169,6 +86,7 @@ declare class LookupDrafter {
     accept(tokens: readonly number[]): void;
     close(): void;
 }
+import { BranchStore } from "./BranchStore";
 /** One line on the draft context: a branch holding the line's history (but `_pending`). */
 declare class ModelDrafter {
     /** @param {DraftModel} source @param {readonly number[]} history */

@@ -3,7 +3,7 @@
 /** `llama-branch serve`: the OpenAI-compatible server on a GGUF model, until SIGINT/SIGTERM. */
 
 const fs = require('node:fs');
-const { createServer } = require('../server');
+const { createServer } = require('../index');
 const defaults = require('../defaults');
 
 const { server: serverDefaults, scheduler: schedulerDefaults } = defaults;

@@ -7,7 +7,11 @@
  * several iterators each see all of them.
  */
 class Generation {
-  constructor() {
+  /**
+   * @param {(sink: { push: (event: any) => void, finish: (result: any) => void, fail: (error: any) => void }) => void} [open]
+   *   receives the functions that feed the generation (the Scheduler's; like a Promise's executor)
+   */
+  constructor(open) {
     this._events = [];
     this._waiters = [];
     this._settled = false;
@@ -18,15 +22,19 @@ class Generation {
     });
     // A caller that only iterates (or ignores the result) must not cause an unhandled rejection.
     this._result.catch(() => {});
+    if (open)
+      open({
+        push: (event) => this._push(event),
+        finish: (result) => this._finish(result),
+        fail: (e) => this._fail(e),
+      });
   }
 
-  /** @internal used by Scheduler */
   _push(event) {
     this._events.push(event);
     this._wake();
   }
 
-  /** @internal used by Scheduler */
   _finish(result) {
     if (this._settled) return;
     this._settled = true;
@@ -34,7 +42,6 @@ class Generation {
     this._wake();
   }
 
-  /** @internal used by Scheduler */
   _fail(error) {
     if (this._settled) return;
     this._settled = true;

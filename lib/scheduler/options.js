@@ -7,8 +7,9 @@
  */
 
 const defaults = require('../defaults');
-const { positiveInt, invalid } = require('./request');
-const { checkSpeculative, DraftModel, StepCost } = require('../speculative');
+const { positiveInt, invalid } = require('./checks');
+const { DraftModel } = require('../speculative');
+const { checkSpeculative, StepCost } = require('./speculation');
 
 /**
  * The checked options of a scheduler on `ctx` (`options` is an object; see SchedulerOptions).

@@ -12,6 +12,7 @@
  */
 
 const { RadixTree } = require('./radix');
+const { release } = require('../Context');
 
 /**
  * A prompt shares at least this many leading tokens with a cached entry before it forks that
@@ -40,11 +41,6 @@ class CacheEntry {
     /** False while the request that opened it is still prefilling its tokens. */
     this.ready = false;
   }
-}
-
-/** Fire-and-forget prune that never surfaces as an unhandled rejection (the branch may be gone). */
-function release(branch) {
-  if (branch && !branch.disposed) branch.prune().catch(() => {});
 }
 
 class PrefixCache {
@@ -190,4 +186,4 @@ class PrefixCache {
   }
 }
 
-module.exports = { PrefixCache, CacheEntry, MIN_PARTIAL_REUSE, release };
+module.exports = { PrefixCache, CacheEntry, MIN_PARTIAL_REUSE };

@@ -27,8 +27,9 @@
 
 const { makeError } = require('../errors');
 const { signalOf } = require('../cancel');
-const { positiveInt, invalid, checkSampling, SEED_SPACE } = require('./request');
+const { positiveInt, invalid, checkSampling, SEED_SPACE } = require('./checks');
 const { ProgramLine } = require('../ProgramLine');
+const { Line, PeekJob } = require('./line');
 const { SchedulerErrorCode: Code, schedulerError, tooManyBranches } = require('./errors');
 const { doneFields } = require('./events');
 
@@ -88,7 +89,7 @@ class Program {
     this._lines = 0;
     /** The Scheduler's prefix cache (a line's prompt may become an entry of it). */
     this.cache = env.cache;
-    /** @type {ProgramLine[]} every line made, released ones until they are freed */
+    /** @type {Line[]} every line made, released ones until they are freed */
     this.lines = [];
     this.leasesHeld = 0;
     this.cellsUsed = 0;
@@ -151,14 +152,12 @@ class Program {
 
   /** A new line of this program holding only `tokens` (decoded when it first needs its KV). */
   freshLine(tokens) {
-    const line = new ProgramLine(this, null, tokens.slice());
-    this.lines.push(line);
-    return line;
+    return new Line(this, null, tokens.slice());
   }
 
   /** Lines that hold a lease or will take one. */
   liveLines() {
-    return this.lines.filter((l) => !l._freed && !(l._released && l._dependents === 0)).length;
+    return this.lines.filter((l) => !l.freed && !(l.released && l.dependents === 0)).length;
   }
 
   endedError() {
@@ -178,8 +177,7 @@ class Program {
   start() {
     this.to('running');
     this.emit('admit', { kind: 'program', maxBranches: this.maxBranches, maxCells: this.maxCells });
-    const root = new ProgramLine(this, null, []);
-    this.lines.push(root);
+    const root = new ProgramLine(this.freshLine([]));
     Promise.resolve()
       .then(() => this.fn(root))
       .then(
@@ -193,14 +191,14 @@ class Program {
     if (this.state !== 'running') return;
     this.outcome = outcome;
     this.to('ending');
-    for (const line of this.lines) if (line._job) line._endJob(null, this.endedError());
+    for (const line of this.lines) if (line.job) line.endJob(null, this.endedError());
     this.wake();
   }
 
   /** Whether the scheduler has something to do for this program. */
   hasWork() {
     if (this.state === 'ending') return true;
-    return this.lines.some((l) => l._needed || (l._released && !l._freed && l._dependents === 0));
+    return this.lines.some((l) => l.needed || l.collectable);
   }
 
   /**
@@ -209,8 +207,8 @@ class Program {
    */
   collect(prunes) {
     const ending = this.state === 'ending';
-    for (const line of this.lines) if (ending || line._released) line._free(ending, prunes);
-    this.lines = this.lines.filter((l) => !l._freed);
+    for (const line of this.lines) if (ending || line.released) line.free(ending, prunes);
+    this.lines = this.lines.filter((l) => !l.freed);
     return ending;
   }
 
@@ -291,17 +289,17 @@ class Programs {
     for (const p of ended) p.settle();
   }
 
-  *_runningLines() {
+  *runningLines() {
     for (const p of this.list) if (p.state === 'running') yield* p.lines;
   }
 
   /** Gives needed lines their branches (a failure fails the line's gen, not the step). */
   materialize() {
-    for (const line of this._runningLines()) {
+    for (const line of this.runningLines()) {
       try {
-        line._materialize(this.cache, this.createBranch, this.spareLease);
+        line.materialize(this.cache, this.createBranch, this.spareLease);
       } catch (e) {
-        line._endJob(null, e);
+        line.endJob(null, e);
       }
     }
   }
@@ -310,18 +308,18 @@ class Programs {
   linesToPrefill(budget) {
     this.materialize();
     const out = [];
-    for (const line of this._runningLines()) {
-      if (budget === 0 || !line._wantsPrefill) continue;
-      const program = line._program;
-      let take = Math.min(line._pending.length, budget);
+    for (const line of this.runningLines()) {
+      if (budget === 0 || !line.wantsPrefill) continue;
+      const program = line.program;
+      let take = Math.min(line.pending.length, budget);
       // A scored entry has a logits row per token and must fit one decode; a longer text to
       // score goes on in the next step (its first token scored from the logits left then).
-      if (line._scoreFrom(take) !== undefined) {
-        take = Math.min(take, program.ctx.nOutputs, program.ctx.nBatch, line._nextForkPoint() - line._filled);
+      if (line.scoreFrom(take) !== undefined) {
+        take = Math.min(take, program.ctx.nOutputs, program.ctx.nBatch, line.nextForkPoint() - line.filled);
         if (take === 0) continue; // a fork waits for its lease where this line's KV ends
       }
       if (program.cellsUsed + take > program.maxCells) {
-        line._endJob(null, program.cellsExceeded(take));
+        line.endJob(null, program.cellsExceeded(take));
         continue;
       }
       out.push({ line, take });
@@ -333,14 +331,14 @@ class Programs {
   /**
    * The prefill entries of `lines` (from `linesToPrefill`): `[branch, tokens]`, with a third
    * item, where scoring starts, for a select's option (scored in the same decode).
-   * @param {Array<{ line: ProgramLine, take: number }>} lines
+   * @param {Array<{ line: Line, take: number }>} lines
    * @returns {Array<[any, number[]] | [any, number[], number]>}
    */
   prefillEntries(lines) {
     return lines.map(({ line, take }) => {
-      const scoreFrom = line._scoreFrom(take);
-      const tokens = line._pending.slice(0, take);
-      return scoreFrom === undefined ? [line._branch, tokens] : [line._branch, tokens, scoreFrom];
+      const scoreFrom = line.scoreFrom(take);
+      const tokens = line.pending.slice(0, take);
+      return scoreFrom === undefined ? [line.branch, tokens] : [line.branch, tokens, scoreFrom];
     });
   }
 
@@ -348,12 +346,12 @@ class Programs {
    * After the step's prefill: each of `lines` takes its tokens and their `scores` (in the same
    * order); forks whose parent reached its fork point just now get their branches. Returns the
    * count of tokens prefilled.
-   * @param {Array<{ line: ProgramLine, take: number }>} lines
+   * @param {Array<{ line: Line, take: number }>} lines
    * @param {Array<number[] | null>} scores
    */
   prefilled(lines, scores) {
     let tokens = 0;
-    lines.forEach(({ line, take }, i) => (tokens += line._prefilled(take, this.cache, scores[i])));
+    lines.forEach(({ line, take }, i) => (tokens += line.prefilled(take, this.cache, scores[i])));
     this.materialize();
     return tokens;
   }
@@ -361,36 +359,42 @@ class Programs {
   /** The step's prefill failed (all or nothing: no line advanced): each line's job fails with `error`. */
   prefillFailed(lines, error) {
     for (const { line } of lines) {
-      line._dropSegment(this.cache);
-      line._endJob(null, error);
+      line.dropSegment(this.cache);
+      line.endJob(null, error);
     }
   }
 
   /** The decode phase's rows of lines in a gen; `onToken()` counts each token sampled. */
   decodeRows(onToken) {
     const rows = [];
-    for (const line of this._runningLines()) {
-      if (!line._decoding) continue;
-      if (line._job.peek !== undefined) {
-        line._peek(); // its logits are current: nothing to decode
+    for (const line of this.runningLines()) {
+      if (!line.decoding) continue;
+      if (line.job instanceof PeekJob) {
+        line.job.read(line); // its logits are current: nothing to decode
         continue;
       }
-      const program = line._program;
-      const fail = (e) => line._endJob(null, e);
+      const job = /** @type {import('./line').GenJob} */ (line.job);
+      const program = line.program;
+      const fail = (e) => line.endJob(null, e);
       if (program.cellsUsed >= program.maxCells) {
         fail(program.cellsExceeded(1));
         continue;
       }
-      if (!line._arm(fail)) continue;
+      try {
+        job.arm(line.branch);
+      } catch (e) {
+        fail(e);
+        continue;
+      }
       rows.push({
-        branch: line._branch,
+        branch: line.branch,
         owner: line,
-        live: () => line._decoding,
+        live: () => line.decoding,
         take: (produced) => {
           if (!produced.isStop) onToken();
-          return line._take(produced);
+          return line.take(produced);
         },
-        committed: (token) => line._committed(token),
+        committed: (token) => line.committed(token),
         fail,
       });
     }

@@ -18,14 +18,14 @@
  */
 
 const { makeError } = require('../errors');
+const { SEED_SPACE, invalid, positiveInt, checkInput, checkStops, checkLogprobs, checkSampling } = require('./checks');
+const { tokenLogprob } = require('./line');
 const { signalOf } = require('../cancel');
 const { StopMatcher } = require('./stops');
-const { release } = require('./prefix-cache');
+const { release } = require('../Context');
 const { checkChat, formatTurn, ChatStream } = require('./chat');
-const { DraftLength } = require('../speculative');
+const { DraftLength } = require('./speculation');
 const { clipped, perplexityOf, roundedPerplexity, doneFields } = require('./events');
-
-const SEED_SPACE = 2 ** 32;
 
 const TRANSITIONS = {
   queued: ['ready', 'done', 'failed'],
@@ -37,86 +37,15 @@ const TRANSITIONS = {
   failed: [],
 };
 
-function invalid(message) {
-  return makeError('ERR_INVALID_ARG', message);
-}
-
-/** `value` as a positive integer (`fallback` when undefined), else ERR_INVALID_ARG naming it. */
-function positiveInt(value, name, fallback) {
-  if (value === undefined) return fallback;
-  if (!Number.isInteger(value) || value < 1) throw invalid(`${name} must be a positive integer, got ${value}`);
-  return value;
-}
-
-/** The one input of a request (prompt, tokens or messages), checked. */
-function checkInput(request, vocab) {
-  if (request === null || typeof request !== 'object')
-    throw invalid('generate(request): request must be an object with prompt, tokens or messages');
-  const inputs = ['prompt', 'tokens', 'messages'].filter((k) => request[k] !== undefined);
-  if (inputs.length !== 1)
-    throw invalid(
-      `generate(request): give exactly one of prompt, tokens or messages (got ${inputs.length ? inputs.join(', ') : 'none'})`,
-    );
-  if (request.prompt !== undefined && (typeof request.prompt !== 'string' || request.prompt === ''))
-    throw invalid('request.prompt must be a non-empty string');
-  const { tokens, messages } = request;
-  if (
-    tokens !== undefined &&
-    (!Array.isArray(tokens) || tokens.length === 0 || !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < vocab))
-  ) {
-    throw invalid(`request.tokens must be a non-empty array of token ids in [0, ${vocab})`);
-  }
-  if (messages !== undefined && (!Array.isArray(messages) || messages.length === 0))
-    throw invalid('request.messages must be a non-empty array of {role, content}');
-}
-
-/** The stop strings of a request (a string or an array of them; empty ones dropped). */
-function checkStops(stop) {
-  let stops = stop === undefined || stop === null ? [] : stop;
-  if (typeof stops === 'string') stops = [stops];
-  if (!Array.isArray(stops) || !stops.every((s) => typeof s === 'string'))
-    throw invalid('request.stop must be a string or an array of strings');
-  return stops.filter((s) => s !== '');
-}
-
-/** The `logprobs` option: undefined (none), or how many top alternatives (0..20) each token reports. */
-function checkLogprobs(value, name) {
-  if (value === undefined || value === false || value === null) return undefined;
-  if (value === true) return 0;
-  if (!Number.isInteger(value) || value < 0 || value > 20)
-    throw invalid(`${name} must be true or an integer in 0..20 (top alternatives per token), got ${value}`);
-  return value;
-}
-
-/** `{token, text, logprob, top}` of a sampled token, read from the logits it was sampled from. */
-function tokenLogprob(branch, produced, top) {
-  const { logprob, top: best } = branch.logprob(produced.token, top);
-  return { token: produced.token, text: produced.text, logprob, top: best };
-}
-
-/** Sampling params without seed and grammar, the seed, and the grammar (GBNF or null). */
-function checkSampling(request) {
-  if (request.params !== undefined && (request.params === null || typeof request.params !== 'object'))
-    throw invalid('request.params must be a SamplingParams object');
-  const { seed: paramsSeed, grammar: paramsGrammar, ...params } = request.params || {};
-  const seed = request.seed !== undefined ? request.seed : paramsSeed;
-  if (seed !== undefined && seed !== -1 && !(Number.isInteger(seed) && seed >= 0 && seed < SEED_SPACE))
-    throw invalid(`request.seed must be an integer in [0, 2^32), got ${seed}`);
-  const grammar = request.grammar !== undefined ? request.grammar : paramsGrammar;
-  if (grammar !== undefined && grammar !== null && typeof grammar !== 'string')
-    throw invalid('request.grammar must be a GBNF string');
-  if (grammar && request.jsonSchema !== undefined) throw invalid('give grammar or jsonSchema, not both');
-  return { params, seed, grammar: grammar || null };
-}
-
 class Request {
   /**
    * Checks `request` (throws ERR_INVALID_ARG) and starts it queued.
    * @param {any} request what `generate` was given
-   * @param {import('./generation').Generation} gen where its events and result go
+   * @param {{ push: (event: any) => void, finish: (result: any) => void, fail: (error: any) => void }} sink
+   *   what feeds its Generation: its events and result
    * @param {{ vocabSize: number, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, events: import('./events').SchedulerEvents }} env
    */
-  constructor(request, gen, env) {
+  constructor(request, sink, env) {
     checkInput(request, env.vocabSize);
     /** Where the request's events go, and its id in them (see ./events.js). */
     this.events = env.events;
@@ -124,7 +53,7 @@ class Request {
     this.wasAdmitted = false;
     const { params, seed, grammar } = checkSampling(request);
     this.state = 'queued';
-    this.gen = gen;
+    this.sink = sink;
     this.input = request;
     this.n = positiveInt(request.n, 'request.n', 1);
     this.maxTokens = positiveInt(request.maxTokens, 'request.maxTokens', env.defaultMaxTokens);
@@ -399,7 +328,7 @@ class Request {
     release(choice.branch);
     choice.branch = null;
     const end = { choice: choice.index, token: null, text: rest, finishReason: reason };
-    this.gen._push(choice.chat ? { ...end, delta, message: choice.chat.message } : end);
+    this.sink.push(choice.chat ? { ...end, delta, message: choice.chat.message } : end);
   }
 
   /** Gives back everything the request holds; an unfinished prompt segment leaves the cache. */
@@ -505,7 +434,7 @@ class Request {
     }
     if (choice.chat)
       event.delta = text === '' ? null : choice.chat.update(choice.matcher.text.slice(0, choice.matcher.released));
-    this.gen._push(event);
+    this.sink.push(event);
     if (this.events.on) {
       const n = this.tokens.length + choice.tokens.length;
       const [branch, ppl] = [`${this.id}.${choice.index}`, perplexityOf(choice.branch)];
@@ -557,13 +486,4 @@ class Request {
   }
 }
 
-module.exports = {
-  Request,
-  positiveInt,
-  invalid,
-  checkStops,
-  checkSampling,
-  checkLogprobs,
-  tokenLogprob,
-  SEED_SPACE,
-};
+module.exports = { Request };

@@ -10,8 +10,6 @@
  * drafts when the scheduler speculates).
  */
 
-const { draftAll } = require('../speculative');
-
 /**
  * @typedef {object} DecodeRow
  * @property {any} branch
@@ -24,6 +22,34 @@ const { draftAll } = require('../speculative');
  * @property {(token: number) => void} committed
  * @property {(error: any) => void} fail
  */
+
+/**
+ * Drafts for many lines, in one call per source that can batch.
+ * @param {Array<{ source: any, drafter: any, token: number, k: number }>} jobs
+ * @returns {Promise<number[][]>}
+ */
+async function draftAll(jobs) {
+  const out = jobs.map(() => /** @type {number[]} */ ([]));
+  const bySource = new Map();
+  jobs.forEach((job, i) => {
+    if (job.k <= 0) return;
+    if (!bySource.has(job.source)) bySource.set(job.source, []);
+    bySource.get(job.source).push(i);
+  });
+  for (const [source, indices] of bySource) {
+    if (typeof source.draftMany === 'function') {
+      const drafts = await source.draftMany(
+        indices.map((i) => jobs[i].drafter),
+        indices.map((i) => jobs[i].token),
+        indices.map((i) => jobs[i].k),
+      );
+      indices.forEach((i, j) => (out[i] = drafts[j].slice(0, jobs[i].k)));
+    } else {
+      for (const i of indices) out[i] = (await jobs[i].drafter.draft(jobs[i].token, jobs[i].k)).slice(0, jobs[i].k);
+    }
+  }
+  return out;
+}
 
 /**
  * One `store.produce` for all rows that sample; if it throws (e.g. a grammar masks everything),

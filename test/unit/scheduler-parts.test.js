@@ -12,7 +12,7 @@ const { Request } = require('../../lib/scheduler/request');
 const { Generation } = require('../../lib/scheduler/generation');
 const { SchedulerEvents } = require('../../lib/scheduler/events');
 const { schedulerOptions } = require('../../lib/scheduler/options');
-const { StepCost } = require('../../lib/speculative');
+const { StepCost } = require('../../lib/scheduler/speculation');
 
 /** A stand-in for a Branch: a position and a prune that records itself. */
 function fakeBranch(position, pruned) {

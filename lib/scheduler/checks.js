@@ -1,0 +1,78 @@
+'use strict';
+
+/**
+ * The checks of what `generate()`, `run()` and a program's `gen()` are given: each option
+ * validated once, with ERR_INVALID_ARG naming the option and what it accepts.
+ */
+
+const { makeError } = require('../errors');
+
+const SEED_SPACE = 2 ** 32;
+
+function invalid(message) {
+  return makeError('ERR_INVALID_ARG', message);
+}
+
+/** `value` as a positive integer (`fallback` when undefined), else ERR_INVALID_ARG naming it. */
+function positiveInt(value, name, fallback) {
+  if (value === undefined) return fallback;
+  if (!Number.isInteger(value) || value < 1) throw invalid(`${name} must be a positive integer, got ${value}`);
+  return value;
+}
+
+/** The one input of a request (prompt, tokens or messages), checked. */
+function checkInput(request, vocab) {
+  if (request === null || typeof request !== 'object')
+    throw invalid('generate(request): request must be an object with prompt, tokens or messages');
+  const inputs = ['prompt', 'tokens', 'messages'].filter((k) => request[k] !== undefined);
+  if (inputs.length !== 1)
+    throw invalid(
+      `generate(request): give exactly one of prompt, tokens or messages (got ${inputs.length ? inputs.join(', ') : 'none'})`,
+    );
+  if (request.prompt !== undefined && (typeof request.prompt !== 'string' || request.prompt === ''))
+    throw invalid('request.prompt must be a non-empty string');
+  const { tokens, messages } = request;
+  if (
+    tokens !== undefined &&
+    (!Array.isArray(tokens) || tokens.length === 0 || !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < vocab))
+  ) {
+    throw invalid(`request.tokens must be a non-empty array of token ids in [0, ${vocab})`);
+  }
+  if (messages !== undefined && (!Array.isArray(messages) || messages.length === 0))
+    throw invalid('request.messages must be a non-empty array of {role, content}');
+}
+
+/** The stop strings of a request (a string or an array of them; empty ones dropped). */
+function checkStops(stop) {
+  let stops = stop === undefined || stop === null ? [] : stop;
+  if (typeof stops === 'string') stops = [stops];
+  if (!Array.isArray(stops) || !stops.every((s) => typeof s === 'string'))
+    throw invalid('request.stop must be a string or an array of strings');
+  return stops.filter((s) => s !== '');
+}
+
+/** The `logprobs` option: undefined (none), or how many top alternatives (0..20) each token reports. */
+function checkLogprobs(value, name) {
+  if (value === undefined || value === false || value === null) return undefined;
+  if (value === true) return 0;
+  if (!Number.isInteger(value) || value < 0 || value > 20)
+    throw invalid(`${name} must be true or an integer in 0..20 (top alternatives per token), got ${value}`);
+  return value;
+}
+
+/** Sampling params without seed and grammar, the seed, and the grammar (GBNF or null). */
+function checkSampling(request) {
+  if (request.params !== undefined && (request.params === null || typeof request.params !== 'object'))
+    throw invalid('request.params must be a SamplingParams object');
+  const { seed: paramsSeed, grammar: paramsGrammar, ...params } = request.params || {};
+  const seed = request.seed !== undefined ? request.seed : paramsSeed;
+  if (seed !== undefined && seed !== -1 && !(Number.isInteger(seed) && seed >= 0 && seed < SEED_SPACE))
+    throw invalid(`request.seed must be an integer in [0, 2^32), got ${seed}`);
+  const grammar = request.grammar !== undefined ? request.grammar : paramsGrammar;
+  if (grammar !== undefined && grammar !== null && typeof grammar !== 'string')
+    throw invalid('request.grammar must be a GBNF string');
+  if (grammar && request.jsonSchema !== undefined) throw invalid('give grammar or jsonSchema, not both');
+  return { params, seed, grammar: grammar || null };
+}
+
+module.exports = { SEED_SPACE, invalid, positiveInt, checkInput, checkStops, checkLogprobs, checkSampling };

@@ -1,0 +1,105 @@
+'use strict';
+
+/**
+ * Scoring texts as a line's continuation, as `select` and a multi-token `logprob` do: the texts
+ * form a trie, each path of it is scored by one line (a fork) as a scored prefill entry, and a
+ * token several texts share is scored once.
+ */
+
+const { ScoreJob } = require('./line');
+
+/**
+ * How `select` scores `options` (token arrays) so that a token several options share is scored
+ * once: a trie of the options, cut into paths. A path starts at a token where options diverge
+ * (at `depth` option tokens), follows the first option down to a leaf, and is scored by one
+ * line, forked from its `parent` path's line at that depth (null: from the line selecting). Its
+ * `ends` are the options ending on it, `[option, depth after the option's last token]`. One
+ * path per leaf, so at most one line per option.
+ * @param {number[][]} options
+ * @returns {Array<{ parent: number | null, depth: number, tokens: number[], ends: Array<[number, number]> }>}
+ */
+function scoringPaths(options) {
+  const node = () => ({ next: new Map(), ends: [] });
+  const root = node();
+  options.forEach((tokens, option) => {
+    let at = root;
+    for (const t of tokens) {
+      if (!at.next.has(t)) at.next.set(t, node());
+      at = at.next.get(t);
+    }
+    at.ends.push(option);
+  });
+  const paths = [];
+  const walk = (token, from, parent, depth) => {
+    const path = { parent, depth, tokens: [token], ends: [] };
+    const index = paths.push(path) - 1;
+    const forks = [];
+    for (let at = from; ;) {
+      const reached = depth + path.tokens.length;
+      for (const option of at.ends) path.ends.push([option, reached]);
+      const [first, ...rest] = at.next;
+      if (!first) break;
+      for (const [t, n] of rest) forks.push([t, n, reached]);
+      path.tokens.push(first[0]);
+      at = first[1];
+    }
+    for (const [t, n, at] of forks) walk(t, n, index, at);
+  };
+  for (const [t, n] of root.next) walk(t, n, null, 0);
+  return paths;
+}
+
+/**
+ * Starts scoring `paths` (see scoringPaths) of `tokens` after `line`: a line per path, forked
+ * from `line` (or, with `bos`, from a fresh line holding only it) or from its parent path's line
+ * where the texts part. Returns the lines, the texts' sums (a promise) and `leafOf(text)`: the
+ * line whose KV ends exactly after that text, if one does.
+ * @param {import('./line').Line} line
+ * @param {ReturnType<typeof scoringPaths>} paths
+ * @param {number[][]} tokens
+ * @param {number[] | null} bos
+ */
+function scorePaths(line, paths, tokens, bos) {
+  const base = bos || line.tokens; // what every scoring line holds before its texts' tokens
+  const lines = [];
+  for (const path of paths) {
+    if (path.parent === null) {
+      lines.push(bos ? line.program.freshLine(bos) : line.spawn(1)[0]);
+      continue;
+    }
+    // Forked ahead: the parent path's line reaches this fork point once it has scored that far.
+    const [option] = path.ends[0];
+    lines.push(lines[path.parent].spawn(1, [...base, ...tokens[option].slice(0, path.depth)])[0]);
+  }
+  const scored = Promise.all(lines.map((l, i) => score(l, paths[i].tokens)));
+  const sums = scored.then((perPath) => {
+    const logprobAt = (p, depth) =>
+      depth >= paths[p].depth ? perPath[p][depth - paths[p].depth] : logprobAt(paths[p].parent, depth);
+    const out = tokens.map(() => 0);
+    for (const [p, path] of paths.entries()) {
+      for (const [option, end] of path.ends) for (let d = 0; d < end; d++) out[option] += logprobAt(p, d);
+    }
+    return out;
+  });
+  const leafOf = (option) => {
+    const p = paths.findIndex((path) =>
+      path.ends.some(([o, end]) => o === option && end === path.depth + path.tokens.length),
+    );
+    return p < 0 ? null : lines[p];
+  };
+  return { lines, sums, leafOf };
+}
+
+/**
+ * Appends `tokens` to `line` and resolves with their log-probabilities, one per token: they are
+ * prefilled as a scored entry (a logits row per token), in the same decode as every other
+ * line's and request's prefill of the step.
+ * @returns {Promise<number[]>}
+ */
+function score(line, tokens) {
+  line.tokens.push(...tokens);
+  line.pending.push(...tokens);
+  return line.start(new ScoreJob(tokens.length));
+}
+
+module.exports = { scoringPaths, scorePaths, score };

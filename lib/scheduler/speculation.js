@@ -1,0 +1,273 @@
+'use strict';
+
+/**
+ * Speculation's bookkeeping, shared by the Scheduler's rows and `Branch.generate`: how long each
+ * line's next draft is (`DraftLength`, fitted to the step cost the context shows: `StepCost`),
+ * the checked `speculative` options, and the loop of `Branch.generate`. The draft sources
+ * themselves are in lib/speculative.js; drafting for many lines at once is in ./rows.js.
+ */
+
+const { makeError } = require('../errors');
+const { PromptLookup, DraftModel, MAX_DRAFT } = require('../speculative');
+const { decodeAll } = require('./rows');
+
+/**
+ * How long a line's next draft is. Each line keeps an estimate of how often its draft tokens are
+ * accepted; the context's cost of a verified row relative to a plain step is measured from the
+ * steps themselves. The length chosen maximises expected tokens per unit of step time,
+ * `(1 − a^(k+1)) / (1 − a) / (1 + r·k)`, so a line whose drafts are rejected drafts nothing
+ * (probing with a short draft now and then), and a line copying its input drafts long.
+ */
+class DraftLength {
+  /** @param {{ maxDraft: number, cost: StepCost, adaptive?: boolean }} options */
+  constructor({ maxDraft, cost, adaptive = true }) {
+    this.maxDraft = maxDraft;
+    this.adaptive = adaptive;
+    this.cost = cost;
+    // Optimistic at first: a line that never drafts never learns. Lookup drafts only where an
+    // n-gram matched, and a draft model shares the target's tokenizer and usually its taste.
+    this.acceptance = 0.8;
+    this.idle = 0;
+    this.probeEvery = 8;
+    this.drafted = 0;
+    this.accepted = 0;
+    this.steps = 0;
+  }
+
+  /**
+   * The draft length for the next step; at most `limit`. `rows`: the rows of the step without
+   * drafts (other lines' tokens), which make one more row relatively cheaper but also raise the
+   * throughput a draft row must beat.
+   * @param {number} limit @param {number} [rows]
+   */
+  next(limit, rows = 1) {
+    const max = Math.min(this.maxDraft, limit);
+    if (max <= 0 || !this.adaptive) return Math.max(max, 0);
+    const a = Math.min(this.acceptance, 0.99);
+    const r = this.cost.ratio(rows);
+    let best = 0;
+    let bestGain = 1;
+    for (let k = 1; k <= max; k++) {
+      const gain = (1 - a ** (k + 1)) / (1 - a) / (1 + r * k);
+      if (gain > bestGain + 1e-9) [best, bestGain] = [k, gain];
+    }
+    // The cost fit needs steps of different sizes, plain ones among them (step cost is not
+    // linear in rows, so a line through long drafts alone misjudges a plain step): while it
+    // cannot tell yet, every third step is plain. Otherwise a draft model drafting at full
+    // length would never learn what its own decodes cost.
+    if (best > 0 && this.cost.uncertain() && this.steps % 3 === 2) return 0;
+    if (best === 0 && ++this.idle >= this.probeEvery) {
+      // A probe: acceptance or cost may have changed. Each probe that changes nothing waits
+      // twice as long for the next, so a draft source that does not pay costs ever less.
+      this.idle = 0;
+      this.probeEvery = Math.min(this.probeEvery * 2, 256);
+      return Math.min(2, max);
+    }
+    if (best > 0) [this.idle, this.probeEvery] = [0, 8];
+    return best;
+  }
+
+  /** @param {number} drafted @param {number} accepted */
+  observe(drafted, accepted) {
+    this.steps++;
+    if (drafted === 0) return;
+    this.drafted += drafted;
+    this.accepted += accepted;
+    // Per draft token: accepted ones count 1, the first rejected one 0; later ones were not tried.
+    const tried = Math.min(drafted, accepted + 1);
+    const rate = accepted / tried;
+    const weight = Math.min(0.5, tried / 8);
+    this.acceptance = this.acceptance * (1 - weight) + rate * weight;
+  }
+}
+
+/**
+ * The cost of one step as `base + perRow · (rows − 1)`, fitted to the steps seen (recent ones
+ * weigh more; a step's time includes drafting, so a draft model's own decodes count). `ratio(rows)` is what one more row costs against the throughput of a step of
+ * `rows` plain rows: `perRow · rows / (base + perRow · (rows − 1))` (`perRow / base` for one);
+ * `perRow / base` is taken as 0.5 until the steps have varied enough to say.
+ */
+class StepCost {
+  constructor() {
+    this.n = 0;
+    this.sx = 0;
+    this.sy = 0;
+    this.sxx = 0;
+    this.sxy = 0;
+  }
+
+  /** @param {number} rows @param {number} ms */
+  observe(rows, ms) {
+    const decay = 0.98;
+    const x = rows - 1;
+    this.n = this.n * decay + 1;
+    this.sx = this.sx * decay + x;
+    this.sy = this.sy * decay + ms;
+    this.sxx = this.sxx * decay + x * x;
+    this.sxy = this.sxy * decay + x * ms;
+  }
+
+  /** @param {number} [rows] */
+  ratio(rows = 1) {
+    const single = this._singleRatio();
+    return (single * rows) / (1 + single * (rows - 1));
+  }
+
+  /** True while the steps seen have not varied enough in size to fit the line. */
+  uncertain() {
+    return this.n < 4 || this._variance() < 0.25;
+  }
+
+  _variance() {
+    return this.n === 0 ? 0 : this.sxx / this.n - (this.sx / this.n) ** 2;
+  }
+
+  _singleRatio() {
+    if (this.uncertain()) return 0.5;
+    const variance = this._variance();
+    const slope = (this.sxy / this.n - (this.sx / this.n) * (this.sy / this.n)) / variance;
+    const base = this.sy / this.n - slope * (this.sx / this.n);
+    if (!(base > 0) || !(slope >= 0)) return 0.5;
+    return Math.min(4, Math.max(0.02, slope / base));
+  }
+}
+
+/**
+ * Checks `speculative` options: `{ lookup: true | { ngramMin, ngramMax } }`, `{ draft: ctx }`
+ * (a SessionContext or a DraftModel) or `{ source }` (any draft source), with `maxDraft`.
+ * @param {unknown} options @param {string} where
+ * @returns {{ source: any, maxDraft: number, adaptive: boolean } | null}
+ */
+function checkSpeculative(options, where) {
+  if (options === undefined || options === null || options === false) return null;
+  if (typeof options !== 'object')
+    throw makeError('ERR_INVALID_ARG', `${where}: speculative must be an object ({ lookup } or { draft })`);
+  const o = /** @type {any} */ (options);
+  const { maxDraft = 8, adaptive = true } = o;
+  if (typeof adaptive !== 'boolean')
+    throw makeError('ERR_INVALID_ARG', `${where}: speculative.adaptive must be a boolean (got ${adaptive})`);
+  if (!Number.isInteger(maxDraft) || maxDraft < 1 || maxDraft > MAX_DRAFT)
+    throw makeError(
+      'ERR_INVALID_ARG',
+      `${where}: speculative.maxDraft must be an integer in 1..${MAX_DRAFT} (got ${maxDraft})`,
+    );
+  const given = ['lookup', 'draft', 'source'].filter((k) => o[k] !== undefined && o[k] !== false);
+  if (given.length !== 1)
+    throw makeError('ERR_INVALID_ARG', `${where}: speculative needs exactly one of lookup, draft or source`);
+  let source = o.source;
+  if (o.lookup !== undefined && o.lookup !== false) source = new PromptLookup(o.lookup === true ? {} : o.lookup);
+  if (o.draft !== undefined) source = o.draft instanceof DraftModel ? o.draft : new DraftModel(o.draft);
+  if (!source || typeof source.open !== 'function')
+    throw makeError('ERR_INVALID_ARG', `${where}: speculative.source must have open(history)`);
+  return { source, maxDraft, adaptive };
+}
+
+/**
+ * `Branch.generate`'s options, checked, with the defaults filled in (`speculative` is checked by
+ * `checkSpeculative`).
+ * @param {any} options
+ */
+function checkGenerateOptions(options) {
+  if (typeof options !== 'object' || options === null)
+    throw makeError('ERR_INVALID_ARG', 'generate(options): options must be an object');
+  const { maxTokens = 256, speculative, signal, onToken, history = [] } = /** @type {any} */ (options);
+  if (!Number.isInteger(maxTokens) || maxTokens < 1)
+    throw makeError('ERR_INVALID_ARG', `generate: maxTokens must be a positive integer (got ${maxTokens})`);
+  if (onToken !== undefined && typeof onToken !== 'function')
+    throw makeError('ERR_INVALID_ARG', 'generate: onToken must be a function');
+  if (!Array.isArray(history)) throw makeError('ERR_INVALID_ARG', 'generate: history must be an array of token ids');
+  return { maxTokens, speculative, signal, onToken, history };
+}
+
+/**
+ * The loop behind `Branch.generate`, through the Scheduler's rows path (./rows.js): the branch is
+ * one row, produced, drafted and verified in one decode per step. Ends at an end-of-generation
+ * token ('stop') or after `maxTokens` ('length'); the last token is accepted but not decoded, as
+ * the Scheduler does, so the branch ends where plain generation ends.
+ * @param {any} branch
+ * @param {any} ctx the branch's context
+ * @param {any} store a BranchStore over `ctx`
+ * @param {any} options
+ * @returns {Promise<import('../types').BranchGenerateResult>}
+ */
+async function generate(branch, ctx, store, options = {}) {
+  const { maxTokens, speculative, signal, onToken, history } = checkGenerateOptions(options);
+  const spec = checkSpeculative(speculative, 'generate');
+  if (spec && typeof spec.source.checkVocabulary === 'function') spec.source.checkVocabulary(ctx);
+  const cost = new StepCost();
+  const length = spec ? new DraftLength({ maxDraft: spec.maxDraft, cost, adaptive: spec.adaptive }) : null;
+  const drafter = spec ? spec.source.open(history) : null;
+  const line = new SoleRow(branch, maxTokens, onToken, drafter, length);
+  const speculation = spec ? { ctx, spec: { source: spec.source, cost } } : null;
+  try {
+    while (line.row.live()) {
+      if (signal && signal.aborted) throw makeError('ERR_ABORTED', 'generate was aborted');
+      await decodeAll(store, [line.row], speculation);
+      line.stepped();
+    }
+  } finally {
+    if (drafter) drafter.close();
+  }
+  const stats = length
+    ? { drafted: length.drafted, accepted: length.accepted, steps: length.steps }
+    : { drafted: 0, accepted: 0, steps: line.tokens.length };
+  return { tokens: line.tokens, text: line.text, finishReason: line.finishReason || 'length', speculative: stats };
+}
+
+/** `Branch.generate`'s one branch as a decode row (see ./rows.js), and what it generated. */
+class SoleRow {
+  constructor(branch, maxTokens, onToken, drafter, length) {
+    this.tokens = [];
+    this.text = '';
+    /** @type {'stop' | 'length' | null} */
+    this.finishReason = null;
+    this.failure = null;
+    /** The token a speculative step sampled after the accepted draft: the next step takes it. */
+    this.next = undefined;
+    const keep = (/** @type {any} */ p) => {
+      this.tokens.push(p.token);
+      this.text += p.text;
+      if (onToken) onToken({ token: p.token, text: p.text });
+    };
+    /** @type {import('./rows').DecodeRow} */
+    this.row = {
+      branch,
+      owner: branch,
+      carried: undefined,
+      live: () => this.finishReason === null && this.failure === null,
+      take: (produced) => {
+        if (produced.isStop) {
+          this.finishReason = 'stop';
+          return false;
+        }
+        keep(produced);
+        if (this.tokens.length < maxTokens) return true;
+        branch.accept(produced.token); // counted in the perplexity; nothing samples after it
+        this.finishReason = 'length';
+        return false;
+      },
+      committed: () => {},
+      fail: (e) => (this.failure = e),
+      ...(drafter
+        ? {
+            // The draft never reaches the last token: it comes from `next`, accepted without a decode.
+            spec: { drafter, length, limit: () => maxTokens - this.tokens.length - 1 },
+            verified: (token, accepted, sampled) => {
+              for (const p of accepted) keep(p);
+              drafter.accept([token, ...accepted.map((p) => p.token)]);
+              this.next = sampled || undefined; // none: sample as usual
+            },
+          }
+        : {}),
+    };
+  }
+
+  /** After a step: what a speculative step sampled is taken next; a failure ends the loop. */
+  stepped() {
+    this.row.carried = this.next;
+    this.next = undefined;
+    if (this.failure) throw this.failure;
+  }
+}
+
+module.exports = { DraftLength, StepCost, checkSpeculative, generate };
