@@ -264,10 +264,10 @@ export interface ContextOptions extends Omit<NativeContextOptions, 'modelPath'> 
    * Where the model runs: `'auto'` (default) puts every layer on the GPUs this build sees (a
    * prebuilt sees Vulkan devices when `llama-branch-<platform>-vulkan` is installed and loads),
    * else the CPU; `'vulkan'` insists on the Vulkan devices (`ERR_DEVICE` saying why there is none);
-   * `false` keeps everything on the CPU even with a GPU present (with `devices` or `rpcServers`
-   * naming others: `ERR_INVALID_ARG`). `ctx.offload` says what happened.
+   * `false` or `'cpu'` keeps everything on the CPU even with a GPU present (with `devices` or
+   * `rpcServers` naming others: `ERR_INVALID_ARG`). `ctx.offload` says what happened.
    */
-  gpu?: 'auto' | 'vulkan' | false;
+  gpu?: 'auto' | 'vulkan' | 'cpu' | false;
 }
 
 /**
@@ -444,6 +444,22 @@ export interface GpuModuleStatus {
   devices: number;
   /** Why it is off: not installed, no `libvulkan.so.1`, no driver, no device, ... (null when on). */
   error: string | null;
+  /**
+   * When the module is installed but found no working device: the system libraries or driver
+   * parts missing, each with the command or setting that adds it (empty when nothing on the
+   * system explains it, and when the module works).
+   */
+  diagnosis: GpuModuleFinding[];
+}
+
+/** One missing piece found by the Vulkan diagnosis (see {@link GpuModuleStatus.diagnosis}). */
+export interface GpuModuleFinding {
+  /** What is missing, e.g. `libvulkan.so.1` or `libGLdispatch.so.0`. */
+  missing: string;
+  /** Why it matters here. */
+  why: string;
+  /** What installs it, e.g. `sudo apt-get install -y libglvnd0`. */
+  fix: string;
 }
 
 /**
@@ -936,6 +952,19 @@ export interface ServerOptions {
   nSeqMax?: number;
   /** Threads of a loaded context. Default: all cores. */
   nThreads?: number;
+  /**
+   * Where the contexts the server loads run (the main one, the embeddings and draft ones):
+   * {@link ContextOptions.gpu}. Default `'auto'`. The CLI's `--gpu auto|vulkan|cpu`.
+   */
+  gpu?: ContextOptions['gpu'];
+  /** Layers of a loaded model on the GPU ({@link ContextOptions.nGpuLayers}). The CLI's `--n-gpu-layers`. */
+  nGpuLayers?: number;
+  /** KV key type of the contexts the server loads ({@link ContextOptions.typeK}). The CLI's `--cache-type-k`. */
+  typeK?: ContextOptions['typeK'];
+  /** KV value type ({@link ContextOptions.typeV}). The CLI's `--cache-type-v`. */
+  typeV?: ContextOptions['typeV'];
+  /** Flash attention ({@link ContextOptions.flashAttention}). The CLI's `--flash-attn`. */
+  flashAttention?: ContextOptions['flashAttention'];
   /** Scheduler options (`maxRunning` defaults to `parallel`). */
   scheduler?: SchedulerOptions;
   /** Largest accepted request body, in bytes. Default 1 MiB. */

@@ -18,6 +18,7 @@
  *        node bench/run.js --agents [--reps=3] [--calls=100]   (bench/agents.js: tool calls, logprobs)
  *        node bench/run.js --spec [--reps=3] [--tokens=256]    (bench/spec.js: speculative decoding)
  *        node bench/run.js --vulkan [--reps=3] [--tokens=16]   (bench/vulkan.js: Vulkan prebuilt vs source build)
+ *        node bench/run.js --kv [--rounds=2] [--steps=8]       (bench/kv-types.js: KV cache types, flash attention)
  * Writes bench/results/bench-<timestamp>.json and bench/results/chart.svg (chart-partial.svg
  * when --quick, --n, --steps or --reps narrow the run); prints a table.
  *
@@ -524,7 +525,8 @@ if (
   !args.programs &&
   !args.agents &&
   !args.spec &&
-  !args.vulkan
+  !args.vulkan &&
+  !args.kv
 ) {
   // Run again on the bench build (the loader takes LLAMA_BRANCH_BINARY before anything loads).
   const binary = benchBuild();
@@ -536,26 +538,28 @@ if (
 } else if (require.main === module) {
   // `--serve` runs the serving benchmark (bench/serve.js); `--compare-prebuilt` the source build
   // against the prebuilt package; `--series-json` is the child process of that comparison.
-  const entry = args.vulkan
-    ? require('./vulkan').main
-    : args.spec
-      ? require('./spec').main
-      : args.agents
-        ? require('./agents').main
-        : args.programs
-          ? require('./programs').main
-          : args.serve
-            ? require('./serve').main
-            : args.rpc
-              ? () =>
-                  require('./rpc')
-                    .main()
-                    .then(() => process.exit(0))
-              : args['series-json']
-                ? seriesJson
-                : COMPARE
-                  ? comparePrebuilt
-                  : main;
+  const entry = args.kv
+    ? require('./kv-types').main
+    : args.vulkan
+      ? require('./vulkan').main
+      : args.spec
+        ? require('./spec').main
+        : args.agents
+          ? require('./agents').main
+          : args.programs
+            ? require('./programs').main
+            : args.serve
+              ? require('./serve').main
+              : args.rpc
+                ? () =>
+                    require('./rpc')
+                      .main()
+                      .then(() => process.exit(0))
+                : args['series-json']
+                  ? seriesJson
+                  : COMPARE
+                    ? comparePrebuilt
+                    : main;
   entry().catch((e) => {
     console.error(e);
     process.exit(1);

@@ -17,7 +17,7 @@
  *               ngram-simple`) against `llama-branch serve` with and without `--spec lookup`,
  *               same model, same threads, the prompt cached after a warm-up request
  *
- * Usage: node bench/spec.js [--reps=3] [--tokens=256] [--peer=path/to/llama-server] [--only=servers]
+ * Usage: node bench/spec.js [--reps=3] [--tokens=256] [--peer=path/to/llama-server] [--only=servers|rowcost]
  *        (or npm run bench -- --spec ...)
  * Writes bench/results/spec-<timestamp>.json and prints the numbers.
  */
@@ -194,6 +194,15 @@ async function main() {
     return;
   }
   const ctx = await createContext({ modelPath: model, nCtx: 8192, nThreads: THREADS, nSeqMax: 16, nOutputs: 48 });
+  if (args.only === 'rowcost') {
+    // The row-cost table alone (a minute), e.g. to check a statement about it in the docs.
+    const costs = await rowCost(ctx, await ctx.tokenize(COPY), [0, 1, 2, 4, 8, 16]);
+    const ratio = Object.fromEntries(Object.entries(costs).map(([k, ms]) => [k, ms / costs[0]]));
+    const perRow = Object.fromEntries(Object.entries(ratio).map(([k, x]) => [k, k === '0' ? 0 : (x - 1) / Number(k)]));
+    console.log(JSON.stringify({ date: new Date().toISOString(), threads: THREADS, rowCostMs: costs, ratio, perRow }));
+    ctx.dispose();
+    return;
+  }
   const draftCtx = await createContext({ modelPath: model, nCtx: 4096, nThreads: THREADS, nSeqMax: 4 });
   const copy = await ctx.tokenize(COPY);
   const free = await ctx.tokenize(FREE);

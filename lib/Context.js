@@ -91,6 +91,28 @@ class SessionContext {
   get nOutputs() {
     return this.#native.nOutputs;
   }
+  /**
+   * Element type of the KV cache's keys (option `typeK`).
+   * @returns {'f16' | 'q8_0' | 'q4_0'}
+   */
+  get typeK() {
+    return this.#native.typeK;
+  }
+  /**
+   * Element type of the KV cache's values (option `typeV`).
+   * @returns {'f16' | 'q8_0' | 'q4_0'}
+   */
+  get typeV() {
+    return this.#native.typeV;
+  }
+  /**
+   * Flash attention as asked (option `flashAttention`), or `'on'` where a quantized `typeV`
+   * forces it; `'auto'` leaves the choice to llama.cpp at creation.
+   * @returns {'auto' | 'on' | 'off'}
+   */
+  get flashAttention() {
+    return this.#native.flashAttention;
+  }
   /** True after {@link dispose}. Never throws. */
   get disposed() {
     return this.#native.disposed;

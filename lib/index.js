@@ -113,6 +113,16 @@ async function createContextOn(binding, options) {
   }
   if (options.logLevel !== undefined && typeof options.logLevel !== 'string')
     throw makeError('ERR_INVALID_ARG', 'options.logLevel must be a string');
+  // The values are checked natively (with the choices in the message); a non-string would only
+  // get napi-rs's generic conversion error there.
+  for (const [k, choices] of [
+    ['typeK', "'f16', 'q8_0' or 'q4_0'"],
+    ['typeV', "'f16', 'q8_0' or 'q4_0'"],
+    ['flashAttention', "'auto', 'on' or 'off'"],
+  ]) {
+    if (options[k] !== undefined && typeof options[k] !== 'string')
+      throw makeError('ERR_INVALID_ARG', `options.${k} must be ${choices}, got ${typeof options[k]}`);
+  }
   if (options.splitMode !== undefined && typeof options.splitMode !== 'string')
     throw makeError('ERR_INVALID_ARG', "options.splitMode must be 'none', 'layer' or 'row'");
   if (
@@ -132,7 +142,7 @@ async function createContextOn(binding, options) {
 /** Why this process has no Vulkan device: the module package's reason, or the build's. */
 function noVulkanReason() {
   const status = loader.gpuModules().find((m) => m.variant === 'vulkan');
-  if (status && status.error) return `${status.package}: ${status.error}`;
+  if (status && status.error) return `${status.package}: ${loader.moduleReason(status)}`;
   return `this build has no Vulkan backend: install ${loader.platformPackageName('vulkan')} beside the prebuilt (npm install ${loader.platformPackageName('vulkan')}), or build from source with LLAMA_BRANCH_FEATURES=vulkan (docs/gpu-and-rpc.md)`;
 }
 
@@ -148,7 +158,7 @@ function warnGpuFallback() {
   if (!off) return;
   fallbackWarned = true;
   process.emitWarning(
-    `${off.package} is installed but off: ${off.error}. Running on the CPU (createContext({ gpu: false }) says so explicitly).`,
+    `${off.package} is installed but off: ${loader.moduleReason(off)}. Running on the CPU (createContext({ gpu: false }) says so explicitly).`,
     {
       code: 'LLAMA_BRANCH_GPU_FALLBACK',
     },
@@ -177,7 +187,10 @@ function placementOf(options, binding) {
       throw makeError('ERR_DEVICE', `options.gpu is 'vulkan' but no Vulkan device is available. ${noVulkanReason()}`);
     return rest.devices ? rest : { ...rest, devices: vulkan.map((d) => d.name) };
   }
-  throw makeError('ERR_INVALID_ARG', `options.gpu must be 'auto', 'vulkan' or false, got ${JSON.stringify(gpu)}`);
+  throw makeError(
+    'ERR_INVALID_ARG',
+    `options.gpu must be 'auto', 'vulkan', 'cpu' or false, got ${JSON.stringify(gpu)}`,
+  );
 }
 
 /**

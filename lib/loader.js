@@ -30,6 +30,7 @@
 const fs = require('node:fs');
 const path = require('node:path');
 const { makeError } = require('./errors');
+const { diagnoseVulkanHere, describeFindings } = require('./gpu-diagnosis');
 
 const PACKAGE_ROOT = path.join(__dirname, '..');
 const PACKAGE_NAME = 'llama-branch';
@@ -169,7 +170,7 @@ const loaded = new Map();
 /**
  * GPU backend modules shipped in packages of their own, by variant: what loading each into the
  * prebuilt did. `LLAMA_BRANCH_GPU=cpu` (or `0`/`off`) skips them all.
- * @type {Map<string, { variant: string, package: string, file: string | null, loaded: boolean, devices: number, error: string | null }>}
+ * @type {Map<string, { variant: string, package: string, file: string | null, loaded: boolean, devices: number, error: string | null, diagnosis: Array<{ missing: string, why: string, fix: string }> }>}
  */
 const gpuModuleStatus = new Map();
 
@@ -185,12 +186,28 @@ function loadGpuModules(binding) {
   for (const variant of PACKAGED_GPU_MODULES) {
     const name = platformPackageName(variant);
     const found = findModulePackage(name);
-    const status = { variant, package: name, file: found.file, loaded: false, devices: 0, error: found.reason || null };
+    const status = {
+      variant,
+      package: name,
+      file: found.file,
+      loaded: false,
+      devices: 0,
+      error: found.reason || null,
+      diagnosis: [],
+    };
     if (found.file && off) status.error = 'skipped: LLAMA_BRANCH_GPU is set to use the CPU only';
     else if (found.file) {
       const result = binding._loadBackendModule(found.file);
       Object.assign(status, { loaded: result.loaded, devices: result.devices, error: result.error || null });
-      if (!result.loaded && variant === 'vulkan' && /did not initialise/.test(status.error || ''))
+      // ggml cannot tell a missing system library from a missing driver; name the library and
+      // the command that installs it (only on this failure path: it runs ldconfig).
+      if (variant === 'vulkan' && !(result.loaded && result.devices > 0)) status.diagnosis = diagnoseVulkanHere();
+      if (
+        !result.loaded &&
+        variant === 'vulkan' &&
+        /did not initialise/.test(status.error || '') &&
+        status.diagnosis.length === 0
+      )
         status.error += " (no working Vulkan driver: install your GPU vendor's driver, or mesa-vulkan-drivers)";
       if (result.loaded && result.devices === 0)
         status.error =
@@ -204,7 +221,13 @@ function loadGpuModules(binding) {
 
 /** What happened to each GPU module package (see loadGpuModules); empty before a prebuilt loaded. */
 function gpuModules() {
-  return [...gpuModuleStatus.values()].map((s) => ({ ...s }));
+  return [...gpuModuleStatus.values()].map((s) => ({ ...s, diagnosis: s.diagnosis.map((f) => ({ ...f })) }));
+}
+
+/** A module's reason for being off, with the diagnosis's missing libraries and fixes when there are any. */
+function moduleReason(status) {
+  if (status.diagnosis.length === 0) return status.error;
+  return `${status.error || 'no device works'}. ${describeFindings(status.diagnosis)}`;
 }
 
 /**
@@ -290,7 +313,7 @@ function loadBinary(variant) {
       if (candidate.module) {
         const status = gpuModuleStatus.get(candidate.module);
         if (!status) throw new Error('that build is not a prebuilt: it loads no GPU module packages');
-        if (!(status.loaded && status.devices > 0)) throw new Error(status.error || 'the module did not load');
+        if (!(status.loaded && status.devices > 0)) throw new Error(moduleReason(status) || 'the module did not load');
       }
       return binding;
     } catch (e) {
@@ -323,6 +346,7 @@ function loadPlatformPackage(variant) {
 module.exports = {
   loadBinary,
   gpuModules,
+  moduleReason,
   loadPlatformPackage,
   platformKey,
   platformPackageName,

@@ -72,6 +72,9 @@ export declare class SessionContext {
   get nBatch(): number
   get nSeqMax(): number
   get nOutputs(): number
+  get typeK(): 'f16' | 'q8_0' | 'q4_0'
+  get typeV(): 'f16' | 'q8_0' | 'q4_0'
+  get flashAttention(): 'auto' | 'on' | 'off'
   /**
    * Where the model's layers went: `{ layers, totalLayers, devices }` (layers on non-CPU
    * devices, out of the model's layers plus its output layer).
@@ -340,6 +343,24 @@ export interface ContextOptions {
    * cannot parse or render: `ERR_CHAT_TEMPLATE` when the context is created.
    */
   chatTemplate?: string
+  /**
+   * Element type of the KV cache's keys: `'f16'` (default), `'q8_0'` (8.5 bits a value: about
+   * half the memory) or `'q4_0'` (4.5 bits: about a quarter). A type the model's attention
+   * heads cannot hold in whole blocks of 32: `ERR_INVALID_ARG`. Read back from `ctx.typeK`.
+   */
+  typeK?: 'f16' | 'q8_0' | 'q4_0'
+  /**
+   * Element type of the KV cache's values, as `typeK`. A quantized V cache needs flash
+   * attention: with `flashAttention: 'off'` it is `ERR_INVALID_ARG`; with `'auto'` it turns
+   * flash attention on.
+   */
+  typeV?: 'f16' | 'q8_0' | 'q4_0'
+  /**
+   * Flash attention (attention as one fused op): `'auto'` (default: llama.cpp turns it on where
+   * the backend runs the op on the layers' own devices), `'on'` or `'off'`. Read back from
+   * `ctx.flashAttention` (what was asked, or `'on'` when a quantized V cache forces it).
+   */
+  flashAttention?: 'auto' | 'on' | 'off'
 }
 
 /**

@@ -369,6 +369,7 @@ async function speculativeOf(createContext, options, ctx, parallel, owned) {
   const draftCtx = await createContext({
     modelPath: options.modelDraft,
     nThreads: options.nThreads,
+    ...contextOptions(options),
     nCtx: ctx.nCtx,
     nSeqMax: Math.min(defaults.server.maxSeqMax, 3 * parallel * defaults.server.draftLinesPerRequest),
   });
@@ -376,10 +377,27 @@ async function speculativeOf(createContext, options, ctx, parallel, owned) {
   return { draft: draftCtx, maxDraft };
 }
 
+/**
+ * The options of createContext the server passes to every context it loads (those given): where
+ * they run and how their KV cache is stored.
+ */
+function contextOptions(options) {
+  const picked = {};
+  for (const k of ['gpu', 'nGpuLayers', 'typeK', 'typeV', 'flashAttention'])
+    if (options[k] !== undefined) picked[k] = options[k];
+  return picked;
+}
+
 /** A context the server creates (and disposes of on close) from `options.modelPath`. */
 function openContext(createContext, options, shape) {
   const { modelPath, nThreads, chatTemplate } = options;
-  return createContext({ modelPath, nThreads, ...(chatTemplate === undefined ? {} : { chatTemplate }), ...shape });
+  return createContext({
+    modelPath,
+    nThreads,
+    ...contextOptions(options),
+    ...(chatTemplate === undefined ? {} : { chatTemplate }),
+    ...shape,
+  });
 }
 
 /** The object createServer resolves with: listen, close, and what it serves. */

@@ -5,7 +5,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { createContext } = require('..');
-const { MODEL, open, rejects, throwsSync, argmax } = require('./helpers');
+const { MODEL, open, rejects, throwsSync, argmax, greedy, greedyRanks } = require('./helpers');
 
 describe('createContext and SessionContext basics', function () {
   let ctx;
@@ -103,10 +103,20 @@ describe('createContext option validation', function () {
     [{ modelPath: MODEL, nThreads: Number.NaN }, 'ERR_INVALID_ARG'],
     [{ modelPath: MODEL, embeddings: 'yes' }, 'ERR_INVALID_ARG'],
     [{ modelPath: MODEL, logLevel: 'loud' }, 'ERR_INVALID_ARG'],
+    [{ modelPath: MODEL, typeK: 'q5_1' }, 'ERR_INVALID_ARG', /typeK must be 'f16', 'q8_0' or 'q4_0'/],
+    [{ modelPath: MODEL, typeV: 'F16' }, 'ERR_INVALID_ARG', /typeV must be/],
+    [{ modelPath: MODEL, typeK: 8 }, 'ERR_INVALID_ARG', /typeK must be .* got number/],
+    [{ modelPath: MODEL, flashAttention: true }, 'ERR_INVALID_ARG', /flashAttention must be 'auto', 'on' or 'off'/],
+    [{ modelPath: MODEL, flashAttention: 'yes' }, 'ERR_INVALID_ARG', /flashAttention must be/],
+    [
+      { modelPath: MODEL, typeV: 'q8_0', flashAttention: 'off' },
+      'ERR_INVALID_ARG',
+      /typeV 'q8_0' needs flash attention.*flashAttention 'auto' or 'on', or typeV 'f16'/,
+    ],
   ];
-  for (const [options, code] of bad) {
+  for (const [options, code, message] of bad) {
     it(`rejects ${JSON.stringify(options).replace(MODEL, '<model>')} with ${code}`, async () => {
-      await rejects(() => createContext(options), code);
+      await rejects(() => createContext(options), code, message);
     });
   }
 
@@ -129,6 +139,75 @@ describe('createContext option validation', function () {
     const ctx = await createContext({ modelPath: `file://${MODEL}`, nCtx: 256 });
     assert.equal(ctx.vocabSize, 262144);
     ctx.dispose();
+  });
+});
+
+describe('KV cache types and flash attention', function () {
+  this.timeout(120000);
+  const PROMPT = 'The history of the printing press begins in the fifteenth century, when';
+  const contexts = {};
+  const make = (options) => createContext({ modelPath: MODEL, nCtx: 1024, nThreads: 2, ...options });
+  before(async () => {
+    contexts.f16 = await make({});
+    contexts.q8_0 = await make({ typeK: 'q8_0', typeV: 'q8_0' });
+    contexts.q4_0 = await make({ typeK: 'q4_0', typeV: 'q4_0' });
+  });
+  after(() => Object.values(contexts).forEach((c) => c.dispose()));
+
+  /** Bytes of sequence 0's state (its KV cells) after decoding PROMPT; the sequence is cleared again. */
+  async function stateBytes(ctx) {
+    const tokens = await ctx.tokenize(PROMPT);
+    await ctx.decode(tokens, 0, 0);
+    const bytes = (await ctx.kvCacheSave(0)).length;
+    await ctx.kvCacheClear();
+    return bytes;
+  }
+
+  it('reports the resolved options: f16 and auto by default, a quantized V turns flash attention on', async () => {
+    assert.deepEqual([contexts.f16.typeK, contexts.f16.typeV, contexts.f16.flashAttention], ['f16', 'f16', 'auto']);
+    assert.deepEqual([contexts.q8_0.typeK, contexts.q8_0.typeV, contexts.q8_0.flashAttention], ['q8_0', 'q8_0', 'on']);
+    const kOnly = await make({ typeK: 'q8_0', flashAttention: 'off' });
+    try {
+      assert.deepEqual([kOnly.typeK, kOnly.typeV, kOnly.flashAttention], ['q8_0', 'f16', 'off']);
+      assert.ok(argmax(await greedyLogits(kOnly)) >= 0, 'a quantized K decodes without flash attention');
+    } finally {
+      kOnly.dispose();
+    }
+  });
+
+  async function greedyLogits(ctx) {
+    await ctx.decode(await ctx.tokenize(PROMPT), 0, 0);
+    const logits = Float32Array.from(ctx.getLogits());
+    await ctx.kvCacheClear();
+    assert.ok(logits.every(Number.isFinite));
+    return logits;
+  }
+
+  it('a q8_0 cache holds a sequence in fewer bytes than f16, q4_0 in fewer still', async () => {
+    const f16 = await stateBytes(contexts.f16);
+    const q8 = await stateBytes(contexts.q8_0);
+    const q4 = await stateBytes(contexts.q4_0);
+    // 16 bits a value, 8.5 (32 values + a 2-byte scale), 4.5; the state's headers are small.
+    assert.ok(q8 < 0.6 * f16, `q8_0 ${q8} B vs f16 ${f16} B`);
+    assert.ok(q4 < 0.6 * q8, `q4_0 ${q4} B vs q8_0 ${q8} B`);
+  });
+
+  it('a q8_0 context generates what f16 ranks first (teacher-forced, near-ties allowed)', async () => {
+    const out = await greedy(contexts.q8_0, PROMPT, 24);
+    assert.ok((await contexts.q8_0.detokenize(out)).trim().length > 0);
+    const ranks = await greedyRanks(contexts.f16, await contexts.f16.tokenize(PROMPT), out);
+    // Quantizing the cache perturbs the logits a little: a near-tie may flip, nothing more.
+    assert.ok(ranks.filter((r) => r === 0).length >= 20, `ranks under f16: ${ranks}`);
+    assert.ok(Math.max(...ranks) < 5, `ranks under f16: ${ranks}`);
+  });
+
+  it('a state saved from an f16 cache is refused by a q8_0 one with ERR_STATE, and the context stays usable', async () => {
+    const tokens = await contexts.f16.tokenize(PROMPT);
+    await contexts.f16.decode(tokens, 0, 0);
+    const state = await contexts.f16.kvCacheSave(0);
+    await contexts.f16.kvCacheClear();
+    await rejects(() => contexts.q8_0.kvCacheLoad(0, state), 'ERR_STATE');
+    assert.ok((await stateBytes(contexts.q8_0)) > 0);
   });
 });
 

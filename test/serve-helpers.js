@@ -4,7 +4,7 @@
 // drive it with real clients.
 
 const path = require('node:path');
-const { spawn } = require('node:child_process');
+const { spawn, spawnSync } = require('node:child_process');
 const { MODEL } = require('./helpers');
 
 const BIN = path.join(__dirname, '..', 'bin', 'llama-branch.js');
@@ -38,6 +38,19 @@ function startServer(args, env = process.env) {
       reject(new Error(`the server exited with ${code} before listening; stderr: ${err}`));
     });
   });
+}
+
+/**
+ * Runs `serve` with `args` expecting it to exit on its own (a refused flag or a failed start);
+ * returns `{ status, stderr }`. A server that starts instead is killed after `ms`, and its status
+ * is then null, which fails any test expecting an exit code.
+ */
+function serveUntilExit(args, ms = 60000) {
+  const res = spawnSync(process.execPath, [BIN, 'serve', '--model', MODEL, '--port', '0', ...args], {
+    encoding: 'utf8',
+    timeout: ms,
+  });
+  return { status: res.status, stderr: res.stderr };
 }
 
 function stopServer(child) {
@@ -96,4 +109,11 @@ async function readEvents(url, { key, until, onOpen = () => {}, ms = 60000 }) {
   return events;
 }
 
-module.exports = { startServer, stopServer, waitFor, readEvents, BIN };
+module.exports = {
+  serveUntilExit,
+  startServer,
+  stopServer,
+  waitFor,
+  readEvents,
+  BIN,
+};

@@ -10,7 +10,8 @@ const assert = require('node:assert/strict');
 const path = require('node:path');
 const OpenAI = require('openai');
 const { MODEL } = require('./helpers');
-const { startServer, stopServer, waitFor } = require('./serve-helpers');
+const { listDevices } = require('..');
+const { serveUntilExit, startServer, stopServer, waitFor } = require('./serve-helpers');
 const { conformanceChecker } = require('./openapi/conformance');
 
 const conformance = conformanceChecker();
@@ -278,5 +279,70 @@ describe('llama-branch serve (OpenAI-compatible server)', function () {
     const r = await client.completions.create({ model, prompt: 'After all that,', max_tokens: 2, ...GREEDY });
     assert.equal(r.usage.completion_tokens, 2);
     assert.equal((await health()).status, 'ok');
+  });
+});
+
+describe('llama-branch serve: --gpu, --n-gpu-layers, --cache-type-k/-v, --flash-attn', function () {
+  this.timeout(240000);
+  afterEach(() => conformance.assertConforms());
+
+  it('--gpu cpu --n-gpu-layers 0 with a q8_0 KV cache serves completions', async () => {
+    const server = await startServer([
+      ...['--gpu', 'cpu', '--n-gpu-layers', '0', '--ctx-size', '1024', '--threads', '2'],
+      ...['--cache-type-k', 'q8_0', '--cache-type-v', 'q8_0', '--flash-attn', 'on'],
+    ]);
+    try {
+      const res = await fetch(`${server.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ prompt: 'The capital of France is', max_tokens: 4, ...GREEDY }),
+      });
+      assert.equal(res.status, 200);
+      const body = await res.json();
+      assert.equal(body.usage.completion_tokens, 4);
+      assert.ok(body.choices[0].text.length > 0);
+    } finally {
+      assert.equal(await stopServer(server.child), 0, `clean exit; stderr: ${server.stderr()}`);
+    }
+  });
+
+  it('refuses bad values with exit code 2 and a message naming the flag', () => {
+    for (const [args, message] of [
+      [['--gpu', 'cuda'], /--gpu must be one of auto, vulkan, cpu, got "cuda"/],
+      [['--gpu', ''], /--gpu must be one of/],
+      [['--n-gpu-layers=-1'], /--n-gpu-layers must be a non-negative integer/],
+      [['--n-gpu-layers', '2.5'], /--n-gpu-layers must be a non-negative integer/],
+      [['--gpu', 'cpu', '--n-gpu-layers', '4'], /--n-gpu-layers 4 needs a GPU, but --gpu cpu/],
+      [['--cache-type-k', 'q5_1'], /--cache-type-k must be one of f16, q8_0, q4_0, got "q5_1"/],
+      [['--cache-type-v', 'bf16'], /--cache-type-v must be one of f16, q8_0, q4_0/],
+      [['--flash-attn', 'yes'], /--flash-attn must be one of auto, on, off/],
+      [
+        ['--cache-type-v', 'q4_0', '--flash-attn', 'off'],
+        /--cache-type-v q4_0 needs flash attention: use --flash-attn auto or on/,
+      ],
+    ]) {
+      const { status, stderr } = serveUntilExit(args);
+      assert.equal(status, 2, `${args.join(' ')}: ${stderr}`);
+      assert.match(stderr, message, args.join(' '));
+    }
+  });
+
+  it("--n-gpu-layers above the model's layers fails with ERR_DEVICE naming the flag", () => {
+    const { status, stderr } = serveUntilExit(['--n-gpu-layers', '1000', '--ctx-size', '1024']);
+    assert.equal(status, 1, stderr);
+    assert.match(stderr, /--n-gpu-layers: nGpuLayers is 1000 .*use 0\.\.=\d+ \(ERR_DEVICE\)/);
+  });
+
+  it('--gpu vulkan insists on a Vulkan device: it serves on one, or exits saying why there is none', async () => {
+    const vulkan = listDevices().filter((d) => d.type === 'gpu' && /^vulkan/i.test(d.name));
+    if (vulkan.length > 0) {
+      const server = await startServer(['--gpu', 'vulkan', '--ctx-size', '1024']);
+      assert.equal(await stopServer(server.child), 0, `clean exit; stderr: ${server.stderr()}`);
+      return;
+    }
+    const { status, stderr } = serveUntilExit(['--gpu', 'vulkan', '--ctx-size', '1024']);
+    assert.equal(status, 1, `a failed start, not a crash (a signal leaves status null); stderr: ${stderr}`);
+    // the flag, what is missing, and after it why (the module package's reason or this build's)
+    assert.match(stderr, /^error: --gpu vulkan: .*no Vulkan device is available\. \S.*\(ERR_DEVICE\)$/m);
   });
 });

@@ -8,7 +8,7 @@
 
 const assert = require('node:assert/strict');
 const { Branch, BranchStore, DraftModel, PromptLookup } = require('..');
-const { MODEL, open, rejects, throwsSync } = require('./helpers');
+const { MODEL, open, rejects, throwsSync, greedyRanks } = require('./helpers');
 
 /** Top-2 logit margin under which a greedy divergence counts as a batch-shape tie. */
 const MARGIN = 0.5;
@@ -73,7 +73,9 @@ describe('speculative decoding through branches', function () {
     const r = await b.generate({
       maxTokens: 60,
       history: prompt,
-      speculative: { lookup: true, maxDraft: 6 },
+      // A fixed draft length: the step count asserted below depends on it, and adaptive lengths
+      // follow measured step times (machine load).
+      speculative: { lookup: true, maxDraft: 6, adaptive: false },
       onToken: (t) => seen.push(t.token),
     });
     await assertGreedyAgrees(r.tokens, want);
@@ -285,7 +287,7 @@ describe('speculative decoding in the Scheduler and the server', function () {
         prompts.map((prompt) => scheduler.generate({ prompt, maxTokens: 48, params: { temperature: 0 }, ...request })),
       );
       steps = scheduler.stats().steps;
-      return { results, stats: scheduler.stats(), steps };
+      return { results, stats: scheduler.stats(), steps, prompts };
     } finally {
       await scheduler.close();
     }
@@ -293,14 +295,25 @@ describe('speculative decoding in the Scheduler and the server', function () {
 
   it('requests speculate together in the step: greedy output as without, in fewer steps', async () => {
     const plain = await copies({});
-    const spec = await copies({ speculative: { lookup: true, maxDraft: 6 } });
+    // A fixed draft length: the step count compared below depends on it (adaptive lengths
+    // follow measured step times, i.e. machine load).
+    const spec = await copies({ speculative: { lookup: true, maxDraft: 6, adaptive: false } });
     for (let i = 0; i < 3; i++) {
-      const [got, want] = [spec.results[i].choices[0].tokens, plain.results[i].choices[0].tokens];
-      let same = 0;
-      while (same < want.length && got[same] === want[same]) same++;
-      // The Scheduler's rows run in other batch shapes than a lone branch; count agreement
-      // before the first near-tie the way the single-branch test does, loosely: most of it.
-      assert.ok(same >= 24, `request ${i}: agree for ${same} of ${want.length}`);
+      const tokens = spec.results[i].choices[0].tokens;
+      // The Scheduler's rows run in other batch shapes than a lone branch, so no exact equality:
+      // every one of the 48 tokens is ranked under plain one-branch decoding, teacher-forced (as
+      // the programs tests do): nearly all its argmax, none below a near-tie.
+      const prompt = ctx.tokenizeSync(spec.prompts[i], true);
+      const ranks = await greedyRanks(ctx, prompt, tokens);
+      const top1 = ranks.filter((r) => r === 0).length;
+      assert.ok(
+        top1 >= Math.ceil(tokens.length * 0.8),
+        `request ${i}: ${top1}/${tokens.length} top-1 (ranks ${ranks})`,
+      );
+      assert.ok(
+        ranks.every((r) => r < 3),
+        `request ${i}: ranks ${ranks}`,
+      );
       assert.equal(spec.results[i].choices[0].finishReason, 'length');
       assert.equal(spec.results[i].choices[0].tokens.length, 48);
       const usage = spec.results[i].usage;

@@ -42,6 +42,22 @@ export class SessionContext {
     get nSeqMax(): number;
     /** Logits rows one decode may return (option `nOutputs`): a speculative step needs one per verified token. */
     get nOutputs(): number;
+    /**
+     * Element type of the KV cache's keys (option `typeK`).
+     * @returns {'f16' | 'q8_0' | 'q4_0'}
+     */
+    get typeK(): "f16" | "q8_0" | "q4_0";
+    /**
+     * Element type of the KV cache's values (option `typeV`).
+     * @returns {'f16' | 'q8_0' | 'q4_0'}
+     */
+    get typeV(): "f16" | "q8_0" | "q4_0";
+    /**
+     * Flash attention as asked (option `flashAttention`), or `'on'` where a quantized `typeV`
+     * forces it; `'auto'` leaves the choice to llama.cpp at creation.
+     * @returns {'auto' | 'on' | 'off'}
+     */
+    get flashAttention(): "auto" | "on" | "off";
     /** True after {@link dispose}. Never throws. */
     get disposed(): boolean;
     /**

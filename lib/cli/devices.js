@@ -2,7 +2,8 @@
 
 /**
  * `llama-branch devices`: what this machine offers llama-branch — the build that loaded, its
- * CPU backend variant, every device, each GPU backend module package and why one is off, and
+ * CPU backend variant, every device, each GPU backend module package and why one is off (with
+ * the missing system library and its fix, lib/gpu-diagnosis.js), and
  * where `createContext({ gpu: 'auto' })` would put a model's layers (like node-llama-cpp's
  * `inspect gpu`).
  */
@@ -35,6 +36,10 @@ async function run(values, { log }) {
     for (const m of modules) {
       const state = m.loaded && m.devices > 0 ? `loaded, ${m.devices} device(s)` : `off: ${m.error}`;
       log(`  ${m.variant.padEnd(8)} ${m.package}  ${state}`);
+      for (const f of m.diagnosis) {
+        log(`    missing: ${f.missing} (${f.why})`);
+        log(`    fix:     ${f.fix}`);
+      }
     }
   }
   log(`createContext({ gpu: 'auto' }) puts ${auto}.`);

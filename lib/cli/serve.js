@@ -27,6 +27,30 @@ const options = {
     help: `sequence leases (default parallel × ${serverDefaults.leasesPerRequest} + ${serverDefaults.cacheLeases}, at most ${serverDefaults.maxSeqMax})`,
   },
   threads: { type: 'string', help: 'CPU threads per decode (default: all cores)' },
+  gpu: {
+    type: 'string',
+    default: 'auto',
+    help: 'where the model runs: auto (the GPU when one works, else the CPU), vulkan (fail unless a Vulkan device works) or cpu',
+  },
+  'n-gpu-layers': {
+    type: 'string',
+    help: 'layers on the GPU, counting the output layer (default: all; 0 keeps the weights on the CPU)',
+  },
+  'cache-type-k': {
+    type: 'string',
+    default: 'f16',
+    help: 'element type of the KV cache keys: f16, q8_0 (about half the memory) or q4_0 (about a quarter)',
+  },
+  'cache-type-v': {
+    type: 'string',
+    default: 'f16',
+    help: 'element type of the KV cache values: f16, q8_0 or q4_0 (quantized needs flash attention)',
+  },
+  'flash-attn': {
+    type: 'string',
+    default: 'auto',
+    help: 'flash attention: auto (where the backend has it), on or off',
+  },
   'model-name': { type: 'string', help: 'model id in /v1/models (default: the file name)' },
   'prefill-chunk': {
     type: 'string',
@@ -87,6 +111,44 @@ function integer(values, name) {
 
 class UsageError extends Error {}
 
+const GPU_CHOICES = ['auto', 'vulkan', 'cpu'];
+
+/** --gpu and --n-gpu-layers as createContext's `gpu` and `nGpuLayers`, checked against each other. */
+function placement(values) {
+  const gpu = values.gpu === undefined ? 'auto' : values.gpu;
+  if (!GPU_CHOICES.includes(gpu))
+    throw new UsageError(`--gpu must be one of ${GPU_CHOICES.join(', ')}, got ${JSON.stringify(gpu)}`);
+  const nGpuLayers = integer(values, 'n-gpu-layers');
+  // With --gpu cpu no layer is offloaded whatever --n-gpu-layers says; a positive count there is
+  // a contradiction the user should hear about rather than have silently ignored.
+  if (gpu === 'cpu' && nGpuLayers !== undefined && nGpuLayers > 0)
+    throw new UsageError(`--n-gpu-layers ${nGpuLayers} needs a GPU, but --gpu cpu keeps every layer on the CPU`);
+  return { gpu, nGpuLayers };
+}
+
+const KV_TYPES = ['f16', 'q8_0', 'q4_0'];
+const FLASH_ATTN = ['auto', 'on', 'off'];
+
+/** --cache-type-k/-v and --flash-attn as createContext's `typeK`, `typeV` and `flashAttention`. */
+function kvCache(values) {
+  const pick = (flag, choices, fallback) => {
+    const v = values[flag] === undefined ? fallback : values[flag];
+    if (!choices.includes(v))
+      throw new UsageError(`--${flag} must be one of ${choices.join(', ')}, got ${JSON.stringify(v)}`);
+    return v;
+  };
+  const typeK = pick('cache-type-k', KV_TYPES, 'f16');
+  const typeV = pick('cache-type-v', KV_TYPES, 'f16');
+  const flashAttention = pick('flash-attn', FLASH_ATTN, 'auto');
+  // llama.cpp reads a quantized V cache only inside the flash-attention kernel (createContext
+  // refuses the pair too; said here in the flags' own names).
+  if (typeV !== 'f16' && flashAttention === 'off')
+    throw new UsageError(
+      `--cache-type-v ${typeV} needs flash attention: use --flash-attn auto or on, or --cache-type-v f16`,
+    );
+  return { typeK, typeV, flashAttention };
+}
+
 /** --api-key values and LLAMA_BRANCH_API_KEY's comma-separated keys together (undefined: none). */
 function apiKeys(values) {
   const fromEnv = (process.env.LLAMA_BRANCH_API_KEY || '').split(',').map((k) => k.trim());
@@ -107,8 +169,12 @@ function chatTemplate(values) {
 
 async function run(values, { log }) {
   if (!values.model) throw new UsageError('--model <file.gguf> is required');
+  const { gpu, nGpuLayers } = placement(values);
   const server = await createServer({
     modelPath: values.model,
+    gpu,
+    nGpuLayers,
+    ...kvCache(values),
     modelName: values['model-name'],
     parallel: integer(values, 'parallel'),
     nCtx: integer(values, 'ctx-size'),
@@ -126,6 +192,12 @@ async function run(values, { log }) {
     specMaxDraft: integer(values, 'spec-max-draft'),
     ui: !values['no-ui'],
     traceFile: values.trace,
+  }).catch((e) => {
+    // createContext's ERR_DEVICE speaks of its options (`gpu`, `nGpuLayers`); on the command
+    // line the flag is what the user typed, so name it.
+    if (e.code === 'ERR_DEVICE' && /nGpuLayers/.test(e.message)) e.message = `--n-gpu-layers: ${e.message}`;
+    else if (e.code === 'ERR_DEVICE') e.message = `--gpu ${gpu}: ${e.message}`;
+    throw e;
   });
   const { url } = await server.listen(integer(values, 'port'), values.host);
   log(`listening on ${url}`);

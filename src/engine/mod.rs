@@ -8,6 +8,7 @@ pub mod decode;
 pub mod endpoint;
 pub mod handles;
 pub mod kv;
+pub mod kv_types;
 pub mod leases;
 pub mod metrics;
 pub mod placement;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use llama_cpp_sys_2 as sys;
 
 use super::{Batch, Model, Pos, SeqId};
+use crate::engine::kv_types::{FlashAttention, KvConfig, KvType};
 use crate::error::{Error, Result};
 
 pub struct ContextConfig {
@@ -19,6 +20,24 @@ pub struct ContextConfig {
     pub embeddings: bool,
     pub pooling_type: i32,
     pub n_outputs_max: u32,
+    /// KV element types and flash attention, already checked together (engine/kv_types.rs).
+    pub kv: KvConfig,
+}
+
+fn ggml_type(t: KvType) -> sys::ggml_type {
+    match t {
+        KvType::F16 => sys::GGML_TYPE_F16,
+        KvType::Q8_0 => sys::GGML_TYPE_Q8_0,
+        KvType::Q4_0 => sys::GGML_TYPE_Q4_0,
+    }
+}
+
+fn flash_attn_type(f: FlashAttention) -> sys::llama_flash_attn_type {
+    match f {
+        FlashAttention::Auto => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
+        FlashAttention::On => sys::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+        FlashAttention::Off => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    }
 }
 
 pub struct Context {
@@ -68,7 +87,13 @@ impl Context {
         // One shared cell pool: fork is a metadata-only seq_cp and every branch may use all of n_ctx.
         p.kv_unified = true;
         p.n_outputs_max = cfg.n_outputs_max;
-        p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_AUTO;
+        // Checked here, before llama.cpp sees them, so a type the heads cannot hold is an
+        // ERR_INVALID_ARG naming the option rather than a null context.
+        let (head_k, head_v) = model.head_sizes();
+        cfg.kv.check_heads(head_k, head_v)?;
+        p.type_k = ggml_type(cfg.kv.type_k);
+        p.type_v = ggml_type(cfg.kv.type_v);
+        p.flash_attn_type = flash_attn_type(cfg.kv.flash_attention);
         p.no_perf = true;
         let abort_slot = Box::<AbortSlot>::default();
         p.abort_callback = Some(abort_callback);
@@ -77,7 +102,20 @@ impl Context {
         // abort data pointer stays valid until after `llama_free` (see `abort_callback`).
         let ptr = unsafe { sys::llama_init_from_model(model.as_ptr(), p) };
         let ptr = NonNull::new(ptr).ok_or_else(|| {
-            Error::ContextCreate("llama_init_from_model returned null (out of memory, or nCtx/nBatch too large for this model)".into())
+            let kv = if cfg.kv.type_k.is_quantized() || cfg.kv.type_v.is_quantized() {
+                // llama.cpp also refuses quantized caches some models cannot use (e.g. K and V
+                // of different types on a model with MLA attention).
+                format!(
+                    "; or typeK '{}' / typeV '{}' do not suit this model: try 'f16'",
+                    cfg.kv.type_k.name(),
+                    cfg.kv.type_v.name()
+                )
+            } else {
+                String::new()
+            };
+            Error::ContextCreate(format!(
+                "llama_init_from_model returned null (out of memory, or nCtx/nBatch too large for this model{kv})"
+            ))
         })?;
         Ok(Context {
             ptr,

@@ -252,6 +252,42 @@ impl Model {
         unsafe { sys::llama_model_n_layer(self.as_ptr()) }
     }
 
+    /// A metadata value of the GGUF as text (None when the key is absent).
+    fn meta(&self, key: &str) -> Option<String> {
+        let key = std::ffi::CString::new(key).ok()?;
+        let mut buf = vec![0u8; 128];
+        // SAFETY: `key` is NUL-terminated; llama.cpp writes at most `buf.len()` bytes (NUL
+        // included) and returns the value's length, or -1 when the key is absent.
+        let n = unsafe {
+            sys::llama_model_meta_val_str(
+                self.as_ptr(),
+                key.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return None;
+        }
+        buf.truncate((n as usize).min(buf.len() - 1));
+        Some(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// Values per attention head in K and in V: the GGUF's `<arch>.attention.key_length` and
+    /// `value_length` where given, else `n_embd / n_head` (how llama.cpp reads them).
+    pub fn head_sizes(&self) -> (u32, u32) {
+        // SAFETY: reads the model's metadata.
+        let n_head = unsafe { sys::llama_model_n_head(self.as_ptr()) }.max(1);
+        let fallback = (self.n_embd() / n_head).max(0) as u32;
+        let arch = self.meta("general.architecture").unwrap_or_default();
+        let read = |what: &str| {
+            self.meta(&format!("{arch}.attention.{what}"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(fallback)
+        };
+        (read("key_length"), read("value_length"))
+    }
+
     pub fn description(&self) -> String {
         let mut buf = vec![0u8; 256];
         // SAFETY: writes at most `buf.len()` bytes (NUL included) and returns the length.

@@ -18,6 +18,7 @@ use super::sampling::SamplingHandles;
 use super::worker::{self, rejected, Shared, Worker};
 use crate::engine::decode::{decode_runs, Run, RunOutput};
 use crate::engine::handles::Handle;
+use crate::engine::kv_types::KvConfig;
 use crate::engine::pool::Pool;
 use crate::engine::store::BranchStore;
 use crate::error::Error;
@@ -101,6 +102,8 @@ pub struct ContextInfo {
     pub embeddings: bool,
     /// `llama_pooling_type` of the context (fixed at creation).
     pub pooling: i32,
+    /// `typeK`, `typeV` and `flashAttention` as resolved.
+    pub kv: KvConfig,
 }
 
 #[napi]
@@ -298,6 +301,24 @@ impl SessionContext {
     pub fn n_outputs(&self) -> Result<u32> {
         self.live().map_err(js)?;
         Ok(self.info.n_outputs)
+    }
+
+    #[napi(getter, ts_return_type = "'f16' | 'q8_0' | 'q4_0'")]
+    pub fn type_k(&self) -> Result<&'static str> {
+        self.live().map_err(js)?;
+        Ok(self.info.kv.type_k.name())
+    }
+
+    #[napi(getter, ts_return_type = "'f16' | 'q8_0' | 'q4_0'")]
+    pub fn type_v(&self) -> Result<&'static str> {
+        self.live().map_err(js)?;
+        Ok(self.info.kv.type_v.name())
+    }
+
+    #[napi(getter, ts_return_type = "'auto' | 'on' | 'off'")]
+    pub fn flash_attention(&self) -> Result<&'static str> {
+        self.live().map_err(js)?;
+        Ok(self.info.kv.flash_attention.name())
     }
 
     /// Where the model's layers went: `{ layers, totalLayers, devices }` (layers on non-CPU

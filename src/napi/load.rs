@@ -15,6 +15,7 @@ use super::convert::{js, opt_int, Arg, Result};
 use super::devices::{self, resolve_placement, OffloadInfo, Placement, PlacementInput};
 use super::worker::{self, rejected, Losable, Shared, Worker};
 use crate::engine::calibrate;
+use crate::engine::kv_types::KvConfig;
 use crate::engine::pool::Pool;
 use crate::engine::store::BranchStore;
 use crate::error::Error;
@@ -83,6 +84,21 @@ pub struct ContextOptions {
     /// models whose template lacks what you need (a thinking section, tool calls). One llama.cpp
     /// cannot parse or render: `ERR_CHAT_TEMPLATE` when the context is created.
     pub chat_template: Option<String>,
+    /// Element type of the KV cache's keys: `'f16'` (default), `'q8_0'` (8.5 bits a value: about
+    /// half the memory) or `'q4_0'` (4.5 bits: about a quarter). A type the model's attention
+    /// heads cannot hold in whole blocks of 32: `ERR_INVALID_ARG`. Read back from `ctx.typeK`.
+    #[napi(ts_type = "'f16' | 'q8_0' | 'q4_0'")]
+    pub type_k: Option<String>,
+    /// Element type of the KV cache's values, as `typeK`. A quantized V cache needs flash
+    /// attention: with `flashAttention: 'off'` it is `ERR_INVALID_ARG`; with `'auto'` it turns
+    /// flash attention on.
+    #[napi(ts_type = "'f16' | 'q8_0' | 'q4_0'")]
+    pub type_v: Option<String>,
+    /// Flash attention (attention as one fused op): `'auto'` (default: llama.cpp turns it on where
+    /// the backend runs the op on the layers' own devices), `'on'` or `'off'`. Read back from
+    /// `ctx.flashAttention` (what was asked, or `'on'` when a quantized V cache forces it).
+    #[napi(ts_type = "'auto' | 'on' | 'off'")]
+    pub flash_attention: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -186,6 +202,11 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
         4,
     )? as i32;
     let log_level = o.log_level.as_deref().map(log_level_from).transpose()?;
+    let kv = KvConfig::resolve(
+        o.type_k.as_deref(),
+        o.type_v.as_deref(),
+        o.flash_attention.as_deref(),
+    )?;
     let placement = resolve_placement(&PlacementInput {
         n_gpu_layers: o.n_gpu_layers,
         main_gpu: o.main_gpu,
@@ -223,6 +244,7 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
             embeddings,
             pooling_type,
             n_outputs_max,
+            kv,
         },
         log_level,
         placement,
@@ -276,6 +298,7 @@ fn load_context(
         n_vocab: model.n_vocab,
         embeddings: resolved.config.embeddings,
         pooling: ctx.pooling_type(),
+        kv: resolved.config.kv,
     };
     let endpoints = resolved.placement.endpoints.clone();
     let pool = Pool::new(ctx.n_threads());

@@ -106,10 +106,18 @@ async function main(): Promise<void> {
     tensorSplit: [1, 3],
     devices: ['Vulkan0'],
     rpcServers: ['127.0.0.1:50052'],
+    typeK: 'q8_0',
+    typeV: 'q4_0',
+    flashAttention: 'auto',
+    gpu: 'cpu',
   };
   // @ts-expect-error splitMode is one of three names
   const badSplit: ContextOptions = { modelPath: 'm.gguf', splitMode: 'diagonal' };
-  void badSplit;
+  // @ts-expect-error typeK is one of three KV types
+  const badKv: ContextOptions = { modelPath: 'm.gguf', typeK: 'q5_1' };
+  // @ts-expect-error flashAttention takes names, not booleans
+  const badFlash: ContextOptions = { modelPath: 'm.gguf', flashAttention: true };
+  void [badSplit, badKv, badFlash];
   for (const d of listDevices({ rpcServers: ['127.0.0.1:50052'] })) {
     const kind: 'cpu' | 'gpu' | 'rpc' = d.type;
     const bytes: number = d.memoryFree + d.memoryTotal;
@@ -121,6 +129,8 @@ async function main(): Promise<void> {
   const offloaded: number = ctx.offload.layers + ctx.offload.totalLayers;
   const lost: boolean = ctx.lost;
   void [offloaded, lost, ctx.offload.devices];
+  const kvTypes: ['f16' | 'q8_0' | 'q4_0', 'f16' | 'q8_0' | 'q4_0', 'auto' | 'on' | 'off'] = [ctx.typeK, ctx.typeV, ctx.flashAttention];
+  void kvTypes;
   const lostCode: ErrorCode = 'ERR_CONTEXT_LOST';
   void lostCode;
   const same: SessionContext = await llama.createContext({ modelPath: '/models/model.gguf' });

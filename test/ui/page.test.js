@@ -71,6 +71,12 @@ describe('the live page in Chromium', function () {
 
   before(async function () {
     const executablePath = browserPath();
+    // In CI a missing browser is a broken setup, not an optional tier: fail, so the step cannot
+    // pass having run nothing.
+    if (!executablePath && process.env.CI === 'true')
+      throw new Error(
+        'CI=true and no Chromium found: install Debian\'s "chromium" package (npm run setup does, as root) or set LLAMA_BRANCH_BROWSER to a Chromium binary',
+      );
     if (!executablePath) {
       console.log(
         '      SKIPPED: no Chromium found (install Debian\'s "chromium" package, which `npm run setup` does as root, or set LLAMA_BRANCH_BROWSER to a Chromium binary)',
@@ -252,9 +258,12 @@ describe('the live page in Chromium', function () {
       await page.evaluate(() => {
         window.peak = 0;
         window.frameGap = 0;
+        window.frames = 0;
+        window.framesSince = performance.now();
         let last = performance.now();
         const tick = (now) => {
           window.frameGap = Math.max(window.frameGap, now - last);
+          window.frames++;
           last = now;
           window.peak = Math.max(window.peak, document.querySelectorAll('li.node[data-state="running"]').length);
           requestAnimationFrame(tick);
@@ -280,11 +289,20 @@ describe('the live page in Chromium', function () {
       );
       const finished = await page.$$eval('li.node[data-state="finished"]', (n) => n.length);
       assert.equal(finished, 128, 'every branch of every request ends finished');
-      const { peak, frameGap } = await page.evaluate(() => ({ peak: window.peak, frameGap: window.frameGap }));
+      const { peak, frameGap, meanFrame } = await page.evaluate(() => ({
+        peak: window.peak,
+        frameGap: window.frameGap,
+        meanFrame: (performance.now() - window.framesSince) / window.frames,
+      }));
       assert.ok(peak >= 64, `at least 8 requests' branches were drawn running at once (peak ${peak})`);
       console.log(
-        `      16 × 8 branches: ${seconds.toFixed(1)} s, peak ${peak} running nodes, longest frame gap ${Math.round(frameGap)} ms`,
+        `      16 × 8 branches: ${seconds.toFixed(1)} s, peak ${peak} running nodes, longest frame gap ${Math.round(frameGap)} ms (mean frame ${meanFrame.toFixed(1)} ms)`,
       );
+      // Usable means the page never froze while 128 branches streamed in. Measured on the 2-core
+      // VM under load average 6-8 (4 runs): frames every 16.7 ms on average (60 Hz) and a longest
+      // gap of 50 ms every time (at most two frames dropped in a row). 250 ms leaves 5× that for
+      // a busier machine, and a page stalled for a quarter of a second is no longer live.
+      assert.ok(frameGap < 250, `the page froze for ${Math.round(frameGap)} ms while branches streamed`);
       await screenshot('busy-16x8');
       assert.deepEqual(errors, []);
     } finally {
