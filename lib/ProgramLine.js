@@ -14,6 +14,7 @@ const { positiveInt, invalid, checkStops, checkSampling, checkLogprobs, tokenLog
 const { SchedulerErrorCode: Code, schedulerError } = require('./scheduler/errors');
 const { MIN_PARTIAL_REUSE } = require('./scheduler/prefix-cache');
 const { clipped, perplexityOf } = require('./scheduler/events');
+const { decideOnLine } = require('./scheduler/decide');
 
 /** What `_forkCached` says when the prompt's entry is still being filled. */
 const WAIT = Symbol('wait');
@@ -435,11 +436,60 @@ class ProgramLine {
     }
   }
 
-  /** A peek (single-token `logprob`): read from the logits the line now holds. */
+  /**
+   * The natural-log probabilities of several candidate next tokens, all read from the one logits
+   * row the line holds once its pending tokens are decoded (no extra decode; the line does not
+   * change): e.g. single-token answer labels. The values are log-softmax over the whole vocabulary,
+   * in the order given.
+   * @param {number[]} tokens token ids
+   * @returns {Promise<number[]>}
+   */
+  async logprobs(tokens) {
+    this._checkIdle('logprobs');
+    const ctx = this._program.ctx;
+    if (
+      !Array.isArray(tokens) ||
+      tokens.length === 0 ||
+      !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < ctx.vocabSize)
+    )
+      throw invalid(`logprobs(tokens): give a non-empty array of token ids in [0, ${ctx.vocabSize})`);
+    if (this._tokens.length === 0) throw invalid('logprobs(): the line is empty; append a prompt first');
+    return new Promise((resolve, reject) => {
+      this._job = { peek: tokens[0], peeks: tokens.slice(), top: 0, resolve, reject, started: true, tokens: [] };
+      this._program.wake();
+    });
+  }
+
+  /**
+   * Answers typed questions (noul, choice, score) about the line's text so far, as
+   * `scheduler.decide` does: each question on a fork of the line (after a blank line, raw), read
+   * in shared steps; the line does not change. `options`: `permute`, `read`, `maxQuestions`, and
+   * `parallel` (lines at once beside this one; default 3). See docs/decisions.md.
+   * @param {Record<string, import('./types').DecisionQuestion>} questions
+   * @param {import('./types').LineDecideOptions} [options]
+   * @returns {Promise<Record<string, import('./types').DecisionAnswer>>}
+   */
+  decide(questions, options) {
+    this._checkIdle('decide');
+    return decideOnLine(this, this._program.ctx, questions, options);
+  }
+
+  /** A peek (single-token `logprob`, or `logprobs`): read from the logits the line now holds. */
   _peek() {
     const job = this._job;
     this._job = null;
     try {
+      if (job.peeks) {
+        // One copy of the row and one log-sum-exp for all the tokens asked about.
+        const row = this._branch.getLogits();
+        let max = -Infinity;
+        for (let i = 0; i < row.length; i++) if (row[i] > max) max = row[i];
+        let sum = 0;
+        for (let i = 0; i < row.length; i++) sum += Math.exp(row[i] - max);
+        const lse = max + Math.log(sum);
+        job.resolve(job.peeks.map((t) => row[t] - lse));
+        return;
+      }
       const { logprob, top } = this._branch.logprob(job.peek, job.top);
       job.resolve({ logprob, top });
     } catch (e) {
