@@ -1077,6 +1077,8 @@ export interface ServerOptions {
   maxTokensLimit?: number;
   /** Largest `n`. Default 16. */
   maxN?: number;
+  /** Most questions one `POST /v1/systemone` request may ask (more: a 400 `too_many_questions`). Default 64. */
+  maxQuestions?: number;
   /** Serve the live page of the branch trees at `/`. Default true (`GET /v1/events` is served either way). */
   ui?: boolean;
   /** Record every scheduler event to this JSONL file (docs/events.md), replayable in the page. */
