@@ -831,6 +831,113 @@ export interface SelectResult {
   scores: number[];
 }
 
+/** A yes/no question: the answer is the probability of yes (`true`). */
+export interface NoulQuestion {
+  type: 'noul';
+  instructions: string;
+  /** What `true` and `false` mean here (optional descriptions). */
+  criteria?: { true?: string | null; false?: string | null } | null;
+}
+
+/** One of 2–255 named options: option name → description (or null), in the order given. */
+export interface ChoiceQuestion {
+  type: 'choice';
+  instructions: string;
+  criteria: Record<string, string | null>;
+}
+
+/** An ordered scale of 2–10 levels, lowest first. */
+export interface ScoreQuestion {
+  type: 'score';
+  instructions: string;
+  criteria: string[];
+}
+
+/** A typed question of {@link Scheduler.decide} (the System One / Krite Protocol v1 shapes). */
+export type DecisionQuestion = NoulQuestion | ChoiceQuestion | ScoreQuestion;
+
+export interface NoulAnswer {
+  type: 'noul';
+  /** The probability of yes, in [0, 1]. */
+  noul: number;
+}
+
+export interface ChoiceAnswer {
+  type: 'choice';
+  /** The most likely option's name. */
+  choice: string;
+  /** Every option's probability (a softmax over the options only: they sum to 1). */
+  probabilities: Record<string, number>;
+  /** `(max p − 1/n) / (1 − 1/n)`: 0 when every option is as likely, 1 when one holds all. */
+  confidence: number;
+}
+
+export interface ScoreAnswer {
+  type: 'score';
+  /** The probability-weighted level index, in [0, levels − 1]. */
+  score: number;
+  /** Level index ("0", "1", ...) → level name. */
+  legend: Record<string, string>;
+  /** Each level's probability, by level name. */
+  probabilities: Record<string, number>;
+  confidence: number;
+}
+
+export type DecisionAnswer = NoulAnswer | ChoiceAnswer | ScoreAnswer;
+
+/** Options shared by {@link Scheduler.decide} and {@link ProgramLine.decide}. */
+export interface DecideOptions {
+  /**
+   * Score each question under this many orders of its options (cyclic shifts: a choice's letters
+   * move with the listing, a score's or noul's listing order rotates), 1..10, at most the option
+   * count, as further forks in the same steps; the probabilities are averaged. Default 1.
+   */
+  permute?: number;
+  /**
+   * How answers are read: `'label'` (each option's label is one token where the answer starts:
+   * one logits row per question; refused when the labels are not), `'text'` (the option names are
+   * scored as continuations, a trie), `'auto'` (labels where they are single tokens). Default `'auto'`.
+   */
+  read?: 'auto' | 'label' | 'text';
+  /** Questions per decision at most (more: ERR_INVALID_ARG, reason `too_many_questions`). Default 64. */
+  maxQuestions?: number;
+}
+
+/** The request of {@link Scheduler.decide}. */
+export interface DecideRequest extends DecideOptions {
+  /** The state: text, or a JSON object (written as indented JSON). */
+  state: string | Record<string, unknown>;
+  /** Question name (`^[A-Za-z0-9_.-]{1,64}$`) → question. */
+  questions: Record<string, DecisionQuestion>;
+  /**
+   * `'chat'` (default): the state and each question are the user's turn in the model's chat
+   * template and the answer the model's first token; `'raw'`: plain text, `Answer:` then the label
+   * (for base models without a usable template).
+   */
+  template?: 'chat' | 'raw';
+  /** Lines (sequence leases) the decision holds at once, 2..nSeqMax. Default max(3, nSeqMax / 2). */
+  maxBranches?: number;
+  signal?: AbortSignal;
+}
+
+/** What {@link Scheduler.decide} resolves to. */
+export interface DecideResult {
+  answers: Record<string, DecisionAnswer>;
+  usage: {
+    /** The state's tokens (once) plus every question fork's own tokens (and scored option texts). */
+    inputTokens: number;
+    stateTokens: number;
+    outputTokens: 0;
+  };
+  latencyMs: number;
+}
+
+/** Options of {@link ProgramLine.decide}. */
+export interface LineDecideOptions extends DecideOptions {
+  /** Lines the decision holds at once beside the line (within the program's `maxBranches`). Default 3. */
+  parallel?: number;
+}
+
 /** What {@link Scheduler.stats} reports. */
 export interface SchedulerStats {
   running: number;
@@ -999,6 +1106,8 @@ export interface ServerOptions {
   maxTokensLimit?: number;
   /** Largest `n`. Default 16. */
   maxN?: number;
+  /** Most questions one `POST /v1/systemone` request may ask (more: a 400 `too_many_questions`). Default 64. */
+  maxQuestions?: number;
   /** Serve the live page of the branch trees at `/`. Default true (`GET /v1/events` is served either way). */
   ui?: boolean;
   /** Record every scheduler event to this JSONL file (docs/events.md), replayable in the page. */

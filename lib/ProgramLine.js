@@ -13,6 +13,7 @@ const { positiveInt, invalid, checkStops, checkSampling, checkLogprobs } = requi
 const { GenJob, PeekJob } = require('./scheduler/line');
 const { regexGrammar, choicesGrammar } = require('./scheduler/grammars');
 const { scoringPaths, scorePaths } = require('./scheduler/scoring');
+const { decideOnLine } = require('./scheduler/decide');
 
 /**
  * One line of generation inside a program (the `s` of `run(async (s) => ...)`). A line runs one
@@ -250,6 +251,43 @@ class ProgramLine {
       line.selecting = false;
       lines[0].release();
     }
+  }
+
+  /**
+   * The natural-log probabilities of several candidate next tokens, all read from the one logits
+   * row the line holds once its pending tokens are decoded (no extra decode; the line does not
+   * change): e.g. single-token answer labels. The values are log-softmax over the whole vocabulary,
+   * in the order given.
+   * @param {number[]} tokens token ids
+   * @returns {Promise<number[]>}
+   */
+  async logprobs(tokens) {
+    const line = this.#line;
+    line.checkIdle('logprobs');
+    const ctx = line.program.ctx;
+    if (
+      !Array.isArray(tokens) ||
+      tokens.length === 0 ||
+      !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < ctx.vocabSize)
+    )
+      throw invalid(`logprobs(tokens): give a non-empty array of token ids in [0, ${ctx.vocabSize})`);
+    if (line.tokens.length === 0) throw invalid('logprobs(): the line is empty; append a prompt first');
+    return line.start(new PeekJob(tokens.slice()));
+  }
+
+  /**
+   * Answers typed questions (noul, choice, score) about the line's text so far, as
+   * `scheduler.decide` does: each question on a fork of the line (after a blank line, raw), read
+   * in shared steps; the line does not change. `options`: `permute`, `read`, `maxQuestions`, and
+   * `parallel` (lines at once beside this one; default 3). See docs/decisions.md.
+   * @param {Record<string, import('./types').DecisionQuestion>} questions
+   * @param {import('./types').LineDecideOptions} [options]
+   * @returns {Promise<Record<string, import('./types').DecisionAnswer>>}
+   */
+  decide(questions, options) {
+    const line = this.#line;
+    line.checkIdle('decide');
+    return decideOnLine(this, line.program.ctx, questions, options);
   }
 
   /**

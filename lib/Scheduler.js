@@ -36,6 +36,7 @@ const { closedError, queueFullError, neverFitsError } = require('./scheduler/err
 const { RunProgram, Programs } = require('./scheduler/program');
 const { decodeAll } = require('./scheduler/rows');
 const { SchedulerEvents } = require('./scheduler/events');
+const { decide } = require('./scheduler/decide');
 
 /**
  * Continuous batching over one context, with a prefix cache and a request queue (`generate`, see
@@ -137,6 +138,21 @@ class Scheduler {
     } catch (e) {
       return Promise.reject(e);
     }
+  }
+
+  /**
+   * Answers typed questions about a state, no text generated (docs/decisions.md): `noul` (the
+   * probability of yes), `choice` (winner, probability per option, confidence) and `score`
+   * (probability-weighted level index, legend, probability per level, confidence), the System One
+   * / Krite Protocol v1 shapes. The state is rendered once (`template`: `'chat'`, the default, in
+   * the model's chat template; `'raw'` as plain text) and prefilled once; each question (and each
+   * of `permute` orders of its options) is a fork of it, and all of them are read in the same
+   * scheduler steps. Rejects with ERR_INVALID_ARG (with `param` and `reason`) for bad input.
+   * @param {import('./types').DecideRequest} request
+   * @returns {Promise<import('./types').DecideResult>}
+   */
+  decide(request) {
+    return decide(this, this._ctx, request);
   }
 
   /** Queues a program (a request too), or refuses it through its own promise. */

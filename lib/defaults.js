@@ -39,6 +39,8 @@ const server = Object.freeze({
   maxTokensLimit: 4096,
   /** The largest `n` a request may ask for. */
   maxN: 16,
+  /** Questions per POST /v1/systemone request at most (more: a 400 `too_many_questions`). */
+  maxQuestions: 64,
   /** How chat replies are split into reasoning and content (llama.cpp's `--reasoning-format`). */
   reasoningFormat: 'auto',
   /** KV cells (and batch) of the embeddings context `--embeddings` creates: the longest input. */

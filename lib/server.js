@@ -4,7 +4,7 @@
  * An OpenAI-compatible HTTP server over a Scheduler (node:http only):
  *   POST /v1/completions, POST /v1/chat/completions (non-streaming or server-sent events; tool
  *   calls and logprobs), POST /v1/embeddings (with a pooled context), GET /v1/models,
- *   GET /metrics (Prometheus text), GET /health (status plus the scheduler's stats; never keyed),
+ *   POST /v1/systemone (typed decisions, lib/server/systemone.js), GET /metrics (Prometheus text), GET /health (status plus the scheduler's stats; never keyed),
  *   GET /v1/events (the scheduler's events as server-sent events, docs/events.md) and the page
  *   that draws them at / (static files of lib/server/ui, never keyed; the data they fetch is).
  * Every request error is an OpenAI-style `{ error: { message, type, param, code } }` with a 4xx
@@ -24,6 +24,7 @@ const { Metrics } = require('./server/metrics');
 const { Embedder } = require('./server/embeddings');
 const { EventFeed } = require('./server/events');
 const { uiRoutes } = require('./server/ui');
+const { systemoneRoute } = require('./server/systemone');
 
 const defaults = require('./defaults');
 const { PoolingType } = require('./constants');
@@ -90,7 +91,7 @@ function unrouted(method, pathname, routes, res, modelCard) {
   }
   throw new HttpError(
     404,
-    `no route ${method} ${pathname}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, GET /v1/events, GET /metrics, GET /health`,
+    `no route ${method} ${pathname}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, POST /v1/systemone, GET /v1/events, GET /metrics, GET /health`,
   );
 }
 
@@ -169,6 +170,7 @@ function routesOf(app) {
     'GET /v1/models': (req, res) => sendJson(res, 200, { object: 'list', data: [modelCard] }, corsHeaders),
     'POST /v1/completions': (req, res) => generateEndpoint(app, 'completions', req, res),
     'POST /v1/chat/completions': (req, res) => generateEndpoint(app, 'chat', req, res),
+    'POST /v1/systemone': systemoneRoute(app),
     'POST /v1/embeddings': async (req, res) => {
       const body = await readJsonBody(req, app.maxBodyBytes);
       const response = await app.embedder.respond(body, modelCard.id);
@@ -201,6 +203,7 @@ function createApp(config) {
     tokenText: (token) => ctx.tokenToText(token),
   };
   const digests = keyDigests(apiKeys);
+  app.checkKey = (req) => checkKey(req, digests);
   const routes = routesOf(app);
   return async function handle(req, res) {
     let endpoint = 'other';
@@ -289,10 +292,12 @@ function serverConfig(options) {
   const limits = {
     maxTokens: pick('maxTokensLimit', defaults.server.maxTokensLimit),
     maxN: pick('maxN', defaults.server.maxN),
+    maxQuestions: pick('maxQuestions', defaults.server.maxQuestions),
   };
   for (const [name, v] of [
     ['maxTokensLimit', limits.maxTokens],
     ['maxN', limits.maxN],
+    ['maxQuestions', limits.maxQuestions],
   ]) {
     if (!isInt(v) || v < 1) throw makeError('ERR_INVALID_ARG', `options.${name} must be a positive integer, got ${v}`);
   }

@@ -42,6 +42,19 @@ function buildPackages() {
   if (!which('ccache')) log('ccache could not be installed; builds work without it, only slower to repeat');
 }
 
+/**
+ * The Python `systemone-client` that test/systemone.test.js drives the server with (a test
+ * dependency from PyPI, a few seconds). Never fatal: offline or without pip that test says it is
+ * skipped, and why.
+ */
+function pythonClient() {
+  console.log('\n==> python systemone-client (for test/systemone.test.js)');
+  const python = ['python3', 'python'].find((py) => which(py));
+  const args = ['-m', 'pip', 'install', '--disable-pip-version-check', '--no-input', 'systemone-client==0.1.0'];
+  if (!python || run(python, args) !== 0)
+    log('systemone-client not installed: test/systemone.test.js skips its Python client case');
+}
+
 console.log('\n==> system packages');
 buildPackages();
 // On their own, so that a failure leaves the build tools alone: the browser of `npm run test:ui`
@@ -56,6 +69,7 @@ if (!process.argv.includes('--system')) {
     step('npm install (also builds the native addon)', npm, [...npmArgs, 'install']);
   else step('build native addon', process.execPath, [script('scripts', 'build.js')]);
   step('fetch model', process.execPath, [script('scripts', 'fetch-model.js')]);
+  pythonClient();
   step('demo (node examples/demo.js)', process.execPath, [script('examples', 'demo.js')]);
   console.log('\n[setup] done. Next:');
   console.log('  npm test                                  # the whole test suite');

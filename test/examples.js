@@ -187,6 +187,28 @@ const CASES = [
     },
   },
   {
+    name: 'route-tickets',
+    file: 'route-tickets.js',
+    traced: true,
+    args: [],
+    validate(events) {
+      const start = one(events, 'start');
+      const tickets = byEvent(events, 'ticket');
+      assert.equal(tickets.length, start.tickets);
+      for (const t of tickets) {
+        assert.ok(['spam', 'billing', 'technical', 'sales', 'a person'].includes(t.route), t.route);
+        assert.ok(t.spam >= 0 && t.spam <= 1);
+        const p = Object.values(t.teamProbabilities);
+        assert.ok(Math.abs(p.reduce((a, b) => a + b, 0) - 1) < 1e-9, 'probabilities over the options sum to 1');
+        assert.equal(t.teamProbabilities[t.team], Math.max(...p), 'the team is the most likely option');
+        assert.ok(t.urgency >= 0 && t.urgency <= 2);
+      }
+      const done = one(events, 'complete');
+      assert.equal(done.generatedTokens, 0, 'nothing is generated');
+      assert.equal(done.prefilledTokens, done.inputTokens, 'each ticket decoded once, then only the questions');
+    },
+  },
+  {
     name: 'json-best-of-n',
     file: 'json-best-of-n.js',
     traced: true,

@@ -79,6 +79,25 @@ export class ProgramLine {
         top: import("../lib/types").TopLogprob[];
     }>;
     /**
+     * The natural-log probabilities of several candidate next tokens, all read from the one logits
+     * row the line holds once its pending tokens are decoded (no extra decode; the line does not
+     * change): e.g. single-token answer labels. The values are log-softmax over the whole vocabulary,
+     * in the order given.
+     * @param {number[]} tokens token ids
+     * @returns {Promise<number[]>}
+     */
+    logprobs(tokens: number[]): Promise<number[]>;
+    /**
+     * Answers typed questions (noul, choice, score) about the line's text so far, as
+     * `scheduler.decide` does: each question on a fork of the line (after a blank line, raw), read
+     * in shared steps; the line does not change. `options`: `permute`, `read`, `maxQuestions`, and
+     * `parallel` (lines at once beside this one; default 3). See docs/decisions.md.
+     * @param {Record<string, import('../lib/types').DecisionQuestion>} questions
+     * @param {import('../lib/types').LineDecideOptions} [options]
+     * @returns {Promise<Record<string, import('../lib/types').DecisionAnswer>>}
+     */
+    decide(questions: Record<string, import("../lib/types").DecisionQuestion>, options?: import("../lib/types").LineDecideOptions): Promise<Record<string, import("../lib/types").DecisionAnswer>>;
+    /**
      * Gives the line's branch back at the next step (a gen in flight rejects with ERR_ABORTED).
      * Idempotent. Everything a program holds is released when it returns anyway.
      */

@@ -33,6 +33,18 @@ export class Scheduler {
      */
     run<T>(program: (s: import("./ProgramLine").ProgramLine) => T | Promise<T>, options?: import("../lib/types").RunOptions): Promise<T>;
     /**
+     * Answers typed questions about a state, no text generated (docs/decisions.md): `noul` (the
+     * probability of yes), `choice` (winner, probability per option, confidence) and `score`
+     * (probability-weighted level index, legend, probability per level, confidence), the System One
+     * / Krite Protocol v1 shapes. The state is rendered once (`template`: `'chat'`, the default, in
+     * the model's chat template; `'raw'` as plain text) and prefilled once; each question (and each
+     * of `permute` orders of its options) is a fork of it, and all of them are read in the same
+     * scheduler steps. Rejects with ERR_INVALID_ARG (with `param` and `reason`) for bad input.
+     * @param {import('../lib/types').DecideRequest} request
+     * @returns {Promise<import('../lib/types').DecideResult>}
+     */
+    decide(request: import("../lib/types").DecideRequest): Promise<import("../lib/types").DecideResult>;
+    /**
      * Calls `listener(event)` for everything that happens from now on — requests and programs
      * admitted and done, their branches forked, growing token by token, finished and pruned, and
      * one `step` event per scheduler step with its gauges — in the trace format of docs/events.md

@@ -99,6 +99,11 @@ const options = {
     default: String(serverDefaults.maxTokensLimit),
     help: 'largest max_tokens a request may ask for',
   },
+  'max-questions': {
+    type: 'string',
+    default: String(serverDefaults.maxQuestions),
+    help: 'most questions one POST /v1/systemone request may ask',
+  },
 };
 
 function integer(values, name) {
@@ -187,6 +192,7 @@ async function run(values, { log }) {
     reasoningFormat: values['reasoning-format'],
     chatTemplate: chatTemplate(values),
     maxTokensLimit: integer(values, 'max-tokens-limit'),
+    maxQuestions: integer(values, 'max-questions'),
     speculative: values.spec,
     modelDraft: values['model-draft'],
     specMaxDraft: integer(values, 'spec-max-draft'),

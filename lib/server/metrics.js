@@ -18,6 +18,16 @@ class Metrics {
     this.stepSeconds = 0;
     this.steps = 0;
     this.embeddingInputs = 0;
+    this.decisions = 0;
+    this.decisionQuestions = 0;
+    this.decisionInputTokens = 0;
+  }
+
+  /** Counts an answered /v1/systemone request: its questions and input tokens. */
+  decision(questions, inputTokens) {
+    this.decisions++;
+    this.decisionQuestions += questions;
+    this.decisionInputTokens += inputTokens;
   }
 
   /** Counts an answered request. */
@@ -72,6 +82,7 @@ class Metrics {
       one(stats.acceptedDraftTokens),
     );
     metric('embedding_inputs_total', 'counter', 'Inputs embedded by /v1/embeddings.', one(this.embeddingInputs));
+    this._renderDecisions(metric, one);
     metric('steps_total', 'counter', 'Scheduler steps (one batched decode each, at most).', one(stats.steps));
     metric(
       'decode_rows_total',
@@ -93,6 +104,18 @@ class Metrics {
     buckets.push(['_bucket{le="+Inf"}', this.steps], ['_sum', this.stepSeconds], ['_count', this.steps]);
     metric('step_seconds', 'histogram', 'Wall time of scheduler steps.', buckets);
     return `${out.join('\n')}\n`;
+  }
+
+  /** The /v1/systemone counters (`metric` and `one` as in render). */
+  _renderDecisions(metric, one) {
+    metric('decisions_total', 'counter', 'Decisions answered by /v1/systemone.', one(this.decisions));
+    metric('decision_questions_total', 'counter', 'Questions answered by /v1/systemone.', one(this.decisionQuestions));
+    metric(
+      'decision_input_tokens_total',
+      'counter',
+      'Input tokens of answered decisions (each state once, plus every question fork).',
+      one(this.decisionInputTokens),
+    );
   }
 }
 

@@ -1,0 +1,102 @@
+#!/usr/bin/env node
+'use strict';
+
+/**
+ * Typed decisions (issue 41): `scheduler.decide()` timings on the default model, one run each:
+ *   one        1 question over a fresh ~1,500-token state (a new Scheduler: nothing cached)
+ *   eight      8 mixed questions (noul, choice, score) over another fresh state of that size
+ *   again      the same 8 questions over the `eight` state again (the prefix cache holds it)
+ *   four       4 different fresh states × 8 questions, the four decide() calls at once
+ * with wall time, tokens prefilled (what was decoded) and input tokens (state once + questions).
+ * Peer comparisons (node-llama-cpp, xllamacpp) and the labelled order-sensitivity/calibration set
+ * are not measured here.
+ *
+ * Usage: node bench/decide.js [--threads=2]
+ */
+
+const os = require('node:os');
+const { createContext, Scheduler } = require('..');
+const { args, modelPath } = require('./common');
+
+/** A ~1,500-token state: a shift log whose lines differ by `seed`. */
+function state(seed) {
+  const lines = Array.from(
+    { length: 75 },
+    (_, i) =>
+      `${String(i).padStart(2, '0')}:${String((i * 7 + seed) % 60).padStart(2, '0')} hall ${(i + seed) % 9}: pump ${i % 5} checked, pressure ${(i * 13 + seed) % 90} kPa.`,
+  );
+  return `Maintenance log ${seed}.\n${lines.join('\n')}`;
+}
+
+const QUESTIONS = {
+  leak: { type: 'noul', instructions: 'Does the log report a leak?' },
+  normal: { type: 'noul', instructions: 'Were all pressures normal?' },
+  hall: {
+    type: 'choice',
+    instructions: 'Which hall was checked most?',
+    criteria: { 'hall 1': null, 'hall 2': null, 'hall 3': null },
+  },
+  action: {
+    type: 'choice',
+    instructions: 'What should happen next?',
+    criteria: { nothing: 'all is fine', inspect: 'send a technician', shutdown: 'stop the pumps' },
+  },
+  risk: { type: 'score', instructions: 'How risky is the situation?', criteria: ['none', 'low', 'medium', 'high'] },
+  busy: { type: 'score', instructions: 'How busy was the shift?', criteria: ['quiet', 'normal', 'busy'] },
+  pumps: { type: 'noul', instructions: 'Was pump 4 checked?' },
+  kind: {
+    type: 'choice',
+    instructions: 'What kind of document is this?',
+    criteria: { log: null, letter: null, invoice: null },
+  },
+};
+const ONE = { leak: QUESTIONS.leak };
+
+async function timed(scheduler, requests) {
+  const before = scheduler.stats().prefilledTokens;
+  const t = performance.now();
+  const results = await Promise.all(requests.map((r) => scheduler.decide(r)));
+  const seconds = (performance.now() - t) / 1000;
+  return {
+    seconds,
+    prefilled: scheduler.stats().prefilledTokens - before,
+    input: results.reduce((s, r) => s + r.usage.inputTokens, 0),
+    state: results[0].usage.stateTokens,
+  };
+}
+
+async function main() {
+  const threads = Number(args.threads || 2);
+  const ctx = await createContext({ modelPath: modelPath(), nCtx: 16384, nSeqMax: 48, nThreads: threads });
+  const rows = [];
+  const fresh = async (name, requests) => {
+    const scheduler = new Scheduler(ctx);
+    rows.push({ name, ...(await timed(scheduler, requests)) });
+    return scheduler;
+  };
+  await (await fresh('one: 1 question, fresh state', [{ state: state(1), questions: ONE }])).close();
+  const eight = await fresh('eight: 8 questions, fresh state', [{ state: state(2), questions: QUESTIONS }]);
+  rows.push({
+    name: 'again: the same 8 questions and state',
+    ...(await timed(eight, [{ state: state(2), questions: QUESTIONS }])),
+  });
+  await eight.close();
+  await (
+    await fresh(
+      'four: 4 fresh states × 8 questions at once',
+      [3, 4, 5, 6].map((s) => ({ state: state(s), questions: QUESTIONS })),
+    )
+  ).close();
+  ctx.dispose();
+  console.log(`machine: ${os.cpus().length} cores (${os.cpus()[0].model}), ${threads} threads, no GPU`);
+  console.log('| case | wall s | tokens prefilled | input tokens | state tokens |');
+  console.log('|---|---|---|---|---|');
+  for (const r of rows)
+    console.log(`| ${r.name} | ${r.seconds.toFixed(2)} | ${r.prefilled} | ${r.input} | ${r.state} |`);
+  console.log(`eight / one: ${(rows[1].seconds / rows[0].seconds).toFixed(2)} ×`);
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

@@ -1,0 +1,90 @@
+'use strict';
+
+/**
+ * POST /v1/systemone: the System One wire format (published as Krite Protocol v1, with JSON
+ * schemas for request, response and error). The request's `state` and `questions` go to
+ * `scheduler.decide()` (lib/scheduler/decide.js, which checks them); the answer is
+ * `{ model, answers, usage: { input_tokens, output_tokens: 0 }, latency_ms }`. Every error of
+ * this route, the API key's included, is the protocol's `{ error: { type, message, param } }`,
+ * whose `type` is one of its six.
+ */
+
+const { HttpError, sendJson, readJsonBody, toHttpError } = require('./http');
+
+const FIELDS = ['model', 'state', 'questions'];
+
+/** The protocol's error body and status for anything this route throws. */
+function protocolError(e) {
+  const http = toHttpError(e);
+  let type =
+    e && e.reason ? e.reason : http.status >= 500 || http.status === 429 ? 'internal_error' : 'invalid_request';
+  if (http.errorCode === 'model_not_found') type = 'unknown_model';
+  const param = e && typeof e.param === 'string' ? e.param : http.param;
+  return {
+    status: http.status,
+    headers: http.headers,
+    body: { error: { type, message: http.message, param: param === undefined ? null : param } },
+  };
+}
+
+/**
+ * The route's handler. `app`: what the server set up (scheduler, model name, limits, the key
+ * check, CORS headers, metrics).
+ */
+function systemoneRoute(app) {
+  const route = async (req, res) => {
+    try {
+      app.checkKey(req);
+      const body = await readJsonBody(req, app.maxBodyBytes);
+      for (const key of Object.keys(body)) {
+        if (!FIELDS.includes(key))
+          throw new HttpError(400, `unknown field ${JSON.stringify(key)}; a request has model, state and questions`, {
+            param: key,
+          });
+      }
+      if (body.model !== undefined && body.model !== app.modelName) {
+        if (typeof body.model !== 'string' || body.model === '')
+          throw new HttpError(400, 'model must be a non-empty string', { param: 'model' });
+        throw new HttpError(404, `The model \`${body.model}\` does not exist; this server has ${app.modelName}`, {
+          param: 'model',
+          code: 'model_not_found',
+        });
+      }
+      if (body.state === undefined || body.questions === undefined)
+        throw new HttpError(400, 'a request needs state (a string or a JSON object) and questions', {
+          param: body.state === undefined ? 'state' : 'questions',
+        });
+      const controller = new AbortController();
+      res.on('error', () => {}); // a write racing the client's disconnect: the abort below handles it
+      res.on('close', () => {
+        if (!res.writableFinished) controller.abort(new Error('client disconnected'));
+      });
+      const result = await app.scheduler.decide({
+        state: body.state,
+        questions: body.questions,
+        maxQuestions: app.limits.maxQuestions,
+        signal: controller.signal,
+      });
+      if (controller.signal.aborted) return;
+      app.metrics.decision(Object.keys(result.answers).length, result.usage.inputTokens);
+      sendJson(
+        res,
+        200,
+        {
+          model: app.modelName,
+          answers: result.answers,
+          usage: { input_tokens: result.usage.inputTokens, output_tokens: 0 },
+          latency_ms: result.latencyMs,
+        },
+        app.corsHeaders,
+      );
+    } catch (e) {
+      const { status, headers, body } = protocolError(e);
+      sendJson(res, status, body, { ...app.corsHeaders, ...headers });
+    }
+  };
+  route.public = true; // it checks the key itself, to answer a missing one in the protocol's shape
+  return route;
+}
+
+module.exports = { systemoneRoute };
