@@ -57,6 +57,8 @@ function pythonClient() {
 
 console.log('\n==> system packages');
 buildPackages();
+// Also with --system (.ci/run's step), so that CI runs the test's Python client case.
+pythonClient();
 // On their own, so that a failure leaves the build tools alone: the browser of `npm run test:ui`
 // and a font for its screenshots.
 if (!browserPath() && !(aptInstall(['chromium', 'fonts-dejavu-core'], log) && browserPath()))
@@ -69,7 +71,6 @@ if (!process.argv.includes('--system')) {
     step('npm install (also builds the native addon)', npm, [...npmArgs, 'install']);
   else step('build native addon', process.execPath, [script('scripts', 'build.js')]);
   step('fetch model', process.execPath, [script('scripts', 'fetch-model.js')]);
-  pythonClient();
   step('demo (node examples/demo.js)', process.execPath, [script('examples', 'demo.js')]);
   console.log('\n[setup] done. Next:');
   console.log('  npm test                                  # the whole test suite');

@@ -324,6 +324,37 @@ describe('speculative decoding in the Scheduler and the server', function () {
     assert.ok(spec.steps < plain.steps, `${spec.steps} steps with speculation vs ${plain.steps} without`);
   });
 
+  it("a program's gen speculates as a request does: greedy output as without, drafts accepted", async () => {
+    // A program line's gen is the same GenJob as a request's choice, so it drafts and verifies
+    // in the scheduler's step whenever the scheduler speculates.
+    const prompt = `Document 1.\n${COPY_PROMPT}`;
+    const program = async (s) => {
+      s.append(prompt);
+      return s.gen({ maxTokens: 48, params: { temperature: 0 } });
+    };
+    const runOnce = async (options) => {
+      const scheduler = new Scheduler(ctx, options);
+      try {
+        const result = await scheduler.run(program);
+        return { result, stats: scheduler.stats() };
+      } finally {
+        await scheduler.close();
+      }
+    };
+    const plain = await runOnce({});
+    const spec = await runOnce({ speculative: { lookup: true, maxDraft: 6, adaptive: false } });
+    assert.equal(plain.stats.draftTokens, 0);
+    assert.ok(spec.stats.acceptedDraftTokens > 10, JSON.stringify(spec.stats));
+    assert.ok(spec.stats.steps < plain.stats.steps, `${spec.stats.steps} steps vs ${plain.stats.steps}`);
+    assert.equal(spec.result.tokens.length, 48);
+    const ranks = await greedyRanks(ctx, ctx.tokenizeSync(prompt, true), spec.result.tokens);
+    assert.ok(ranks.filter((r) => r === 0).length >= Math.ceil(48 * 0.8), `ranks ${ranks}`);
+    assert.ok(
+      ranks.every((r) => r < 3),
+      `ranks ${ranks}`,
+    );
+  });
+
   it('stop strings, n choices and sampling work with speculation; logprobs requests do not speculate', async () => {
     const scheduler = new Scheduler(ctx, { speculative: { lookup: true, adaptive: false } });
     try {

@@ -8,8 +8,7 @@ const assert = require('node:assert/strict');
 const { RadixTree } = require('../../lib/scheduler/radix');
 const { StopMatcher } = require('../../lib/scheduler/stops');
 const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-cache');
-const { Request } = require('../../lib/scheduler/request');
-const { Generation } = require('../../lib/scheduler/generation');
+const { RequestProgram } = require('../../lib/scheduler/request');
 const { SchedulerEvents } = require('../../lib/scheduler/events');
 const { schedulerOptions } = require('../../lib/scheduler/options');
 const { StepCost } = require('../../lib/scheduler/speculation');
@@ -150,30 +149,34 @@ describe('Scheduler parts (no model)', () => {
     });
   });
 
-  describe('Request', () => {
-    const env = {
+  describe('RequestProgram', () => {
+    const env = () => ({
+      ctx: {},
       vocabSize: 100,
       defaultMaxTokens: 8,
       jsonSchemaToGrammar: async () => 'root ::= "x"',
       events: new SchedulerEvents(),
-    };
-    const make = (request) => new Request(request, new Generation(), env);
+      cache: new PrefixCache(),
+      counters: { promptTokens: 0, cachedPromptTokens: 0, completed: 0 },
+      spec: null,
+      wake: () => {},
+    });
+    const sink = { push: () => {}, finish: () => {}, fail: () => {} };
+    const make = (request, e = env()) => new RequestProgram(request, sink, e);
 
     it('starts queued and moves only along its life cycle', () => {
       const req = make({ prompt: 'hi' });
       assert.equal(req.state, 'queued');
       assert.throws(
-        () => req.to('generating'),
-        (e) => e.code === 'ERR_INTERNAL' && /from queued to generating/.test(e.message),
+        () => req.to('running'),
+        (e) => e.code === 'ERR_INTERNAL' && /from queued to running/.test(e.message),
       );
-      for (const state of ['ready', 'prefilling', 'generating', 'aborting', 'done']) req.to(state);
+      for (const state of ['ready', 'running', 'ending', 'done']) req.to(state);
       assert.throws(
         () => req.to('failed'),
         (e) => e.code === 'ERR_INTERNAL',
       );
-      const failing = make({ tokens: [1, 2] });
-      failing.to('failed');
-      assert.equal(failing.running, false);
+      assert.equal(req.isRequest, true);
     });
 
     it('checks its inputs with coded errors that name the field', () => {
@@ -196,33 +199,36 @@ describe('Scheduler parts (no model)', () => {
       assert.deepEqual([ok.stops, ok.seedBase, ok.params, ok.maxTokens], [['x'], 5, { temperature: 0 }, 8]);
     });
 
-    it('cellsToCome: the unfilled prompt and every token left to generate', () => {
-      const req = make({ tokens: [1, 2, 3, 4], n: 2, maxTokens: 5 });
-      req.tokens = [1, 2, 3, 4];
-      req.plannedStart = 1;
-      assert.equal(req.cellsToCome(), 3 + 2 * 5);
-      req.choices = [
-        { tokens: [7, 7], finishReason: null },
-        { tokens: [7], finishReason: 'stop' },
-      ];
-      assert.equal(req.cellsToCome(), 3);
-    });
-
-    it('needs: its cached start, and the cells and leases beyond it; admit takes them', () => {
-      const cache = new PrefixCache();
-      const cached = cache.open([1, 2, 3], fakeBranch(3, []));
-      cache.filled(cached);
-      const req = make({ tokens: [1, 2, 3, 4, 5], n: 2, maxTokens: 5, logprobs: true });
+    it('needs: its cached start, and the cells and leases beyond it; begin makes its lines', () => {
+      const e = env();
+      const cached = e.cache.open([1, 2, 3], fakeBranch(3, []));
+      e.cache.filled(cached);
+      const req = make({ tokens: [1, 2, 3, 4, 5], n: 2, maxTokens: 5, logprobs: true }, e);
       req.tokens = [1, 2, 3, 4, 5];
       req.cachePoints = [2, 5]; // a system prompt's end below the cached start needs no branch
       req.to('ready');
-      const need = req.needs(cache);
+      const need = req.needs(e.cache);
       assert.deepEqual(need, { entry: cached, start: 3, cells: 2 + 2 * 5, leases: 2 + 1 });
-      req.admit(need, { source: {}, maxDraft: 4, adaptive: true, cost: null });
-      assert.equal(req.state, 'prefilling');
+      req.start(need);
+      assert.equal(req.state, 'running');
       assert.deepEqual([req.plannedStart, req.leasesToCome, req.usage.promptTokens], [3, 3, 5]);
-      assert.equal(req.spec, null, 'log-probabilities need every token sampled, not drafted');
-      assert.equal(req.cellsToCome(), 12);
+      assert.deepEqual(
+        req.lines.map((l) => [l.id, l.parent && l.parent.id, l.tokens.length]),
+        [
+          [req.id, null, 5],
+          [`${req.id}.0`, req.id, 5],
+          [`${req.id}.1`, req.id, 5],
+        ],
+      );
+      // The unfilled prompt (from the planned start) and every token left to generate.
+      assert.equal(req.cellsToCome(), 2 + 2 * 5);
+      req.choices[0].tokens.push(7, 7);
+      req.choices[1].result = { finishReason: 'stop' };
+      assert.equal(req.cellsToCome(), 2 + 3);
+      // Log-probabilities need every token sampled, not drafted: arming with a spec opens no drafter.
+      const branch = { setSamplerParams: () => {}, setGrammar: () => {} };
+      req.choices[0].arm({ branch, tokens: [] }, { source: { open: () => assert.fail('drafted') }, maxDraft: 4 });
+      assert.equal(req.choices[0].drafter, null);
     });
   });
 
