@@ -61,7 +61,7 @@ describe('devices and placement options', function () {
     assert.deepEqual(same.offload.devices, []);
     same.dispose();
     await rejects(() => open({ gpu: false, devices: ['Vulkan0'] }), 'ERR_INVALID_ARG', /gpu is false/);
-    await rejects(() => open({ gpu: 'cuda' }), 'ERR_INVALID_ARG', /'auto', 'vulkan' or false/);
+    await rejects(() => open({ gpu: 'cuda' }), 'ERR_INVALID_ARG', /'auto', 'vulkan', 'cpu' or false/);
     if (!listDevices().some((d) => /^Vulkan/.test(d.name))) {
       await rejects(
         () => open({ gpu: 'vulkan' }),
