@@ -9,7 +9,7 @@
  */
 
 const { makeError } = require('./errors');
-const { positiveInt, invalid, checkStops, checkSampling, checkLogprobs } = require('./scheduler/checks');
+const { positiveInt, invalid, isTokenIds, checkStops, checkSampling, checkLogprobs } = require('./scheduler/checks');
 const { GenJob, PeekJob } = require('./scheduler/line');
 const { regexGrammar, choicesGrammar } = require('./scheduler/grammars');
 const { scoringPaths, scorePaths } = require('./scheduler/scoring');
@@ -71,7 +71,7 @@ class ProgramLine {
       tokens = input === '' ? [] : ctx.tokenizeSync(input, line.tokens.length === 0);
       text = input;
       if (line.chat === 'open' && input !== '') line.chat = 'replied'; // the assistant's text
-    } else if (Array.isArray(input) && input.every((t) => Number.isInteger(t) && t >= 0 && t < ctx.vocabSize)) {
+    } else if (isTokenIds(input, ctx.vocabSize)) {
       tokens = input.slice();
       text = tokens.map((t) => ctx.tokenToText(t)).join('');
       if (line.chat === 'open' && tokens.length > 0) line.chat = 'replied';
@@ -233,11 +233,7 @@ class ProgramLine {
     line.checkIdle('logprob');
     const ctx = line.program.ctx;
     const tokens = typeof text === 'string' ? ctx.tokenizeSync(text, false) : text;
-    if (
-      !Array.isArray(tokens) ||
-      tokens.length === 0 ||
-      !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < ctx.vocabSize)
-    )
+    if (!isTokenIds(tokens, ctx.vocabSize) || tokens.length === 0)
       throw invalid(`logprob(text): give a non-empty string or token ids in [0, ${ctx.vocabSize})`);
     if (line.tokens.length === 0) throw invalid('logprob(): the line is empty; append a prompt first');
     const top = checkLogprobs((options && options.top) || 0, 'options.top');
@@ -265,11 +261,7 @@ class ProgramLine {
     const line = this.#line;
     line.checkIdle('logprobs');
     const ctx = line.program.ctx;
-    if (
-      !Array.isArray(tokens) ||
-      tokens.length === 0 ||
-      !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < ctx.vocabSize)
-    )
+    if (!isTokenIds(tokens, ctx.vocabSize) || tokens.length === 0)
       throw invalid(`logprobs(tokens): give a non-empty array of token ids in [0, ${ctx.vocabSize})`);
     if (line.tokens.length === 0) throw invalid('logprobs(): the line is empty; append a prompt first');
     return line.start(new PeekJob(tokens.slice()));

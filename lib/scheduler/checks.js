@@ -20,6 +20,11 @@ function positiveInt(value, name, fallback) {
   return value;
 }
 
+/** Whether `value` is an array of token ids of a vocabulary of `vocab` tokens (empty allowed). */
+function isTokenIds(value, vocab) {
+  return Array.isArray(value) && value.every((t) => Number.isInteger(t) && t >= 0 && t < vocab);
+}
+
 /** The one input of a request (prompt, tokens or messages), checked. */
 function checkInput(request, vocab) {
   if (request === null || typeof request !== 'object')
@@ -32,10 +37,7 @@ function checkInput(request, vocab) {
   if (request.prompt !== undefined && (typeof request.prompt !== 'string' || request.prompt === ''))
     throw invalid('request.prompt must be a non-empty string');
   const { tokens, messages } = request;
-  if (
-    tokens !== undefined &&
-    (!Array.isArray(tokens) || tokens.length === 0 || !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < vocab))
-  ) {
+  if (tokens !== undefined && (!isTokenIds(tokens, vocab) || tokens.length === 0)) {
     throw invalid(`request.tokens must be a non-empty array of token ids in [0, ${vocab})`);
   }
   if (messages !== undefined && (!Array.isArray(messages) || messages.length === 0))
@@ -75,4 +77,13 @@ function checkSampling(request) {
   return { params, seed, grammar: grammar || null };
 }
 
-module.exports = { SEED_SPACE, invalid, positiveInt, checkInput, checkStops, checkLogprobs, checkSampling };
+module.exports = {
+  SEED_SPACE,
+  invalid,
+  positiveInt,
+  isTokenIds,
+  checkInput,
+  checkStops,
+  checkLogprobs,
+  checkSampling,
+};
