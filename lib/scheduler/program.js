@@ -35,6 +35,7 @@ const { ProgramLine } = require('../ProgramLine');
 const { Line, PeekJob } = require('./line');
 const { SchedulerErrorCode: Code, schedulerError, tooManyBranches } = require('./errors');
 const { doneFields } = require('./events');
+const { lineRow } = require('./rows');
 
 const TRANSITIONS = {
   queued: ['ready', 'failed'],
@@ -513,43 +514,10 @@ class Programs {
         fail(e);
         continue;
       }
-      rows.push(rowOf(line, job, onToken, fail));
+      rows.push(lineRow(line, job, onToken, fail));
     }
     return rows;
   }
-}
-
-/** The decode row of `line`'s gen (see ./rows.js); failures stay the line's owner's. */
-function rowOf(line, job, onToken, fail) {
-  const live = () => line.job === job && line.decoding;
-  /** @type {import('./rows').DecodeRow} */
-  const row = {
-    branch: line.branch,
-    owner: line.owner,
-    carried: job.next,
-    live,
-    take: (produced) => {
-      if (!produced.isStop) onToken();
-      return line.take(produced);
-    },
-    committed: (token) => line.committed(token),
-    fail,
-  };
-  if (!job.drafter) return row;
-  return {
-    ...row,
-    spec: {
-      drafter: job.drafter,
-      length: job.draftLength,
-      // The last token comes from `next`, accepted without a decode, as without speculation.
-      limit: () => job.maxTokens - job.tokens.length - 1,
-    },
-    verified: (token, accepted, next, drafted) => {
-      const before = job.tokens.length;
-      job.verified(line, { token, accepted, next, drafted });
-      for (let i = before; i < job.tokens.length; i++) onToken();
-    },
-  };
 }
 
 module.exports = { Program, RunProgram, Programs, abortedProgram };

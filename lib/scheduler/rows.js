@@ -1,8 +1,9 @@
 'use strict';
 
 /**
- * The Scheduler's decode phase works on rows: one per branch that samples this step, whatever
- * owns it (a request's choice or a program's line). A row is
+ * The Scheduler's decode phase works on rows: one per line that samples this step
+ * (`lineRow`: a program's line or a request's choice, both Lines), or `Branch.generate`'s one
+ * branch. A row is
  * `{ branch, owner, live(), take(produced), committed(token), fail(error) }`: `take` says
  * whether the sampled token is to be decoded now, `committed` hears that it was, and a failure
  * goes to `fail` of the rows of one owner only, so one request's bad grammar or one program's
@@ -202,4 +203,41 @@ async function decodeAll(store, rows, speculation) {
   return { committed: commits.length, ...drafts };
 }
 
-module.exports = { decodeAll };
+/**
+ * The decode row of `line`'s gen (a program's line or a request's choice); failures stay the
+ * line's owner's (a request fails whole). A line whose gen drafts speculates.
+ * @param {any} line @param {any} job @param {() => void} onToken @param {(e: any) => void} fail
+ */
+function lineRow(line, job, onToken, fail) {
+  const live = () => line.job === job && line.decoding;
+  /** @type {DecodeRow} */
+  const row = {
+    branch: line.branch,
+    owner: line.owner,
+    carried: job.next,
+    live,
+    take: (produced) => {
+      if (!produced.isStop) onToken();
+      return line.take(produced);
+    },
+    committed: (token) => line.committed(token),
+    fail,
+  };
+  if (!job.drafter) return row;
+  return {
+    ...row,
+    spec: {
+      drafter: job.drafter,
+      length: job.draftLength,
+      // The last token comes from `next`, accepted without a decode, as without speculation.
+      limit: () => job.maxTokens - job.tokens.length - 1,
+    },
+    verified: (token, accepted, next, drafted) => {
+      const before = job.tokens.length;
+      job.verified(line, { token, accepted, next, drafted });
+      for (let i = before; i < job.tokens.length; i++) onToken();
+    },
+  };
+}
+
+module.exports = { decodeAll, lineRow };
