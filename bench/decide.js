@@ -7,9 +7,11 @@
  *   eight      8 mixed questions (noul, choice, score) over another fresh state of that size
  *   again      the same 8 questions over the `eight` state again (the prefix cache holds it)
  *   four       4 different fresh states × 8 questions, the four decide() calls at once
- * with wall time, tokens prefilled (what was decoded) and input tokens (state once + questions).
- * Peer comparisons (node-llama-cpp, xllamacpp) and the labelled order-sensitivity/calibration set
- * are not measured here.
+ * with wall time, tokens prefilled (what was decoded) and input tokens (state once + questions);
+ * then `beside`: the `eight` decision on a fresh state while 4 streaming chat requests generate
+ * 96 tokens each, against each alone: the decision's latency and the chats' mean gap between
+ * tokens, so that neither starving the other shows. Peer comparisons (node-llama-cpp, xllamacpp)
+ * are not measured here; the labelled order-sensitivity/calibration set is bench/decide-quality.js.
  *
  * Usage: node bench/decide.js [--threads=2]
  */
@@ -87,6 +89,7 @@ async function main() {
       [3, 4, 5, 6].map((s) => ({ state: state(s), questions: QUESTIONS })),
     )
   ).close();
+  const beside = await besideChats(ctx);
   ctx.dispose();
   console.log(`machine: ${os.cpus().length} cores (${os.cpus()[0].model}), ${threads} threads, no GPU`);
   console.log('| case | wall s | tokens prefilled | input tokens | state tokens |');
@@ -94,6 +97,50 @@ async function main() {
   for (const r of rows)
     console.log(`| ${r.name} | ${r.seconds.toFixed(2)} | ${r.prefilled} | ${r.input} | ${r.state} |`);
   console.log(`eight / one: ${(rows[1].seconds / rows[0].seconds).toFixed(2)} ×`);
+  console.log('| beside 4 streaming chats | decision s | chats: mean ms between tokens |');
+  console.log('|---|---|---|');
+  console.log(`| each alone | ${beside.aloneDecision.toFixed(2)} | ${beside.aloneGap.toFixed(1)} |`);
+  console.log(`| together | ${beside.decision.toFixed(2)} | ${beside.gap.toFixed(1)} |`);
+}
+
+/** 4 streaming chats (96 tokens each, end of generation banned); resolves with their mean gap between tokens. */
+async function chats(scheduler) {
+  const gaps = [];
+  await Promise.all(
+    [1, 2, 3, 4].map(async (i) => {
+      const gen = scheduler.generate({
+        messages: [{ role: 'user', content: `Tell me a long story about lighthouse number ${i}.` }],
+        maxTokens: 96,
+        params: { temperature: 0 },
+      });
+      let last = performance.now();
+      for await (const event of gen) {
+        if (event.token === null) continue;
+        const now = performance.now();
+        gaps.push(now - last);
+        last = now;
+      }
+    }),
+  );
+  return gaps.reduce((a, b) => a + b, 0) / gaps.length;
+}
+
+/** The 8-question decision on a fresh state beside 4 streaming chats, and each alone (fresh schedulers). */
+async function besideChats(ctx) {
+  const alone = new Scheduler(ctx);
+  const aloneGap = await chats(alone);
+  let t = performance.now();
+  await alone.decide({ state: state(7), questions: QUESTIONS });
+  const aloneDecision = (performance.now() - t) / 1000;
+  await alone.close();
+  const together = new Scheduler(ctx);
+  const chatting = chats(together);
+  t = performance.now();
+  await together.decide({ state: state(8), questions: QUESTIONS });
+  const decision = (performance.now() - t) / 1000;
+  const gap = await chatting;
+  await together.close();
+  return { aloneDecision, aloneGap, decision, gap };
 }
 
 main().catch((e) => {
