@@ -56,6 +56,13 @@ function checkDescription(value, param) {
   return typeof value === 'string' && value.trim() !== '' ? value.trim() : null;
 }
 
+/** A question's count of options (or levels) within 2..`max`, else the protocol's refusal. */
+function checkCount(count, max, param, what, items) {
+  if (count < 2) throw refused(`${param}: ${what} needs at least 2 ${items}, got ${count}`, param);
+  if (count > max)
+    throw refused(`${param}: ${what} has at most ${max} ${items}, got ${count}`, param, 'too_many_options');
+}
+
 /** A question's options from its `criteria` (see checkQuestion). */
 function optionsOf(type, criteria, param, maxOptions) {
   if (type === 'noul') {
@@ -74,13 +81,7 @@ function optionsOf(type, criteria, param, maxOptions) {
     if (!isPlainObject(criteria))
       throw refused(`${param} of a choice must map each option's name to a description (or null)`, param);
     const names = Object.keys(criteria);
-    if (names.length < 2) throw refused(`${param}: a choice needs at least 2 options, got ${names.length}`, param);
-    if (names.length > maxOptions)
-      throw refused(
-        `${param}: a choice has at most ${maxOptions} options, got ${names.length}`,
-        param,
-        'too_many_options',
-      );
+    checkCount(names.length, maxOptions, param, 'a choice', 'options');
     return names.map((n) => {
       if (n.trim() === '') throw refused(`${param}: option names must not be empty or blank`, param);
       return { name: n, description: checkDescription(criteria[n], `${param}.${n}`) };
@@ -88,13 +89,7 @@ function optionsOf(type, criteria, param, maxOptions) {
   } else {
     if (!Array.isArray(criteria))
       throw refused(`${param} of a score must be an array of its level names, lowest first`, param);
-    if (criteria.length < 2) throw refused(`${param}: a score needs at least 2 levels, got ${criteria.length}`, param);
-    if (criteria.length > MAX_LEVELS)
-      throw refused(
-        `${param}: a score has at most ${MAX_LEVELS} levels, got ${criteria.length}`,
-        param,
-        'too_many_options',
-      );
+    checkCount(criteria.length, MAX_LEVELS, param, 'a score', 'levels');
     if (!criteria.every((l) => typeof l === 'string' && l.trim() !== ''))
       throw refused(`${param}: every level must be a non-empty string`, param);
     if (new Set(criteria).size !== criteria.length) throw refused(`${param}: the levels must be distinct`, param);

@@ -149,7 +149,7 @@ class GenJob {
   }
 
   /** The gen's result, once it ended with `reason`; a request's choice sends its ending event. */
-  finish(line, reason) {
+  finish(reason) {
     if (this.drafter) this.drafter.close();
     this.drafter = null;
     const rest = this.matcher.flush(); // the events' texts add up to the result's text
@@ -615,7 +615,7 @@ class Line {
     }
     const gen = /** @type {GenJob} */ (job);
     const ppl = perplexityOf(this.branch);
-    const result = gen.finish(this, reason);
+    const result = gen.finish(reason);
     this.text += result.text;
     if (this.program.events.on) {
       const n = this.tokens.length;

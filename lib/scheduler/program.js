@@ -17,7 +17,8 @@
  *
  * queued: waiting for its preparation (a request's tokenization); ready: waiting in the queue for
  * its leases and cells; running: admitted, its lines at work; ending: it returned or threw, its
- * signal fired or the scheduler closed: the next step frees everything it holds and settles it;
+ * signal fired or the scheduler closed: the next step frees everything it holds and settles it
+ * (a request aborted while queued or ready goes straight to done, with its choices ended 'abort');
  * done / failed: settled.
  *
  * Leases: a program declares `maxBranches` and is admitted only when that many leases are free
@@ -38,8 +39,8 @@ const { doneFields } = require('./events');
 const { lineRow } = require('./rows');
 
 const TRANSITIONS = {
-  queued: ['ready', 'failed'],
-  ready: ['running', 'failed'],
+  queued: ['ready', 'done', 'failed'],
+  ready: ['running', 'done', 'failed'],
   running: ['ending'],
   ending: ['done', 'failed'],
   done: [],
@@ -520,4 +521,4 @@ class Programs {
   }
 }
 
-module.exports = { Program, RunProgram, Programs, abortedProgram };
+module.exports = { Program, RunProgram, Programs };

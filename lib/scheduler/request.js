@@ -220,9 +220,8 @@ class RequestProgram extends Program {
 
   /** A request that ends before it started: n empty choices, all ended 'abort'. */
   endUnstarted() {
-    this.to('failed');
+    this.to('done');
     this.detach();
-    this.state = 'done';
     for (let index = 0; index < this.n; index++) {
       const job = new GenJob({
         maxTokens: 1,
@@ -231,7 +230,7 @@ class RequestProgram extends Program {
         grammar: null,
         choice: { index, push: this.sink.push, chat: null },
       });
-      job.result = job.finish(null, 'abort');
+      job.result = job.finish('abort');
       job.result.perplexity = Infinity;
       this.choices.push(job);
     }
