@@ -268,6 +268,51 @@ export interface ContextOptions extends Omit<NativeContextOptions, 'modelPath'> 
    * `rpcServers` naming others: `ERR_INVALID_ARG`). `ctx.offload` says what happened.
    */
   gpu?: 'auto' | 'vulkan' | 'cpu' | false;
+  /**
+   * Compile the GPU pipelines of every batch size the context can meet right after creation, in
+   * the background (one throwaway decode per size class; see {@link SessionContext.ready} and
+   * {@link SessionContext.warmup}), so that the first step at a new number of branches does not
+   * stall. `'auto'` (default): when layers went to a local GPU, not on the CPU or RPC servers;
+   * `true`: always; `false`: never; an object: on, with its settings.
+   */
+  warmup?: boolean | 'auto' | WarmupOptions;
+}
+
+/** Settings of a context's warm-up ({@link ContextOptions.warmup}). */
+export interface WarmupOptions {
+  /** Largest batch (tokens in one decode) to warm. Default and cap: the context's `nBatch`. */
+  maxTokens?: number;
+  /**
+   * Cache lengths (cells) after which batches of 1 to 64 tokens are decoded again, since the
+   * attention kernels change with the cache length. Default: 1,024 and every fourfold length
+   * that fits `nCtx`; `[]` for none. Each costs one untimed prefill of that length.
+   */
+  cacheLengths?: number[];
+  /** Called after each warm-up decode with the status so far. */
+  onProgress?: (status: WarmupStatus) => void;
+}
+
+/** Where a context's warm-up stands ({@link SessionContext.warmup}, {@link SessionContext.ready}). */
+export interface WarmupStatus {
+  /**
+   * `'off'`: none was asked for (or `'auto'` found no GPU); `'warming'`: under way; `'ready'`:
+   * done; `'cancelled'`: the context was disposed first; `'failed'`: a warm-up decode failed
+   * (`error` says why; the context still works).
+   */
+  state: 'off' | 'warming' | 'ready' | 'cancelled' | 'failed';
+  /** Warm-up decodes run so far. */
+  done: number;
+  /** Warm-up decodes planned. */
+  total: number;
+  /** Milliseconds from its start to its end (or to now). */
+  ms: number;
+  /**
+   * Each decode: its token count, the cache length it ran after, and its milliseconds (-1:
+   * skipped, no free sequence or cells then).
+   */
+  sizes: Array<{ tokens: number; after: number; ms: number }>;
+  /** Why it failed. */
+  error?: string;
 }
 
 /**
@@ -1072,6 +1117,11 @@ export interface ServerOptions {
   typeV?: ContextOptions['typeV'];
   /** Flash attention ({@link ContextOptions.flashAttention}). The CLI's `--flash-attn`. */
   flashAttention?: ContextOptions['flashAttention'];
+  /**
+   * Warm-up of the contexts the server loads ({@link ContextOptions.warmup}); `/health` answers 503
+   * `"warming up"` until it is over. The CLI's `--no-warmup` sets `false`.
+   */
+  warmup?: ContextOptions['warmup'];
   /** Scheduler options (`maxRunning` defaults to `parallel`). */
   scheduler?: SchedulerOptions;
   /** Largest accepted request body, in bytes. Default 1 MiB. */

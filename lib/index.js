@@ -7,6 +7,7 @@ const { makeError, guardedView } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { SessionContext, wrapContext } = require('./Context');
+const { checkWarmupOption } = require('./warmup');
 const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
 const { PromptLookup, DraftModel } = require('./speculative');
 const { Scheduler } = require('./Scheduler');
@@ -136,7 +137,8 @@ async function createContextOn(binding, options) {
       throw makeError('ERR_INVALID_ARG', `options.${k} must be an array of strings`);
     }
   }
-  return wrapContext(await binding.createContext({ ...placementOf(options, binding), modelPath }));
+  const warmup = checkWarmupOption(options.warmup);
+  return wrapContext(await binding.createContext({ ...placementOf(options, binding), modelPath }), warmup);
 }
 
 /** Why this process has no Vulkan device: the module package's reason, or the build's. */

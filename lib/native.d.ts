@@ -97,7 +97,20 @@ export declare class SessionContext {
   /**
    * Whether pairs of single-token branches decode as two 1-row batches on this machine
    * (measured when the context was created).
+   * The token counts a warm-up decodes once each (engine/warmup.rs), ascending, up to
+   * `maxTokens` (default and cap: nBatch, or nCtx when smaller).
    */
+  _warmUpSizes(maxTokens?: number | undefined | null): Array<number>
+  /**
+   * Warm-up decodes on a scratch sequence (one no branch leases and that holds no cells):
+   * for each of `sizes`, that many throwaway tokens in one decode, every row's logits asked
+   * for when the output buffer allows (as a step of that many branches does), each removed
+   * again before the next. With `after` > 0 the sequence first gets `after` untimed cells, so
+   * that the timed decodes attend over a longer cache (attention kernels change with its
+   * length). Resolves with each decode's milliseconds, -1 for one that could not run (no
+   * scratch sequence, or too few free cells); nothing is left behind either way.
+   */
+  _warmUp(sizes: Array<number>, after?: number | undefined | null): Promise<number[]>
   get _splitPairs(): boolean
   /**
    * Throws the error `code` names, with the message defined in `error.rs`: for the few checks

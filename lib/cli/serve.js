@@ -89,6 +89,10 @@ const options = {
     default: String(serverDefaults.specMaxDraft),
     help: 'longest draft one request verifies per step (1..32; the length used adapts)',
   },
+  'no-warmup': {
+    type: 'boolean',
+    help: 'on a GPU, do not compile the pipelines of every batch size at start (the first request of each size then stalls)',
+  },
   'no-ui': { type: 'boolean', help: 'do not serve the live page of the branch trees at / (GET /v1/events stays)' },
   trace: {
     type: 'string',
@@ -197,6 +201,7 @@ async function run(values, { log }) {
     modelDraft: values['model-draft'],
     specMaxDraft: integer(values, 'spec-max-draft'),
     ui: !values['no-ui'],
+    ...(values['no-warmup'] ? { warmup: false } : {}),
     traceFile: values.trace,
   }).catch((e) => {
     // createContext's ERR_DEVICE speaks of its options (`gpu`, `nGpuLayers`); on the command
@@ -209,6 +214,14 @@ async function run(values, { log }) {
   log(`listening on ${url}`);
   if (!values['no-ui']) log(`branch trees live at ${url}/`);
   if (values.trace) log(`recording events to ${values.trace}`);
+  if (server.ctx.warmup.state === 'warming') {
+    log(
+      `warming up: compiling the GPU pipelines of ${server.ctx.warmup.total} batch sizes (/health says 503 until done)`,
+    );
+    server.ctx.ready.then((w) =>
+      log(`warm-up ${w.state} in ${(w.ms / 1000).toFixed(1)} s${w.error ? `: ${w.error}` : ''}`),
+    );
+  }
   await new Promise((resolve) => {
     const stop = () => resolve();
     process.once('SIGINT', stop);

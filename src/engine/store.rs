@@ -127,6 +127,12 @@ impl BranchStore {
             .find(|&h| self.branches.get(h).is_some_and(|b| b.seq == seq))
     }
 
+    /// A sequence a throwaway decode may use and clear within one operation (see
+    /// `warmup::scratch_sequence`); leases nothing.
+    pub fn scratch_sequence(&self, kv: &impl KvBackend) -> Option<SeqId> {
+        super::warmup::scratch_sequence(&self.leases, kv)
+    }
+
     /// Detached sequences whose cells were removed by raw KV calls become vacant again.
     fn reclaim_detached(&mut self, kv: &impl KvBackend) {
         let leases = &mut self.leases;
