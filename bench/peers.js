@@ -23,7 +23,8 @@
  * Usage: npm run bench:peers [-- --quick] [--parts=library,server,decide] [--rounds=5]
  *        [--reps=3] [--scratch=<dir>] [--threads=2] [--no-write]
  * Writes bench/results/peers-<timestamp>.json and the "Peers" section of bench/RESULTS.md (not with
- * --quick or --parts, whose numbers are partial).
+ * --quick, --parts, --rounds, --reps or --steps, whose numbers are partial; `--from=a.json,b.json`
+ * writes the section from runs made part by part).
  */
 
 const fs = require('node:fs');
@@ -110,35 +111,38 @@ function installPeers() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The library workloads, one implementation per child process (`--child=<name> --job=<file>`).
-// Each child gets the same token ids (the parent's tokenization) and writes its timings to
-// `<file>.out.json`.
+// The library workloads. Each implementation lives in a child process of its own (their llama.cpp
+// copies cannot share one) that loads once and then runs what the parent asks over IPC
+// (`{ op: 'batched', n }`, `{ op: 'stream' }`, `{ op: 'prefill' }` → `{ ms }`), so that the three
+// take turns workload by workload. All get the same token ids (the parent's tokenization).
 
 /** Ours: bench/run.js's loop (store.produce + one store.commit per step). */
-async function oursLibrary(job) {
+async function oursWorker(job) {
   const { createContext, Branch, BranchStore } = require('..');
   const bench = require('./run');
   const ctx = await createContext({ modelPath: job.model, nCtx: 4096, nSeqMax: 33, nThreads: THREADS });
   const store = new BranchStore(ctx);
   const { prompt } = job;
-  const out = { batched: {}, streamMs: 0, prefillMs: [] };
-  await bench.ours(ctx, store, prompt, 4); // warm-up
-  for (const n of NS) out.batched[n] = await bench.ours(ctx, store, prompt, n);
-  const one = Branch.create(ctx, 0, { temperature: 0 });
-  await one.prefill(prompt);
-  let t = now();
-  for (let i = 0; i < STREAM_TOKENS; i++) await one.commit(one.produce().token);
-  out.streamMs = now() - t;
-  await one.prune();
-  for (let rep = 0; rep < 3; rep++) {
-    const b = Branch.create(ctx, 0, { temperature: 0 });
-    t = now();
-    await b.prefill(prompt);
-    out.prefillMs.push(now() - t);
-    await b.prune();
-  }
-  ctx.dispose();
-  return out;
+  return {
+    batched: (n) => bench.ours(ctx, store, prompt, n),
+    async stream() {
+      const one = Branch.create(ctx, 0, { temperature: 0 });
+      await one.prefill(prompt);
+      const t = now();
+      for (let i = 0; i < STREAM_TOKENS; i++) await one.commit(one.produce().token);
+      const ms = now() - t;
+      await one.prune();
+      return ms;
+    },
+    async prefill() {
+      const b = Branch.create(ctx, 0, { temperature: 0 });
+      const t = now();
+      await b.prefill(prompt);
+      const ms = now() - t;
+      await b.prune();
+      return ms;
+    },
+  };
 }
 
 /**
@@ -146,43 +150,44 @@ async function oursLibrary(job) {
  * its `Branch` / `BranchStore` make: `_branchPrefill`, `_branchFork`, `_branchSample` and one
  * `_storeCommit` of every branch per step (accept, then one decode of all rows).
  */
-async function lloyalLibrary(job) {
+async function lloyalWorker(job) {
   const binding = require(LLOYAL_BINARY);
   const ctx = await binding.createContext({ modelPath: job.model, nCtx: 4096, nSeqMax: 33, nThreads: THREADS });
   const { prompt, first } = job;
-  const batched = async (n) => {
-    const root = ctx._branchCreate(0, { temperature: 0 });
-    await ctx._branchPrefill(root, prompt);
-    const branches = [root];
-    for (let i = 1; i < n; i++) branches.push(ctx._branchFork(root));
-    await ctx._storeCommit(branches, first.slice(0, n));
-    const t = now();
-    for (let s = 0; s < STEPS; s++) {
-      const tokens = branches.map((b) => ctx._branchSample(b));
-      await ctx._storeCommit(branches, tokens);
-    }
-    const ms = now() - t;
-    ctx._branchPruneSubtree(root);
-    return ms;
+  return {
+    async batched(n) {
+      const root = ctx._branchCreate(0, { temperature: 0 });
+      await ctx._branchPrefill(root, prompt);
+      const branches = [root];
+      for (let i = 1; i < n; i++) branches.push(ctx._branchFork(root));
+      await ctx._storeCommit(branches, first.slice(0, n));
+      const t = now();
+      for (let s = 0; s < STEPS; s++) {
+        const tokens = branches.map((b) => ctx._branchSample(b));
+        await ctx._storeCommit(branches, tokens);
+      }
+      const ms = now() - t;
+      ctx._branchPruneSubtree(root);
+      return ms;
+    },
+    async stream() {
+      const one = ctx._branchCreate(0, { temperature: 0 });
+      await ctx._branchPrefill(one, prompt);
+      const t = now();
+      for (let i = 0; i < STREAM_TOKENS; i++) await ctx._storeCommit([one], [ctx._branchSample(one)]);
+      const ms = now() - t;
+      ctx._branchPrune(one);
+      return ms;
+    },
+    async prefill() {
+      const b = ctx._branchCreate(0, { temperature: 0 });
+      const t = now();
+      await ctx._branchPrefill(b, prompt);
+      const ms = now() - t;
+      ctx._branchPrune(b);
+      return ms;
+    },
   };
-  const out = { batched: {}, streamMs: 0, prefillMs: [] };
-  await batched(4); // warm-up
-  for (const n of NS) out.batched[n] = await batched(n);
-  const one = ctx._branchCreate(0, { temperature: 0 });
-  await ctx._branchPrefill(one, prompt);
-  let t = now();
-  for (let i = 0; i < STREAM_TOKENS; i++) await ctx._storeCommit([one], [ctx._branchSample(one)]);
-  out.streamMs = now() - t;
-  ctx._branchPrune(one);
-  for (let rep = 0; rep < 3; rep++) {
-    const b = ctx._branchCreate(0, { temperature: 0 });
-    t = now();
-    await ctx._branchPrefill(b, prompt);
-    out.prefillMs.push(now() - t);
-    ctx._branchPrune(b);
-  }
-  ctx.dispose();
-  return out;
 }
 
 async function loadNodeLlamaCpp(model) {
@@ -197,7 +202,7 @@ async function loadNodeLlamaCpp(model) {
  * others (the KV copy its own decide() uses), then N concurrent `sequence.evaluate` generators,
  * which it batches into one decode per step. Each gets its distinct first token, as ours do.
  */
-async function nodeLlamaCppLibrary(job) {
+async function nodeLlamaCppWorker(job) {
   const model = await loadNodeLlamaCpp(job.model);
   const context = await model.createContext({ contextSize: 256, sequences: 32, threads: THREADS, batchSize: 512 });
   const { prompt, first } = job;
@@ -208,37 +213,36 @@ async function nodeLlamaCppLibrary(job) {
     for await (const _ of seq.evaluate([token], { temperature: 0 })) if (++k >= count) break;
     return k;
   };
-  const batched = async (n) => {
-    const seqs = all.slice(0, n);
-    for (const s of seqs) await s.clearHistory();
-    await seqs[0].evaluateWithoutGeneratingNewTokens(prompt);
-    for (const s of seqs.slice(1))
-      if (!(await s._copyStateFromOtherSequence(seqs[0], prompt.length)))
-        throw new Error('node-llama-cpp: copying the prompt to a sequence failed');
-    const t = now();
-    const counts = await Promise.all(seqs.map((s, i) => generate(s, first[i], STEPS)));
-    const ms = now() - t;
-    if (counts.some((c) => c !== STEPS)) throw new Error(`node-llama-cpp generated ${counts} tokens, not ${STEPS}`);
-    return ms;
+  return {
+    async batched(n) {
+      const seqs = all.slice(0, n);
+      for (const s of seqs) await s.clearHistory();
+      await seqs[0].evaluateWithoutGeneratingNewTokens(prompt);
+      for (const s of seqs.slice(1))
+        if (!(await s._copyStateFromOtherSequence(seqs[0], prompt.length)))
+          throw new Error('node-llama-cpp: copying the prompt to a sequence failed');
+      const t = now();
+      const counts = await Promise.all(seqs.map((s, i) => generate(s, first[i], STEPS)));
+      const ms = now() - t;
+      if (counts.some((c) => c !== STEPS)) throw new Error(`node-llama-cpp generated ${counts} tokens, not ${STEPS}`);
+      return ms;
+    },
+    async stream() {
+      const [one] = all;
+      await one.clearHistory();
+      await one.evaluateWithoutGeneratingNewTokens(prompt);
+      const t = now();
+      await generate(one, first[0], STREAM_TOKENS);
+      return now() - t;
+    },
+    async prefill() {
+      const [one] = all;
+      await one.clearHistory();
+      const t = now();
+      await one.evaluateWithoutGeneratingNewTokens(prompt);
+      return now() - t;
+    },
   };
-  const out = { batched: {}, streamMs: 0, prefillMs: [] };
-  await batched(4); // warm-up
-  for (const n of NS) out.batched[n] = await batched(n);
-  const [one] = all;
-  await one.clearHistory();
-  await one.evaluateWithoutGeneratingNewTokens(prompt);
-  let t = now();
-  await generate(one, first[0], STREAM_TOKENS);
-  out.streamMs = now() - t;
-  for (let rep = 0; rep < 3; rep++) {
-    await one.clearHistory();
-    t = now();
-    await one.evaluateWithoutGeneratingNewTokens(prompt);
-    out.prefillMs.push(now() - t);
-  }
-  await context.dispose();
-  await model.dispose();
-  return out;
 }
 
 /** node-llama-cpp's LlamaDecisionContext.decide() on bench/decide.js's states and questions. */
@@ -285,38 +289,74 @@ async function oursDecide(job) {
   return { rows };
 }
 
-const CHILDREN = {
-  ours: oursLibrary,
-  lloyal: lloyalLibrary,
-  nllc: nodeLlamaCppLibrary,
-  'ours-decide': oursDecide,
-  'nllc-decide': nodeLlamaCppDecide,
-};
+const WORKERS = { ours: oursWorker, lloyal: lloyalWorker, nllc: nodeLlamaCppWorker };
+const ONE_SHOT = { 'ours-decide': oursDecide, 'nllc-decide': nodeLlamaCppDecide };
 
-/** Runs `--child=name` in a fresh process on `job`; resolves its result and wall seconds. */
-function runChild(name, job) {
+/** `--child=name` in a fresh process; `--job=file` holds its input. */
+function spawnChild(name, job, ipc) {
   const file = path.join(os.tmpdir(), `peers-job-${process.pid}-${name}.json`);
   fs.writeFileSync(file, JSON.stringify(job));
   const passed = process.argv.slice(2).filter((a) => /^--(quick|steps|threads|scratch)/.test(a));
+  // the peers print their load logs on stdout: keep them out of the tables
+  const child = spawn(process.execPath, [__filename, `--child=${name}`, `--job=${file}`, ...passed], {
+    stdio: ['ignore', 'ignore', 'pipe', ...(ipc ? ['ipc'] : [])],
+  });
+  child.err = '';
+  child.stderr.on('data', (d) => (child.err = (child.err + d).slice(-4000)));
+  child.file = file;
+  return child;
+}
+
+/** Runs a one-shot child (a decision series) on `job`; resolves what it wrote. */
+function runChild(name, job) {
+  const child = spawnChild(name, job, false);
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [__filename, `--child=${name}`, `--job=${file}`, ...passed], {
-      // the peers print their load logs on stdout: keep them out of the tables
-      stdio: ['ignore', 'ignore', 'pipe'],
-    });
-    let err = '';
-    child.stderr.on('data', (d) => (err = (err + d).slice(-4000)));
     child.on('exit', (code) => {
-      if (code !== 0) return reject(new Error(`child ${name} exited with ${code}: ${err}`));
-      resolve(JSON.parse(fs.readFileSync(`${file}.out.json`, 'utf8')));
+      if (code !== 0) return reject(new Error(`child ${name} exited with ${code}: ${child.err}`));
+      resolve(JSON.parse(fs.readFileSync(`${child.file}.out.json`, 'utf8')));
     });
   });
+}
+
+/** A library worker child: resolves `{ ask(op, n) → ms, close() }` once it has loaded and warmed up. */
+function startWorker(name, job) {
+  const child = spawnChild(name, job, true);
+  let pending = null;
+  const reply = (resolve, reject) => (pending = { resolve, reject });
+  // the child's first message says it has loaded and warmed up
+  const ready = new Promise(reply);
+  child.on('message', (m) => {
+    const p = pending;
+    pending = null;
+    if (m.error) p.reject(new Error(`${name}: ${m.error}`));
+    else p.resolve(m.ms);
+  });
+  child.on('exit', (code) => pending && pending.reject(new Error(`worker ${name} exited with ${code}: ${child.err}`)));
+  const ask = (op, n) => {
+    const answer = new Promise(reply);
+    child.send({ op, n });
+    return answer;
+  };
+  return ready.then(() => ({ ask, close: () => stopProcess(child) }));
 }
 
 async function childMain() {
   const file = String(args.job);
   const job = JSON.parse(fs.readFileSync(file, 'utf8'));
-  const out = await CHILDREN[args.child](job);
-  fs.writeFileSync(`${file}.out.json`, JSON.stringify(out));
+  if (ONE_SHOT[args.child]) {
+    fs.writeFileSync(`${file}.out.json`, JSON.stringify(await ONE_SHOT[args.child](job)));
+    return;
+  }
+  const worker = await WORKERS[args.child](job);
+  await worker.batched(4); // warm-up: first decodes allocate and fault in buffers
+  process.on('message', async ({ op, n }) => {
+    try {
+      process.send({ ms: await worker[op](n) });
+    } catch (e) {
+      process.send({ error: String(e && e.stack) });
+    }
+  });
+  process.send({ ms: 0 });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -339,44 +379,44 @@ async function libraryJob(model) {
   return { model, prompt, first };
 }
 
+/**
+ * The three libraries loaded side by side, taking turns workload by workload (the order rotates),
+ * so that a change of load on the machine hits all three alike.
+ */
 async function library(model) {
   const job = await libraryJob(model);
   const names = ['ours', 'lloyal', 'nllc'];
-  const rounds = [];
-  for (let r = 0; r < ROUNDS; r++) {
-    const round = {};
-    for (let k = 0; k < names.length; k++) {
-      const name = names[(r + k) % names.length];
-      round[name] = await runChild(name, job);
+  const workers = {};
+  for (const n of names) workers[n] = await startWorker(n, job);
+  const workloads = [
+    ...NS.map((n) => ({ name: `batched N=${n}`, op: 'batched', n, tokens: n * STEPS })),
+    { name: `one stream (${STREAM_TOKENS} tokens)`, op: 'stream', tokens: STREAM_TOKENS },
+    { name: `prefill ${job.prompt.length} tokens`, op: 'prefill', tokens: job.prompt.length },
+  ];
+  const ms = Object.fromEntries(workloads.map((w) => [w.name, { ours: [], lloyal: [], nllc: [] }]));
+  try {
+    for (let r = 0; r < ROUNDS; r++) {
+      for (const [i, w] of workloads.entries()) {
+        for (let k = 0; k < names.length; k++) {
+          const name = names[(r + i + k) % names.length];
+          ms[w.name][name].push(await workers[name].ask(w.op, w.n));
+        }
+      }
+      const rate = (n) => ((32 * STEPS) / ms['batched N=32'][n][r]) * 1000;
+      log(`round ${r + 1}/${ROUNDS}: N=32 tok/s ${names.map((n) => `${n} ${rate(n).toFixed(1)}`).join(', ')}`);
     }
-    rounds.push(round);
-    const rate = (n) => (((32 * STEPS) / round[n].batched[32]) * 1000).toFixed(0);
-    log(`round ${r + 1}/${ROUNDS}: N=32 tok/s ${names.map((n) => `${n} ${rate(n)}`).join(', ')}`);
+  } finally {
+    for (const n of names) await workers[n].close();
   }
-  // tokens/s per round, then the median over rounds; ratios are per round (interleaved), then median
-  const tps = (tokens, ms) => (tokens / ms) * 1000;
-  const series = (fn) => Object.fromEntries(names.map((n) => [n, rounds.map((round) => fn(round[n]))]));
-  const rows = [];
-  const add = (workload, values) => {
-    const row = { workload, tps: {}, oursOver: {} };
-    for (const n of names) row.tps[n] = median(values[n]);
-    for (const n of names.slice(1)) row.oursOver[n] = median(values.ours.map((v, i) => v / values[n][i]));
-    rows.push(row);
-  };
-  for (const n of NS)
-    add(
-      `batched N=${n}`,
-      series((x) => tps(n * STEPS, x.batched[n])),
-    );
-  add(
-    `one stream (${STREAM_TOKENS} tokens)`,
-    series((x) => tps(STREAM_TOKENS, x.streamMs)),
-  );
-  add(
-    `prefill ${job.prompt.length} tokens`,
-    series((x) => tps(job.prompt.length, median(x.prefillMs))),
-  );
-  return { promptTokens: job.prompt.length, steps: STEPS, rounds: ROUNDS, rows, raw: rounds };
+  // tokens/s: the median over rounds; ratios: per round (the three ran back to back), then the median
+  const rows = workloads.map((w) => {
+    const tps = Object.fromEntries(names.map((n) => [n, ms[w.name][n].map((v) => (w.tokens / v) * 1000)]));
+    const row = { workload: w.name, tps: {}, oursOver: {}, perRound: tps };
+    for (const n of names) row.tps[n] = median(tps[n]);
+    for (const n of names.slice(1)) row.oursOver[n] = median(tps.ours.map((v, i) => v / tps[n][i]));
+    return row;
+  });
+  return { promptTokens: job.prompt.length, steps: STEPS, rounds: ROUNDS, rows };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -600,7 +640,7 @@ function report(result) {
     const L = result.library;
     out.push(
       '',
-      `**Library** (${L.rounds} rounds, each side in a fresh process per round, order rotated; ` +
+      `**Library** (${L.rounds} rounds; the three loaded side by side in processes of their own, taking turns workload by workload in a rotating order; ` +
         `tokens/s are medians over rounds, ratios the median of per-round ratios; ${L.steps} greedy steps per branch ` +
         `after a ${L.promptTokens}-token prompt):`,
       '',
@@ -663,13 +703,13 @@ function report(result) {
         `${D.library.ours.length} round(s), medians; node-llama-cpp's \`LlamaDecisionContext\` with its defaults, parallelQuestions 4):`,
       '',
       markdownTable(
-        ['case', 'ours s:', 'node-llama-cpp s:', 'ours faster by:', 'input tokens, ours / node-llama-cpp:'],
+        ['case', 'ours s:', 'node-llama-cpp s:', 'ours faster by:', 'tokens decoded, ours / node-llama-cpp:'],
         cases.map((c) => [
           c,
           f(med('ours', c, 'seconds'), 2),
           f(med('nllc', c, 'seconds'), 2),
           x(med('nllc', c, 'seconds') / med('ours', c, 'seconds')),
-          `${med('ours', c, 'input')} / ${med('nllc', c, 'input')}`,
+          `${med('ours', c, 'prefilled')} / ${med('nllc', c, 'input')}`,
         ]),
       ),
     );
@@ -694,6 +734,26 @@ function report(result) {
     }
   }
   return out.join('\n');
+}
+
+/** Writes `table` as the Peers section of bench/RESULTS.md. */
+function writeResults(table) {
+  const file = path.join(__dirname, 'RESULTS.md');
+  fs.writeFileSync(file, replaceSection(fs.readFileSync(file, 'utf8'), 'peers', table, '## Peers'));
+  log('updated the Peers section of bench/RESULTS.md');
+}
+
+/**
+ * --from=a.json,b.json: the tables of earlier runs (each with its own date, threads and load), in
+ * that order, printed and written to bench/RESULTS.md; for parts measured in separate runs.
+ */
+function fromFiles() {
+  const tables = String(args.from)
+    .split(',')
+    .map((f) => report(JSON.parse(fs.readFileSync(path.resolve(f), 'utf8'))));
+  const table = tables.join('\n\n');
+  console.log(table);
+  if (!args['no-write']) writeResults(table);
 }
 
 async function main() {
@@ -732,16 +792,12 @@ async function main() {
   const table = report(result);
   console.log(table);
   const partial = QUICK || args.parts || args.rounds || args.reps || args.steps;
-  if (!partial && !args['no-write']) {
-    const file = path.join(__dirname, 'RESULTS.md');
-    fs.writeFileSync(file, replaceSection(fs.readFileSync(file, 'utf8'), 'peers', table, '## Peers'));
-    log('updated the Peers section of bench/RESULTS.md');
-  }
+  if (!partial && !args['no-write']) writeResults(table);
   log(`wrote bench/results/${result.file} in ${result.wallSeconds.toFixed(0)} s`);
 }
 
 if (require.main === module) {
-  (args.child ? childMain() : main()).catch((e) => {
+  (args.child ? childMain() : args.from ? Promise.resolve().then(fromFiles) : main()).catch((e) => {
     console.error(e);
     process.exit(1);
   });
