@@ -623,14 +623,15 @@ async function decisions(model, servers) {
 // ---------------------------------------------------------------------------------------------
 // The report
 
+const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
 const f = (v, d = 1) => (Number.isFinite(v) ? v.toFixed(d) : 'n/a');
 const x = (v) => (Number.isFinite(v) ? `${v.toFixed(2)} ×` : 'n/a');
 
 function report(result) {
   const out = [];
   out.push(
-    `Measured ${result.date.slice(0, 16).replace('T', ' ')} UTC by \`npm run bench:peers\` on ${result.machine}, ` +
-      `${result.threads} threads each, model ${result.model}; ${result.load}. Versions: ${Object.entries(
+    `Measured ${result.date.slice(0, 16).replace('T', ' ')} UTC by \`${result.command || 'npm run bench:peers'}\` on ${result.machine}, ` +
+      `${result.threads} thread${result.threads === 1 ? '' : 's'} each, model ${result.model}; ${result.load}. Versions: ${Object.entries(
         result.versions,
       )
         .map(([k, v]) => `${k} ${v}`)
@@ -640,7 +641,7 @@ function report(result) {
     const L = result.library;
     out.push(
       '',
-      `**Library** (${L.rounds} rounds; the three loaded side by side in processes of their own, taking turns workload by workload in a rotating order; ` +
+      `**Library** (${plural(L.rounds, 'round')}; the three loaded side by side in processes of their own, taking turns workload by workload in a rotating order; ` +
         `tokens/s are medians over rounds, ratios the median of per-round ratios; ${L.steps} greedy steps per branch ` +
         `after a ${L.promptTokens}-token prompt):`,
       '',
@@ -669,7 +670,7 @@ function report(result) {
       '',
       `**Server** (\`llama-branch serve\` against llama.cpp's server from the xllamacpp wheel, both with 8 slots and 16,384 ` +
         `cells; C clients at once, each a ~260-token raw completion prompt sharing its first ~250 tokens with the others, ` +
-        `64 greedy tokens, streamed; ${result.reps} reps alternating the servers, medians; TTFT is the median client's):`,
+        `64 greedy tokens, streamed; ${plural(result.reps, 'repetition')} alternating the servers, medians; TTFT is the median client's):`,
       '',
       markdownTable(
         [
@@ -700,7 +701,7 @@ function report(result) {
     out.push(
       '',
       `**Decisions** (issue 41; bench/decide.js's ~1,580-token maintenance logs and 8 mixed questions; ` +
-        `${D.library.ours.length} round(s), medians; node-llama-cpp's \`LlamaDecisionContext\` with its defaults, parallelQuestions 4):`,
+        `${plural(D.library.ours.length, 'round')}, medians; node-llama-cpp's \`LlamaDecisionContext\` with its defaults, parallelQuestions 4):`,
       '',
       markdownTable(
         ['case', 'ours s:', 'node-llama-cpp s:', 'ours faster by:', 'tokens decoded, ours / node-llama-cpp:'],
@@ -747,7 +748,7 @@ function writeResults(table) {
  * --from=a.json,b.json: the tables of earlier runs (each with its own date, threads and load), in
  * that order, printed and written to bench/RESULTS.md; for parts measured in separate runs.
  */
-function fromFiles() {
+async function fromFiles() {
   const tables = String(args.from)
     .split(',')
     .map((f) => report(JSON.parse(fs.readFileSync(path.resolve(f), 'utf8'))));
@@ -771,6 +772,7 @@ async function main() {
     model: path.basename(model),
     versions,
     oursVersion: require('../package.json').version,
+    command: ['npm run bench:peers', ...(process.argv.length > 2 ? ['--', ...process.argv.slice(2)] : [])].join(' '),
     quick: QUICK,
     reps: REPS,
   };
@@ -797,7 +799,7 @@ async function main() {
 }
 
 if (require.main === module) {
-  (args.child ? childMain() : args.from ? Promise.resolve().then(fromFiles) : main()).catch((e) => {
+  (args.child ? childMain() : args.from ? fromFiles() : main()).catch((e) => {
     console.error(e);
     process.exit(1);
   });
