@@ -798,7 +798,16 @@ async function main() {
   log(`wrote bench/results/${result.file} in ${result.wallSeconds.toFixed(0)} s`);
 }
 
-if (require.main === module) {
+if (require.main === module && args.help) {
+  // the usage is this file's opening comment
+  console.log(
+    fs
+      .readFileSync(__filename, 'utf8')
+      .split('*/')[0]
+      .replace(/^[\s\S]*?\/\*\*\n/, '')
+      .replace(/^ \* ?/gm, ''),
+  );
+} else if (require.main === module) {
   (args.child ? childMain() : args.from ? fromFiles() : main()).catch((e) => {
     console.error(e);
     process.exit(1);
