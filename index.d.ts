@@ -587,6 +587,42 @@ export interface SchedulerOptions {
    * step's drafts go into its one decode next to the other rows (docs/speculative.md).
    */
   speculative?: SpeculativeOptions;
+  /**
+   * Host RAM for the states of cached prefixes evicted from the KV cells (bytes, or a string
+   * such as `'2GiB'`): a later prompt starting with one is restored instead of prefilled.
+   * Default 0 (none). See docs/serving.md, "Prefix cache tiers".
+   */
+  cacheRam?: number | string;
+  /**
+   * A folder for the states that leave RAM (and, on `close()`, for every cached prefix): kept
+   * across restarts, shareable by several schedulers of the same model and settings.
+   */
+  cacheDir?: string;
+  /** Disk the folder may take (bytes or `'20GiB'`). Default `'20GiB'`. */
+  cacheDisk?: number | string;
+  /** Where the prefix cache's warnings go (a file skipped, the disk tier off). Default: `process.emitWarning`. */
+  onCacheWarning?: (message: string) => void;
+}
+
+/** The prefix cache's RAM and disk tiers (see {@link SchedulerOptions.cacheRam}). */
+export interface CacheTierStats {
+  /** Prompts that started from a prefix held in the KV cells, in RAM, on disk. */
+  kvHits: number;
+  ramHits: number;
+  diskHits: number;
+  /** Prompt tokens restored from RAM or disk instead of prefilled. */
+  restoredTokens: number;
+  ramBytes: number;
+  diskBytes: number;
+  ramEntries: number;
+  diskEntries: number;
+  /** False once a write failed (disk full, read-only or deleted folder): RAM only from then on. */
+  diskOn: boolean;
+  /** States copied out of the KV cells, files written, write failures, files skipped. */
+  spills: number;
+  diskWrites: number;
+  diskFailures: number;
+  skipped: number;
 }
 
 /** What one scheduler step did (see {@link SchedulerOptions.onStep}). */
@@ -650,6 +686,12 @@ export interface GenerateRequest {
   reasoningFormat?: ReasoningFormatName;
   /** `false` switches thinking off where the template supports it. Default true. */
   enableThinking?: boolean;
+  /**
+   * A client's cache key (OpenAI's `prompt_cache_key`, or a `session_id`): the prefixes this
+   * request caches are evicted from the KV cells and from RAM after those of requests without
+   * one (docs/serving.md, "Prefix cache tiers").
+   */
+  cacheKey?: string;
 }
 
 /** A tool call parsed from a choice. */
@@ -963,6 +1005,8 @@ export interface SchedulerStats {
   /** Draft tokens verified (speculation), and how many were accepted. */
   draftTokens: number;
   acceptedDraftTokens: number;
+  /** The RAM and disk tiers of the prefix cache; absent when it has none. */
+  cacheTiers?: CacheTierStats;
 }
 
 /**
