@@ -408,6 +408,17 @@ export interface ParseChatOutputResult {
  * returns its result. The view is revoked by the next decode, so the work must finish inside.
  * Throws `ERR_INVALID_ARG` if `fn` returns a promise (the callback must be synchronous).
  */
+/**
+ * Reads and checks one file of a Scheduler's `cacheDir` against `ctx` (its checksum and its
+ * fingerprint: model, llama.cpp state version, KV types and layout). Rejects with
+ * `ERR_CACHE_CORRUPT` (truncated, corrupted, not such a file) or `ERR_CACHE_MISMATCH` (a state
+ * from another model or KV settings, which `ctx` must never load).
+ */
+export declare function readPrefixCacheFile(
+  ctx: SessionContext,
+  file: string,
+): Promise<{ tokens: number[]; stateBytes: number }>;
+
 export declare function withLogits<T>(ctx: SessionContext, fn: (logits: Float32Array) => T): T;
 
 /**
@@ -1072,7 +1083,22 @@ export type TraceEvent =
       nCtx: number;
       leasesUsed: number;
       nSeqMax: number;
-      cache: { entries: number; tokens: number; hitRate: number; evictions: number };
+      cache: {
+        entries: number;
+        tokens: number;
+        hitRate: number;
+        evictions: number;
+        /** With RAM/disk tiers: hits per tier, bytes per tier, prompt tokens restored instead of prefilled. */
+        tiers?: {
+          kvHits: number;
+          ramHits: number;
+          diskHits: number;
+          ramBytes: number;
+          diskBytes: number;
+          restoredTokens: number;
+          diskOn: boolean;
+        };
+      };
     }
   /** Cached prefixes evicted during the step that follows. */
   | { event: 'evict'; t: number; entries: number };

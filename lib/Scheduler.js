@@ -65,7 +65,9 @@ class Scheduler {
     this._queue = [];
     const tiers = this._options.tiers;
     /** The prefix cache's RAM and disk tiers (null: KV cells only). */
-    this._tiers = tiers && new CacheTiers(ctx, { ...tiers, wrapBranch: (handle) => new Branch(ctx, handle, 0) });
+    this._tiers =
+      tiers &&
+      new CacheTiers(ctx, { ...tiers, wrapBranch: (handle) => new /** @type {any} */ (Branch)(ctx, handle, 0) });
     this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow, tiers: this._tiers });
     /** Prompts that started from a prefix in the KV cells (restored ones are the tiers' hits). */
     this._kvHits = 0;
@@ -342,7 +344,7 @@ class Scheduler {
       this._queue.shift();
       if (need.entry && need.start > 0) {
         if (need.entry.logits) this._kvHits++; // (a restored entry's hit was counted by its tier)
-        if (item.cacheKey) need.entry.hinted = true;
+        if (/** @type {any} */ (item).cacheKey) need.entry.hinted = true;
       }
       this._programs.admit(item, need);
     }
@@ -359,9 +361,10 @@ class Scheduler {
     const tiers = /** @type {CacheTiers} */ (this._tiers);
     await tiers.scan();
     let tries = 4; // the requests admission may reach this step
-    for (const item of this._queue.slice()) {
+    for (const queued of this._queue.slice()) {
       if (tries-- <= 0 || this._closed) return;
-      if (item.state !== 'ready' || !item.isRequest) continue;
+      if (queued.state !== 'ready' || !queued.isRequest) continue;
+      const item = /** @type {import('./scheduler/request').RequestProgram} */ (queued);
       const tokens = item.tokens;
       const have = this._cache.bestStart(tokens).length;
       const found = tiers.lookup(tokens, have);
