@@ -301,10 +301,9 @@ impl SessionContext {
                     if min < 0 || max >= ctx.n_ctx() as i32 {
                         return Err(Error::State(format!("the restored state holds positions {min}..{max}, outside this context's [0, nCtx = {})", ctx.n_ctx())));
                     }
-                    if keep > 0 {
-                        if keep > max + 1 || !ctx.seq_rm(seq, keep, -1) {
-                            return Err(Error::State(format!("the restored state ends at position {max}: it cannot be cut to its first {keep} positions")));
-                        }
+                    // A cut that llama.cpp refuses (or one past the state's end) is an error.
+                    if keep > 0 && (keep > max + 1 || !ctx.seq_rm(seq, keep, -1)) {
+                        return Err(Error::State(format!("the restored state ends at position {max}: it cannot be cut to its first {keep} positions")));
                     }
                     Ok(())
                 })?;
