@@ -114,6 +114,29 @@ describe('prefix cache tiers (RAM and disk)', function () {
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
+  it("two schedulers on one folder use each other's files", async () => {
+    const dir = tempDir();
+    const ctx2 = await open({ nCtx: N_CTX, nSeqMax: 8 });
+    try {
+      // B runs first, on an empty folder; A then caches a prompt and writes it there on close.
+      const b = scheduler(ctx2, { cacheDir: dir, onCacheWarning });
+      await ask(b, PROMPTS[0]);
+      const a = scheduler(ctx, { cacheDir: dir, onCacheWarning });
+      await ask(a, PROMPTS[1]);
+      await a.close();
+      await new Promise((r) => setTimeout(r, 1100)); // B lists the folder again at most once a second
+      const r = await ask(b, PROMPTS[1]);
+      assert.ok(r.usage.cachedPromptTokens >= r.usage.promptTokens - 1, JSON.stringify(r.usage));
+      assert.ok(cold[1].top.includes(r.first));
+      assert.equal(/** @type {any} */ (b.stats().cacheTiers).diskHits, 1);
+      await b.close();
+      assert.deepEqual(warnings, []);
+    } finally {
+      ctx2.dispose();
+    }
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
   it('skips corrupted, truncated and foreign files with a warning, and serves those prompts by prefill', async () => {
     const dir = tempDir();
     const s = scheduler(ctx, { cacheDir: dir, onCacheWarning });

@@ -292,7 +292,7 @@ class CacheTiers {
    * @param {boolean} hinted a client asked to keep it warm
    */
   keep(tokens, branch, hinted = false) {
-    if (tokens.length < MIN_TOKENS || (this._ramBytes === 0 && !this.diskOn)) return;
+    if (tokens.length < MIN_TOKENS || (this._ramBytes === 0 && !this.diskOn) || this._ctx.disposed) return;
     const e = this._entry(tokens);
     e.lastUsed = ++this._clock;
     e.hinted = e.hinted || hinted;
