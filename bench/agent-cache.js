@@ -97,6 +97,10 @@ async function replay(ctx, options, sessions, turns, parallel) {
         history.push({ role: 'assistant', content: r.choices[0].text });
       }),
     );
+    const st = scheduler.stats();
+    process.stderr.write(
+      `turn ${turn + 1}/${turns}: prefilled ${st.prefilledTokens}, ${Math.round(performance.now() - started)} ms\n`,
+    );
   }
   const ms = performance.now() - started;
   const stats = scheduler.stats();

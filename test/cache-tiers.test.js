@@ -10,7 +10,7 @@ const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { spawn } = require('node:child_process');
+const { spawn, spawnSync } = require('node:child_process');
 const { Scheduler, readPrefixCacheFile } = require('..');
 const { open, rejects, MODEL } = require('./helpers');
 const { startServer, stopServer } = require('./serve-helpers');
@@ -227,6 +227,42 @@ describe('prefix cache tiers (RAM and disk)', function () {
       warnings.join(' | '),
     );
     fs.rmSync(base, { recursive: true, force: true });
+  });
+
+  it('a full disk and a read-only mount turn the disk tier off (a 1 MiB tmpfs; needs mount rights)', async function () {
+    const mnt = tempDir();
+    const mount = (...a) => spawnSync('mount', a, { encoding: 'utf8' });
+    if (mount('-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', mnt).status !== 0) {
+      fs.rmSync(mnt, { recursive: true, force: true });
+      this.skip(); // not root, or a container without mount rights: the cases above still ran
+    }
+    try {
+      // Full: a state (about 2 MB) does not fit in 1 MiB.
+      const full = scheduler(ctx, { cacheRam: '1MB', cacheDir: mnt, onCacheWarning });
+      for (const p of PROMPTS.slice(0, 3)) await ask(full, p);
+      assert.ok(cold[0].top.includes((await ask(full, PROMPTS[0])).first));
+      await full.close(); // (waits for the writes in flight)
+      assert.equal(/** @type {any} */ (full.stats().cacheTiers).diskOn, false);
+      assert.ok(
+        warnings.some((w) => /disk tier is off.*(ENOSPC|no space)/i.test(w)),
+        warnings.join(' | '),
+      );
+      assert.deepEqual(fs.readdirSync(mnt), [], 'the partial temporary file is removed');
+      // Read-only: the same mount, remounted read-only.
+      warnings.length = 0;
+      assert.equal(mount('-o', 'remount,ro', mnt).status, 0);
+      const ro = scheduler(ctx, { cacheRam: '1MB', cacheDir: mnt, onCacheWarning });
+      for (const p of PROMPTS.slice(0, 3)) await ask(ro, p);
+      await ro.close();
+      assert.equal(/** @type {any} */ (ro.stats().cacheTiers).diskOn, false);
+      assert.ok(
+        warnings.some((w) => /disk tier is off.*(EROFS|read-only)/i.test(w)),
+        warnings.join(' | '),
+      );
+    } finally {
+      spawnSync('umount', [mnt]);
+      fs.rmSync(mnt, { recursive: true, force: true });
+    }
   });
 
   it('a writer killed with SIGKILL mid-spill leaves the folder usable', async () => {

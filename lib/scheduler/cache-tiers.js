@@ -154,6 +154,19 @@ async function readEntryFile(file, fingerprint) {
   return { tokens, state: body.subarray(stateAt) };
 }
 
+/** fsync of a folder (its entries), where the platform allows it (not on Windows). */
+async function syncFolder(dir) {
+  let fh;
+  try {
+    fh = await fs.promises.open(dir, 'r');
+    await fh.sync();
+  } catch {
+    // best effort: the file itself is synced
+  } finally {
+    if (fh) await fh.close().catch(() => {});
+  }
+}
+
 /** One stored prefix: its tokens and where its state is (RAM, a file, or both). */
 class TierEntry {
   constructor(key, tokens) {
@@ -355,17 +368,18 @@ class CacheTiers {
         /** @type {string} */ (this._dir),
         `.${e.key}.${process.pid}.${crypto.randomBytes(4).toString('hex')}.tmp`,
       );
-      const fh = await fs.promises.open(temp, 'w');
       try {
-        await fh.writev([head, body, sum]);
-        await fh.sync();
-      } finally {
-        await fh.close();
-      }
-      try {
+        const fh = await fs.promises.open(temp, 'w');
+        try {
+          await fh.writev([head, body, sum]);
+          await fh.sync();
+        } finally {
+          await fh.close();
+        }
         await fs.promises.rename(temp, file);
+        await syncFolder(/** @type {string} */ (this._dir)); // the rename itself survives a crash
       } catch (err) {
-        await fs.promises.unlink(temp).catch(() => {});
+        await fs.promises.unlink(temp).catch(() => {}); // a partial file (disk full) goes too
         throw err;
       }
       if (this._byKey.get(e.key) === e) {
