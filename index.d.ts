@@ -60,6 +60,8 @@
  * | `ERR_TOO_MANY_BRANCHES` | {@link ProgramLine.fork} past the program's `maxBranches` |
  * | `ERR_PROGRAM_STATE` | a program line used while a gen runs on it, after `release()`, or after its program ended |
  * | `ERR_VOCAB_MISMATCH` | a {@link DraftModel}'s vocabulary differs from the target model's |
+ * | `ERR_CACHE_CORRUPT` | {@link readPrefixCacheFile}: the file is truncated, fails its checksum or is not a prefix-cache file |
+ * | `ERR_CACHE_MISMATCH` | {@link readPrefixCacheFile}: the file holds a state from another model or KV settings |
  */
 export type ErrorCode =
   | 'ERR_INVALID_ARG'
@@ -92,7 +94,9 @@ export type ErrorCode =
   | 'ERR_SCHEDULER_CLOSED'
   | 'ERR_TOO_MANY_BRANCHES'
   | 'ERR_PROGRAM_STATE'
-  | 'ERR_VOCAB_MISMATCH';
+  | 'ERR_VOCAB_MISMATCH'
+  | 'ERR_CACHE_CORRUPT'
+  | 'ERR_CACHE_MISMATCH';
 
 /**
  * The shape of every error this package throws or rejects with. Narrow a caught value with

@@ -31,6 +31,7 @@ const crypto = require('node:crypto');
 const { RadixTree } = require('./radix');
 const { nativeOf } = require('../Context');
 const { makeError } = require('../errors');
+const { SchedulerErrorCode: Code } = require('./errors');
 
 const MAGIC = 0x564b424c; // 'LBKV' read as a little-endian u32
 const VERSION = 1;
@@ -116,14 +117,14 @@ function fileBody(fingerprint, tokens, state) {
  */
 function parseHeader(bytes, fingerprint, file) {
   const corrupt = (why) =>
-    makeError('ERR_CACHE_CORRUPT', `${file} is not a usable prefix-cache file (${why}); it is skipped`);
+    makeError(Code.CACHE_CORRUPT, `${file} is not a usable prefix-cache file (${why}); it is skipped`);
   if (bytes.length < HEAD) throw corrupt('shorter than its header');
   if (bytes.readUInt32LE(0) !== MAGIC) throw corrupt('wrong magic number');
   if (bytes.readUInt32LE(4) !== VERSION)
     throw corrupt(`format version ${bytes.readUInt32LE(4)}, this build reads ${VERSION}`);
   if (!bytes.subarray(8, 40).equals(fingerprint))
     throw makeError(
-      'ERR_CACHE_MISMATCH',
+      Code.CACHE_MISMATCH,
       `${file} holds a state from another model or KV layout (its fingerprint differs: other weights, llama.cpp state version, typeK/typeV or flash attention); it is not loaded. Use a separate cache folder per model and settings`,
     );
   const n = bytes.readUInt32LE(40);
@@ -144,13 +145,13 @@ function parseHeader(bytes, fingerprint, file) {
  */
 async function readEntryFile(file, fingerprint) {
   const bytes = await fs.promises.readFile(file);
-  if (bytes.length < HEAD + 8 + 32) throw makeError('ERR_CACHE_CORRUPT', `${file} is truncated; it is skipped`);
+  if (bytes.length < HEAD + 8 + 32) throw makeError(Code.CACHE_CORRUPT, `${file} is truncated; it is skipped`);
   const body = bytes.subarray(0, bytes.length - 32);
   if (!(await sha256(body)).equals(bytes.subarray(bytes.length - 32)))
-    throw makeError('ERR_CACHE_CORRUPT', `${file} fails its checksum (truncated or corrupted); it is skipped`);
+    throw makeError(Code.CACHE_CORRUPT, `${file} fails its checksum (truncated or corrupted); it is skipped`);
   const { tokens, stateAt, stateLength } = parseHeader(body, fingerprint, file);
   if (stateAt + stateLength !== body.length)
-    throw makeError('ERR_CACHE_CORRUPT', `${file} has a state of the wrong length; it is skipped`);
+    throw makeError(Code.CACHE_CORRUPT, `${file} has a state of the wrong length; it is skipped`);
   return { tokens, state: body.subarray(stateAt) };
 }
 
@@ -455,7 +456,7 @@ class CacheTiers {
         }
         const { tokens } = parseHeader(head, this._fingerprint, file);
         if (tokens.length > this._ctx.nCtx || this._keyOf(tokens) !== key)
-          throw makeError('ERR_CACHE_CORRUPT', `${file} does not match its name or this context's nCtx; it is skipped`);
+          throw makeError(Code.CACHE_CORRUPT, `${file} does not match its name or this context's nCtx; it is skipped`);
         const e = this._entry(tokens);
         e.disk = size;
         this._diskUsed += size;
@@ -506,7 +507,7 @@ class CacheTiers {
       try {
         const read = await readEntryFile(file, this._fingerprint);
         if (read.tokens.length !== e.tokens.length || read.tokens.some((t, i) => t !== e.tokens[i]))
-          throw makeError('ERR_CACHE_CORRUPT', `${file} holds other tokens than its name says; it is skipped`);
+          throw makeError(Code.CACHE_CORRUPT, `${file} holds other tokens than its name says; it is skipped`);
         state = read.state;
       } catch (err) {
         const code = /** @type {any} */ (err).code;
@@ -514,7 +515,7 @@ class CacheTiers {
           this.counters.skipped++;
           this._warn(`prefix cache: ${/** @type {Error} */ (err).message}`);
         }
-        if (code === 'ERR_CACHE_CORRUPT') fs.promises.unlink(file).catch(() => {});
+        if (code === Code.CACHE_CORRUPT) fs.promises.unlink(file).catch(() => {});
         this._refused.add(e.key + SUFFIX);
         this._forget(e);
         return null;
