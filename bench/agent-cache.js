@@ -38,6 +38,7 @@ const { values: args } = parseArgs({
     child: { type: 'string' },
     dir: { type: 'string' },
     only: { type: 'string' },
+    reply: { type: 'string', default: '12' },
   },
 });
 const threads = args.threads ? Number(args.threads) : undefined;
@@ -45,7 +46,7 @@ const threads = args.threads ? Number(args.threads) : undefined;
 /** A ~1,500-token system prompt: instructions and the JSON schemas of a dozen tools. */
 function systemPrompt() {
   const tools = [];
-  const verbs = ['read', 'write', 'list', 'search', 'move', 'delete', 'fetch', 'run', 'patch', 'diff', 'grep', 'open'];
+  const verbs = ['read', 'write', 'list', 'search', 'move', 'patch', 'grep'];
   for (const v of verbs) {
     tools.push({
       name: `${v}_file`,
@@ -80,7 +81,7 @@ const TASKS = ['the parser', 'the cache', 'the CLI', 'the tests', 'the docs', 't
 /** The user's message of `session` at `turn`: distinct per session, ~30 tokens. */
 function userMessage(session, turn) {
   const task = TASKS[(session + turn) % TASKS.length];
-  return `Session ${session}, step ${turn}: look at ${task} again and tell me which file to change next for ticket #${1000 + session * 37 + turn}, and why.`;
+  return `Session ${session}, step ${turn}: which file of ${task} next, for ticket #${1000 + session * 37 + turn}?`;
 }
 
 /** Replays the workload on a scheduler with `options`; resolves its counts and wall time. */
@@ -93,7 +94,11 @@ async function replay(ctx, options, sessions, turns, parallel) {
     await Promise.all(
       histories.map(async (history, session) => {
         history.push({ role: 'user', content: userMessage(session, turn) });
-        const r = await scheduler.generate({ messages: history, maxTokens: 12, params: { temperature: 0 } });
+        const r = await scheduler.generate({
+          messages: history,
+          maxTokens: Number(args.reply),
+          params: { temperature: 0 },
+        });
         history.push({ role: 'assistant', content: r.choices[0].text });
       }),
     );
@@ -179,6 +184,7 @@ async function main() {
       .join(' ')}`,
     sessions,
     turns,
+    reply: Number(args.reply),
     nCtx,
     parallel,
   };

@@ -360,9 +360,11 @@ class Scheduler {
   async _restorePhase() {
     const tiers = /** @type {CacheTiers} */ (this._tiers);
     await tiers.scan();
-    let tries = 4; // the requests admission may reach this step
+    // One restore a step, for the first ready request that gains from one: admission pins it
+    // right after, before another restore could evict it (a restored state shares no cells
+    // with the entries it extends, so two may not fit at once).
     for (const queued of this._queue.slice()) {
-      if (tries-- <= 0 || this._closed) return;
+      if (this._closed) return;
       if (queued.state !== 'ready' || !queued.isRequest) continue;
       const item = /** @type {import('./scheduler/request').RequestProgram} */ (queued);
       const tokens = item.tokens;
@@ -376,6 +378,7 @@ class Scheduler {
       if (!restored) continue;
       const entry = this._cache.restored(tokens.slice(0, keep), restored.branch);
       entry.hinted = Boolean(item.cacheKey);
+      return;
     }
   }
 

@@ -283,13 +283,6 @@ class CacheTiers {
     e.disk = 0;
   }
 
-  _dropRam(e) {
-    if (!e.ram) return;
-    this._ramUsed -= e.ram.length;
-    e.ram = null;
-    if (!e.disk && !e.writing) this._forget(e);
-  }
-
   _diskOff(reason) {
     if (!this.diskOn) return;
     this.diskOn = false;
@@ -494,8 +487,7 @@ class CacheTiers {
 
   /**
    * A root branch holding `e`'s state cut to `keep` positions, or null when it cannot be had
-   * (its file is gone, corrupted or from other settings: skipped, with a warning). The RAM copy
-   * is dropped (the KV cells hold it again; evicted, it comes back to RAM).
+   * (its file is gone, corrupted or from other settings: skipped, with a warning).
    * @param {TierEntry} e
    * @param {number} keep
    */
@@ -532,8 +524,14 @@ class CacheTiers {
       this._forget(e);
       return null;
     }
+    // The RAM copy stays, and a state read from disk gets one (an inclusive cache): evicted
+    // again, the entry costs no new copy.
     e.lastUsed = ++this._clock;
-    this._dropRam(e);
+    if (!e.ram && this._byKey.get(e.key) === e && state.length <= this._ramBytes) {
+      e.ram = state;
+      this._ramUsed += state.length;
+      this._fitRam(e);
+    }
     if (tier === 'ram') this.counters.ramHits++;
     else this.counters.diskHits++;
     this.counters.restoredTokens += keep;
