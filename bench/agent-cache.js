@@ -89,17 +89,25 @@ async function replay(ctx, options, sessions, turns, parallel) {
   const scheduler = new Scheduler(ctx, { maxRunning: parallel, maxQueue: 1024, ...options });
   const system = { role: 'system', content: systemPrompt() };
   const histories = Array.from({ length: sessions }, () => [system]);
+  /** @type {string[]} */
+  const failures = [];
   const started = performance.now();
   for (let turn = 0; turn < turns; turn++) {
     await Promise.all(
       histories.map(async (history, session) => {
         history.push({ role: 'user', content: userMessage(session, turn) });
-        const r = await scheduler.generate({
-          messages: history,
-          maxTokens: Number(args.reply),
-          params: { temperature: 0 },
-        });
-        history.push({ role: 'assistant', content: r.choices[0].text });
+        try {
+          const r = await scheduler.generate({
+            messages: history,
+            maxTokens: Number(args.reply),
+            params: { temperature: 0 },
+          });
+          history.push({ role: 'assistant', content: r.choices[0].text });
+        } catch (e) {
+          // Counted and reported: a failed request must show in the results, not end the run.
+          failures.push(String(/** @type {any} */ (e).code || e));
+          history.push({ role: 'assistant', content: '(no reply)' });
+        }
       }),
     );
     const st = scheduler.stats();
@@ -116,6 +124,7 @@ async function replay(ctx, options, sessions, turns, parallel) {
     prefilledTokens: stats.prefilledTokens,
     cachedPromptTokens: stats.cachedPromptTokens,
     evictions: stats.evictions,
+    failures,
     tiers: stats.cacheTiers || null,
   };
 }
@@ -123,7 +132,7 @@ async function replay(ctx, options, sessions, turns, parallel) {
 /** A prompt of about `n` tokens, different for each `salt`. */
 function longPrompt(salt, n) {
   const words = [];
-  for (let i = 0; words.length < n * 0.75; i++) words.push(`word${(i * 7919 + salt * 104729) % 5003}`);
+  for (let i = 0; words.length < n * 0.28; i++) words.push(`word${(i * 7919 + salt * 104729) % 5003}`);
   return `Document ${salt}: ${words.join(' ')}\nSummary:`;
 }
 
