@@ -203,13 +203,15 @@ async function main() {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-agent-cache-'));
     // Tiers first, then KV only, on the same context (each scheduler starts with empty cells).
     result.tiers = await replay(ctx, { cacheRam: '1GiB', cacheDir: dir }, sessions, turns, parallel);
-    result.kvOnly = await replay(ctx, {}, sessions, turns, parallel);
+    if (args.only !== 'tiers') result.kvOnly = await replay(ctx, {}, sessions, turns, parallel);
     ctx.dispose();
     fs.rmSync(dir, { recursive: true, force: true });
-    result.prefillRatio = result.kvOnly.prefilledTokens / result.tiers.prefilledTokens;
-    result.timeRatio = result.kvOnly.ms / result.tiers.ms;
+    if (result.kvOnly) {
+      result.prefillRatio = result.kvOnly.prefilledTokens / result.tiers.prefilledTokens;
+      result.timeRatio = result.kvOnly.ms / result.tiers.ms;
+    }
   }
-  if (args.only !== 'replay') {
+  if (args.only !== 'replay' && args.only !== 'tiers') {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-agent-restart-'));
     const node = (extra) =>
       JSON.parse(
@@ -240,12 +242,16 @@ async function main() {
       ['KV cells only', result.kvOnly],
       ['KV + RAM + disk', result.tiers],
     ]) {
+      if (!r) continue;
       const hits = r.tiers ? `${r.tiers.ramHits} / ${r.tiers.diskHits}` : '–';
       console.log(
         `| ${name} | ${r.promptTokens} | ${r.prefilledTokens} | ${r.cachedPromptTokens} | ${r.evictions} | ${hits} | ${(r.ms / 1000).toFixed(1)} s |`,
       );
     }
-    console.log(`\n${result.prefillRatio.toFixed(2)}× fewer tokens prefilled, ${result.timeRatio.toFixed(2)}× faster`);
+    if (result.kvOnly)
+      console.log(
+        `\n${result.prefillRatio.toFixed(2)}× fewer tokens prefilled, ${result.timeRatio.toFixed(2)}× faster`,
+      );
   }
   if (result.restart) {
     const r = result.restart;

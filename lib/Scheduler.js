@@ -334,6 +334,10 @@ class Scheduler {
       if (item.state !== 'ready') return;
       if (item.isRequest && this._programs.list.filter((p) => p.isRequest).length >= this._options.maxRunning) return;
       const need = item.needs(this._cache);
+      // A prompt the RAM or disk tier holds more of waits for its restore (one a step) rather
+      // than being prefilled from a shorter start now.
+      const request = /** @type {any} */ (item);
+      if (this._tiers && item.isRequest && !request.tierSkip && this._tiers.lookup(request.tokens, need.start)) return;
       const { cells, leases } = need;
       if (!this._cache.evictUntil(() => this._fits(cells, leases), need.entry)) {
         if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
@@ -373,9 +377,13 @@ class Scheduler {
       if (!found) continue;
       const keep = found.tokens.length === tokens.length ? tokens.length - 1 : found.tokens.length;
       const need = item.needsFrom(keep);
-      if (!this._cache.evictUntil(() => this._fits(keep + need.cells, need.leases + 1))) continue;
+      if (!this._cache.evictUntil(() => this._fits(keep + need.cells, need.leases + 1))) {
+        // Nothing running will give cells back: it never fits restored, admit it as it is.
+        if (this._programs.size === 0) item.tierSkip = true;
+        return;
+      }
       const restored = await tiers.restore(found, keep);
-      if (!restored) continue;
+      if (!restored) return; // (the entry is gone from the tiers: the next lookup finds less)
       const entry = this._cache.restored(tokens.slice(0, keep), restored.branch);
       entry.hinted = Boolean(item.cacheKey);
       return;

@@ -45,6 +45,8 @@ class RequestProgram extends Program {
     this.chatOptions = checkChat(request);
     /** The client's cache key: the prefixes it caches are kept warm longer (./prefix-cache.js). */
     this.cacheKey = request.cacheKey === undefined ? null : request.cacheKey;
+    /** Its prompt is admitted without waiting for a restore from the RAM or disk tier (it never fits). */
+    this.tierSkip = false;
     this.chat = null;
     /** Converted off the main thread from now on; awaited when the request is prepared. */
     this.grammarPending = request.jsonSchema !== undefined ? env.jsonSchemaToGrammar(request.jsonSchema) : null;
