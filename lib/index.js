@@ -15,6 +15,7 @@ const { ProgramLine } = require('./ProgramLine');
 const server = require('./server');
 const { PoolingType, ReasoningFormat } = require('./constants');
 const { GrammarTriggerType } = require('./scheduler/chat');
+const { readEntryFile, fingerprintOf } = require('./scheduler/cache-tiers');
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'nOutputs', 'poolingType', 'nGpuLayers', 'mainGpu'];
 
@@ -254,6 +255,21 @@ function withLogits(ctx, fn) {
   return result;
 }
 
+/**
+ * Reads and checks one file of a Scheduler's `cacheDir` against `ctx`: resolves its tokens and
+ * size; rejects with ERR_CACHE_CORRUPT (truncated, corrupted, not such a file) or
+ * ERR_CACHE_MISMATCH (a state from another model or KV settings, which `ctx` must never load).
+ * @param {SessionContext} ctx
+ * @param {string} file
+ * @returns {Promise<{ tokens: number[], stateBytes: number }>}
+ */
+async function readPrefixCacheFile(ctx, file) {
+  if (typeof file !== 'string' || file === '')
+    throw makeError('ERR_INVALID_ARG', 'readPrefixCacheFile(ctx, file): file must be a path');
+  const { tokens, state } = await readEntryFile(file, fingerprintOf(ctx));
+  return { tokens, stateBytes: state.length };
+}
+
 /** "peg-simple" → "PEG_SIMPLE": llama.cpp's chat format names as constant names. */
 function constantName(name) {
   return name.toUpperCase().replace(/[^A-Z0-9]+/g, '_');
@@ -292,4 +308,5 @@ module.exports = {
   ChatFormat,
   ReasoningFormat,
   GrammarTriggerType,
+  readPrefixCacheFile,
 };

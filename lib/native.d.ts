@@ -202,6 +202,22 @@ export declare class SessionContext {
   kvCacheWriteFile(seqId: number, path: string, tokens: number[]): Promise<number>
   /** Loads a `kvCacheWriteFile` file into sequence `seqId`; resolves `{tokens, bytesRead}`. */
   kvCacheReadFile(seqId: number, path: string): Promise<KvFileContents>
+  /** The identity of the states this context's sequences hold (see `StateIdentity`). */
+  _stateIdentity(): StateIdentity
+  /**
+   * The state of a branch's sequence (its KV cells) as a Buffer, on the calling thread: the
+   * prefix cache copies an entry it evicts while the scheduler decides what fits, where an
+   * awaited job would leave the context busy for the synchronous calls around it.
+   */
+  _branchStateSync(handle: number): Buffer
+  /**
+   * A new root branch holding a state from `_branchStateSync` (on a vacant sequence, after
+   * the queued operations), cut to its first `keep` positions when `keep` > 0 (the prefix
+   * cache restores a prompt's entry one token short, so the prompt's last token gives the
+   * logits a state does not carry). Resolves the handle; a state llama.cpp refuses leaves
+   * nothing behind and rejects with ERR_STATE.
+   */
+  _branchRestore(state: Buffer, keep: number): Promise<number>
   /** Samples several branches in one native call. */
   _storeProduce(handles: Array<number>): Array<Produced>
   /** One token per branch: each is accepted into its branch, then ONE decode for all. */
@@ -553,6 +569,20 @@ export interface ServeRpcOptions {
 }
 
 export declare function setLogLevel(level: string): void
+
+/**
+ * What identifies the states this context writes: everything the prefix cache's fingerprint
+ * needs to refuse a state from other weights or another KV layout (lib/scheduler/cache-tiers.js).
+ */
+export interface StateIdentity {
+  /** llama.cpp's sequence state format version. */
+  stateVersion: number
+  /** Bytes of the model's tensors. */
+  modelSize: number
+  nParams: number
+  /** The GGUF's scalar metadata, `key=value` lines, sorted. */
+  metadata: string
+}
 
 export declare function systemInfo(): string
 

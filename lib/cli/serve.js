@@ -62,6 +62,18 @@ const options = {
     default: String(schedulerDefaults.maxQueue),
     help: 'requests that may wait; more get HTTP 429',
   },
+  'cache-ram': {
+    type: 'string',
+    help: 'host RAM for the states of prefixes evicted from the KV cells, e.g. 2GiB (default: none)',
+  },
+  'cache-dir': {
+    type: 'string',
+    help: 'folder for prefix states leaving RAM, kept across restarts and shareable by servers of the same model and settings',
+  },
+  'cache-disk': {
+    type: 'string',
+    help: `disk the --cache-dir folder may take (default ${schedulerDefaults.cacheDisk})`,
+  },
   'api-key': {
     type: 'string',
     multiple: true,
@@ -158,6 +170,17 @@ function kvCache(values) {
   return { typeK, typeV, flashAttention };
 }
 
+/** --cache-ram, --cache-dir, --cache-disk as the Scheduler's options; its warnings go to the log. */
+function cacheTiers(values, log) {
+  const o = {};
+  if (values['cache-ram'] !== undefined) o.cacheRam = values['cache-ram'];
+  if (values['cache-dir'] !== undefined) o.cacheDir = values['cache-dir'];
+  if (values['cache-disk'] !== undefined) o.cacheDisk = values['cache-disk'];
+  if (o.cacheRam === undefined && o.cacheDir === undefined) return o;
+  o.onCacheWarning = (message) => log(`warning: ${message}`);
+  return o;
+}
+
 /** --api-key values and LLAMA_BRANCH_API_KEY's comma-separated keys together (undefined: none). */
 function apiKeys(values) {
   const fromEnv = (process.env.LLAMA_BRANCH_API_KEY || '').split(',').map((k) => k.trim());
@@ -189,7 +212,11 @@ async function run(values, { log }) {
     nCtx: integer(values, 'ctx-size'),
     nSeqMax: integer(values, 'n-seq-max'),
     nThreads: integer(values, 'threads'),
-    scheduler: { prefillChunk: integer(values, 'prefill-chunk'), maxQueue: integer(values, 'max-queue') },
+    scheduler: {
+      prefillChunk: integer(values, 'prefill-chunk'),
+      maxQueue: integer(values, 'max-queue'),
+      ...cacheTiers(values, log),
+    },
     apiKeys: apiKeys(values),
     cors: values.cors,
     embeddings: Boolean(values.embeddings),
