@@ -9,6 +9,7 @@ const {
   isDisposed,
   markDisposed,
   setRootBranchFactory,
+  setBranchWrapperFactory,
 } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 const { traceOf, traced } = require('./trace');
@@ -523,5 +524,6 @@ class Branch {
 }
 
 setRootBranchFactory((ctx, position, params) => Branch.create(ctx, position, params));
+setBranchWrapperFactory((ctx, handle, parent) => new Branch(ctx, handle, parent));
 
 module.exports = { Branch };

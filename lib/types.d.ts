@@ -39,4 +39,7 @@ export type {
   TokenLogprob,
   TopLogprob,
   VerifiedDraft,
+  SaveTreeOptions,
+  SavedTree,
+  RestoredTree,
 } from '../index';

@@ -238,6 +238,15 @@ impl Perplexity {
     pub fn reset(&mut self) {
         *self = Perplexity::default();
     }
+
+    /// (sum of surprisals, count): what a saved tree stores.
+    pub fn parts(&self) -> (f64, u32) {
+        (self.nll_sum, self.count)
+    }
+
+    pub fn from_parts(nll_sum: f64, count: u32) -> Perplexity {
+        Perplexity { nll_sum, count }
+    }
 }
 
 #[cfg(test)]
