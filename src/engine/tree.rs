@@ -390,3 +390,188 @@ pub fn restore_sampling(
     };
     Ok(sampling)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::fake::FakeKv;
+    use crate::engine::pool::Pool;
+    use crate::engine::store::{CreateOptions, ForkOptions};
+    use crate::llama::Token;
+
+    const N_VOCAB: i32 = 16;
+
+    fn greedy() -> BranchSampling {
+        BranchSampling::new(Chain::greedy(N_VOCAB).unwrap(), None)
+    }
+
+    fn samplings(saved: &[SavedBranch]) -> Vec<BranchSampling> {
+        saved
+            .iter()
+            .map(|b| restore_sampling(&b.sampling, None, N_VOCAB, 256).unwrap())
+            .collect()
+    }
+
+    fn commit(kv: &mut FakeKv, store: &mut BranchStore, pool: &Pool, hs: &[Handle]) {
+        let items: Vec<(Handle, Token)> = hs
+            .iter()
+            .map(|&h| (h, store.sample(h).unwrap().unwrap()))
+            .collect();
+        store.commit(kv, pool, &items, true, &|| false).unwrap();
+    }
+
+    /// root (5 prompt tokens) → a (+2) → a2 (+1); root → b (+3); root → c (no own cells).
+    fn tree(kv: &mut FakeKv, store: &mut BranchStore) -> Vec<Handle> {
+        let pool = Pool::new(1);
+        let root = store
+            .create(
+                kv,
+                CreateOptions {
+                    position: 0,
+                    seq: None,
+                    sampling: greedy(),
+                    n_batch: None,
+                },
+            )
+            .unwrap();
+        store
+            .prefill(kv, &[(root, vec![1, 2, 3, 4, 5])], None, &|| false)
+            .unwrap();
+        commit(kv, store, &pool, &[root]);
+        let a = store.fork(kv, root, ForkOptions::default()).unwrap();
+        let b = store.fork(kv, root, ForkOptions::default()).unwrap();
+        let c = store.fork(kv, root, ForkOptions::default()).unwrap();
+        commit(kv, store, &pool, &[a, b]);
+        commit(kv, store, &pool, &[a, b]);
+        commit(kv, store, &pool, &[b]);
+        let a2 = store.fork(kv, a, ForkOptions::default()).unwrap();
+        commit(kv, store, &pool, &[a2]);
+        vec![root, a, a2, b, c]
+    }
+
+    #[test]
+    fn a_tree_restores_with_its_prefixes_shared_and_its_state() {
+        let (mut kv, mut store) = (FakeKv::new(256, 8), BranchStore::new(8, false));
+        let hs = tree(&mut kv, &mut store);
+        let cells_before = kv.cells_used();
+        let saved = store.save_tree(&kv, hs[0]).unwrap();
+        assert_eq!(kv.cells_used(), cells_before, "saving changes no cells");
+        assert_eq!(store.available(&kv), 3, "the scratch sequence is back");
+        let positions: Vec<i32> = saved.iter().map(|b| b.position).collect();
+        assert_eq!(positions, vec![6, 8, 9, 9, 6], "depth first, parents first");
+        let shared: Vec<u32> = saved.iter().map(|b| b.shared).collect();
+        assert_eq!(shared, vec![0, 6, 8, 6, 6], "each child stores cells past its parent's");
+        let own_cells: Vec<usize> = saved.iter().map(|b| (b.kv.len().max(8) - 8) / 4).collect();
+        assert_eq!(own_cells, vec![6, 2, 1, 3, 0], "each prefix once");
+        assert!(matches!(saved[4].logits, SavedLogits::SameAsParent));
+
+        let (kv2, mut store2) = (FakeKv::new(256, 8), BranchStore::new(8, false));
+        store2
+            .create(
+                &kv2,
+                CreateOptions {
+                    position: 0,
+                    seq: None,
+                    sampling: greedy(),
+                    n_batch: None,
+                },
+            )
+            .unwrap();
+        let restored = store2
+            .restore_tree(&kv2, &saved, samplings(&saved))
+            .unwrap();
+        assert_eq!(kv2.cells_used(), cells_before, "shared again, not copied");
+        assert_eq!(store2.kv_pressure(&kv2).cells_used, cells_before);
+        for (i, (&h, &orig)) in restored.iter().zip(&hs).enumerate() {
+            let (b, o) = (store2.get(h).unwrap(), store.get(orig).unwrap());
+            assert_eq!(b.position, o.position, "branch {i}");
+            assert_eq!(kv2.seq_pos_max(b.seq) + 1, b.position);
+            assert_eq!(b.snapshot(), o.snapshot(), "branch {i} logits");
+            assert_eq!(b.model_ppl.parts(), o.model_ppl.parts());
+            assert_eq!(b.children.len(), o.children.len());
+        }
+        assert_eq!(store2.get(restored[2]).unwrap().parent, Some(restored[1]));
+    }
+
+    #[test]
+    fn a_restore_that_cannot_finish_leaves_nothing_behind() {
+        let (mut kv, mut store) = (FakeKv::new(256, 8), BranchStore::new(8, false));
+        let hs = tree(&mut kv, &mut store);
+        let saved = store.save_tree(&kv, hs[0]).unwrap();
+
+        let (kv2, mut store2) = (FakeKv::new(256, 4), BranchStore::new(4, false));
+        let e = store2
+            .restore_tree(&kv2, &saved, samplings(&saved))
+            .unwrap_err();
+        assert_eq!(e.code(), "ERR_NO_FREE_SEQUENCE");
+        assert!(e.to_string().contains("needs 5"), "{e}");
+
+        let (kv3, mut store3) = (FakeKv::new(11, 8), BranchStore::new(8, false));
+        let e = store3
+            .restore_tree(&kv3, &saved, samplings(&saved))
+            .unwrap_err();
+        assert_eq!(e.code(), "ERR_KV_FULL");
+
+        // A branch whose cells llama.cpp refuses, after others were restored: all undone.
+        let mut bad = saved.clone();
+        bad[3].kv.truncate(10);
+        let (kv4, mut store4) = (FakeKv::new(256, 8), BranchStore::new(8, false));
+        let e = store4
+            .restore_tree(&kv4, &bad, samplings(&bad))
+            .unwrap_err();
+        assert_eq!(e.code(), "ERR_STATE");
+        assert!(store4.is_empty());
+        assert_eq!(kv4.cells_used(), 0);
+        assert_eq!(store4.available(&kv4), 8);
+    }
+
+    #[test]
+    fn without_a_spare_sequence_every_branch_is_saved_whole() {
+        let (mut kv, mut store) = (FakeKv::new(256, 5), BranchStore::new(5, false));
+        let hs = tree(&mut kv, &mut store);
+        let saved = store.save_tree(&kv, hs[0]).unwrap();
+        assert!(saved.iter().all(|b| b.shared == 0));
+        let (kv2, mut store2) = (FakeKv::new(256, 5), BranchStore::new(5, false));
+        let restored = store2
+            .restore_tree(&kv2, &saved, samplings(&saved))
+            .unwrap();
+        for (&h, &orig) in restored.iter().zip(&hs) {
+            assert_eq!(
+                store2.get(h).unwrap().position,
+                store.get(orig).unwrap().position
+            );
+        }
+    }
+
+    #[test]
+    fn sliding_window_children_go_whole_when_the_parent_moved_past_their_window() {
+        let (mut kv, mut store) = (FakeKv::new(256, 8), BranchStore::new(8, false));
+        kv.n_swa = 4;
+        let hs = tree(&mut kv, &mut store);
+        let saved = store.save_tree(&kv, hs[0]).unwrap();
+        // a (8) forked root at 6 and root did not move: shared. a2 forked a at 8, a did not
+        // move: shared. b and c likewise (the root stayed at 6).
+        assert_eq!(
+            saved.iter().map(|b| b.shared).collect::<Vec<_>>(),
+            vec![0, 6, 8, 6, 6]
+        );
+        let pool = Pool::new(1);
+        for _ in 0..5 {
+            commit(&mut kv, &mut store, &pool, &[hs[0]]);
+        }
+        let saved = store.save_tree(&kv, hs[0]).unwrap();
+        // The root is now at 11, past 4 + the fork point 6: b (9) still needs cells of its
+        // window below 6, which the restored root no longer keeps.
+        assert_eq!(saved[3].shared, 0);
+        assert_eq!(saved[1].shared, 0);
+    }
+
+    #[test]
+    fn shared_cells_are_the_common_run_prefix() {
+        let r = |id, used| RunRef { id, used };
+        assert_eq!(shared_cells(&[r(0, 5), r(1, 3)], &[r(0, 5), r(2, 4)]), 5);
+        assert_eq!(shared_cells(&[r(0, 5)], &[r(0, 3), r(2, 4)]), 3);
+        assert_eq!(shared_cells(&[r(0, 5), r(1, 3)], &[r(0, 5), r(1, 2)]), 7);
+        assert_eq!(shared_cells(&[r(1, 5)], &[r(0, 5)]), 0);
+    }
+}

@@ -346,10 +346,10 @@ impl<'a> R<'a> {
         }
         Ok(v)
     }
-    /// A window: -1 (the whole context) or 0..=n_ctx.
-    fn window(&mut self, what: &str, n_ctx: u32) -> Result<i32> {
+    /// A window: -1 (the whole context) or a length (what the option validators allow).
+    fn window(&mut self, what: &str) -> Result<i32> {
         let v = self.i32()?;
-        if v < -1 || v as i64 > n_ctx as i64 {
+        if v < -1 {
             return Err(self.bad(format!("{what} is {v}")));
         }
         Ok(v)
@@ -359,7 +359,7 @@ impl<'a> R<'a> {
 fn read_config(r: &mut R, l: &Limits) -> Result<SamplingConfig> {
     let temperature = r.finite("temperature")?;
     let top_k = r.i32()?;
-    if top_k < 0 || top_k > l.n_vocab {
+    if top_k < 0 {
         return Err(r.bad(format!("topK is {top_k}")));
     }
     let unit = |r: &mut R, what: &str| -> Result<f32> {
@@ -378,7 +378,7 @@ fn read_config(r: &mut R, l: &Limits) -> Result<SamplingConfig> {
             repeat: r.finite("penalties.repeat")?,
             frequency: r.finite("penalties.frequency")?,
             presence: r.finite("penalties.presence")?,
-            last_n: r.window("penalties.lastN", l.n_ctx)?,
+            last_n: r.window("penalties.lastN")?,
         })
     } else {
         None
@@ -396,8 +396,8 @@ fn read_config(r: &mut R, l: &Limits) -> Result<SamplingConfig> {
         Some(Dry {
             multiplier: r.finite("dry.multiplier")?,
             base: r.finite("dry.base")?,
-            allowed_length: r.window("dry.allowedLength", l.n_ctx)?,
-            penalty_last_n: r.window("dry.penaltyLastN", l.n_ctx)?,
+            allowed_length: r.window("dry.allowedLength")?,
+            penalty_last_n: r.window("dry.penaltyLastN")?,
             sequence_breakers: r.strs()?,
         })
     } else {
