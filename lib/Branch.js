@@ -119,6 +119,17 @@ class Branch {
     return new Branch(ctx, handle, 0);
   }
 
+  /**
+   * The wrapper of a branch the native side made (a restored tree), for BranchStore.js.
+   * @param {SessionContext} ctx
+   * @param {number} handle
+   * @param {number} parent the parent's handle, 0 for a root
+   * @returns {Branch}
+   */
+  static _wrap(ctx, handle, parent) {
+    return new Branch(ctx, handle, parent);
+  }
+
   /** The native context, or the coded error for a freed branch. */
   _live() {
     const native = nativeOf(this._ctx);
@@ -524,6 +535,6 @@ class Branch {
 }
 
 setRootBranchFactory((ctx, position, params) => Branch.create(ctx, position, params));
-setBranchWrapperFactory((ctx, handle, parent) => new Branch(ctx, handle, parent));
+setBranchWrapperFactory((ctx, handle, parent) => Branch._wrap(ctx, handle, parent));
 
 module.exports = { Branch };
