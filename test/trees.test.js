@@ -146,6 +146,53 @@ describe('branch trees: saveTree / restoreTree', function () {
     );
   });
 
+  it('without a spare sequence every branch is stored whole, and continues the same', async () => {
+    const tight = await open({ nSeqMax: 3, nThreads: 1 });
+    const other = await open({ nSeqMax: 3, nThreads: 1 });
+    try {
+      const root = Branch.create(tight, 0, { temperature: 0 });
+      await root.prefill(await tight.tokenize('Three friends walked into'));
+      const kids = [root.fork(), root.fork()];
+      kids[1].setSamplerParams({ temperature: 0.9, seed: 3 });
+      for (const k of kids) await continueFor(k, 2);
+      const whole = path.join(tmp, 'whole.lbt');
+      const s = await new BranchStore(tight).saveTree(root, whole);
+      assert.equal(s.sharedBranches, 0, 'no scratch sequence: nothing left out');
+      const expected = [];
+      for (const b of s.branches) expected.push(await continueFor(b, 3));
+      const { branches } = await BranchStore.restoreTree(other, whole);
+      for (const [i, b] of branches.entries()) assert.deepEqual(await continueFor(b, 3), expected[i], `branch ${i}`);
+    } finally {
+      tight.dispose();
+      other.dispose();
+    }
+  });
+
+  it('a prompt longer than the sliding window restores shared and continues the same', async () => {
+    // Gemma 3 keeps only a 512-position window in most layers: the root's restored window
+    // cache starts past 0, and its child still gets its prefix from it.
+    const long = await open({ nSeqMax: 4, nThreads: 1 });
+    const other = await open({ nSeqMax: 4, nThreads: 1 });
+    try {
+      const words = (await long.tokenize('one two three four five six seven eight nine ten '.repeat(70))).slice(0, 600);
+      const root = Branch.create(long, 0, { temperature: 0 });
+      await root.prefill(words);
+      const child = root.fork();
+      child.setSamplerParams({ temperature: 0.7, seed: 9 });
+      await continueFor(child, 2);
+      const file2 = path.join(tmp, 'long.lbt');
+      const s = await new BranchStore(long).saveTree(root, file2);
+      assert.equal(s.sharedBranches, 1);
+      const expected = [await continueFor(root, 3), await continueFor(child, 3)];
+      const { branches } = await BranchStore.restoreTree(other, file2);
+      assert.equal(new BranchStore(other).kvPressure().cellsUsed, 602, 'the prompt once');
+      assert.deepEqual([await continueFor(branches[0], 3), await continueFor(branches[1], 3)], expected);
+    } finally {
+      long.dispose();
+      other.dispose();
+    }
+  });
+
   it('rejects a corrupted or truncated file with ERR_STATE and restores nothing', async () => {
     const bytes = fs.readFileSync(file);
     const store = new BranchStore(ctx);

@@ -137,6 +137,7 @@ impl BranchStore {
                 fork_head: b.fork_head,
                 n_batch: b.n_batch,
                 shared,
+                cells: held(b).max(0) as u32,
                 kv: kv_bytes,
                 logits,
                 model_ppl: b.model_ppl.parts(),
@@ -191,10 +192,7 @@ impl BranchStore {
                 n_seq_max: self.capacity(),
             });
         }
-        let cells: u64 = saved
-            .iter()
-            .map(|b| (b.position as u64).saturating_sub(b.shared as u64))
-            .sum();
+        let cells: u64 = saved.iter().map(|b| (b.cells - b.shared) as u64).sum();
         let remaining = self.kv_pressure(kv).remaining as u64;
         if cells > remaining {
             return Err(Error::KvFull(format!(
@@ -232,7 +230,9 @@ impl BranchStore {
             self.release_lease(seq);
             return Err(e);
         }
-        let own = kv.seq_extent(seq).saturating_sub(b.shared);
+        // From the file, not `seq_extent`: on a sliding-window model llama.cpp's lowest
+        // position of a sequence is its window cache's, not where its cells begin.
+        let own = b.cells - b.shared;
         let mut runs = match parent {
             Some(p) if b.shared > 0 => {
                 let parent_runs = self.get(p)?.runs.clone();
@@ -309,11 +309,10 @@ impl BranchStore {
             }
             kv.seq_cp(p.seq, seq, -1, b.shared as Pos);
         }
-        let (min, end) = (kv.seq_pos_min(seq), kv.seq_pos_max(seq) + 1);
-        let expected_min = if b.shared > 0 { 0 } else { min.max(0) };
-        if end != b.position || (end > 0 && min != expected_min) || end as u32 > kv.n_ctx() {
+        let end = kv.seq_pos_max(seq) + 1;
+        if end != b.position || end as u32 > kv.n_ctx() {
             return Err(Error::State(format!(
-                "branch {i}'s restored cells span positions {min}..{end}, but it was saved at position {}; nothing was restored",
+                "branch {i}'s restored cells end at position {end}, but it was saved at position {}; nothing was restored",
                 b.position
             )));
         }
@@ -460,7 +459,11 @@ mod tests {
         let positions: Vec<i32> = saved.iter().map(|b| b.position).collect();
         assert_eq!(positions, vec![6, 8, 9, 9, 6], "depth first, parents first");
         let shared: Vec<u32> = saved.iter().map(|b| b.shared).collect();
-        assert_eq!(shared, vec![0, 6, 8, 6, 6], "each child stores cells past its parent's");
+        assert_eq!(
+            shared,
+            vec![0, 6, 8, 6, 6],
+            "each child stores cells past its parent's"
+        );
         let own_cells: Vec<usize> = saved.iter().map(|b| (b.kv.len().max(8) - 8) / 4).collect();
         assert_eq!(own_cells, vec![6, 2, 1, 3, 0], "each prefix once");
         assert!(matches!(saved[4].logits, SavedLogits::SameAsParent));

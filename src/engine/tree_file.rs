@@ -62,6 +62,8 @@ pub struct SavedBranch {
     pub n_batch: u32,
     /// Cells `[0, shared)` come from the parent's restored sequence; `kv` holds the rest.
     pub shared: u32,
+    /// Cells the branch holds in all (its position, unless its sequence starts later).
+    pub cells: u32,
     /// llama.cpp's state of the branch's own cells (`Context::seq_state`); empty when it has none.
     pub kv: Vec<u8>,
     pub logits: SavedLogits,
@@ -214,6 +216,7 @@ pub fn tree_file_bytes(tree: &TreeFile) -> Vec<u8> {
         w.i32(b.fork_head);
         w.u32(b.n_batch);
         w.u32(b.shared);
+        w.u32(b.cells);
         match &b.logits {
             SavedLogits::None => w.u8(0),
             SavedLogits::SameAsParent => w.u8(2),
@@ -467,9 +470,10 @@ fn read_branch(r: &mut R, l: &Limits, index: usize) -> Result<SavedBranch> {
     let fork_head = r.i32()?;
     let n_batch = r.u32()?;
     let shared = r.u32()?;
-    if shared as i64 > position as i64 || (parent.is_none() && shared > 0) {
+    let cells = r.u32()?;
+    if shared > cells || cells as i64 > position as i64 || (parent.is_none() && shared > 0) {
         return Err(r.bad(format!(
-            "branch {index} shares {shared} cells at position {position}"
+            "branch {index} shares {shared} of its {cells} cells at position {position}"
         )));
     }
     let logits = match r.u8()? {
@@ -525,6 +529,7 @@ fn read_branch(r: &mut R, l: &Limits, index: usize) -> Result<SavedBranch> {
         fork_head,
         n_batch,
         shared,
+        cells,
         kv,
         logits,
         model_ppl,
@@ -616,6 +621,7 @@ mod tests {
             fork_head: 10,
             n_batch: 8,
             shared: 10,
+            cells: 12,
             kv: vec![9; 40],
             logits: SavedLogits::SameAsParent,
             model_ppl: (1.5, 2),
@@ -635,6 +641,7 @@ mod tests {
             fork_head: 0,
             n_batch: 8,
             shared: 0,
+            cells: 10,
             kv: vec![1, 2, 3, 4],
             logits: SavedLogits::Own((0..16).map(|i| i as f32 * 0.5).collect()),
             model_ppl: (0.0, 0),
