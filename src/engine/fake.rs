@@ -212,7 +212,7 @@ impl KvBackend for FakeKv {
     }
     fn set_seq_state(&self, seq: SeqId, data: &[u8]) -> usize {
         self.seq_rm(seq, -1, -1);
-        if data.len() < 8 || data.len() % 4 != 0 {
+        if data.len() < 8 || !data.len().is_multiple_of(4) {
             return 0;
         }
         let n = (data.len() - 8) / 4;
