@@ -38,7 +38,7 @@
  * | `ERR_MODEL_LOAD` | the file is not a loadable GGUF model |
  * | `ERR_CONTEXT_CREATE` | llama.cpp could not create the context (e.g. out of memory) |
  * | `ERR_TOKEN_OUT_OF_RANGE` | a token id outside `[0, vocabSize)` |
- * | `ERR_NO_FREE_SEQUENCE` | all `nSeqMax` sequence leases are held by live branches |
+ * | `ERR_NO_FREE_SEQUENCE` | all `nSeqMax` sequence leases are held by live branches, or {@link BranchStore.restoreTree} needs more free ones than there are |
  * | `ERR_KV_FULL` | the decode would pass `nCtx` (or llama.cpp found no KV slot) |
  * | `ERR_DECODE` | `llama_decode` failed |
  * | `ERR_ABORTED` | the operation's `AbortSignal` aborted it (see {@link OperationOptions}); `name` is `'AbortError'` |
