@@ -38,7 +38,7 @@
  * | `ERR_MODEL_LOAD` | the file is not a loadable GGUF model |
  * | `ERR_CONTEXT_CREATE` | llama.cpp could not create the context (e.g. out of memory) |
  * | `ERR_TOKEN_OUT_OF_RANGE` | a token id outside `[0, vocabSize)` |
- * | `ERR_NO_FREE_SEQUENCE` | all `nSeqMax` sequence leases are held by live branches |
+ * | `ERR_NO_FREE_SEQUENCE` | all `nSeqMax` sequence leases are held by live branches, or {@link BranchStore.restoreTree} needs more free ones than there are |
  * | `ERR_KV_FULL` | the decode would pass `nCtx` (or llama.cpp found no KV slot) |
  * | `ERR_DECODE` | `llama_decode` failed |
  * | `ERR_ABORTED` | the operation's `AbortSignal` aborted it (see {@link OperationOptions}); `name` is `'AbortError'` |
@@ -47,6 +47,7 @@
  * | `ERR_GRAMMAR_REJECTED` | the token is not allowed by the branch's grammar |
  * | `ERR_TOKENIZE` | tokenization failed |
  * | `ERR_STATE` | llama.cpp refused a state change (e.g. partial KV removal), or a saved KV state is corrupt, truncated or incompatible |
+ * | `ERR_STATE_MISMATCH` | a saved state (a branch tree file) comes from another model, llama.cpp state format or KV configuration (`typeK`, `typeV`, flash attention) |
  * | `ERR_UNSUPPORTED` | the model or context lacks a feature (no EOS/EOT token, embeddings not enabled) |
  * | `ERR_INTERNAL` | a bug in llama-branch (please report it) |
  * | `ERR_CHAT_TEMPLATE` | the chat template failed to parse or render (the message has the template's own error) |
@@ -82,6 +83,7 @@ export type ErrorCode =
   | 'ERR_GRAMMAR_REJECTED'
   | 'ERR_TOKENIZE'
   | 'ERR_STATE'
+  | 'ERR_STATE_MISMATCH'
   | 'ERR_UNSUPPORTED'
   | 'ERR_INTERNAL'
   | 'ERR_CHAT_TEMPLATE'
@@ -531,6 +533,44 @@ export declare function gpuModules(): GpuModuleStatus[];
 
 // -------------------------------------------------------------------------------------------------
 // Sampling
+
+/** Options of {@link BranchStore.saveTree}. */
+export interface SaveTreeOptions {
+  /** Your own text stored with the tree (e.g. JSON of your search's bookkeeping), returned as `meta` by {@link BranchStore.restoreTree}. */
+  meta?: string;
+}
+
+/** What {@link BranchStore.saveTree} resolves with (sizes in bytes). */
+export interface SavedTree {
+  /**
+   * The saved branches: the root first, every parent before its children (the order
+   * {@link BranchStore.restoreTree} gives them back in); null where a branch's wrapper was
+   * already garbage-collected (its branch is being freed).
+   */
+  branches: Array<Branch | null>;
+  /** Size of the file. */
+  bytes: number;
+  /** Bytes of KV cells in the file: every shared prefix once, each branch's own cells once. */
+  kvBytes: number;
+  /** Bytes of logits snapshots in the file (a fork that has not moved since shares its parent's). */
+  logitsBytes: number;
+  /** Branches stored without the prefix they share with their parent. */
+  sharedBranches: number;
+}
+
+/** What {@link BranchStore.restoreTree} resolves with. */
+export interface RestoredTree {
+  /** The restored root (`branches[0]`). */
+  root: Branch;
+  /** Every restored branch, in the order {@link SavedTree.branches} had. */
+  branches: Branch[];
+  /** Each branch's parent as an index into `branches` (-1 for the root). */
+  parents: number[];
+  /** The `meta` text saved with the tree ('' when none). */
+  meta: string;
+  /** Size of the file. */
+  bytes: number;
+}
 
 /** Lazy-grammar triggers for {@link Branch.setGrammar}: unconstrained until one appears. */
 export interface LazyGrammarTriggers {

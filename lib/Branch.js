@@ -9,6 +9,7 @@ const {
   isDisposed,
   markDisposed,
   setRootBranchFactory,
+  setBranchWrapperFactory,
 } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 const { traceOf, traced } = require('./trace');
@@ -116,6 +117,17 @@ class Branch {
     const p = grammar ? { ...(params || {}), grammar } : params || undefined;
     const handle = native._branchCreate(position, p, nBatch == null ? undefined : nBatch, seqId);
     return new Branch(ctx, handle, 0);
+  }
+
+  /**
+   * The wrapper of a branch the native side made (a restored tree), for BranchStore.js.
+   * @param {SessionContext} ctx
+   * @param {number} handle
+   * @param {number} parent the parent's handle, 0 for a root
+   * @returns {Branch}
+   */
+  static _wrap(ctx, handle, parent) {
+    return new Branch(ctx, handle, parent);
   }
 
   /** The native context, or the coded error for a freed branch. */
@@ -523,5 +535,6 @@ class Branch {
 }
 
 setRootBranchFactory((ctx, position, params) => Branch.create(ctx, position, params));
+setBranchWrapperFactory((ctx, handle, parent) => Branch._wrap(ctx, handle, parent));
 
 module.exports = { Branch };

@@ -1,7 +1,7 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const { nativeOf, wrapFreed, branchHandle } = require('./Context');
+const { nativeOf, wrapFreed, branchHandle, wrapBranch, wrapperOf } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 const { traced } = require('./trace');
 
@@ -210,6 +210,70 @@ class BranchStore {
   async retainOnly(winner) {
     const h = this._branch(winner, 'BranchStore.retainOnly');
     wrapFreed(this._ctx, await nativeOf(this._ctx)._storeRetainOnly(h));
+  }
+
+  /**
+   * Saves `root` and all its live descendants to the file `path`: each branch's position, KV
+   * cells, sampler state (seed and RNG draws, penalty and DRY windows), grammar state, logits
+   * snapshot, perplexities and steer biases, with every prefix shared by forks stored once.
+   * {@link BranchStore.restoreTree} rebuilds the tree, here or in another process, and every
+   * branch continues as it would have (same greedy tokens, same seeded samples). The file is
+   * written atomically (a temporary file, fsync, rename): `path` holds the old file or the whole
+   * new one. Runs on the context's worker in call order; the branches are unchanged.
+   *
+   * Refused with `ERR_UNSUPPORTED` for a branch sampling with mirostat or XTC (their state
+   * cannot be carried). A token sampled but not yet committed is not part of the state: commit
+   * it after restoring. See docs/api.md#branch-trees.
+   * @param {Branch} root
+   * @param {string} path
+   * @param {import('./types').SaveTreeOptions} [options]
+   * @returns {Promise<import('./types').SavedTree>}
+   */
+  async saveTree(root, path, options) {
+    const where = 'BranchStore.saveTree';
+    const h = this._branch(root, where);
+    if (typeof path !== 'string' || path === '')
+      throw makeError('ERR_INVALID_ARG', `${where}(root, path, options?): path must be a non-empty file path`);
+    if (options != null && typeof options !== 'object')
+      throw makeError('ERR_INVALID_ARG', `${where}: options must be an object`);
+    const meta = options?.meta;
+    if (meta !== undefined && typeof meta !== 'string')
+      throw makeError('ERR_INVALID_ARG', `${where}: options.meta must be a string (e.g. JSON.stringify of your data)`);
+    const saved = await nativeOf(this._ctx)._storeSaveTree(h, path, meta);
+    return {
+      branches: saved.handles.map((handle) => wrapperOf(this._ctx, handle)),
+      bytes: saved.bytes,
+      kvBytes: saved.kvBytes,
+      logitsBytes: saved.logitsBytes,
+      sharedBranches: saved.sharedBranches,
+    };
+  }
+
+  /**
+   * Rebuilds a tree saved by {@link BranchStore.saveTree} on free sequences of `ctx`: one
+   * sequence per branch, the shared prefixes shared again. The file must come from the same
+   * model, llama.cpp state format and KV settings (`typeK`, `typeV`, `flashAttention`), else
+   * `ERR_STATE_MISMATCH`; a truncated or corrupted file is `ERR_STATE` (a checksum covers the
+   * whole file); too few free sequences is `ERR_NO_FREE_SEQUENCE` and too few free cells
+   * `ERR_KV_FULL`, both checked before anything changes. All or nothing: on any failure no
+   * branch is left behind. Runs on the context's worker, never on the event loop.
+   * @param {import('./Context').SessionContext} ctx
+   * @param {string} path
+   * @returns {Promise<import('./types').RestoredTree>}
+   */
+  static async restoreTree(ctx, path) {
+    const where = 'BranchStore.restoreTree';
+    const native = nativeOf(ctx);
+    if (typeof path !== 'string' || path === '')
+      throw makeError('ERR_INVALID_ARG', `${where}(ctx, path): path must be a non-empty file path`);
+    const restored = await native._storeRestoreTree(path);
+    /** @type {Branch[]} */
+    const branches = [];
+    restored.handles.forEach((handle, i) => {
+      const parent = restored.parents[i] < 0 ? 0 : restored.handles[restored.parents[i]];
+      branches.push(wrapBranch(ctx, handle, parent));
+    });
+    return { root: branches[0], branches, parents: restored.parents, meta: restored.meta, bytes: restored.bytes };
   }
 
   /** Number of free sequence leases. Waits for queued operations. */

@@ -911,6 +911,36 @@ function createRootBranch(ctx, position, params) {
   return rootBranchFactory(ctx, position, params);
 }
 
+/**
+ * How BranchStore.js wraps branches the native side made (a restored tree): Branch.js registers
+ * its constructor as it loads, so BranchStore.js need not require it (an import cycle).
+ * @type {((ctx: SessionContext, handle: number, parent: number) => any) | null}
+ */
+let wrapperFactory = null;
+
+/** @param {(ctx: SessionContext, handle: number, parent: number) => any} factory */
+function setBranchWrapperFactory(factory) {
+  wrapperFactory = factory;
+}
+
+/**
+ * A Branch wrapper for native branch `handle` of `ctx`, a child of `parent` (0 for a root).
+ * @param {SessionContext} ctx @param {number} handle @param {number} parent
+ */
+function wrapBranch(ctx, handle, parent) {
+  if (!wrapperFactory) throw makeError('ERR_INTERNAL', 'lib/Branch.js was not loaded');
+  return wrapperFactory(ctx, handle, parent);
+}
+
+/**
+ * The live wrapper of native branch `handle` on `ctx`, or null when it was garbage-collected
+ * (its branch is being freed).
+ * @param {SessionContext} ctx @param {number} handle
+ */
+function wrapperOf(ctx, handle) {
+  return wrappersOfContext(ctx).get(handle)?.ref.deref() ?? null;
+}
+
 /** Fire-and-forget prune that never surfaces as an unhandled rejection (the branch may be gone). */
 function release(branch) {
   if (branch && !branch.disposed) branch.prune().catch(() => {});
@@ -961,5 +991,8 @@ module.exports = {
   branchContext,
   setRootBranchFactory,
   createRootBranch,
+  setBranchWrapperFactory,
+  wrapBranch,
+  wrapperOf,
   release,
 };

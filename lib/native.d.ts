@@ -245,6 +245,10 @@ export declare class SessionContext {
   isStopToken(token: number): boolean
   getEogToken(): number
   getBosToken(): number | null
+  /** Saves `handle`'s branch and its live descendants to `path` (atomically). */
+  _storeSaveTree(handle: number, path: string, meta: string | undefined): Promise<TreeSaved>
+  /** Restores a tree saved by `_storeSaveTree` onto free sequences of this context. */
+  _storeRestoreTree(path: string): Promise<TreeRestored>
 }
 
 /** llama.cpp's chat format names in number order (lib/index.js builds `ChatFormat` from them). */
@@ -609,6 +613,32 @@ export interface TopLogprob {
   token: number
   /** Natural log of its probability under the model's distribution (before sampling). */
   logprob: number
+}
+
+/** What `BranchStore.restoreTree` resolves. */
+export interface TreeRestored {
+  /** Handles of the restored branches, in the saved order. */
+  handles: Array<number>
+  /** Each branch's parent as an index into `handles` (-1 for the root). */
+  parents: Array<number>
+  /** The `meta` text saved with the tree ('' when none). */
+  meta: string
+  /** Size of the file. */
+  bytes: number
+}
+
+/** What `store.saveTree` resolves (sizes in bytes). */
+export interface TreeSaved {
+  /** Handles of the saved branches, root first, parents before children. */
+  handles: Array<number>
+  /** Size of the file. */
+  bytes: number
+  /** Bytes of KV cells in it (each shared prefix once). */
+  kvBytes: number
+  /** Bytes of logits snapshots in it (a fork that has not moved shares its parent's). */
+  logitsBytes: number
+  /** Branches saved with their parent's prefix left out. */
+  sharedBranches: number
 }
 
 /** What a speculative step kept of one branch's draft. */

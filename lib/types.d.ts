@@ -41,4 +41,7 @@ export type {
   TokenLogprob,
   TopLogprob,
   VerifiedDraft,
+  SaveTreeOptions,
+  SavedTree,
+  RestoredTree,
 } from '../index';

@@ -41,6 +41,14 @@ pub enum Error {
     #[error("All {n_seq_max} sequence ids are leased by live branches; prune a branch or create the context with a larger nSeqMax")]
     NoFreeSequence { n_seq_max: u32 },
 
+    #[error("{what} needs {needed} free sequences, and {free} of this context's nSeqMax = {n_seq_max} are free; prune branches or create the context with a larger nSeqMax")]
+    NotEnoughSequences {
+        what: &'static str,
+        needed: u32,
+        free: u32,
+        n_seq_max: u32,
+    },
+
     #[error("The KV cache is full ({0}); prune branches or use a larger nCtx")]
     KvFull(String),
 
@@ -70,6 +78,10 @@ pub enum Error {
 
     #[error("{0}")]
     State(String),
+
+    /// A saved state from another model, llama.cpp state format or KV configuration.
+    #[error("{0}")]
+    StateMismatch(String),
 
     #[error("{0}")]
     Unsupported(String),
@@ -131,6 +143,7 @@ codes! {
     TokenOutOfRange => "ERR_TOKEN_OUT_OF_RANGE",
     TokenNotInteger => "ERR_TOKEN_OUT_OF_RANGE",
     NoFreeSequence => "ERR_NO_FREE_SEQUENCE",
+    NotEnoughSequences => "ERR_NO_FREE_SEQUENCE",
     KvFull => "ERR_KV_FULL",
     Decode => "ERR_DECODE",
     Aborted => "ERR_ABORTED",
@@ -140,6 +153,7 @@ codes! {
     GrammarRejected => "ERR_GRAMMAR_REJECTED",
     Tokenize => "ERR_TOKENIZE",
     State => "ERR_STATE",
+    StateMismatch => "ERR_STATE_MISMATCH",
     Unsupported => "ERR_UNSUPPORTED",
     Internal => "ERR_INTERNAL",
     RpcUnreachable => "ERR_RPC_UNREACHABLE",

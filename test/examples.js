@@ -354,6 +354,23 @@ const CASES = [
     },
   },
   {
+    name: 'checkpoint-search',
+    file: 'checkpoint-search.js',
+    args: ['--depth', '2', '--branching', '2', '--keep', '2', '--segment', '3', '--checkpoint-after', '1'],
+    validate(events) {
+      one(events, 'start');
+      const checkpoint = one(events, 'checkpoint');
+      assert.equal(checkpoint.level, 1);
+      assert.equal(checkpoint.branches, 3, 'the root and the two kept children');
+      assert.equal(checkpoint.branches, checkpoint.live);
+      assert.ok(checkpoint.kvBytes > 0 && checkpoint.bytes > checkpoint.kvBytes);
+      const done = one(events, 'complete');
+      assert.equal(done.same, true, 'the search resumed in a child process finds the same continuation');
+      assert.equal(done.resumedBestId, done.bestId);
+      assert.equal(done.resumedText, done.bestText);
+    },
+  },
+  {
     name: 'grammar-json',
     file: 'grammar-json.js',
     traced: true,

@@ -13,6 +13,19 @@ export type Branch = import("./Branch").Branch;
  */
 export class BranchStore {
     /**
+     * Rebuilds a tree saved by {@link BranchStore.saveTree} on free sequences of `ctx`: one
+     * sequence per branch, the shared prefixes shared again. The file must come from the same
+     * model, llama.cpp state format and KV settings (`typeK`, `typeV`, `flashAttention`), else
+     * `ERR_STATE_MISMATCH`; a truncated or corrupted file is `ERR_STATE` (a checksum covers the
+     * whole file); too few free sequences is `ERR_NO_FREE_SEQUENCE` and too few free cells
+     * `ERR_KV_FULL`, both checked before anything changes. All or nothing: on any failure no
+     * branch is left behind. Runs on the context's worker, never on the event loop.
+     * @param {import('./Context').SessionContext} ctx
+     * @param {string} path
+     * @returns {Promise<import('../lib/types').RestoredTree>}
+     */
+    static restoreTree(ctx: import("./Context").SessionContext, path: string): Promise<import("../lib/types").RestoredTree>;
+    /**
      * Throws `ERR_INVALID_ARG` for a non-context, `ERR_CONTEXT_DISPOSED` for a disposed one.
      * @param {import('./Context').SessionContext} ctx
      */
@@ -92,6 +105,24 @@ export class BranchStore {
      * @returns {Promise<void>}
      */
     retainOnly(winner: Branch): Promise<void>;
+    /**
+     * Saves `root` and all its live descendants to the file `path`: each branch's position, KV
+     * cells, sampler state (seed and RNG draws, penalty and DRY windows), grammar state, logits
+     * snapshot, perplexities and steer biases, with every prefix shared by forks stored once.
+     * {@link BranchStore.restoreTree} rebuilds the tree, here or in another process, and every
+     * branch continues as it would have (same greedy tokens, same seeded samples). The file is
+     * written atomically (a temporary file, fsync, rename): `path` holds the old file or the whole
+     * new one. Runs on the context's worker in call order; the branches are unchanged.
+     *
+     * Refused with `ERR_UNSUPPORTED` for a branch sampling with mirostat or XTC (their state
+     * cannot be carried). A token sampled but not yet committed is not part of the state: commit
+     * it after restoring. See docs/api.md#branch-trees.
+     * @param {Branch} root
+     * @param {string} path
+     * @param {import('../lib/types').SaveTreeOptions} [options]
+     * @returns {Promise<import('../lib/types').SavedTree>}
+     */
+    saveTree(root: Branch, path: string, options?: import("../lib/types").SaveTreeOptions): Promise<import("../lib/types").SavedTree>;
     /** Number of free sequence leases. Waits for queued operations. */
     get available(): number;
     /**

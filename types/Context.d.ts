@@ -576,5 +576,18 @@ export function setRootBranchFactory(factory: (ctx: SessionContext, position: nu
  * @param {SessionContext} ctx @param {number} position @param {object} [params]
  */
 export function createRootBranch(ctx: SessionContext, position: number, params?: object): any;
+/** @param {(ctx: SessionContext, handle: number, parent: number) => any} factory */
+export function setBranchWrapperFactory(factory: (ctx: SessionContext, handle: number, parent: number) => any): void;
+/**
+ * A Branch wrapper for native branch `handle` of `ctx`, a child of `parent` (0 for a root).
+ * @param {SessionContext} ctx @param {number} handle @param {number} parent
+ */
+export function wrapBranch(ctx: SessionContext, handle: number, parent: number): any;
+/**
+ * The live wrapper of native branch `handle` on `ctx`, or null when it was garbage-collected
+ * (its branch is being freed).
+ * @param {SessionContext} ctx @param {number} handle
+ */
+export function wrapperOf(ctx: SessionContext, handle: number): any;
 /** Fire-and-forget prune that never surfaces as an unhandled rejection (the branch may be gone). */
 export function release(branch: any): void;

@@ -8,17 +8,53 @@ use super::segments::RunRef;
 use crate::error::{Error, Result};
 use crate::llama::{Pos, Sampler, SeqId, Token, TokenData};
 
+/// What a grammar was built from, so a saved tree can build it again (`engine::tree`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GrammarSpec {
+    pub gbnf: String,
+    /// Lazy grammars: the trigger patterns and tokens (both empty: not lazy).
+    pub trigger_patterns: Vec<String>,
+    pub trigger_tokens: Vec<Token>,
+}
+
+/// The tokens accepted since the chain and the grammar were built. llama.cpp cannot serialise a
+/// sampler's state, but the penalty/DRY windows and a grammar's parse state are functions of
+/// these tokens, so a saved tree replays them (the RNG is `Chain::draws`).
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    pub chain: Vec<Token>,
+    pub grammar: Vec<Token>,
+}
+
 /// What a branch samples with: its chain and, optionally, a grammar.
 pub struct BranchSampling {
     pub chain: Chain,
     pub grammar: Option<Sampler>,
+    /// The source of `grammar` (None for a grammar set without one: such a branch cannot be saved).
+    pub grammar_spec: Option<GrammarSpec>,
+    pub history: History,
 }
 
 impl BranchSampling {
+    pub fn new(chain: Chain, grammar: Option<(Sampler, GrammarSpec)>) -> BranchSampling {
+        let (grammar, grammar_spec) = match grammar {
+            Some((g, spec)) => (Some(g), Some(spec)),
+            None => (None, None),
+        };
+        BranchSampling {
+            chain,
+            grammar,
+            grammar_spec,
+            history: History::default(),
+        }
+    }
+
     pub fn try_clone(&self) -> Result<BranchSampling> {
         Ok(BranchSampling {
             chain: self.chain.try_clone()?,
             grammar: self.grammar.as_ref().map(Sampler::try_clone).transpose()?,
+            grammar_spec: self.grammar_spec.clone(),
+            history: self.history.clone(),
         })
     }
 }
@@ -234,8 +270,10 @@ impl BranchState {
         if let Some(g) = self.sampling.grammar.as_mut() {
             let accepted = g.accept(token);
             debug_assert!(accepted.is_ok(), "grammar refused a token it allowed");
+            self.sampling.history.grammar.push(token);
         }
         self.sampling.chain.accept(token);
+        self.sampling.history.chain.push(token);
         self.model_ppl.add(model_surprisal);
         if self.last_sampled == Some(token) && !self.candidates.is_empty() {
             let logits: Vec<f32> = self.candidates.iter().map(|c| c.logit).collect();
@@ -259,6 +297,26 @@ impl BranchState {
         std::mem::swap(&mut self.logits, &mut self.pending_logits);
         self.has_logits = true;
         self.log_z.set(Some(self.pending_log_z));
+    }
+
+    /// The snapshot, if there is one (what a saved tree stores).
+    pub(super) fn snapshot(&self) -> Option<&[f32]> {
+        self.has_logits.then_some(self.logits.as_slice())
+    }
+
+    /// Installs a saved snapshot (or none) on a restored branch.
+    pub(super) fn restore_snapshot(&mut self, logits: Option<Vec<f32>>, n_vocab: usize) {
+        self.log_z.set(None);
+        match logits {
+            Some(row) => {
+                self.logits = row;
+                self.has_logits = true;
+            }
+            None => {
+                self.logits = vec![0.0; n_vocab];
+                self.has_logits = false;
+            }
+        }
     }
 
     /// Copies a logits row into the snapshot directly (after a raw decode).

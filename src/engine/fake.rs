@@ -199,6 +199,34 @@ impl KvBackend for FakeKv {
         }
         Ok(())
     }
+    /// Magic, the sequence id, then each position (4 bytes each).
+    fn seq_state(&self, seq: SeqId) -> Result<Vec<u8>> {
+        let mut out = crate::llama::SEQ_STATE_MAGIC.to_le_bytes().to_vec();
+        out.extend_from_slice(&seq.to_le_bytes());
+        let mut positions: Vec<Pos> = self.positions(seq).collect();
+        positions.sort();
+        for p in positions {
+            out.extend_from_slice(&p.to_le_bytes());
+        }
+        Ok(out)
+    }
+    fn set_seq_state(&self, seq: SeqId, data: &[u8]) -> usize {
+        self.seq_rm(seq, -1, -1);
+        if data.len() < 8 || !data.len().is_multiple_of(4) {
+            return 0;
+        }
+        let n = (data.len() - 8) / 4;
+        if self.cells.borrow().len() + n > self.n_ctx as usize {
+            return 0;
+        }
+        for b in data[8..].chunks_exact(4) {
+            self.cells.borrow_mut().push(Cell {
+                pos: i32::from_le_bytes(b.try_into().unwrap()),
+                seqs: BTreeSet::from([seq]),
+            });
+        }
+        data.len()
+    }
     fn logits_row(&self, i: i32) -> Result<&[f32]> {
         let index = if i < 0 {
             self.rows.len().checked_sub(i.unsigned_abs() as usize)

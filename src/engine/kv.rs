@@ -35,6 +35,12 @@ pub trait KvBackend {
     /// The logits of batch row `i` of the last decode (`-1` = the last output).
     fn logits_row(&self, i: i32) -> Result<&[f32]>;
 
+    /// The state of `seq`'s cells (llama.cpp's per-sequence format, beginning with its magic
+    /// and the sequence id).
+    fn seq_state(&self, seq: SeqId) -> Result<Vec<u8>>;
+    /// Replaces `seq`'s cells with a `seq_state`; the bytes consumed (0 = refused).
+    fn set_seq_state(&self, seq: SeqId, data: &[u8]) -> usize;
+
     /// Number of cells `seq` spans (positions are contiguous within a sequence).
     fn seq_extent(&self, seq: SeqId) -> u32 {
         let max = self.seq_pos_max(seq);
@@ -84,5 +90,11 @@ impl KvBackend for Context {
     }
     fn logits_row(&self, i: i32) -> Result<&[f32]> {
         Context::logits_row(self, i)
+    }
+    fn seq_state(&self, seq: SeqId) -> Result<Vec<u8>> {
+        Context::seq_state(self, seq)
+    }
+    fn set_seq_state(&self, seq: SeqId, data: &[u8]) -> usize {
+        Context::set_seq_state(self, seq, data)
     }
 }

@@ -129,14 +129,11 @@ fn exp_sums<const WEIGHTED: bool>(logits: &[f32], max: f32) -> (f64, f64) {
     (sum, weighted)
 }
 
-/// log Σ exp(x) over finite entries, or -inf if there are none.
+/// log Σ exp(x) over finite entries, or -inf if there are none. Computed block by block (see
+/// `copy_log_sum_exp`, which must give the same bits: a snapshot's normalizer may come from
+/// either).
 pub fn log_sum_exp(logits: &[f32]) -> f64 {
-    let max = finite_max(logits);
-    if !max.is_finite() {
-        return f64::NEG_INFINITY;
-    }
-    let (sum, _) = exp_sums::<false>(logits, max);
-    max as f64 + sum.ln()
+    block_log_sum_exp(logits, |_| {})
 }
 
 /// Copies `row` into `dst` (replacing its contents) and returns `log_sum_exp(row)`, reading
@@ -145,13 +142,19 @@ pub fn log_sum_exp(logits: &[f32]) -> f64 {
 /// step copies one vocabulary-sized row per branch; a separate normalizer pass over the stored
 /// row would read it twice more.
 pub fn copy_log_sum_exp(row: &[f32], dst: &mut Vec<f32>) -> f64 {
-    const BLOCK: usize = 4096;
     dst.clear();
     dst.reserve(row.len());
+    block_log_sum_exp(row, |block| dst.extend_from_slice(block))
+}
+
+/// log Σ exp over `row` in cache-sized blocks, each handed to `visit` first; the running sum is
+/// rescaled whenever a block raises the maximum.
+fn block_log_sum_exp(row: &[f32], mut visit: impl FnMut(&[f32])) -> f64 {
+    const BLOCK: usize = 4096;
     let mut max = f32::NEG_INFINITY;
     let mut sum = 0.0f64;
     for block in row.chunks(BLOCK) {
-        dst.extend_from_slice(block);
+        visit(block);
         let block_max = finite_max(block);
         if !block_max.is_finite() {
             continue;
@@ -270,6 +273,15 @@ impl Perplexity {
     pub fn reset(&mut self) {
         *self = Perplexity::default();
     }
+
+    /// (sum of surprisals, count): what a saved tree stores.
+    pub fn parts(&self) -> (f64, u32) {
+        (self.nll_sum, self.count)
+    }
+
+    pub fn from_parts(nll_sum: f64, count: u32) -> Perplexity {
+        Perplexity { nll_sum, count }
+    }
 }
 
 #[cfg(test)]
@@ -359,7 +371,7 @@ mod tests {
         let mut copy = vec![9.0; 3];
         let fused = copy_log_sum_exp(&logits, &mut copy);
         assert_eq!(copy, logits);
-        assert!((fused - log_sum_exp(&logits)).abs() < 1e-6 * fused.abs().max(1.0));
+        assert_eq!(fused.to_bits(), log_sum_exp(&logits).to_bits());
     }
 
     #[test]
@@ -443,7 +455,11 @@ mod fused_timing {
     #[ignore]
     fn fused_copy_timing() {
         let rows: Vec<Vec<f32>> = (0..64)
-            .map(|r| (0..262_144).map(|i| ((i * 7919 + r * 31) % 1000) as f32 / 97.0).collect())
+            .map(|r| {
+                (0..262_144)
+                    .map(|i| ((i * 7919 + r * 31) % 1000) as f32 / 97.0)
+                    .collect()
+            })
             .collect();
         let mut dst = Vec::new();
         let t = std::time::Instant::now();

@@ -6,6 +6,7 @@ pub mod branch;
 pub mod calibrate;
 pub mod decode;
 pub mod endpoint;
+pub mod fingerprint;
 pub mod handles;
 pub mod kv;
 pub mod kv_types;
@@ -21,6 +22,8 @@ pub mod speculate;
 pub mod state_file;
 pub mod step;
 pub mod store;
+pub mod tree;
+pub mod tree_file;
 pub mod warmup;
 
 #[cfg(test)]

@@ -157,7 +157,7 @@ impl BranchStore {
         self.leases.capacity()
     }
 
-    fn lease(&mut self, kv: &impl KvBackend, seq: Option<SeqId>) -> Result<SeqId> {
+    pub(super) fn lease(&mut self, kv: &impl KvBackend, seq: Option<SeqId>) -> Result<SeqId> {
         self.reclaim_detached(kv);
         let n_seq_max = self.leases.capacity();
         match seq {
@@ -167,7 +167,12 @@ impl BranchStore {
         }
     }
 
-    fn insert(&mut self, state: BranchState) -> Result<Handle> {
+    /// Gives back a lease whose sequence the caller has emptied (a failed restore, a scratch).
+    pub(super) fn release_lease(&mut self, seq: SeqId) {
+        self.leases.release(seq);
+    }
+
+    pub(super) fn insert(&mut self, state: BranchState) -> Result<Handle> {
         self.branches
             .insert(state)
             .ok_or_else(|| Error::invalid(TABLE_FULL))
@@ -551,15 +556,27 @@ impl BranchStore {
     pub fn set_sampling(&mut self, h: Handle, sampling: BranchSampling) -> Result<()> {
         let b = self.get_mut(h)?;
         b.sampling.chain = sampling.chain;
+        b.sampling.history.chain.clear();
         if sampling.grammar.is_some() {
             b.sampling.grammar = sampling.grammar;
+            b.sampling.grammar_spec = sampling.grammar_spec;
+            b.sampling.history.grammar.clear();
         }
         Ok(())
     }
 
     /// Installs (or with `None`, removes) a grammar; lazy grammars wait for a trigger.
-    pub fn set_grammar(&mut self, h: Handle, grammar: Option<crate::llama::Sampler>) -> Result<()> {
-        self.get_mut(h)?.sampling.grammar = grammar;
+    pub fn set_grammar(
+        &mut self,
+        h: Handle,
+        grammar: Option<(crate::llama::Sampler, super::branch::GrammarSpec)>,
+    ) -> Result<()> {
+        let s = &mut self.get_mut(h)?.sampling;
+        (s.grammar, s.grammar_spec) = match grammar {
+            Some((g, spec)) => (Some(g), Some(spec)),
+            None => (None, None),
+        };
+        s.history.grammar.clear();
         Ok(())
     }
 }

@@ -14,10 +14,7 @@ use crate::llama::Token;
 const N_VOCAB: i32 = 16;
 
 fn greedy() -> BranchSampling {
-    BranchSampling {
-        chain: Chain::greedy(N_VOCAB).unwrap(),
-        grammar: None,
-    }
+    BranchSampling::new(Chain::greedy(N_VOCAB).unwrap(), None)
 }
 
 fn setup(n_ctx: u32, n_seq: u32) -> (FakeKv, BranchStore, Pool) {

@@ -252,6 +252,59 @@ impl Model {
         unsafe { sys::llama_model_n_layer(self.as_ptr()) }
     }
 
+    /// Parameters in the weights (part of a state fingerprint).
+    pub fn n_params(&self) -> u64 {
+        // SAFETY: reads the model's metadata.
+        unsafe { sys::llama_model_n_params(self.as_ptr()) }
+    }
+
+    /// Every GGUF metadata pair (key, value as llama.cpp prints it), in the file's order: what
+    /// a state fingerprint hashes, so a state never meets a model it was not computed by.
+    pub fn metadata(&self) -> Vec<(String, String)> {
+        // SAFETY: reads the model's metadata.
+        let n = unsafe { sys::llama_model_meta_count(self.as_ptr()) }.max(0);
+        let read = |i: i32, key: bool| -> String {
+            let mut buf = vec![0u8; 256];
+            for _ in 0..2 {
+                // SAFETY: llama.cpp writes at most `buf.len()` bytes (NUL included) and returns
+                // the whole value's length (or -1 for an index out of range).
+                let len = unsafe {
+                    if key {
+                        sys::llama_model_meta_key_by_index(
+                            self.as_ptr(),
+                            i,
+                            buf.as_mut_ptr().cast(),
+                            buf.len(),
+                        )
+                    } else {
+                        sys::llama_model_meta_val_str_by_index(
+                            self.as_ptr(),
+                            i,
+                            buf.as_mut_ptr().cast(),
+                            buf.len(),
+                        )
+                    }
+                };
+                if len < 0 {
+                    return String::new();
+                }
+                let len = len as usize;
+                if len < buf.len() {
+                    buf.truncate(len);
+                    break;
+                }
+                // Longer than the buffer: read again at its full length (values are printed
+                // summaries, a few KiB at most).
+                buf = vec![0u8; len + 1];
+            }
+            if let Some(end) = buf.iter().position(|&b| b == 0) {
+                buf.truncate(end);
+            }
+            String::from_utf8_lossy(&buf).into_owned()
+        };
+        (0..n).map(|i| (read(i, true), read(i, false))).collect()
+    }
+
     /// A metadata value of the GGUF as text (None when the key is absent).
     fn meta(&self, key: &str) -> Option<String> {
         let key = std::ffi::CString::new(key).ok()?;
@@ -288,56 +341,17 @@ impl Model {
         (read("key_length"), read("value_length"))
     }
 
-    /// Every scalar metadata entry of the GGUF as `key=value` lines, sorted (llama.cpp keeps
-    /// scalars only): with the size and parameter count, what identifies the weights a stored
-    /// KV state belongs to (the prefix cache's fingerprint).
+    /// Every metadata entry of the GGUF as sorted `key=value` lines: with the size and parameter
+    /// count, what identifies the weights a stored KV state belongs to (the prefix cache's
+    /// fingerprint; branch trees hash `metadata()` itself).
     pub fn metadata_text(&self) -> String {
-        // SAFETY: reads the model's metadata.
-        let n = unsafe { sys::llama_model_meta_count(self.as_ptr()) }.max(0);
-        let read = |i: i32, key: bool| {
-            let mut buf = vec![0u8; 256];
-            for _ in 0..2 {
-                // SAFETY: `i` is in [0, n); llama.cpp writes at most `buf.len()` bytes (NUL
-                // included) and returns the full length, or -1 for an index it does not have.
-                let len = unsafe {
-                    if key {
-                        sys::llama_model_meta_key_by_index(
-                            self.as_ptr(),
-                            i,
-                            buf.as_mut_ptr().cast(),
-                            buf.len(),
-                        )
-                    } else {
-                        sys::llama_model_meta_val_str_by_index(
-                            self.as_ptr(),
-                            i,
-                            buf.as_mut_ptr().cast(),
-                            buf.len(),
-                        )
-                    }
-                };
-                if len < 0 {
-                    return String::new();
-                }
-                if (len as usize) < buf.len() {
-                    buf.truncate(len as usize);
-                    return String::from_utf8_lossy(&buf).into_owned();
-                }
-                buf = vec![0u8; len as usize + 1]; // longer than the first guess: once more, whole
-            }
-            String::new()
-        };
-        let mut lines: Vec<String> = (0..n)
-            .map(|i| format!("{}={}", read(i, true), read(i, false)))
+        let mut lines: Vec<String> = self
+            .metadata()
+            .into_iter()
+            .map(|(key, value)| format!("{key}={value}"))
             .collect();
         lines.sort();
         lines.join("\n")
-    }
-
-    /// Parameters of the model.
-    pub fn n_params(&self) -> u64 {
-        // SAFETY: reads the model's metadata.
-        unsafe { sys::llama_model_n_params(self.as_ptr()) }
     }
 
     pub fn description(&self) -> String {

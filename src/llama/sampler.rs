@@ -224,6 +224,13 @@ impl Sampler {
         self.chain_push(stage);
     }
 
+    /// The seed its random stage actually uses (a chain: its last seeded stage); llama.cpp's
+    /// default seed (`0xFFFFFFFF`) when nothing in it is random.
+    pub fn seed(&self) -> u32 {
+        // SAFETY: reads the live sampler (a chain is walked by llama.cpp).
+        unsafe { sys::llama_sampler_get_seed(self.ptr.as_ptr()) }
+    }
+
     /// An independent copy with the same state (RNG, penalty window, grammar parse state).
     pub fn try_clone(&self) -> Result<Sampler> {
         // SAFETY: clones the live sampler into a new owned one.

@@ -342,7 +342,13 @@ impl SessionContext {
             Some(g) => {
                 let lazy = (!patterns.is_empty() || !tokens.is_empty())
                     .then_some((patterns.as_slice(), tokens.as_slice()));
-                Some(crate::llama::Sampler::grammar(&self.model, &g, lazy).map_err(js)?)
+                let sampler = crate::llama::Sampler::grammar(&self.model, &g, lazy).map_err(js)?;
+                let spec = crate::engine::branch::GrammarSpec {
+                    gbnf: g,
+                    trigger_patterns: patterns,
+                    trigger_tokens: tokens,
+                };
+                Some((sampler, spec))
             }
         };
         self.sync("setGrammar", |e| e.store.set_grammar(h, sampler))

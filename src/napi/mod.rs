@@ -19,4 +19,5 @@ pub mod sampling;
 pub mod state;
 pub mod store;
 pub mod tokenizer;
+pub mod tree;
 pub mod worker;

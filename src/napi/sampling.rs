@@ -15,7 +15,7 @@ use napi_derive::napi;
 use super::context::SessionContext;
 use super::convert::{js, Arg, Result};
 use super::worker::{deferred, rejected, run_guarded};
-use crate::engine::branch::BranchSampling;
+use crate::engine::branch::{BranchSampling, GrammarSpec};
 use crate::engine::handles::{Handle, HandleTable};
 use crate::engine::sampling::config::{self, Dry, Mirostat, Penalties, Xtc};
 use crate::engine::sampling::{pick, Chain, SamplingConfig};
@@ -198,18 +198,23 @@ impl SessionContext {
         &self,
         config: SamplingConfig,
     ) -> crate::error::Result<BranchSampling> {
-        let grammar = config
-            .grammar
-            .as_deref()
-            .map(|g| Sampler::grammar(&self.model, g, None))
-            .transpose()?;
+        let grammar = match config.grammar.as_deref() {
+            Some(g) => Some((
+                Sampler::grammar(&self.model, g, None)?,
+                GrammarSpec {
+                    gbnf: g.to_string(),
+                    ..GrammarSpec::default()
+                },
+            )),
+            None => None,
+        };
         let chain = Chain::build(
             config,
             Some(&self.model),
             self.info.n_vocab,
             self.info.n_ctx,
         )?;
-        Ok(BranchSampling { chain, grammar })
+        Ok(BranchSampling::new(chain, grammar))
     }
 }
 

@@ -4,7 +4,7 @@
 //! When top-k can be done by our own preselection (`SamplingConfig::fast_top_k`), the chain has
 //! no top-k stage and `pick::sample` does it first.
 
-use super::config::SamplingConfig;
+use super::config::{SamplingConfig, RANDOM_SEED as RANDOM_SEED_OF_LLAMA};
 use crate::error::{Error, Result};
 use crate::llama::{Model, Sampler, Token};
 
@@ -22,6 +22,10 @@ pub struct Chain {
     /// Set when top-k is done by preselection (and absent from `sampler`).
     pub(super) fast_top_k: Option<usize>,
     config: SamplingConfig,
+    /// Times the chain was applied since its random stage was seeded: llama.cpp's `dist`
+    /// draws exactly once per apply, so (seed, draws) is the RNG's state, which a saved tree
+    /// carries (llama.cpp cannot serialise a sampler).
+    pub(super) draws: u64,
 }
 
 fn terminal_stage(config: &SamplingConfig, n_vocab: i32, seed: u32) -> Result<Sampler> {
@@ -106,7 +110,71 @@ impl Chain {
             terminal,
             fast_top_k,
             config,
+            draws: 0,
         })
+    }
+
+    /// A chain in the state a saved one was in: built from `config` with the seed its random
+    /// stage actually used, applied `draws` times (one RNG draw each) and given `accepted` (the
+    /// penalty and DRY windows). Refuses what (seed, draws, tokens) cannot reproduce: mirostat
+    /// (its running estimate depends on the logits it saw) and XTC (draws only on some applies).
+    pub fn restore(
+        config: SamplingConfig,
+        model: Option<&Model>,
+        n_vocab: i32,
+        n_ctx: u32,
+        seed: u32,
+        draws: u64,
+        accepted: &[Token],
+    ) -> Result<Chain> {
+        Chain::check_restorable(&config)?;
+        let original_seed = config.seed;
+        let mut chain = Chain::build(SamplingConfig { seed, ..config }, model, n_vocab, n_ctx)?;
+        chain.config.seed = original_seed;
+        if chain.terminal != Terminal::Greedy {
+            // One candidate: every stage before the terminal keeps it, and `dist` still draws.
+            let mut one = [crate::llama::TokenData {
+                id: 0,
+                logit: 0.0,
+                p: 0.0,
+            }];
+            for _ in 0..draws {
+                one[0] = crate::llama::TokenData {
+                    id: 0,
+                    logit: 0.0,
+                    p: 0.0,
+                };
+                chain.sampler.apply(&mut one, true);
+            }
+            chain.draws = draws;
+        }
+        for &t in accepted {
+            chain.accept(t);
+        }
+        Ok(chain)
+    }
+
+    /// `ERR_UNSUPPORTED` for a configuration whose state cannot be saved (see `restore`).
+    pub fn check_restorable(config: &SamplingConfig) -> Result<()> {
+        let what = if config.mirostat.is_some() {
+            "mirostat (its running estimate depends on every logits row it saw)"
+        } else if config.xtc.is_some() {
+            "XTC (its random draws depend on the candidates it saw)"
+        } else {
+            return Ok(());
+        };
+        Err(Error::Unsupported(format!(
+            "a branch sampling with {what} cannot be saved in a tree and continue exactly; use the other samplers, or set this branch's params without it before saving"
+        )))
+    }
+
+    /// The seed the random stage uses and the draws made since it was seeded (greedy chains:
+    /// llama.cpp's default seed, 0 draws).
+    pub fn rng_state(&self) -> (u32, u64) {
+        if self.terminal == Terminal::Greedy {
+            return (RANDOM_SEED_OF_LLAMA, 0);
+        }
+        (self.sampler.seed(), self.draws)
     }
 
     /// A greedy chain (no model needed): the default of tests and of raw sampling.
@@ -124,6 +192,7 @@ impl Chain {
             terminal: self.terminal,
             fast_top_k: self.fast_top_k,
             config: self.config.clone(),
+            draws: self.draws,
         })
     }
 
@@ -142,6 +211,7 @@ impl Chain {
         }
         let fresh = terminal_stage(&self.config, n_vocab, seed)?;
         self.sampler.chain_replace_last(fresh);
+        self.draws = 0;
         Ok(())
     }
 

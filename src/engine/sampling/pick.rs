@@ -141,6 +141,7 @@ pub fn sample(
         candidates.clear();
         return None;
     }
+    chain.draws += 1;
     let result = chain.sampler.apply(candidates, sorted);
     candidates.truncate(result.size);
     let picked = usize::try_from(result.selected)
