@@ -33,10 +33,9 @@ const { makeError } = require('../errors');
 const { signalOf } = require('../cancel');
 const { positiveInt, invalid, checkSampling, SEED_SPACE } = require('./checks');
 const { ProgramLine } = require('../ProgramLine');
-const { Line, PeekJob } = require('./line');
+const { Line } = require('./line');
 const { SchedulerErrorCode: Code, schedulerError, tooManyBranches } = require('./errors');
 const { doneFields } = require('./events');
-const { lineRow } = require('./rows');
 
 const TRANSITIONS = {
   queued: ['ready', 'done', 'failed'],
@@ -149,7 +148,9 @@ class Program {
     return false;
   }
 
-  // What each kind writes: its admission (`needs`, `begin`), its abort and close, and how it settles.
+  // What each kind writes: its admission (`needs`, `admitted`: the `admit` event's fields, and
+  // `begin`), its abort and close, how it ends (`ending`: the `done` event's status and usage)
+  // and settles (`settled`, or `refused` before it started).
 
   /**
    * What admitting the program takes now: `{ entry, start, cells, leases }`.
@@ -159,6 +160,11 @@ class Program {
     throw makeError('ERR_INTERNAL', 'Program.needs is written by each kind of program');
   }
 
+  /** @param {{ entry: any, start: number, cells: number, leases: number }} _need @returns {object} */
+  admitted(_need) {
+    return {};
+  }
+
   /** @param {{ entry: any, start: number, cells: number, leases: number }} _need */
   begin(_need) {}
 
@@ -166,6 +172,11 @@ class Program {
 
   /** @param {any} _error */
   close(_error) {}
+
+  /** @param {{ error?: any, abort?: boolean }} _outcome @returns {{ status: string, usage: any }} */
+  ending(_outcome) {
+    return { status: 'ok', usage: null };
+  }
 
   /** @param {{ error?: any, value?: any, abort?: boolean }} _outcome */
   settled(_outcome) {}
@@ -215,6 +226,7 @@ class Program {
   /** Admitted with what `needs` found: its lines start (kind-specific: `begin`). */
   start(need) {
     this.to('running');
+    this.emit('admit', this.admitted(need));
     this.begin(need);
   }
 
@@ -245,7 +257,7 @@ class Program {
   collect(prunes) {
     const ending = this.state === 'ending';
     for (const line of this.lines) if (ending || line.released) line.free(ending, prunes);
-    this.lines = this.lines.filter((l) => !l.freed);
+    this.lines = this.lines.filter((l) => l.state !== 'freed');
     return ending;
   }
 
@@ -254,6 +266,10 @@ class Program {
     this.detach();
     const { error } = this.outcome;
     this.to(error ? 'failed' : 'done');
+    if (this.events.on) {
+      const { status, usage } = this.ending(this.outcome);
+      this.emit('done', doneFields(status, error, usage));
+    }
     this.settled(this.outcome);
   }
 
@@ -312,7 +328,7 @@ class RunProgram extends Program {
 
   /** Throws ERR_TOO_MANY_BRANCHES unless `n` more lines fit in `maxBranches`. */
   reserveLines(n) {
-    const live = this.lines.filter((l) => !l.freed && !(l.released && l.dependents === 0)).length;
+    const live = this.lines.filter((l) => l.state !== 'freed' && !l.collectable).length;
     if (live + n > this.maxBranches) throw tooManyBranches(this.maxBranches, live, n);
   }
 
@@ -324,9 +340,12 @@ class RunProgram extends Program {
     return { entry: null, start: 0, cells: this.maxCells, leases: this.maxBranches };
   }
 
+  admitted() {
+    return { kind: 'program', maxBranches: this.maxBranches, maxCells: this.maxCells };
+  }
+
   /** Admitted: the function starts on a fresh root line. */
   begin() {
-    this.emit('admit', { kind: 'program', maxBranches: this.maxBranches, maxCells: this.maxCells });
     const root = new ProgramLine(this.freshLine([]));
     Promise.resolve()
       .then(() => this.fn(root))
@@ -348,11 +367,11 @@ class RunProgram extends Program {
     this.end({ error });
   }
 
+  ending({ error }) {
+    return { status: !error ? 'ok' : error.code === 'ERR_ABORTED' ? 'abort' : 'error', usage: this.usage };
+  }
+
   settled({ error, value }) {
-    if (this.events.on) {
-      const status = !error ? 'ok' : error.code === 'ERR_ABORTED' ? 'abort' : 'error';
-      this.emit('done', doneFields(status, error, this.usage));
-    }
     if (error) this.rejectPromise(error);
     else this.resolve(value);
   }
@@ -362,163 +381,4 @@ class RunProgram extends Program {
   }
 }
 
-/**
- * The admitted programs of one Scheduler and what their lines ask of each step: branches to
- * make (`materialize`), pending tokens to prefill (`linesToPrefill`, then `prefillEntries` in
- * the step's one prefill and `prefilled`), tokens to sample and commit (`decodeRows`, rows of
- * the Scheduler's decode phase).
- */
-class Programs {
-  /**
-   * @param {{ cache: any, createBranch: () => any, spareLease: () => boolean }} scheduler what a
-   *   line needs from the Scheduler to get its branch: the prefix cache (a fresh line's prompt may
-   *   start from it or become an entry), a new root branch, and whether one more lease is free
-   *   beyond what running programs may still take
-   */
-  constructor({ cache, createBranch, spareLease }) {
-    /** @type {Program[]} */
-    this.list = [];
-    this.cache = cache;
-    this.createBranch = createBranch;
-    this.spareLease = spareLease;
-  }
-
-  get size() {
-    return this.list.length;
-  }
-
-  admit(program, need) {
-    this.list.push(program);
-    program.start(need);
-  }
-
-  hasWork() {
-    return this.list.some((p) => p.hasWork());
-  }
-
-  /** At the start of a step: frees what programs released; settles the ones that ended. */
-  async collect() {
-    const prunes = [];
-    const ended = this.list.filter((p) => p.collect(prunes));
-    if (ended.length > 0) this.list = this.list.filter((p) => !ended.includes(p));
-    await Promise.all(prunes);
-    for (const p of ended) p.settle();
-  }
-
-  *runningLines() {
-    for (const p of this.list) if (p.state === 'running') yield* p.lines;
-  }
-
-  /** Gives needed lines their branches (a failure fails the line's job, not the step). */
-  materialize() {
-    for (const line of this.runningLines()) {
-      try {
-        line.materialize(this.cache, this.createBranch, this.spareLease);
-      } catch (e) {
-        line.fail(e);
-      }
-    }
-  }
-
-  /** Lines whose pending tokens are prefilled this step, `{line, take}`, within `budget` tokens. */
-  linesToPrefill(budget) {
-    this.materialize();
-    const out = [];
-    for (const line of this.runningLines()) {
-      if (budget === 0 || !line.wantsPrefill) continue;
-      const program = line.program;
-      let take = Math.min(line.pending.length, budget);
-      // A cache entry being filled ends where the next one starts: it is filled first.
-      if (line.segment) take = Math.min(take, line.segment.tokens.length - line.filled);
-      // A scored entry has a logits row per token and must fit one decode; a longer text to
-      // score goes on in the next step (its first token scored from the logits left then).
-      if (line.scoreFrom(take) !== undefined) {
-        take = Math.min(take, program.ctx.nOutputs, program.ctx.nBatch, line.nextForkPoint() - line.filled);
-        if (take === 0) continue; // a fork waits for its lease where this line's KV ends
-      }
-      if (program.cellsUsed + take > program.maxCells) {
-        line.fail(program.cellsExceeded(take));
-        continue;
-      }
-      out.push({ line, take });
-      budget -= take;
-    }
-    return out;
-  }
-
-  /**
-   * The prefill entries of `lines` (from `linesToPrefill`): `[branch, tokens]`, with a third
-   * item, where scoring starts, for a select's option (scored in the same decode).
-   * @param {Array<{ line: Line, take: number }>} lines
-   * @returns {Array<[any, number[]] | [any, number[], number]>}
-   */
-  prefillEntries(lines) {
-    return lines.map(({ line, take }) => {
-      const scoreFrom = line.scoreFrom(take);
-      const tokens = line.pending.slice(0, take);
-      return scoreFrom === undefined ? [line.branch, tokens] : [line.branch, tokens, scoreFrom];
-    });
-  }
-
-  /**
-   * After the step's prefill: each of `lines` takes its tokens and their `scores` (in the same
-   * order); forks whose parent reached its fork point just now get their branches. Returns the
-   * count of tokens prefilled.
-   * @param {Array<{ line: Line, take: number }>} lines
-   * @param {Array<number[] | null>} scores
-   */
-  prefilled(lines, scores) {
-    let tokens = 0;
-    lines.forEach(({ line, take }, i) => {
-      tokens += take;
-      try {
-        line.prefilled(take, this.cache, scores[i]);
-      } catch (e) {
-        line.fail(e); // e.g. no lease for a request's next segment after all
-      }
-    });
-    this.materialize();
-    return tokens;
-  }
-
-  /** The step's prefill failed (all or nothing: no line advanced): each line's job fails with `error`. */
-  prefillFailed(lines, error) {
-    for (const { line } of lines) {
-      line.dropSegment(this.cache);
-      line.fail(error);
-    }
-  }
-
-  /**
-   * The decode phase's rows of lines in a gen (peeks are read here: nothing to decode);
-   * `onToken()` counts each token sampled. A row speculates when the scheduler does and its gen
-   * asks for no log-probabilities.
-   */
-  decodeRows(onToken) {
-    const rows = [];
-    for (const line of this.runningLines()) {
-      if (!line.decoding) continue;
-      if (line.job instanceof PeekJob) {
-        line.job.read(line); // its logits are current: nothing to decode
-        continue;
-      }
-      const job = /** @type {import('./line').GenJob} */ (line.job);
-      const program = line.program;
-      const fail = (e) => line.fail(e);
-      if (program.cellsUsed >= program.maxCells) {
-        fail(program.cellsExceeded(1));
-        continue;
-      }
-      try {
-        job.arm(line, program.spec);
-      } catch (e) {
-        fail(e);
-        continue;
-      }
-      rows.push(lineRow(line, job, onToken, fail));
-    }
-    return rows;
-  }
-}
-
-module.exports = { Program, RunProgram, Programs };
+module.exports = { Program, RunProgram };
