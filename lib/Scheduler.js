@@ -33,7 +33,7 @@ const { invalid } = require('./scheduler/checks');
 const { SystemPrompts } = require('./scheduler/system-prompts');
 const { Generation } = require('./scheduler/generation');
 const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
-const { RunProgram } = require('./scheduler/program');
+const { RunProgram } = require('./scheduler/run');
 const { Programs } = require('./scheduler/programs');
 const { decodeAll } = require('./scheduler/rows');
 const { SchedulerEvents } = require('./scheduler/events');
@@ -195,7 +195,7 @@ class Scheduler {
    */
   stats() {
     const c = this._counters;
-    const requests = this._programs.list.filter((p) => p.isRequest).length;
+    const requests = this._programs.list.filter((p) => p.kind === 'request').length;
     return {
       running: requests,
       programs: this._programs.size - requests,
@@ -320,7 +320,8 @@ class Scheduler {
     while (this._queue.length > 0) {
       const item = this._queue[0];
       if (item.state !== 'ready') return;
-      if (item.isRequest && this._programs.list.filter((p) => p.isRequest).length >= this._options.maxRunning) return;
+      const running = this._programs.list.filter((p) => p.kind === 'request').length;
+      if (item.kind === 'request' && running >= this._options.maxRunning) return;
       const need = item.needs(this._cache);
       const { cells, leases } = need;
       if (!this._cache.evictUntil(() => this._fits(cells, leases), need.entry)) {

@@ -426,7 +426,6 @@ class Line {
       this.release(false);
       this.free(false, []);
     }
-    this.program.jobEnded();
   }
 
   /** The branch's perplexity (Infinity when it cannot be read). */

@@ -31,10 +31,8 @@
 
 const { makeError } = require('../errors');
 const { signalOf } = require('../cancel');
-const { positiveInt, invalid, checkSampling, SEED_SPACE } = require('./checks');
-const { ProgramLine } = require('../ProgramLine');
 const { Line } = require('./line');
-const { SchedulerErrorCode: Code, schedulerError, tooManyBranches } = require('./errors');
+const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
 const { doneFields } = require('./events');
 
 const TRANSITIONS = {
@@ -46,31 +44,21 @@ const TRANSITIONS = {
   failed: [],
 };
 
-/** What a program may hold unless it says: a few lines, and about what 4 requests of 256 tokens write. */
-const DEFAULT_MAX_BRANCHES = 4;
-const DEFAULT_MAX_CELLS = 1024;
-
-function abortedProgram(signal) {
-  const err = makeError(
-    'ERR_ABORTED',
-    'the program was aborted by its AbortSignal; every line it held was released and no result is coming',
-  );
-  err.name = 'AbortError';
-  if (signal && signal.reason !== undefined) err.cause = signal.reason;
-  return err;
-}
-
 /**
- * What every program has: its lines, what it holds and may hold, its events and usage. The kinds
- * differ in how they start, settle and answer an abort (the methods marked so below).
+ * What every program has: its lines, what it holds and may hold, its events and usage, and where
+ * its outcome goes (`sink`). The kinds (./run.js, ./request.js) differ in how they start, end
+ * and answer an abort (the methods marked so below).
  */
 class Program {
   /**
    * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, counters: any, spec: any }} env
-   * @param {'program' | 'request'} kind
+   * @param {'program' | 'request'} kind a branch program (`run`), or a request (counted by `maxRunning`)
    * @param {any} signal
+   * @param {{ finish: (result: any) => void, fail: (error: any) => void }} sink what settles its promise or Generation
    */
-  constructor(env, kind, signal) {
+  constructor(env, kind, signal, sink) {
+    this.kind = kind;
+    this.sink = sink;
     this.ctx = env.ctx;
     this.state = kind === 'request' ? 'queued' : 'ready';
     this.signal = signalOf({ signal }, kind === 'request' ? 'generate' : 'run');
@@ -134,8 +122,10 @@ class Program {
     line.endJob(null, error);
   }
 
-  /** A line's gen ended (a request ends with its last choice). */
-  jobEnded() {}
+  /** Whether the program did all it was to do, and ends at the next step (a request: every choice ended). */
+  get complete() {
+    return false;
+  }
 
   /**
    * Prepares a queued program (nothing to do but for a request).
@@ -143,14 +133,9 @@ class Program {
    */
   async prepare(_ctx, _systemPrompts) {}
 
-  /** Counted by the Scheduler's `maxRunning` (requests are). */
-  get isRequest() {
-    return false;
-  }
-
   // What each kind writes: its admission (`needs`, `admitted`: the `admit` event's fields, and
   // `begin`), its abort and close, how it ends (`ending`: the `done` event's status and usage)
-  // and settles (`settled`, or `refused` before it started).
+  // and what it resolves with (`result`).
 
   /**
    * What admitting the program takes now: `{ entry, start, cells, leases }`.
@@ -178,11 +163,8 @@ class Program {
     return { status: 'ok', usage: null };
   }
 
-  /** @param {{ error?: any, value?: any, abort?: boolean }} _outcome */
-  settled(_outcome) {}
-
-  /** @param {any} _error */
-  refused(_error) {}
+  /** @param {{ error?: any, value?: any, abort?: boolean }} _outcome @returns {any} */
+  result(_outcome) {}
 
   /** A fresh line of the program got its branch, `cached` of its tokens from the prefix cache. */
   started(line, cached) {
@@ -246,7 +228,7 @@ class Program {
 
   /** Whether the scheduler has something to do for this program. */
   hasWork() {
-    if (this.state === 'ending') return true;
+    if (this.state === 'ending' || (this.state === 'running' && this.complete)) return true;
     return this.lines.some((l) => l.needed || l.collectable);
   }
 
@@ -255,6 +237,7 @@ class Program {
    * returns true: `settle()` once `prunes` are done).
    */
   collect(prunes) {
+    if (this.state === 'running' && this.complete) this.end({});
     const ending = this.state === 'ending';
     for (const line of this.lines) if (ending || line.released) line.free(ending, prunes);
     this.lines = this.lines.filter((l) => l.state !== 'freed');
@@ -270,7 +253,9 @@ class Program {
       const { status, usage } = this.ending(this.outcome);
       this.emit('done', doneFields(status, error, usage));
     }
-    this.settled(this.outcome);
+    if (error) return this.sink.fail(error);
+    if (this.kind === 'request') this.counters.completed++;
+    this.sink.finish(this.result(this.outcome));
   }
 
   /** Why a gen or prefill of `more` cells is refused: the program wrote all its maxCells. */
@@ -285,7 +270,7 @@ class Program {
   reject(error) {
     this.to('failed');
     this.detach();
-    this.refused(error);
+    this.sink.fail(error);
   }
 
   detach() {
@@ -293,92 +278,4 @@ class Program {
   }
 }
 
-/** One `scheduler.run()`: the user's function over a root `ProgramLine`, and what it may hold. */
-class RunProgram extends Program {
-  /**
-   * @param {(s: ProgramLine) => any} fn
-   * @param {import('../types').RunOptions} options
-   * @param {any} env see Program
-   */
-  constructor(fn, options, env) {
-    if (typeof fn !== 'function') throw invalid('run(program, options?): program must be a function (s) => ...');
-    if (options === null || typeof options !== 'object')
-      throw invalid('run(program, options?): options must be an object');
-    super(env, 'program', options.signal);
-    const { ctx } = env;
-    this.fn = fn;
-    this.maxBranches = positiveInt(options.maxBranches, 'options.maxBranches', DEFAULT_MAX_BRANCHES);
-    if (this.maxBranches > ctx.nSeqMax)
-      throw invalid(`options.maxBranches is ${this.maxBranches} but the context has nSeqMax ${ctx.nSeqMax}`);
-    this.maxCells = positiveInt(options.maxCells, 'options.maxCells', Math.min(DEFAULT_MAX_CELLS, ctx.nCtx));
-    if (this.maxCells > ctx.nCtx)
-      throw invalid(`options.maxCells is ${this.maxCells} but the context has nCtx ${ctx.nCtx}`);
-    const { seed } = checkSampling({ seed: options.seed });
-    this.seed = seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
-    this.promise = new Promise((resolve, reject) => {
-      this.resolve = resolve;
-      this.rejectPromise = reject;
-    });
-  }
-
-  nextSeed() {
-    this.seed = (this.seed + 1) % SEED_SPACE;
-    return this.seed;
-  }
-
-  /** Throws ERR_TOO_MANY_BRANCHES unless `n` more lines fit in `maxBranches`. */
-  reserveLines(n) {
-    const live = this.lines.filter((l) => l.state !== 'freed' && !l.collectable).length;
-    if (live + n > this.maxBranches) throw tooManyBranches(this.maxBranches, live, n);
-  }
-
-  /**
-   * What admitting the program takes: everything it declared (what its lines will write is not
-   * known yet, so no cached start is planned for it).
-   */
-  needs() {
-    return { entry: null, start: 0, cells: this.maxCells, leases: this.maxBranches };
-  }
-
-  admitted() {
-    return { kind: 'program', maxBranches: this.maxBranches, maxCells: this.maxCells };
-  }
-
-  /** Admitted: the function starts on a fresh root line. */
-  begin() {
-    const root = new ProgramLine(this.freshLine([]));
-    Promise.resolve()
-      .then(() => this.fn(root))
-      .then(
-        (value) => this.end({ value }),
-        (error) => this.end({ error }),
-      );
-  }
-
-  /** Its signal fired: a queued program never starts, a running one ends. */
-  abort() {
-    const error = abortedProgram(this.signal);
-    if (this.state === 'running') this.end({ error });
-    else if (this.state === 'ready' || this.state === 'queued') this.reject(error);
-  }
-
-  /** The scheduler closes: the program ends with `error`. */
-  close(error) {
-    this.end({ error });
-  }
-
-  ending({ error }) {
-    return { status: !error ? 'ok' : error.code === 'ERR_ABORTED' ? 'abort' : 'error', usage: this.usage };
-  }
-
-  settled({ error, value }) {
-    if (error) this.rejectPromise(error);
-    else this.resolve(value);
-  }
-
-  refused(error) {
-    this.rejectPromise(error);
-  }
-}
-
-module.exports = { Program, RunProgram };
+module.exports = { Program };

@@ -28,8 +28,9 @@ class RequestProgram extends Program {
   constructor(request, sink, env) {
     checkInput(request, env.vocabSize);
     const { params, seed, grammar } = checkSampling(request);
-    super(env, 'request', request.signal);
-    this.sink = sink;
+    super(env, 'request', request.signal, sink);
+    /** Where its choices' events go (its Generation's). */
+    this.push = sink.push;
     this.input = request;
     this.n = positiveInt(request.n, 'request.n', 1);
     this.maxTokens = positiveInt(request.maxTokens, 'request.maxTokens', env.defaultMaxTokens);
@@ -141,7 +142,7 @@ class RequestProgram extends Program {
     prompt.spawn(n).forEach((line, index) => {
       const params = { ...this.params, seed: (this.seedBase + index) % SEED_SPACE };
       const chat = this.chat && this.chat.parse ? new ChatStream(this.chat) : null;
-      const choice = new Choice(index, this.sink.push, chat);
+      const choice = new Choice(index, this.push, chat);
       const job = new GenJob({
         maxTokens,
         stops: this.stops,
@@ -188,14 +189,9 @@ class RequestProgram extends Program {
     return cells;
   }
 
-  /** Counted by the Scheduler's `maxRunning`. */
-  get isRequest() {
-    return true;
-  }
-
   /** Its last choice ended: the request ends (settled at the next step, once its branches are back). */
-  jobEnded() {
-    if (this.choices.every((c) => c.state === 'ended')) this.end({});
+  get complete() {
+    return this.choices.every((c) => c.state === 'ended');
   }
 
   /** A failure of any choice is the whole request's. */
@@ -228,7 +224,7 @@ class RequestProgram extends Program {
     this.to('done');
     this.detach();
     for (let index = 0; index < this.n; index++) {
-      const choice = new Choice(index, this.sink.push, null);
+      const choice = new Choice(index, this.push, null);
       choice.abortUnstarted();
       this.choices.push(choice);
     }
@@ -241,16 +237,6 @@ class RequestProgram extends Program {
     const aborted = abort || this.choices.some((c) => c.state === 'ended' && c.result.finishReason === 'abort');
     const usage = this.usage.completionTokens > 0 ? this.usageOut() : null;
     return { status: error ? 'error' : aborted ? 'abort' : 'ok', usage };
-  }
-
-  settled({ error }) {
-    if (error) return this.sink.fail(error);
-    this.counters.completed++;
-    this.sink.finish(this.result());
-  }
-
-  refused(error) {
-    this.sink.fail(error);
   }
 
   /** Usage as results and events show it: draft counts only when the request speculated. */

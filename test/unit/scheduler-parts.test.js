@@ -176,7 +176,7 @@ describe('Scheduler parts (no model)', () => {
         () => req.to('failed'),
         (e) => e.code === 'ERR_INTERNAL',
       );
-      assert.equal(req.isRequest, true);
+      assert.equal(req.kind, 'request');
     });
 
     it('checks its inputs with coded errors that name the field', () => {
