@@ -3,11 +3,11 @@
 /**
  * Continuous batching over one context: many independent `generate()` calls share each step's
  * decode, reuse cached prompt prefixes and wait in a bounded queue when the context is full.
- * Each request is a `Request` (lib/scheduler/request.js) with one explicit `state`; the prefix
- * cache's policy lives in lib/scheduler/prefix-cache.js. ARCHITECTURE.md, "Data path of one
+ * Each request is a built-in program (lib/scheduler/request.js) with one explicit `state`; the
+ * prefix cache's policy lives in lib/scheduler/prefix-cache.js. ARCHITECTURE.md, "Data path of one
  * Scheduler step", walks through a step.
  *
- * Branch programs (`run()`, lib/scheduler/program.js) share the queue, the cache and the steps:
+ * Branch programs (`run()`, lib/scheduler/run.js) share the queue, the cache and the steps:
  * their lines' pending tokens join the prefill and their gens join the decode.
  *
  * One step (the loop runs while there is work; nothing runs when idle):
