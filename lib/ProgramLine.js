@@ -129,7 +129,7 @@ class ProgramLine {
       throw e;
     }
     if (line.job !== job) throw program.endedError(); // the program ended meanwhile
-    return line.start(job);
+    return this.#start(job);
   }
 
   /**
@@ -208,7 +208,7 @@ class ProgramLine {
       throw invalid(`logprob(text): give a non-empty string or token ids in [0, ${ctx.vocabSize})`);
     if (line.tokens.length === 0) throw invalid('logprob(): the line is empty; append a prompt first');
     const top = checkLogprobs((options && options.top) || 0, 'options.top');
-    if (tokens.length === 1) return line.start(new PeekJob(tokens[0], top));
+    if (tokens.length === 1) return this.#start(new PeekJob(tokens[0], top));
     return scoreTexts(line, [tokens], null, ([logprob]) => ({ logprob, top: [] }));
   }
 
@@ -227,7 +227,7 @@ class ProgramLine {
     if (!isTokenIds(tokens, ctx.vocabSize) || tokens.length === 0)
       throw invalid(`logprobs(tokens): give a non-empty array of token ids in [0, ${ctx.vocabSize})`);
     if (line.tokens.length === 0) throw invalid('logprobs(): the line is empty; append a prompt first');
-    return line.start(new PeekJob(tokens.slice()));
+    return this.#start(new PeekJob(tokens.slice()));
   }
 
   /**
@@ -251,6 +251,14 @@ class ProgramLine {
    */
   release() {
     this.#line.release();
+    this.#line.program.wake(); // the next step frees it
+  }
+
+  /** Starts `job` on the line and wakes the Scheduler, which serves it from its next step. */
+  #start(job) {
+    const done = this.#line.start(job);
+    this.#line.program.wake();
+    return done;
   }
 }
 

@@ -109,13 +109,11 @@ class Scheduler {
    * @returns {import('./types').Generation}
    */
   generate(request) {
-    /** @type {any} */
-    let sink;
-    const gen = new Generation((s) => (sink = s));
+    const gen = new Generation();
     try {
-      this._enqueue(new RequestProgram(request, sink, this._env));
+      this._enqueue(new RequestProgram(request, gen.sink, this._env));
     } catch (e) {
-      sink.fail(e);
+      gen.sink.fail(e);
     }
     return gen;
   }
@@ -230,6 +228,7 @@ class Scheduler {
     const queued = this._queue.indexOf(item);
     if (queued !== -1) this._queue.splice(queued, 1);
     item.abort();
+    this._kick(); // a running one ends at the next step
   }
 
   // ---------------------------------------------------------------------------------------------

@@ -76,46 +76,25 @@ class GenJob {
   }
 
   /**
-   * Takes a produced token; true when it is to be committed (decoded) now. `committed`: an
-   * accepted draft token, already decoded and accepted.
+   * Takes a sampled (or accepted draft) token that is not end-of-generation: its text through the
+   * stop matcher, its log-probability (from the logits of `branch` it was sampled from), a
+   * request choice's event. Returns why the gen ends with it ('stop', 'length'), or null.
    */
-  take(line, produced, committed = false) {
+  take(produced, branch) {
     this.next = undefined;
-    if (produced.isStop) {
-      line.endJob('stop');
-      return false;
-    }
     this.tokens.push(produced.token);
-    if (committed) line.committed(produced.token);
     const text = this.matcher.push(produced.text);
-    line.program.usage.completionTokens++;
     let lp = null;
     if (this.logprobs !== undefined) {
-      const { logprob, top } = line.branch.logprob(produced.token, this.logprobs);
+      const { logprob, top } = branch.logprob(produced.token, this.logprobs);
       this.tokenLogprobs.push((lp = { token: produced.token, text: produced.text, logprob, top }));
     }
-    line.emitToken(produced.text, line.tokens.length + (committed ? 0 : 1), committed ? 'draft' : null);
     if (this.choice) this.choice.token(produced.token, text, lp, this.matcher);
-    const reason = this.matcher.stopped ? 'stop' : this.tokens.length >= this.maxTokens ? 'length' : null;
-    if (!reason) return true;
-    if (!committed) line.keepLast(produced.token);
-    line.endJob(reason);
-    return false;
+    return this.matcher.stopped ? 'stop' : this.tokens.length >= this.maxTokens ? 'length' : null;
   }
 
-  /**
-   * A speculative step's outcome: the accepted draft tokens (already committed) are taken like
-   * sampled ones, and the token verification sampled next is kept for the next step.
-   */
-  verified(line, { token, accepted, next, drafted }) {
-    const usage = line.program.usage;
-    usage.draftTokens += drafted;
-    usage.acceptedDraftTokens += accepted.length;
-    for (const produced of accepted) {
-      if (line.job !== this) return;
-      this.take(line, produced, true);
-    }
-    if (line.job !== this) return;
+  /** A speculative step verified `token` and took `accepted`: the drafter hears them; `next` is sampled already. */
+  drafted(token, accepted, next) {
     this.drafter.accept([token, ...accepted.map((p) => p.token)]);
     this.next = next || undefined;
   }

@@ -94,10 +94,9 @@ class Line {
       this.program.emit('append', { branch: this.id, text: clipped(text), n: this.tokens.length });
   }
 
-  /** Starts `job` on the line; resolves with its result. */
+  /** Starts `job` on the line (served from the next step on); resolves with its result. */
   start(job) {
     this.job = job;
-    this.program.wake();
     return job.done.promise;
   }
 
@@ -147,7 +146,6 @@ class Line {
       this.parent.dependents--; // it will never fork the parent now
       this.parent = null;
     }
-    this.program.wake();
   }
 
   // -------------------------------------------------------------------------------------------
@@ -357,9 +355,39 @@ class Line {
     return count;
   }
 
-  /** Takes a produced token into the gen; true when it is to be committed (decoded) now. */
-  take(produced) {
-    return /** @type {import('./jobs').GenJob} */ (this.job).take(this, produced);
+  /**
+   * Takes a produced token into the gen; true when it is to be committed (decoded) now.
+   * `committed`: an accepted draft token, already decoded and accepted.
+   */
+  take(produced, committed = false) {
+    if (produced.isStop) {
+      this.endJob('stop');
+      return false;
+    }
+    if (committed) this.committed(produced.token);
+    this.program.usage.completionTokens++;
+    const reason = /** @type {import('./jobs').GenJob} */ (this.job).take(produced, this.branch);
+    this.emitToken(produced.text, this.tokens.length + (committed ? 0 : 1), committed ? 'draft' : null);
+    if (!reason) return true;
+    if (!committed) this.keepLast(produced.token);
+    this.endJob(reason);
+    return false;
+  }
+
+  /**
+   * A speculative step's outcome: the accepted draft tokens (already decoded) are taken like
+   * sampled ones, and the token verification sampled next is kept for the next step.
+   */
+  verified({ token, accepted, next, drafted }) {
+    const gen = /** @type {import('./jobs').GenJob} */ (this.job);
+    const usage = this.program.usage;
+    usage.draftTokens += drafted;
+    usage.acceptedDraftTokens += accepted.length;
+    for (const produced of accepted) {
+      if (this.job !== gen) return;
+      this.take(produced, true);
+    }
+    if (this.job === gen) gen.drafted(token, accepted, next);
   }
 
   /** A peek reads the logits the line holds (its pending tokens are in): nothing to decode. */

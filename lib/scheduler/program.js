@@ -212,13 +212,15 @@ class Program {
     this.begin(need);
   }
 
-  /** Ends the program (first reason wins); the next step frees what it holds and settles it. */
+  /**
+   * Ends the program (first reason wins); the next step frees what it holds and settles it (the
+   * Scheduler is woken by whoever ends it from outside a step: the function's end, an abort).
+   */
   end(outcome) {
     if (this.state !== 'running') return;
     this.outcome = outcome;
     this.to('ending');
     this.endJobs();
-    this.wake();
   }
 
   /** At its end, the jobs still running: each rejects (a request's choices end 'abort' instead). */

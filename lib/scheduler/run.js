@@ -84,7 +84,8 @@ class RunProgram extends Program {
       .then(
         (value) => this.end({ value }),
         (error) => this.end({ error }),
-      );
+      )
+      .then(this.wake);
   }
 
   /** Its signal fired: a queued program never starts, a running one ends. */

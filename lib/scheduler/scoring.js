@@ -120,6 +120,7 @@ async function scoreTexts(line, texts, bos, use) {
   line.selecting = true;
   const scorers = scorePaths(line, paths, texts, null);
   const unconditional = bos ? scorePaths(line, paths, texts, bos) : null;
+  line.program.wake(); // the Scheduler serves the scoring lines from its next step
   try {
     const [sums, base] = await Promise.all([scorers.sums, unconditional && unconditional.sums]);
     line.selecting = false;
@@ -127,6 +128,7 @@ async function scoreTexts(line, texts, bos, use) {
   } finally {
     line.selecting = false;
     for (const scorer of [...scorers.lines, ...(unconditional ? unconditional.lines : [])]) scorer.release();
+    line.program.wake(); // the next step frees them
   }
 }
 
