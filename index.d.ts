@@ -60,6 +60,8 @@
  * | `ERR_TOO_MANY_BRANCHES` | {@link ProgramLine.fork} past the program's `maxBranches` |
  * | `ERR_PROGRAM_STATE` | a program line used while a gen runs on it, after `release()`, or after its program ended |
  * | `ERR_VOCAB_MISMATCH` | a {@link DraftModel}'s vocabulary differs from the target model's |
+ * | `ERR_CACHE_CORRUPT` | {@link readPrefixCacheFile}: the file is truncated, fails its checksum or is not a prefix-cache file |
+ * | `ERR_CACHE_MISMATCH` | {@link readPrefixCacheFile}: the file holds a state from another model or KV settings |
  */
 export type ErrorCode =
   | 'ERR_INVALID_ARG'
@@ -92,7 +94,9 @@ export type ErrorCode =
   | 'ERR_SCHEDULER_CLOSED'
   | 'ERR_TOO_MANY_BRANCHES'
   | 'ERR_PROGRAM_STATE'
-  | 'ERR_VOCAB_MISMATCH';
+  | 'ERR_VOCAB_MISMATCH'
+  | 'ERR_CACHE_CORRUPT'
+  | 'ERR_CACHE_MISMATCH';
 
 /**
  * The shape of every error this package throws or rejects with. Narrow a caught value with
@@ -268,6 +272,51 @@ export interface ContextOptions extends Omit<NativeContextOptions, 'modelPath'> 
    * `rpcServers` naming others: `ERR_INVALID_ARG`). `ctx.offload` says what happened.
    */
   gpu?: 'auto' | 'vulkan' | 'cpu' | false;
+  /**
+   * Compile the GPU pipelines of every batch size the context can meet right after creation, in
+   * the background (one throwaway decode per size class; see {@link SessionContext.ready} and
+   * {@link SessionContext.warmup}), so that the first step at a new number of branches does not
+   * stall. `'auto'` (default): when layers went to a local GPU, not on the CPU or RPC servers;
+   * `true`: always; `false`: never; an object: on, with its settings.
+   */
+  warmup?: boolean | 'auto' | WarmupOptions;
+}
+
+/** Settings of a context's warm-up ({@link ContextOptions.warmup}). */
+export interface WarmupOptions {
+  /** Largest batch (tokens in one decode) to warm. Default and cap: the context's `nBatch`. */
+  maxTokens?: number;
+  /**
+   * Cache lengths (cells) after which batches of 1 to 64 tokens are decoded again, since the
+   * attention kernels change with the cache length. Default: 1,024 and every fourfold length
+   * that fits `nCtx`; `[]` for none. Each costs one untimed prefill of that length.
+   */
+  cacheLengths?: number[];
+  /** Called after each warm-up decode with the status so far. */
+  onProgress?: (status: WarmupStatus) => void;
+}
+
+/** Where a context's warm-up stands ({@link SessionContext.warmup}, {@link SessionContext.ready}). */
+export interface WarmupStatus {
+  /**
+   * `'off'`: none was asked for (or `'auto'` found no GPU); `'warming'`: under way; `'ready'`:
+   * done; `'cancelled'`: the context was disposed first; `'failed'`: a warm-up decode failed
+   * (`error` says why; the context still works).
+   */
+  state: 'off' | 'warming' | 'ready' | 'cancelled' | 'failed';
+  /** Warm-up decodes run so far. */
+  done: number;
+  /** Warm-up decodes planned. */
+  total: number;
+  /** Milliseconds from its start to its end (or to now). */
+  ms: number;
+  /**
+   * Each decode: its token count, the cache length it ran after, and its milliseconds (-1:
+   * skipped, no free sequence or cells then).
+   */
+  sizes: Array<{ tokens: number; after: number; ms: number }>;
+  /** Why it failed. */
+  error?: string;
 }
 
 /**
@@ -408,6 +457,17 @@ export interface ParseChatOutputResult {
  * returns its result. The view is revoked by the next decode, so the work must finish inside.
  * Throws `ERR_INVALID_ARG` if `fn` returns a promise (the callback must be synchronous).
  */
+/**
+ * Reads and checks one file of a Scheduler's `cacheDir` against `ctx` (its checksum and its
+ * fingerprint: model, llama.cpp state version, KV types and layout). Rejects with
+ * `ERR_CACHE_CORRUPT` (truncated, corrupted, not such a file) or `ERR_CACHE_MISMATCH` (a state
+ * from another model or KV settings, which `ctx` must never load).
+ */
+export declare function readPrefixCacheFile(
+  ctx: SessionContext,
+  file: string,
+): Promise<{ tokens: number[]; stateBytes: number }>;
+
 export declare function withLogits<T>(ctx: SessionContext, fn: (logits: Float32Array) => T): T;
 
 /**
@@ -587,6 +647,42 @@ export interface SchedulerOptions {
    * step's drafts go into its one decode next to the other rows (docs/speculative.md).
    */
   speculative?: SpeculativeOptions;
+  /**
+   * Host RAM for the states of cached prefixes evicted from the KV cells (bytes, or a string
+   * such as `'2GiB'`): a later prompt starting with one is restored instead of prefilled.
+   * Default 0 (none). See docs/serving.md, "Prefix cache tiers".
+   */
+  cacheRam?: number | string;
+  /**
+   * A folder for the states that leave RAM (and, on `close()`, for every cached prefix): kept
+   * across restarts, shareable by several schedulers of the same model and settings.
+   */
+  cacheDir?: string;
+  /** Disk the folder may take (bytes or `'20GiB'`). Default `'20GiB'`. */
+  cacheDisk?: number | string;
+  /** Where the prefix cache's warnings go (a file skipped, the disk tier off). Default: `process.emitWarning`. */
+  onCacheWarning?: (message: string) => void;
+}
+
+/** The prefix cache's RAM and disk tiers (see {@link SchedulerOptions.cacheRam}). */
+export interface CacheTierStats {
+  /** Prompts that started from a prefix held in the KV cells, in RAM, on disk. */
+  kvHits: number;
+  ramHits: number;
+  diskHits: number;
+  /** Prompt tokens restored from RAM or disk instead of prefilled. */
+  restoredTokens: number;
+  ramBytes: number;
+  diskBytes: number;
+  ramEntries: number;
+  diskEntries: number;
+  /** False once a write failed (disk full, read-only or deleted folder): RAM only from then on. */
+  diskOn: boolean;
+  /** States copied out of the KV cells, files written, write failures, files skipped. */
+  spills: number;
+  diskWrites: number;
+  diskFailures: number;
+  skipped: number;
 }
 
 /** What one scheduler step did (see {@link SchedulerOptions.onStep}). */
@@ -650,6 +746,12 @@ export interface GenerateRequest {
   reasoningFormat?: ReasoningFormatName;
   /** `false` switches thinking off where the template supports it. Default true. */
   enableThinking?: boolean;
+  /**
+   * A client's cache key (OpenAI's `prompt_cache_key`, or a `session_id`): the prefixes this
+   * request caches are evicted from the KV cells and from RAM after those of requests without
+   * one (docs/serving.md, "Prefix cache tiers").
+   */
+  cacheKey?: string;
 }
 
 /** A tool call parsed from a choice. */
@@ -963,6 +1065,8 @@ export interface SchedulerStats {
   /** Draft tokens verified (speculation), and how many were accepted. */
   draftTokens: number;
   acceptedDraftTokens: number;
+  /** The RAM and disk tiers of the prefix cache; absent when it has none. */
+  cacheTiers?: CacheTierStats;
 }
 
 /**
@@ -1028,7 +1132,22 @@ export type TraceEvent =
       nCtx: number;
       leasesUsed: number;
       nSeqMax: number;
-      cache: { entries: number; tokens: number; hitRate: number; evictions: number };
+      cache: {
+        entries: number;
+        tokens: number;
+        hitRate: number;
+        evictions: number;
+        /** With RAM/disk tiers: hits per tier, bytes per tier, prompt tokens restored instead of prefilled. */
+        tiers?: {
+          kvHits: number;
+          ramHits: number;
+          diskHits: number;
+          ramBytes: number;
+          diskBytes: number;
+          restoredTokens: number;
+          diskOn: boolean;
+        };
+      };
     }
   /** Cached prefixes evicted during the step that follows. */
   | { event: 'evict'; t: number; entries: number };
@@ -1072,6 +1191,11 @@ export interface ServerOptions {
   typeV?: ContextOptions['typeV'];
   /** Flash attention ({@link ContextOptions.flashAttention}). The CLI's `--flash-attn`. */
   flashAttention?: ContextOptions['flashAttention'];
+  /**
+   * Warm-up of the contexts the server loads ({@link ContextOptions.warmup}); `/health` answers 503
+   * `"warming up"` until it is over. The CLI's `--no-warmup` sets `false`.
+   */
+  warmup?: ContextOptions['warmup'];
   /** Scheduler options (`maxRunning` defaults to `parallel`). */
   scheduler?: SchedulerOptions;
   /** Largest accepted request body, in bytes. Default 1 MiB. */

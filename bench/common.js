@@ -2,7 +2,9 @@
 
 /** What the benchmark scripts share: their flags, the model they run on, and summary statistics. */
 
+const net = require('node:net');
 const path = require('node:path');
+const { spawn } = require('node:child_process');
 
 /** `--name=value` / `--flag` arguments as an object (a bare flag is `true`). */
 const args = Object.fromEntries(
@@ -30,4 +32,75 @@ function percentile(xs, p) {
   return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
 }
 
-module.exports = { args, modelPath, median, percentile };
+/** A TCP port free on 127.0.0.1 right now (for a server the bench starts). */
+function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer().listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+/**
+ * Starts a server process and resolves `{ child, url }` once `url`/health answers 200 (`options`
+ * go to spawn; stderr is kept for the error when it exits or never answers).
+ */
+async function startProcess(cmd, argv, port, options = {}) {
+  const child = spawn(cmd, argv, { stdio: ['ignore', 'ignore', 'pipe'], ...options });
+  let err = '';
+  child.stderr.on('data', (d) => (err = (err + d).slice(-4000)));
+  const url = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 600; i++) {
+    if (child.exitCode !== null) throw new Error(`${cmd} exited: ${err}`);
+    try {
+      if ((await fetch(`${url}/health`)).status === 200) return { child, url };
+    } catch {
+      // not up yet
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  child.kill('SIGKILL');
+  throw new Error(`${cmd} did not answer /health: ${err}`);
+}
+
+/** Stops a process startProcess started and resolves once it exited. */
+function stopProcess(child) {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  const exited = new Promise((r) => child.once('exit', r));
+  child.kill('SIGTERM');
+  return exited;
+}
+
+/** A Markdown table: `head` the column titles, `rows` arrays of cells; a title ending in ':' is right-aligned. */
+function markdownTable(head, rows) {
+  const titles = head.map((h) => h.replace(/:$/, ''));
+  const rule = head.map((h) => (h.endsWith(':') ? '---:' : '---'));
+  return [titles, rule, ...rows.map((r) => r.map(String))].map((cells) => `| ${cells.join(' | ')} |`).join('\n');
+}
+
+/**
+ * `text` with what lies between `<!-- name:start -->` and `<!-- name:end -->` replaced by `body`;
+ * when the markers are missing, the section is appended under `heading`.
+ */
+function replaceSection(text, name, body, heading) {
+  const start = `<!-- ${name}:start -->`;
+  const end = `<!-- ${name}:end -->`;
+  const block = `${start}\n${body.trim()}\n${end}`;
+  const i = text.indexOf(start);
+  const j = text.indexOf(end);
+  if (i >= 0 && j > i) return text.slice(0, i) + block + text.slice(j + end.length);
+  return `${text.replace(/\n*$/, '')}\n\n${heading}\n\n${block}\n`;
+}
+
+module.exports = {
+  args,
+  modelPath,
+  median,
+  percentile,
+  freePort,
+  startProcess,
+  stopProcess,
+  markdownTable,
+  replaceSection,
+};

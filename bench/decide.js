@@ -11,14 +11,17 @@
  * then `beside`: the `eight` decision on a fresh state while 4 streaming chat requests generate
  * 96 tokens each, against each alone: the decision's latency and the chats' mean gap between
  * tokens, so that neither starving the other shows. Peer comparisons (node-llama-cpp, xllamacpp)
- * are not measured here; the labelled order-sensitivity/calibration set is bench/decide-quality.js.
+ * are `npm run bench:peers -- --decide` (bench/peers.js); the labelled order-sensitivity/calibration set is bench/decide-quality.js.
  *
  * Usage: node bench/decide.js [--threads=2]
  */
 
 const os = require('node:os');
-const { createContext, Scheduler } = require('..');
 const { args, modelPath } = require('./common');
+
+// Loaded when used, not here: bench/peers.js takes the states and questions into a process that
+// runs node-llama-cpp, which must not have a second llama.cpp (ours) loaded beside its own.
+const lib = () => require('..');
 
 /** A ~1,500-token state: a shift log whose lines differ by `seed`. */
 function state(seed) {
@@ -67,12 +70,14 @@ async function timed(scheduler, requests) {
   };
 }
 
-async function main() {
-  const threads = Number(args.threads || 2);
-  const ctx = await createContext({ modelPath: modelPath(), nCtx: 16384, nSeqMax: 48, nThreads: threads });
+/**
+ * The four cases (one, eight, again, four) on `ctx`, each on a fresh Scheduler but `again`; the
+ * peers bench (bench/peers.js) runs the same rows in its own process.
+ */
+async function decisionRows(ctx) {
   const rows = [];
   const fresh = async (name, requests) => {
-    const scheduler = new Scheduler(ctx);
+    const scheduler = new (lib().Scheduler)(ctx);
     rows.push({ name, ...(await timed(scheduler, requests)) });
     return scheduler;
   };
@@ -89,6 +94,13 @@ async function main() {
       [3, 4, 5, 6].map((s) => ({ state: state(s), questions: QUESTIONS })),
     )
   ).close();
+  return rows;
+}
+
+async function main() {
+  const threads = Number(args.threads || 2);
+  const ctx = await lib().createContext({ modelPath: modelPath(), nCtx: 16384, nSeqMax: 48, nThreads: threads });
+  const rows = await decisionRows(ctx);
   const beside = await besideChats(ctx);
   ctx.dispose();
   console.log(`machine: ${os.cpus().length} cores (${os.cpus()[0].model}), ${threads} threads, no GPU`);
@@ -127,6 +139,7 @@ async function chats(scheduler) {
 
 /** The 8-question decision on a fresh state beside 4 streaming chats, and each alone (fresh schedulers). */
 async function besideChats(ctx) {
+  const { Scheduler } = lib();
   const alone = new Scheduler(ctx);
   const aloneGap = await chats(alone);
   let t = performance.now();
@@ -143,7 +156,11 @@ async function besideChats(ctx) {
   return { aloneDecision, aloneGap, decision, gap };
 }
 
-main().catch((e) => {
-  console.error(e);
-  process.exit(1);
-});
+if (require.main === module) {
+  main().catch((e) => {
+    console.error(e);
+    process.exit(1);
+  });
+}
+
+module.exports = { state, QUESTIONS, ONE, decisionRows };

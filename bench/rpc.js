@@ -10,12 +10,11 @@
  */
 
 const fs = require('node:fs');
-const net = require('node:net');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
 const { createContext, Branch, BranchStore } = require('..');
 
-const { args, median, modelPath } = require('./common');
+const { args, median, modelPath, freePort } = require('./common');
 
 const STEPS = Number(args.steps || 24);
 const REPS = Number(args.reps || 3);
@@ -23,15 +22,6 @@ const NS = [1, 8];
 const MODEL = modelPath();
 const CLI = path.join(__dirname, '..', 'bin', 'llama-branch.js');
 const now = () => Number(process.hrtime.bigint()) / 1e6;
-
-function freePort() {
-  return new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 async function startServer() {
   const port = await freePort();

@@ -566,4 +566,4 @@ if (
   });
 }
 
-module.exports = { svgChart };
+module.exports = { svgChart, ours, WORDS, PROMPT_TOKENS };

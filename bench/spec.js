@@ -25,7 +25,7 @@
 const fs = require('node:fs');
 const path = require('node:path');
 const { createContext, Branch, BranchStore, Scheduler, systemInfo } = require('..');
-const { args, modelPath, median } = require('./common');
+const { args, modelPath, median, startProcess, stopProcess } = require('./common');
 
 const REPS = Number(args.reps || 3);
 const TOKENS = Number(args.tokens || 256);
@@ -91,26 +91,6 @@ async function scheduled(ctx, speculative) {
   return { tokS: (tokens / ms) * 1000, tokens, drafted: stats.draftTokens, accepted: stats.acceptedDraftTokens };
 }
 
-/** Starts a server process and resolves its base URL once `/health` answers 200. */
-async function startProcess(cmd, argv, port) {
-  const { spawn } = require('node:child_process');
-  const child = spawn(cmd, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
-  let err = '';
-  child.stderr.on('data', (d) => (err = (err + d).slice(-4000)));
-  const url = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 600; i++) {
-    if (child.exitCode !== null) throw new Error(`${cmd} exited: ${err}`);
-    try {
-      if ((await fetch(`${url}/health`)).status === 200) return { child, url };
-    } catch {
-      // not up yet
-    }
-    await new Promise((r) => setTimeout(r, 200));
-  }
-  child.kill('SIGKILL');
-  throw new Error(`${cmd} did not answer /health: ${err}`);
-}
-
 /** tok/s of one client sending task (a) `REPS` times (after one warm-up) to `url`. */
 async function clientRate(url) {
   const body = JSON.stringify({ prompt: COPY, max_tokens: TOKENS, temperature: 0 });
@@ -160,8 +140,7 @@ async function servers(model, peer) {
       out[name] = await clientRate(server.url);
       log(`${name}: ${out[name].tokS.toFixed(1)} tok/s`, JSON.stringify(out[name].details || {}));
     } finally {
-      server.child.kill('SIGTERM');
-      await new Promise((r) => server.child.once('exit', r));
+      await stopProcess(server.child);
     }
   }
   return out;

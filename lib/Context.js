@@ -16,6 +16,7 @@ const { makeError, guardedView } = require('./errors');
 const { runCancellable } = require('./cancel');
 const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
 const { startTrace, traceFreed } = require('./trace');
+const { Warmup } = require('./warmup');
 
 /** @typedef {import('./native').SessionContext} NativeContext */
 
@@ -29,7 +30,7 @@ let nativeOfContext;
 let wrappersOfContext;
 /** @type {(ctx: any) => boolean} */
 let isContext;
-/** @type {(inner: NativeContext) => SessionContext} */
+/** @type {(inner: NativeContext, warmup: boolean | 'auto' | import('./types').WarmupOptions) => SessionContext} */
 let construct;
 
 /**
@@ -55,16 +56,38 @@ class SessionContext {
   #native;
   /** @type {Map<number, WrapperNode>} Branch wrappers by handle, with the tree as JS last saw it */
   #wrappers = new Map();
+  /** @type {Warmup} */
+  #warmup;
 
   /**
    * @private
    * @param {symbol} token
    * @param {NativeContext} inner
+   * @param {boolean | 'auto' | import('./types').WarmupOptions} warmup
    */
-  constructor(token, inner) {
+  constructor(token, inner, warmup) {
     if (token !== CONSTRUCT)
       throw makeError('ERR_INVALID_ARG', 'SessionContext cannot be constructed directly; use createContext(options)');
     this.#native = guardedView(inner);
+    this.#warmup = new Warmup(this.#native, warmup);
+  }
+
+  /**
+   * Resolves when the context's warm-up is over (at once when it has none): from then on the
+   * first decode of each batch size runs without compiling GPU pipelines. Never rejects; the
+   * status says how it ended. Operations may be queued before it resolves (they run between
+   * the warm-up's decodes, and may then meet a compile themselves).
+   * @returns {Promise<import('./types').WarmupStatus>}
+   */
+  get ready() {
+    return this.#warmup.ready;
+  }
+  /**
+   * Where the warm-up stands (option `warmup` of createContext; on by default on a GPU).
+   * @returns {import('./types').WarmupStatus}
+   */
+  get warmup() {
+    return this.#warmup.status;
   }
 
   /** Number of tokens in the vocabulary (the length of every logits row). */
@@ -720,17 +743,18 @@ class SessionContext {
     wrappersOfContext = (ctx) => ctx.#wrappers;
     /** @param {any} ctx */
     isContext = (ctx) => ctx !== null && typeof ctx === 'object' && #native in ctx;
-    construct = (inner) => new SessionContext(CONSTRUCT, inner);
+    construct = (inner, warmup) => new SessionContext(CONSTRUCT, inner, warmup);
   }
 }
 
 /**
- * The facade over a native context that `createContext` made.
+ * The facade over a native context that `createContext` made, its warm-up started.
  * @param {NativeContext} inner
+ * @param {boolean | 'auto' | import('./types').WarmupOptions} [warmup] `options.warmup`, checked
  * @returns {SessionContext}
  */
-function wrapContext(inner) {
-  return construct(inner);
+function wrapContext(inner, warmup = 'auto') {
+  return construct(inner, warmup);
 }
 
 /**

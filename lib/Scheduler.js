@@ -38,6 +38,7 @@ const { Programs } = require('./scheduler/programs');
 const { decodeAll } = require('./scheduler/rows');
 const { SchedulerEvents } = require('./scheduler/events');
 const { decide } = require('./scheduler/decide');
+const { CacheTiers } = require('./scheduler/cache-tiers');
 
 /**
  * Continuous batching over one context, with a prefix cache and a request queue (`generate`, see
@@ -63,7 +64,14 @@ class Scheduler {
 
     /** @type {import('./scheduler/program').Program[]} queued and ready programs (requests too), in arrival order */
     this._queue = [];
-    this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow });
+    const tiers = this._options.tiers;
+    /** The prefix cache's RAM and disk tiers (null: KV cells only). */
+    this._tiers =
+      tiers &&
+      new CacheTiers(ctx, { ...tiers, wrapBranch: (handle) => new /** @type {any} */ (Branch)(ctx, handle, 0) });
+    this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow, tiers: this._tiers });
+    /** Prompts that started from a prefix in the KV cells (restored ones are the tiers' hits). */
+    this._kvHits = 0;
     /** Prompt branches are only forked, never sampled. */
     this._createPromptBranch = () => Branch.create(ctx, 0, { temperature: 0 });
     const spareLease = () => this._fits(0, 1); // a lease that no running program may still need
@@ -204,6 +212,7 @@ class Scheduler {
       hitRate: c.promptTokens === 0 ? 0 : c.cachedPromptTokens / c.promptTokens,
       ...c,
       evictions: this._cache.evictions,
+      ...(this._tiers ? { cacheTiers: { kvHits: this._kvHits, ...this._tiers.stats() } } : {}),
     };
   }
 
@@ -220,6 +229,9 @@ class Scheduler {
     this._kick();
     while (this._loop) await this._loop;
     this._cache.clear();
+    // Every filled prefix went to the RAM tier as it was freed: with a folder, all of it is
+    // written there now, for the next scheduler on the folder (a restart).
+    if (this._tiers) await this._tiers.flush();
     if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
   }
 
@@ -266,6 +278,7 @@ class Scheduler {
     const started = performance.now();
     await this._programs.collect();
     await this._prepareQueued();
+    if (this._tiers) await this._restorePhase();
     this._admit();
     const prefillStart = performance.now();
     const prefillTokens = await this._prefillPhase();
@@ -322,6 +335,10 @@ class Scheduler {
       const running = this._programs.list.filter((p) => p.kind === 'request').length;
       if (item.kind === 'request' && running >= this._options.maxRunning) return;
       const need = item.needs(this._cache);
+      // A prompt the RAM or disk tier holds more of waits for its restore (one a step) rather
+      // than being prefilled from a shorter start now.
+      const request = /** @type {any} */ (item);
+      if (this._tiers && item.isRequest && !request.tierSkip && this._tiers.lookup(request.tokens, need.start)) return;
       const { cells, leases } = need;
       if (!this._cache.evictUntil(() => this._fits(cells, leases), need.entry)) {
         if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
@@ -330,7 +347,47 @@ class Scheduler {
         continue;
       }
       this._queue.shift();
+      if (need.entry && need.start > 0) {
+        if (need.entry.logits) this._kvHits++; // (a restored entry's hit was counted by its tier)
+        if (/** @type {any} */ (item).cacheKey) need.entry.hinted = true;
+      }
       this._programs.admit(item, need);
+    }
+  }
+
+  /**
+   * Before admission: a ready request whose prompt starts with a prefix the RAM or disk tier
+   * holds (longer than what the KV cells hold) gets it back into the KV cells as a cache entry,
+   * when the entry and the request fit (evicting least-recently-used entries, which go down a
+   * tier). The entry holds no logits: the request forks it and prefills the rest (at least its
+   * last token). A state that cannot be restored is skipped: the prompt is prefilled.
+   */
+  async _restorePhase() {
+    const tiers = /** @type {CacheTiers} */ (this._tiers);
+    await tiers.scan();
+    // One restore a step, for the first ready request that gains from one: admission pins it
+    // right after, before another restore could evict it (a restored state shares no cells
+    // with the entries it extends, so two may not fit at once).
+    for (const queued of this._queue.slice()) {
+      if (this._closed) return;
+      if (queued.state !== 'ready' || !queued.isRequest) continue;
+      const item = /** @type {import('./scheduler/request').RequestProgram} */ (queued);
+      const tokens = item.tokens;
+      const have = this._cache.bestStart(tokens).length;
+      const found = tiers.lookup(tokens, have);
+      if (!found) continue;
+      const keep = found.tokens.length === tokens.length ? tokens.length - 1 : found.tokens.length;
+      const need = item.needsFrom(keep);
+      if (!this._cache.evictUntil(() => this._fits(keep + need.cells, need.leases + 1))) {
+        // Nothing running will give cells back: it never fits restored, admit it as it is.
+        if (this._programs.size === 0) item.tierSkip = true;
+        return;
+      }
+      const restored = await tiers.restore(found, keep);
+      if (!restored) return; // (the entry is gone from the tiers: the next lookup finds less)
+      const entry = this._cache.restored(tokens.slice(0, keep), restored.branch);
+      entry.hinted = Boolean(item.cacheKey);
+      return;
     }
   }
 

@@ -15,6 +15,10 @@ const scheduler = Object.freeze({
   maxRunning: Infinity,
   /** `maxTokens` of a request that gives none. */
   defaultMaxTokens: 256,
+  /** Host RAM for evicted prefixes' states (0: no RAM tier). */
+  cacheRam: 0,
+  /** Disk the `cacheDir` folder may take. */
+  cacheDisk: '20GiB',
 });
 
 /** `createServer(options)` and `llama-branch serve`. */

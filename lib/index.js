@@ -7,6 +7,7 @@ const { makeError, guardedView } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { SessionContext, wrapContext } = require('./Context');
+const { checkWarmupOption } = require('./warmup');
 const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
 const { PromptLookup, DraftModel } = require('./speculative');
 const { Scheduler } = require('./Scheduler');
@@ -14,6 +15,7 @@ const { ProgramLine } = require('./ProgramLine');
 const server = require('./server');
 const { PoolingType, ReasoningFormat } = require('./constants');
 const { GrammarTriggerType } = require('./scheduler/chat');
+const { readEntryFile, fingerprintOf } = require('./scheduler/cache-tiers');
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'nOutputs', 'poolingType', 'nGpuLayers', 'mainGpu'];
 
@@ -136,7 +138,8 @@ async function createContextOn(binding, options) {
       throw makeError('ERR_INVALID_ARG', `options.${k} must be an array of strings`);
     }
   }
-  return wrapContext(await binding.createContext({ ...placementOf(options, binding), modelPath }));
+  const warmup = checkWarmupOption(options.warmup);
+  return wrapContext(await binding.createContext({ ...placementOf(options, binding), modelPath }), warmup);
 }
 
 /** Why this process has no Vulkan device: the module package's reason, or the build's. */
@@ -252,6 +255,21 @@ function withLogits(ctx, fn) {
   return result;
 }
 
+/**
+ * Reads and checks one file of a Scheduler's `cacheDir` against `ctx`: resolves its tokens and
+ * size; rejects with ERR_CACHE_CORRUPT (truncated, corrupted, not such a file) or
+ * ERR_CACHE_MISMATCH (a state from another model or KV settings, which `ctx` must never load).
+ * @param {SessionContext} ctx
+ * @param {string} file
+ * @returns {Promise<{ tokens: number[], stateBytes: number }>}
+ */
+async function readPrefixCacheFile(ctx, file) {
+  if (typeof file !== 'string' || file === '')
+    throw makeError('ERR_INVALID_ARG', 'readPrefixCacheFile(ctx, file): file must be a path');
+  const { tokens, state } = await readEntryFile(file, fingerprintOf(ctx));
+  return { tokens, stateBytes: state.length };
+}
+
 /** "peg-simple" → "PEG_SIMPLE": llama.cpp's chat format names as constant names. */
 function constantName(name) {
   return name.toUpperCase().replace(/[^A-Z0-9]+/g, '_');
@@ -290,4 +308,5 @@ module.exports = {
   ChatFormat,
   ReasoningFormat,
   GrammarTriggerType,
+  readPrefixCacheFile,
 };

@@ -97,7 +97,20 @@ export declare class SessionContext {
   /**
    * Whether pairs of single-token branches decode as two 1-row batches on this machine
    * (measured when the context was created).
+   * The token counts a warm-up decodes once each (engine/warmup.rs), ascending, up to
+   * `maxTokens` (default and cap: nBatch, or nCtx when smaller).
    */
+  _warmUpSizes(maxTokens?: number | undefined | null): Array<number>
+  /**
+   * Warm-up decodes on a scratch sequence (one no branch leases and that holds no cells):
+   * for each of `sizes`, that many throwaway tokens in one decode, every row's logits asked
+   * for when the output buffer allows (as a step of that many branches does), each removed
+   * again before the next. With `after` > 0 the sequence first gets `after` untimed cells, so
+   * that the timed decodes attend over a longer cache (attention kernels change with its
+   * length). Resolves with each decode's milliseconds, -1 for one that could not run (no
+   * scratch sequence, or too few free cells); nothing is left behind either way.
+   */
+  _warmUp(sizes: Array<number>, after?: number | undefined | null): Promise<number[]>
   get _splitPairs(): boolean
   /**
    * Throws the error `code` names, with the message defined in `error.rs`: for the few checks
@@ -189,6 +202,22 @@ export declare class SessionContext {
   kvCacheWriteFile(seqId: number, path: string, tokens: number[]): Promise<number>
   /** Loads a `kvCacheWriteFile` file into sequence `seqId`; resolves `{tokens, bytesRead}`. */
   kvCacheReadFile(seqId: number, path: string): Promise<KvFileContents>
+  /** The identity of the states this context's sequences hold (see `StateIdentity`). */
+  _stateIdentity(): StateIdentity
+  /**
+   * The state of a branch's sequence (its KV cells) as a Buffer, on the calling thread: the
+   * prefix cache copies an entry it evicts while the scheduler decides what fits, where an
+   * awaited job would leave the context busy for the synchronous calls around it.
+   */
+  _branchStateSync(handle: number): Buffer
+  /**
+   * A new root branch holding a state from `_branchStateSync` (on a vacant sequence, after
+   * the queued operations), cut to its first `keep` positions when `keep` > 0 (the prefix
+   * cache restores a prompt's entry one token short, so the prompt's last token gives the
+   * logits a state does not carry). Resolves the handle; a state llama.cpp refuses leaves
+   * nothing behind and rejects with ERR_STATE.
+   */
+  _branchRestore(state: Buffer, keep: number): Promise<number>
   /** Samples several branches in one native call. */
   _storeProduce(handles: Array<number>): Array<Produced>
   /** One token per branch: each is accepted into its branch, then ONE decode for all. */
@@ -540,6 +569,20 @@ export interface ServeRpcOptions {
 }
 
 export declare function setLogLevel(level: string): void
+
+/**
+ * What identifies the states this context writes: everything the prefix cache's fingerprint
+ * needs to refuse a state from other weights or another KV layout (lib/scheduler/cache-tiers.js).
+ */
+export interface StateIdentity {
+  /** llama.cpp's sequence state format version. */
+  stateVersion: number
+  /** Bytes of the model's tensors. */
+  modelSize: number
+  nParams: number
+  /** The GGUF's scalar metadata, `key=value` lines, sorted. */
+  metadata: string
+}
 
 export declare function systemInfo(): string
 

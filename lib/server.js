@@ -161,7 +161,19 @@ function routesOf(app) {
   return {
     ...(app.ui ? uiRoutes() : {}),
     'GET /v1/events': (req, res) => feed.attach(req, res, corsHeaders),
-    'GET /health': (req, res) => sendJson(res, 200, { status: 'ok', model: modelCard.id, ...scheduler.stats() }),
+    'GET /health': (req, res) => {
+      // While the context compiles its GPU pipelines (lib/warmup.js) requests are served, but
+      // the first one of each batch size may stall: 503 tells load balancers to wait, as
+      // llama.cpp's server does while it loads.
+      const { state, done, total, ms } = app.ctx.warmup;
+      const warming = state === 'warming';
+      sendJson(res, warming ? 503 : 200, {
+        status: warming ? 'warming up' : 'ok',
+        model: modelCard.id,
+        warmup: { state, done, total, ms },
+        ...scheduler.stats(),
+      });
+    },
     'GET /metrics': (req, res) => {
       const text = metrics.render(scheduler.stats());
       res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8', ...corsHeaders });
@@ -388,7 +400,7 @@ async function speculativeOf(createContext, options, ctx, parallel, owned) {
  */
 function contextOptions(options) {
   const picked = {};
-  for (const k of ['gpu', 'nGpuLayers', 'typeK', 'typeV', 'flashAttention'])
+  for (const k of ['gpu', 'nGpuLayers', 'typeK', 'typeV', 'flashAttention', 'warmup'])
     if (options[k] !== undefined) picked[k] = options[k];
   return picked;
 }

@@ -21,6 +21,8 @@ export type {
   KvPressure,
   LazyGrammarTriggers,
   OffloadInfo,
+  WarmupOptions,
+  WarmupStatus,
   OperationOptions,
   ParseChatOutputOptions,
   ParseChatOutputResult,

@@ -28,8 +28,22 @@ export class SessionContext {
      * @private
      * @param {symbol} token
      * @param {NativeContext} inner
+     * @param {boolean | 'auto' | import('../lib/types').WarmupOptions} warmup
      */
     private constructor();
+    /**
+     * Resolves when the context's warm-up is over (at once when it has none): from then on the
+     * first decode of each batch size runs without compiling GPU pipelines. Never rejects; the
+     * status says how it ended. Operations may be queued before it resolves (they run between
+     * the warm-up's decodes, and may then meet a compile themselves).
+     * @returns {Promise<import('../lib/types').WarmupStatus>}
+     */
+    get ready(): Promise<import("../lib/types").WarmupStatus>;
+    /**
+     * Where the warm-up stands (option `warmup` of createContext; on by default on a GPU).
+     * @returns {import('../lib/types').WarmupStatus}
+     */
+    get warmup(): import("../lib/types").WarmupStatus;
     /** Number of tokens in the vocabulary (the length of every logits row). */
     get vocabSize(): number;
     /** Size of the model's tensors in bytes. */
@@ -504,11 +518,12 @@ export class SessionContext {
     #private;
 }
 /**
- * The facade over a native context that `createContext` made.
+ * The facade over a native context that `createContext` made, its warm-up started.
  * @param {NativeContext} inner
+ * @param {boolean | 'auto' | import('../lib/types').WarmupOptions} [warmup] `options.warmup`, checked
  * @returns {SessionContext}
  */
-export function wrapContext(inner: NativeContext): SessionContext;
+export function wrapContext(inner: NativeContext, warmup?: boolean | "auto" | import("../lib/types").WarmupOptions): SessionContext;
 /**
  * The (guarded) native context behind `ctx`: for lib/'s Branch and BranchStore, and for tests that
  * look at internals. Throws ERR_INVALID_ARG for anything else, ERR_CONTEXT_DISPOSED once disposed.

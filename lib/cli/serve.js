@@ -62,6 +62,18 @@ const options = {
     default: String(schedulerDefaults.maxQueue),
     help: 'requests that may wait; more get HTTP 429',
   },
+  'cache-ram': {
+    type: 'string',
+    help: 'host RAM for the states of prefixes evicted from the KV cells, e.g. 2GiB (default: none)',
+  },
+  'cache-dir': {
+    type: 'string',
+    help: 'folder for prefix states leaving RAM, kept across restarts and shareable by servers of the same model and settings',
+  },
+  'cache-disk': {
+    type: 'string',
+    help: `disk the --cache-dir folder may take (default ${schedulerDefaults.cacheDisk})`,
+  },
   'api-key': {
     type: 'string',
     multiple: true,
@@ -88,6 +100,10 @@ const options = {
     type: 'string',
     default: String(serverDefaults.specMaxDraft),
     help: 'longest draft one request verifies per step (1..32; the length used adapts)',
+  },
+  'no-warmup': {
+    type: 'boolean',
+    help: 'on a GPU, do not compile the pipelines of every batch size at start (the first request of each size then stalls)',
   },
   'no-ui': { type: 'boolean', help: 'do not serve the live page of the branch trees at / (GET /v1/events stays)' },
   trace: {
@@ -154,6 +170,17 @@ function kvCache(values) {
   return { typeK, typeV, flashAttention };
 }
 
+/** --cache-ram, --cache-dir, --cache-disk as the Scheduler's options; its warnings go to the log. */
+function cacheTiers(values, log) {
+  const o = {};
+  if (values['cache-ram'] !== undefined) o.cacheRam = values['cache-ram'];
+  if (values['cache-dir'] !== undefined) o.cacheDir = values['cache-dir'];
+  if (values['cache-disk'] !== undefined) o.cacheDisk = values['cache-disk'];
+  if (o.cacheRam === undefined && o.cacheDir === undefined) return o;
+  o.onCacheWarning = (message) => log(`warning: ${message}`);
+  return o;
+}
+
 /** --api-key values and LLAMA_BRANCH_API_KEY's comma-separated keys together (undefined: none). */
 function apiKeys(values) {
   const fromEnv = (process.env.LLAMA_BRANCH_API_KEY || '').split(',').map((k) => k.trim());
@@ -185,7 +212,11 @@ async function run(values, { log }) {
     nCtx: integer(values, 'ctx-size'),
     nSeqMax: integer(values, 'n-seq-max'),
     nThreads: integer(values, 'threads'),
-    scheduler: { prefillChunk: integer(values, 'prefill-chunk'), maxQueue: integer(values, 'max-queue') },
+    scheduler: {
+      prefillChunk: integer(values, 'prefill-chunk'),
+      maxQueue: integer(values, 'max-queue'),
+      ...cacheTiers(values, log),
+    },
     apiKeys: apiKeys(values),
     cors: values.cors,
     embeddings: Boolean(values.embeddings),
@@ -197,6 +228,7 @@ async function run(values, { log }) {
     modelDraft: values['model-draft'],
     specMaxDraft: integer(values, 'spec-max-draft'),
     ui: !values['no-ui'],
+    ...(values['no-warmup'] ? { warmup: false } : {}),
     traceFile: values.trace,
   }).catch((e) => {
     // createContext's ERR_DEVICE speaks of its options (`gpu`, `nGpuLayers`); on the command
@@ -209,6 +241,14 @@ async function run(values, { log }) {
   log(`listening on ${url}`);
   if (!values['no-ui']) log(`branch trees live at ${url}/`);
   if (values.trace) log(`recording events to ${values.trace}`);
+  if (server.ctx.warmup.state === 'warming') {
+    log(
+      `warming up: compiling the GPU pipelines of ${server.ctx.warmup.total} batch sizes (/health says 503 until done)`,
+    );
+    server.ctx.ready.then((w) =>
+      log(`warm-up ${w.state} in ${(w.ms / 1000).toFixed(1)} s${w.error ? `: ${w.error}` : ''}`),
+    );
+  }
   await new Promise((resolve) => {
     const stop = () => resolve();
     process.once('SIGINT', stop);

@@ -42,6 +42,8 @@ function checkInput(request, vocab) {
   }
   if (messages !== undefined && (!Array.isArray(messages) || messages.length === 0))
     throw invalid('request.messages must be a non-empty array of {role, content}');
+  if (request.cacheKey !== undefined && (typeof request.cacheKey !== 'string' || request.cacheKey.length > 1024))
+    throw invalid('request.cacheKey must be a string of at most 1024 characters');
 }
 
 /** The stop strings of a request (a string or an array of them; empty ones dropped). */

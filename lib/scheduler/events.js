@@ -93,9 +93,16 @@ class SchedulerEvents {
         tokens: cacheTokens,
         hitRate: Math.round(stats.hitRate * 1000) / 1000,
         evictions: stats.evictions,
+        ...(stats.cacheTiers ? { tiers: tierGauges(stats.cacheTiers) } : {}),
       },
     });
   }
+}
+
+/** The prefix cache tiers' part of a `step` event: hits and bytes per tier, tokens restored. */
+function tierGauges(t) {
+  const { kvHits, ramHits, diskHits, ramBytes, diskBytes, restoredTokens, diskOn } = t;
+  return { kvHits, ramHits, diskHits, ramBytes, diskBytes, restoredTokens, diskOn };
 }
 
 /** The last `MAX_APPEND_CHARS` of `text` (a long prompt's end is what a branch continues). */

@@ -278,6 +278,7 @@ class Line {
     const end = this.cachePoints ? this.cachePoints.find((p) => p > this.filled) : this.tokens.length;
     if (end === undefined) return;
     this.segment = cache.open(this.tokens.slice(0, end), this.branch);
+    if (this.program.cacheKey) this.segment.hinted = true; // a client asked to keep it warm
     if (this.cachePoints) this.pins.push(cache.pin(this.segment));
     else cache.pin(this.segment);
   }

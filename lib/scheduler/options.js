@@ -10,6 +10,7 @@ const defaults = require('../defaults');
 const { positiveInt, invalid } = require('./checks');
 const { DraftModel } = require('../speculative');
 const { checkSpeculative, StepCost } = require('./speculation');
+const { parseBytes } = require('./cache-tiers');
 
 /**
  * The checked options of a scheduler on `ctx` (`options` is an object; see SchedulerOptions).
@@ -28,6 +29,7 @@ function schedulerOptions(ctx, options) {
   const spec = checkSpeculative(o.speculative, 'new Scheduler: options');
   if (spec && spec.source instanceof DraftModel) spec.source.checkVocabulary(ctx);
   return {
+    tiers: cacheTiers(o),
     prefillChunk,
     maxQueue,
     maxRunning,
@@ -35,6 +37,23 @@ function schedulerOptions(ctx, options) {
     onStep: o.onStep,
     spec: spec && { ...spec, cost: new StepCost() },
   };
+}
+
+/**
+ * The prefix cache's RAM and disk tiers (`cacheRam`, `cacheDir`, `cacheDisk`, `onCacheWarning`),
+ * or null when neither RAM nor a folder is given.
+ */
+function cacheTiers(o) {
+  const ramBytes = parseBytes(o.cacheRam, 'options.cacheRam');
+  const diskBytes = parseBytes(o.cacheDisk, 'options.cacheDisk');
+  if (o.cacheDir !== undefined && o.cacheDir !== null && (typeof o.cacheDir !== 'string' || o.cacheDir === ''))
+    throw invalid('options.cacheDir must be a folder path');
+  if (o.onCacheWarning !== undefined && typeof o.onCacheWarning !== 'function')
+    throw invalid('options.onCacheWarning must be a function');
+  const dir = o.cacheDir || null;
+  if (ramBytes === 0 && !dir) return null;
+  const warn = o.onCacheWarning || ((message) => process.emitWarning(message, { code: 'LLAMA_BRANCH_CACHE' }));
+  return { ramBytes, dir, diskBytes, warn };
 }
 
 module.exports = { schedulerOptions };

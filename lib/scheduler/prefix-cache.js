@@ -40,6 +40,10 @@ class CacheEntry {
     this.lastUsed = 0;
     /** False while the request that opened it is still prefilling its tokens. */
     this.ready = false;
+    /** False for a state restored from RAM or disk: it holds cells, not the logits after them. */
+    this.logits = true;
+    /** A client asked to keep this prefix warm (prompt_cache_key): evicted after unhinted ones. */
+    this.hinted = false;
   }
 }
 
@@ -48,11 +52,14 @@ class PrefixCache {
    * @param {object} [options]
    * @param {number} [options.slidingWindow] the model's sliding-window span (0: none); a branch
    *   past it cannot be forked part-way (see Branch.forkAt)
+   * @param {{ keep(tokens: number[], branch: any, hinted: boolean): void } | null} [options.tiers] where
+   *   an evicted entry's state goes (./cache-tiers.js: RAM, then disk), if anywhere
    */
-  constructor({ slidingWindow = 0 } = {}) {
+  constructor({ slidingWindow = 0, tiers = null } = {}) {
     this._tree = new RadixTree();
     this._clock = 0;
     this._slidingWindow = slidingWindow;
+    this._tiers = tiers;
     this.evictions = 0;
   }
 
@@ -83,6 +90,13 @@ class PrefixCache {
    */
   bestStart(tokens) {
     const { prefix, shared } = this._tree.match(tokens);
+    if (prefix && !prefix.value.logits && prefix.length === tokens.length) {
+      // A restored state has no logits after its last token: that token is decoded again.
+      const at = prefix.length - 1;
+      if (at >= MIN_PARTIAL_REUSE && this._canForkAt(prefix.value.branch, at))
+        return { entry: prefix.value, length: at, partial: true };
+      return { entry: null, length: 0, partial: false };
+    }
     const prefixLength = prefix ? prefix.length : 0;
     if (shared && prefix !== shared && shared.length > prefixLength && shared.length >= MIN_PARTIAL_REUSE) {
       if (this._canForkAt(shared.value.branch, shared.length))
@@ -135,13 +149,33 @@ class PrefixCache {
     entry.lastUsed = ++this._clock;
   }
 
-  /** The least recently used entry nobody pins and that is filled, or null. */
+  /**
+   * The least recently used entry nobody pins and that is filled, or null; entries a client
+   * asked to keep warm (`hinted`) go after all others.
+   */
   leastRecentlyUsed() {
     let victim = null;
     for (const e of this._tree.values()) {
-      if (e.pins === 0 && e.ready && (!victim || e.lastUsed < victim.lastUsed)) victim = e;
+      if (e.pins !== 0 || !e.ready) continue;
+      if (!victim || (e.hinted === victim.hinted ? e.lastUsed < victim.lastUsed : victim.hinted)) victim = e;
     }
     return victim;
+  }
+
+  /**
+   * A state restored from a lower tier becomes a ready entry for `tokens` (no logits: see
+   * `bestStart`), most recently used.
+   * @param {number[]} tokens
+   * @param {CachedBranch} branch
+   */
+  restored(tokens, branch) {
+    const old = this._tree.get(tokens);
+    if (old) this.evict(old, false);
+    const entry = this.open(tokens, branch);
+    entry.ready = true;
+    entry.logits = false;
+    entry.lastUsed = ++this._clock;
+    return entry;
   }
 
   /**
@@ -171,6 +205,8 @@ class PrefixCache {
    */
   evict(entry, counted = true) {
     if (this._tree.get(entry.tokens) === entry) this._tree.delete(entry.tokens);
+    if (this._tiers && entry.ready && !entry.branch.disposed)
+      this._tiers.keep(entry.tokens, entry.branch, entry.hinted);
     release(entry.branch);
     if (counted) this.evictions++;
   }
@@ -180,7 +216,7 @@ class PrefixCache {
     if (this._tree.get(entry.tokens) === entry) this._tree.delete(entry.tokens);
   }
 
-  /** Frees every entry. */
+  /** Frees every entry (filled ones go to the lower tiers, when there are any). */
   clear() {
     for (const entry of [...this._tree.values()]) this.evict(entry, false);
   }

@@ -44,6 +44,10 @@ class RequestProgram extends Program {
     this.grammarLazy = null;
     /** formatChat's options (tools, toolChoice, reasoning), and the ChatTurn once prepared. */
     this.chatOptions = checkChat(request);
+    /** The client's cache key: the prefixes it caches are kept warm longer (./prefix-cache.js). */
+    this.cacheKey = request.cacheKey === undefined ? null : request.cacheKey;
+    /** Its prompt is admitted without waiting for a restore from the RAM or disk tier (it never fits). */
+    this.tierSkip = false;
     this.chat = null;
     /** Converted off the main thread from now on; awaited when the request is prepared. */
     this.grammarPending = request.jsonSchema !== undefined ? env.jsonSchemaToGrammar(request.jsonSchema) : null;
@@ -108,9 +112,14 @@ class RequestProgram extends Program {
    */
   needs(cache) {
     const { entry, length: start } = cache.bestStart(this.tokens);
+    return { entry, ...this.needsFrom(start) };
+  }
+
+  /** The KV cells and leases the request needs beyond a cached start of `start` tokens. */
+  needsFrom(start) {
     const cells = this.tokens.length - start + this.n * this.maxTokens;
     const leases = this.n + this.cachePoints.filter((p) => p > start).length;
-    return { entry, start, cells, leases };
+    return { start, cells, leases };
   }
 
   /** Its ids: the prompt line is the request's own id, the choices `id.0`, `id.1`, ... */

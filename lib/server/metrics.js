@@ -96,6 +96,7 @@ class Metrics {
     metric('kv_cells_total', 'gauge', 'KV cells of the context (nCtx).', one(stats.nCtx));
     metric('prefix_cache_entries', 'gauge', 'Cached prompt prefixes.', one(stats.cachedPrefixes));
     metric('prefix_cache_hit_ratio', 'gauge', 'Cached prompt tokens / prompt tokens.', one(stats.hitRate));
+    if (stats.cacheTiers) this._renderTiers(metric, one, stats.cacheTiers);
     let cumulative = 0;
     const buckets = STEP_BUCKETS.map((le, i) => {
       cumulative += this.stepCounts[i];
@@ -104,6 +105,47 @@ class Metrics {
     buckets.push(['_bucket{le="+Inf"}', this.steps], ['_sum', this.stepSeconds], ['_count', this.steps]);
     metric('step_seconds', 'histogram', 'Wall time of scheduler steps.', buckets);
     return `${out.join('\n')}\n`;
+  }
+
+  /** The prefix cache's tiers: hits and bytes per tier, tokens restored instead of prefilled. */
+  _renderTiers(metric, one, t) {
+    const tiers = (kv, ram, disk) => [
+      ['{tier="kv"}', kv],
+      ['{tier="ram"}', ram],
+      ['{tier="disk"}', disk],
+    ];
+    metric(
+      'prefix_cache_hits_total',
+      'counter',
+      'Prompts started from a cached prefix, by tier.',
+      tiers(t.kvHits, t.ramHits, t.diskHits),
+    );
+    metric('prefix_cache_bytes', 'gauge', 'Bytes of stored prefix states, by tier.', [
+      ['{tier="ram"}', t.ramBytes],
+      ['{tier="disk"}', t.diskBytes],
+    ]);
+    metric('prefix_cache_stored_entries', 'gauge', 'Stored prefix states, by tier.', [
+      ['{tier="ram"}', t.ramEntries],
+      ['{tier="disk"}', t.diskEntries],
+    ]);
+    metric(
+      'prefix_cache_restored_tokens_total',
+      'counter',
+      'Prompt tokens restored from RAM or disk, not prefilled.',
+      one(t.restoredTokens),
+    );
+    metric(
+      'prefix_cache_disk_on',
+      'gauge',
+      '1 while the disk tier works; 0 after a failed write (RAM only).',
+      one(t.diskOn ? 1 : 0),
+    );
+    metric(
+      'prefix_cache_skipped_files_total',
+      'counter',
+      'Stored states skipped (corrupt, truncated, other model or settings).',
+      one(t.skipped),
+    );
   }
 
   /** The /v1/systemone counters (`metric` and `one` as in render). */

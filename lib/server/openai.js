@@ -54,7 +54,24 @@ function commonRequest(body, limits, maxTokensDefault) {
   }
   const schema = responseSchema(body.response_format);
   if (schema) request.jsonSchema = schema;
+  const cacheKey = cacheKeyOf(body);
+  if (cacheKey !== undefined) request.cacheKey = cacheKey;
   return request;
+}
+
+/**
+ * The client's cache hint: OpenAI's `prompt_cache_key`, else a `session_id` (as agent clients
+ * send it); the prefixes its requests cache are kept warm longer (docs/serving.md).
+ */
+function cacheKeyOf(body) {
+  for (const name of ['prompt_cache_key', 'session_id']) {
+    const v = body[name];
+    if (!given(v)) continue;
+    if (typeof v !== 'string' || v.length > 1024)
+      throw badRequest(`${name} must be a string of at most 1024 characters`, name);
+    return `${name}:${v}`;
+  }
+  return undefined;
 }
 
 /** The JSON schema `response_format` asks for (undefined for text or none). */

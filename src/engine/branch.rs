@@ -39,6 +39,8 @@ pub struct BranchState {
     logits: Vec<f32>,
     /// Receives a new logits row during a decode; swapped in only when the whole call succeeds.
     pending_logits: Vec<f32>,
+    /// log Σ exp(pending_logits), computed while copying the row in (see `set_pending`).
+    pending_log_z: f64,
     has_logits: bool,
     /// log Σ exp(logits) of the snapshot, computed on first use: a token's logprob and its
     /// accept (perplexity) both need it, and it is one pass over the whole vocabulary.
@@ -74,6 +76,7 @@ impl BranchState {
             steer: Vec::new(),
             logits: vec![0.0; n_vocab],
             pending_logits: Vec::new(),
+            pending_log_z: f64::NEG_INFINITY,
             has_logits: false,
             log_z: std::cell::Cell::new(None),
             candidates: Vec::new(),
@@ -246,22 +249,22 @@ impl BranchState {
 
     /// Stores a new logits row from a decode in progress (not visible until `commit_pending`).
     pub(super) fn set_pending(&mut self, row: &[f32]) {
-        self.pending_logits.clear();
-        self.pending_logits.extend_from_slice(row);
+        // The normalizer comes with the copy: the next accept's surprisal and any logprob need it,
+        // and computing it later would read the whole row from memory twice more.
+        self.pending_log_z = metrics::copy_log_sum_exp(row, &mut self.pending_logits);
     }
 
     /// Makes the pending row the snapshot, after the whole call succeeded.
     pub(super) fn commit_pending(&mut self) {
         std::mem::swap(&mut self.logits, &mut self.pending_logits);
         self.has_logits = true;
-        self.log_z.set(None);
+        self.log_z.set(Some(self.pending_log_z));
     }
 
     /// Copies a logits row into the snapshot directly (after a raw decode).
     pub(super) fn capture(&mut self, row: &[f32]) {
-        self.logits.clear();
-        self.logits.extend_from_slice(row);
+        let log_z = metrics::copy_log_sum_exp(row, &mut self.logits);
         self.has_logits = true;
-        self.log_z.set(None);
+        self.log_z.set(Some(log_z));
     }
 }

@@ -35,6 +35,11 @@ impl LeasePool {
         seq >= 0 && (seq as usize) < self.leased.len() && self.leased[seq as usize]
     }
 
+    /// The vacant ids in the order `acquire` hands them out.
+    pub fn vacant_in_order(&self) -> impl DoubleEndedIterator<Item = SeqId> + '_ {
+        self.vacant.iter().rev().copied()
+    }
+
     /// Takes the next vacant id (seq 0 first on a fresh pool).
     pub fn acquire(&mut self) -> Option<SeqId> {
         let seq = self.vacant.pop()?;

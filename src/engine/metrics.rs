@@ -139,6 +139,38 @@ pub fn log_sum_exp(logits: &[f32]) -> f64 {
     max as f64 + sum.ln()
 }
 
+/// Copies `row` into `dst` (replacing its contents) and returns `log_sum_exp(row)`, reading
+/// `row` from memory once: block by block, the copy, the block's maximum and its exponential
+/// sum run over data still in cache, the sum rescaled when the running maximum grows. A batched
+/// step copies one vocabulary-sized row per branch; a separate normalizer pass over the stored
+/// row would read it twice more.
+pub fn copy_log_sum_exp(row: &[f32], dst: &mut Vec<f32>) -> f64 {
+    const BLOCK: usize = 4096;
+    dst.clear();
+    dst.reserve(row.len());
+    let mut max = f32::NEG_INFINITY;
+    let mut sum = 0.0f64;
+    for block in row.chunks(BLOCK) {
+        dst.extend_from_slice(block);
+        let block_max = finite_max(block);
+        if !block_max.is_finite() {
+            continue;
+        }
+        if block_max > max {
+            if max.is_finite() {
+                sum *= ((max - block_max) as f64).exp();
+            }
+            max = block_max;
+        }
+        sum += exp_sums::<false>(block, max).0;
+    }
+    if max.is_finite() {
+        max as f64 + sum.ln()
+    } else {
+        f64::NEG_INFINITY
+    }
+}
+
 /// -log p(token) under softmax(logits).
 pub fn surprisal(logits: &[f32], token: usize, base: Base) -> f64 {
     let Some(&picked) = logits.get(token) else {
@@ -324,6 +356,10 @@ mod tests {
             .sum::<f64>();
         assert!((entropy(&logits, Base::Nats) - h).abs() < 1e-5);
         assert!((surprisal(&logits, 7, Base::Nats) - (log_z - logits[7] as f64)).abs() < 1e-5);
+        let mut copy = vec![9.0; 3];
+        let fused = copy_log_sum_exp(&logits, &mut copy);
+        assert_eq!(copy, logits);
+        assert!((fused - log_sum_exp(&logits)).abs() < 1e-6 * fused.abs().max(1.0));
     }
 
     #[test]
@@ -394,5 +430,43 @@ mod tests {
                 .collect();
             assert_eq!(got, all[..top]);
         }
+    }
+}
+
+#[cfg(test)]
+mod fused_timing {
+    use super::*;
+
+    /// `cargo test --release --lib fused_copy_timing -- --ignored --nocapture`: one vocabulary
+    /// row copied with its normalizer fused, against the copy plus the two passes it replaces.
+    #[test]
+    #[ignore]
+    fn fused_copy_timing() {
+        let rows: Vec<Vec<f32>> = (0..64)
+            .map(|r| (0..262_144).map(|i| ((i * 7919 + r * 31) % 1000) as f32 / 97.0).collect())
+            .collect();
+        let mut dst = Vec::new();
+        let t = std::time::Instant::now();
+        let mut acc = 0.0;
+        for _ in 0..5 {
+            for row in &rows {
+                dst.clear();
+                dst.extend_from_slice(row);
+                acc += log_sum_exp(&dst);
+            }
+        }
+        let separate = t.elapsed();
+        let t = std::time::Instant::now();
+        for _ in 0..5 {
+            for row in &rows {
+                acc += copy_log_sum_exp(row, &mut dst);
+            }
+        }
+        let fused = t.elapsed();
+        println!(
+            "per row: copy + log_sum_exp {:.1} us, fused {:.1} us ({acc:.0})",
+            separate.as_secs_f64() * 1e6 / 320.0,
+            fused.as_secs_f64() * 1e6 / 320.0
+        );
     }
 }

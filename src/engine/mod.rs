@@ -21,6 +21,7 @@ pub mod speculate;
 pub mod state_file;
 pub mod step;
 pub mod store;
+pub mod warmup;
 
 #[cfg(test)]
 pub mod fake;

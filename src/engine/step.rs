@@ -67,6 +67,14 @@ impl BranchStore {
         let (branches, batch) = (&mut self.branches, &mut self.batch);
         decode_runs(kv, batch, &runs, limits, cancel, &mut |kv, outputs| {
             mark(&mut profile, "llama_decode");
+            if profile.is_some() {
+                // llama_decode returns once the graph is queued; the first logits read waits for
+                // the device and the copy of every output row to the host.
+                if let Some(first) = outputs.first() {
+                    kv.logits_row(first.row)?;
+                }
+                mark(&mut profile, "device wait + logits to host");
+            }
             let rows = RowsOfStep {
                 items,
                 accept,

@@ -127,6 +127,12 @@ impl BranchStore {
             .find(|&h| self.branches.get(h).is_some_and(|b| b.seq == seq))
     }
 
+    /// A sequence a throwaway decode may use and clear within one operation (see
+    /// `warmup::scratch_sequence`); leases nothing.
+    pub fn scratch_sequence(&self, kv: &impl KvBackend) -> Option<SeqId> {
+        super::warmup::scratch_sequence(&self.leases, kv)
+    }
+
     /// Detached sequences whose cells were removed by raw KV calls become vacant again.
     fn reclaim_detached(&mut self, kv: &impl KvBackend) {
         let leases = &mut self.leases;
@@ -208,6 +214,53 @@ impl BranchStore {
         self.insert(state).inspect_err(|_| {
             self.segments.release_all(&runs);
             self.leases.release(seq);
+        })
+    }
+
+    /// A root branch on a vacant sequence whose cells `load` writes (a stored sequence state,
+    /// the prefix cache's RAM and disk tiers): the branch starts where they end. When `load`
+    /// fails, or leaves a gap before its cells, nothing stays behind: the sequence is emptied
+    /// and its lease given back.
+    pub fn create_loaded(
+        &mut self,
+        kv: &impl KvBackend,
+        sampling: BranchSampling,
+        load: impl FnOnce(SeqId) -> Result<()>,
+    ) -> Result<Handle> {
+        let seq = self.lease(kv, None)?;
+        kv.seq_rm(seq, -1, -1); // vacant ids are clean; raw KV calls may have written to them
+        let undo = |store: &mut Self| {
+            kv.seq_rm(seq, -1, -1);
+            store.leases.release(seq);
+        };
+        if let Err(e) = load(seq) {
+            undo(self);
+            return Err(e);
+        }
+        let position = kv.seq_pos_max(seq) + 1;
+        if position <= 0 {
+            undo(self);
+            return Err(Error::State(
+                "the loaded state holds no cells; nothing to restore".into(),
+            ));
+        }
+        // A stored state starts at position 0 (the cache's entries are roots or forks of them):
+        // the full cache holds all `position` cells even where a sliding-window cache reports
+        // a later lowest position.
+        let mut runs = Vec::new();
+        self.segments.append(&mut runs, position as u32);
+        let n_batch = kv.n_batch();
+        let state = BranchState::new(
+            seq,
+            position,
+            n_batch,
+            sampling,
+            kv.n_vocab() as usize,
+            runs.clone(),
+        );
+        self.insert(state).inspect_err(|_| {
+            self.segments.release_all(&runs);
+            undo(self);
         })
     }
 

@@ -565,3 +565,34 @@ fn a_scored_prefill_refuses_what_it_cannot_score_and_changes_nothing() {
     assert!(scored[0].is_finite() && scored[0] <= 0.0);
     assert_consistent(&kv, &store);
 }
+
+#[test]
+fn create_loaded_adopts_loaded_cells_and_undoes_a_failed_load() {
+    let (mut kv, mut store, _pool) = setup(64, 4);
+    let r = root(&mut kv, &mut store, &[1, 2, 3, 4, 5]);
+    let src = store.get(r).unwrap().seq;
+    let free = store.available(&kv);
+    // A load that fails (a corrupt state) or writes nothing leaves no lease and no cells behind.
+    let err = store
+        .create_loaded(&kv, greedy(), |seq| {
+            kv.seq_cp(src, seq, -1, -1);
+            Err(Error::State("corrupt".into()))
+        })
+        .unwrap_err();
+    assert_eq!(err.code(), "ERR_STATE");
+    let err = store.create_loaded(&kv, greedy(), |_| Ok(())).unwrap_err();
+    assert_eq!(err.code(), "ERR_STATE");
+    assert_eq!(store.available(&kv), free);
+    assert_eq!(kv.cells_used(), 5);
+    // A good load: the branch starts where the cells end, and owns them once the source goes.
+    let h = store
+        .create_loaded(&kv, greedy(), |seq| {
+            kv.seq_cp(src, seq, -1, -1);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(store.get(h).unwrap().position, 5);
+    assert_eq!(store.available(&kv), free - 1);
+    store.prune(&kv, r).unwrap();
+    assert_consistent(&kv, &store);
+}

@@ -288,6 +288,58 @@ impl Model {
         (read("key_length"), read("value_length"))
     }
 
+    /// Every scalar metadata entry of the GGUF as `key=value` lines, sorted (llama.cpp keeps
+    /// scalars only): with the size and parameter count, what identifies the weights a stored
+    /// KV state belongs to (the prefix cache's fingerprint).
+    pub fn metadata_text(&self) -> String {
+        // SAFETY: reads the model's metadata.
+        let n = unsafe { sys::llama_model_meta_count(self.as_ptr()) }.max(0);
+        let read = |i: i32, key: bool| {
+            let mut buf = vec![0u8; 256];
+            for _ in 0..2 {
+                // SAFETY: `i` is in [0, n); llama.cpp writes at most `buf.len()` bytes (NUL
+                // included) and returns the full length, or -1 for an index it does not have.
+                let len = unsafe {
+                    if key {
+                        sys::llama_model_meta_key_by_index(
+                            self.as_ptr(),
+                            i,
+                            buf.as_mut_ptr().cast(),
+                            buf.len(),
+                        )
+                    } else {
+                        sys::llama_model_meta_val_str_by_index(
+                            self.as_ptr(),
+                            i,
+                            buf.as_mut_ptr().cast(),
+                            buf.len(),
+                        )
+                    }
+                };
+                if len < 0 {
+                    return String::new();
+                }
+                if (len as usize) < buf.len() {
+                    buf.truncate(len as usize);
+                    return String::from_utf8_lossy(&buf).into_owned();
+                }
+                buf = vec![0u8; len as usize + 1]; // longer than the first guess: once more, whole
+            }
+            String::new()
+        };
+        let mut lines: Vec<String> = (0..n)
+            .map(|i| format!("{}={}", read(i, true), read(i, false)))
+            .collect();
+        lines.sort();
+        lines.join("\n")
+    }
+
+    /// Parameters of the model.
+    pub fn n_params(&self) -> u64 {
+        // SAFETY: reads the model's metadata.
+        unsafe { sys::llama_model_n_params(self.as_ptr()) }
+    }
+
     pub fn description(&self) -> String {
         let mut buf = vec![0u8; 256];
         // SAFETY: writes at most `buf.len()` bytes (NUL included) and returns the length.

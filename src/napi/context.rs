@@ -16,11 +16,12 @@ use super::logits_view::LogitsView;
 use super::metrics::Trackers;
 use super::sampling::SamplingHandles;
 use super::worker::{self, rejected, Shared, Worker};
-use crate::engine::decode::{decode_runs, Run, RunOutput};
+use crate::engine::decode::{decode_runs, Output, Run, RunOutput};
 use crate::engine::handles::Handle;
 use crate::engine::kv_types::KvConfig;
 use crate::engine::pool::Pool;
 use crate::engine::store::BranchStore;
+use crate::engine::warmup::warm_up_sizes;
 use crate::error::Error;
 use crate::llama::{Batch, Context, Model, Token};
 
@@ -376,6 +377,84 @@ impl SessionContext {
 
     /// Whether pairs of single-token branches decode as two 1-row batches on this machine
     /// (measured when the context was created).
+    /// The token counts a warm-up decodes once each (engine/warmup.rs), ascending, up to
+    /// `maxTokens` (default and cap: nBatch, or nCtx when smaller).
+    #[napi(js_name = "_warmUpSizes")]
+    pub fn _warm_up_sizes(&self, max_tokens: Option<u32>) -> Vec<u32> {
+        let cap = self.info.n_batch.min(self.info.n_ctx);
+        warm_up_sizes(max_tokens.unwrap_or(cap).min(cap))
+    }
+
+    /// Warm-up decodes on a scratch sequence (one no branch leases and that holds no cells):
+    /// for each of `sizes`, that many throwaway tokens in one decode, every row's logits asked
+    /// for when the output buffer allows (as a step of that many branches does), each removed
+    /// again before the next. With `after` > 0 the sequence first gets `after` untimed cells, so
+    /// that the timed decodes attend over a longer cache (attention kernels change with its
+    /// length). Resolves with each decode's milliseconds, -1 for one that could not run (no
+    /// scratch sequence, or too few free cells); nothing is left behind either way.
+    #[napi(js_name = "_warmUp", ts_return_type = "Promise<number[]>")]
+    pub fn _warm_up<'env>(
+        &self,
+        env: &'env Env,
+        sizes: Vec<u32>,
+        after: Option<u32>,
+    ) -> Result<Object<'env>> {
+        let ContextInfo {
+            n_batch,
+            n_outputs,
+            n_ctx,
+            ..
+        } = self.info;
+        let after = after.unwrap_or(0);
+        self.spawn(env, move || {
+            let largest = sizes.iter().copied().max().unwrap_or(0);
+            if sizes.contains(&0) || largest > n_batch || after.saturating_add(largest) > n_ctx {
+                return Err(Error::invalid(format!(
+                    "_warmUp: sizes must be 1..{n_batch} (nBatch) and after + size at most {n_ctx} (nCtx), got {sizes:?} after {after}"
+                )));
+            }
+            Ok(move |e: &mut Engine| {
+                let Some(seq) = e.store.scratch_sequence(&e.ctx) else {
+                    return Ok(vec![-1.0; sizes.len()]);
+                };
+                // Token 0 exists in every vocabulary; what the rows compute is thrown away.
+                let filler = vec![0 as Token; after.max(largest) as usize];
+                let run = |start: u32, tokens: u32, output: Output| Run {
+                    seq,
+                    start: start as i32,
+                    tokens: &filler[..tokens as usize],
+                    output,
+                };
+                let mut timings = vec![-1.0; sizes.len()];
+                let mut result = Ok(());
+                if after > 0 {
+                    result = e.decode(&[run(0, after, Output::None)], &|| false, &mut |_, _| Ok(()));
+                }
+                for (i, &tokens) in sizes.iter().enumerate() {
+                    if result.is_err() {
+                        break;
+                    }
+                    let output = if tokens <= n_outputs {
+                        Output::Each
+                    } else {
+                        Output::Last
+                    };
+                    let started = std::time::Instant::now();
+                    result = e.decode(&[run(after, tokens, output)], &|| false, &mut |_, _| Ok(()));
+                    if result.is_ok() {
+                        timings[i] = started.elapsed().as_secs_f64() * 1000.0;
+                    }
+                    e.ctx.seq_rm(seq, after as i32, -1);
+                }
+                e.ctx.seq_rm(seq, -1, -1);
+                match result {
+                    Ok(()) | Err(Error::KvFull(_)) => Ok(timings),
+                    Err(err) => Err(err),
+                }
+            })
+        })
+    }
+
     #[napi(getter, js_name = "_splitPairs")]
     pub fn _split_pairs(&self) -> Result<bool> {
         self.sync("_splitPairs", |e| Ok(e.store.split_pairs()))

@@ -8,7 +8,7 @@ use napi::Env;
 use napi_derive::napi;
 
 use super::context::{Engine, SessionContext};
-use super::convert::{seq_from, Arg, Result};
+use super::convert::{js, seq_from, Arg, Result};
 use super::raw::ensure_unleased;
 use crate::engine::state_file::{parse_state_file, state_file_bytes};
 use crate::error::Error;
@@ -220,6 +220,94 @@ impl SessionContext {
                     tokens,
                     bytes_read: bytes.len() as f64,
                 })
+            })
+        })
+    }
+}
+
+/// What identifies the states this context writes: everything the prefix cache's fingerprint
+/// needs to refuse a state from other weights or another KV layout (lib/scheduler/cache-tiers.js).
+#[napi(object)]
+pub struct StateIdentity {
+    /// llama.cpp's sequence state format version.
+    pub state_version: u32,
+    /// Bytes of the model's tensors.
+    pub model_size: f64,
+    pub n_params: f64,
+    /// The GGUF's scalar metadata, `key=value` lines, sorted.
+    pub metadata: String,
+}
+
+#[napi]
+impl SessionContext {
+    /// The identity of the states this context's sequences hold (see `StateIdentity`).
+    #[napi(js_name = "_stateIdentity")]
+    pub fn _state_identity(&self) -> Result<StateIdentity> {
+        self.sync("stateIdentity", |_| {
+            Ok(StateIdentity {
+                state_version: llama::SEQ_FILE_VERSION,
+                model_size: self.model.size_bytes() as f64,
+                n_params: self.model.n_params() as f64,
+                metadata: self.model.metadata_text(),
+            })
+        })
+    }
+
+    /// The state of a branch's sequence (its KV cells) as a Buffer, on the calling thread: the
+    /// prefix cache copies an entry it evicts while the scheduler decides what fits, where an
+    /// awaited job would leave the context busy for the synchronous calls around it.
+    #[napi(js_name = "_branchStateSync")]
+    pub fn _branch_state_sync(&self, handle: f64) -> Result<Buffer> {
+        let h = self.ids.from_js(handle).map_err(js)?;
+        let state = self.sync("branch state", |e| {
+            let seq = e.store.get(h)?.seq;
+            ensure_not_empty(e, seq)?;
+            e.ctx.seq_state(seq)
+        })?;
+        Ok(Buffer::from(state))
+    }
+
+    /// A new root branch holding a state from `_branchStateSync` (on a vacant sequence, after
+    /// the queued operations), cut to its first `keep` positions when `keep` > 0 (the prefix
+    /// cache restores a prompt's entry one token short, so the prompt's last token gives the
+    /// logits a state does not carry). Resolves the handle; a state llama.cpp refuses leaves
+    /// nothing behind and rejects with ERR_STATE.
+    #[napi(js_name = "_branchRestore", ts_return_type = "Promise<number>")]
+    pub fn _branch_restore<'env>(
+        &self,
+        env: &'env Env,
+        #[napi(ts_arg_type = "Buffer")] state: Arg<Buffer>,
+        #[napi(ts_arg_type = "number")] keep: Arg<f64>,
+    ) -> Result<Object<'env>> {
+        let ids = self.ids;
+        self.spawn(env, || {
+            let data = state.get("_branchRestore: state", "a Buffer")?.to_vec();
+            let keep = keep.get("_branchRestore: keep", "a number")?;
+            if data.len() < 8 || data[..4] != llama::SEQ_STATE_MAGIC.to_le_bytes() {
+                return Err(Error::State(
+                    "_branchRestore: the buffer is not a sequence state (wrong header)".into(),
+                ));
+            }
+            if !(keep.is_finite() && keep >= 0.0 && keep.fract() == 0.0 && keep <= self.info.n_ctx as f64) {
+                return Err(Error::invalid(format!("_branchRestore: keep must be an integer in [0, nCtx = {}]", self.info.n_ctx)));
+            }
+            let keep = keep as i32;
+            let sampling = self.branch_sampling(None)?;
+            Ok(move |e: &mut Engine| {
+                let ctx = &e.ctx;
+                let h = e.store.create_loaded(ctx, sampling, |seq| {
+                    load_state(ctx, seq, &data, "restoring a cached prefix")?;
+                    let (min, max) = (ctx.seq_pos_min(seq), ctx.seq_pos_max(seq));
+                    if min < 0 || max >= ctx.n_ctx() as i32 {
+                        return Err(Error::State(format!("the restored state holds positions {min}..{max}, outside this context's [0, nCtx = {})", ctx.n_ctx())));
+                    }
+                    // A cut that llama.cpp refuses (or one past the state's end) is an error.
+                    if keep > 0 && (keep > max + 1 || !ctx.seq_rm(seq, keep, -1)) {
+                        return Err(Error::State(format!("the restored state ends at position {max}: it cannot be cut to its first {keep} positions")));
+                    }
+                    Ok(())
+                })?;
+                Ok(ids.to_js(h))
             })
         })
     }

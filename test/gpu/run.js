@@ -146,6 +146,9 @@ function main() {
       run(node, [mocha, '--no-config', '--timeout', '600000', path.join(repoRoot, 'test', 'gpu', '*.test.js')], {
         env: {
           ...env,
+          // An empty shader cache: the warm-up test compares first and warm steps, and Mesa's
+          // cache of an earlier run would hide every compile.
+          MESA_SHADER_CACHE_DIR: fs.mkdtempSync(path.join(dir, 'mesa-cache-')),
           LLAMA_BRANCH_PACKAGE: path.join(project, 'node_modules', 'llama-branch'),
           LLAMA_TEST_MODEL: modelPath,
         },

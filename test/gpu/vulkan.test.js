@@ -27,7 +27,8 @@ const STEPS = 8;
 
 /** A context on the Vulkan device (every layer there unless `options` says otherwise). */
 function vulkanContext(options = {}) {
-  return createContext({ modelPath: MODEL, nCtx: 512, nThreads: 2, gpu: 'vulkan', ...options });
+  // The warm-up is tested on its own below; the other tests do not wait for one.
+  return createContext({ modelPath: MODEL, nCtx: 512, nThreads: 2, gpu: 'vulkan', warmup: false, ...options });
 }
 
 function maxAbsDiff(a, b) {
@@ -152,7 +153,7 @@ describe('GPU tier: Vulkan device', function () {
     cpu = await createContext({ modelPath: MODEL, nCtx: 512, nThreads: 2, gpu: false });
     contexts.push(cpu);
     assert.deepEqual(cpu.offload.devices, [], 'gpu: false keeps every layer on the CPU');
-    const auto = await createContext({ modelPath: MODEL, nCtx: 256, nThreads: 2 });
+    const auto = await createContext({ modelPath: MODEL, nCtx: 256, nThreads: 2, warmup: false });
     contexts.push(auto);
     assert.deepEqual(auto.offload.devices, [device.name], "gpu: 'auto' (the default) chose the Vulkan device");
     const ref = Branch.create(cpu, 0, { temperature: 0 });
@@ -267,6 +268,61 @@ describe('GPU tier: Vulkan device', function () {
     const b = await greedy(none, PROMPT, 2);
     assert.equal(a.length, 2);
     assert.equal(b.length, 2);
+  });
+
+  /**
+   * Per batch size N (forks of one prompt, one store.commit per step): the first step's
+   * milliseconds over the second's.
+   */
+  async function firstOverWarm(ctx, sizes) {
+    const store = new BranchStore(ctx);
+    const root = Branch.create(ctx, 0, { temperature: 0 });
+    await root.prefill(await ctx.tokenize(PROMPT));
+    const ratios = {};
+    for (const n of sizes) {
+      const kids = [];
+      for (let i = 0; i < n; i++) kids.push(await root.fork());
+      const ms = [];
+      for (let s = 0; s < 2; s++) {
+        const t = performance.now();
+        const produced = store.produce(kids);
+        await store.commit(kids.map((k, i) => [k, produced[i].token]));
+        ms.push(performance.now() - t);
+      }
+      ratios[n] = Math.round((ms[0] / ms[1]) * 100) / 100;
+      for (const k of kids) await k.prune();
+    }
+    await root.prune();
+    return ratios;
+  }
+
+  it('after the warm-up, the first step at a new batch size costs at most 3 × a warm one', async () => {
+    // A size the warm-up's ladder does not name exactly (11) as well as ones it does (3, 6).
+    const sizes = [3, 6, 11];
+    const warmed = await vulkanContext({ nCtx: 256, nSeqMax: 12, warmup: { maxTokens: 12, cacheLengths: [] } });
+    contexts.push(warmed);
+    const status = await warmed.ready;
+    assert.equal(status.state, 'ready', JSON.stringify(status));
+    assert.deepEqual(
+      status.sizes.map((s) => s.tokens),
+      [1, 2, 3, 4, 5, 6, 7, 8, 9, 12],
+    );
+    assert.ok(
+      status.sizes.every((s) => s.ms > 0),
+      JSON.stringify(status.sizes),
+    );
+    const after = await firstOverWarm(warmed, sizes);
+    warmed.dispose();
+    // The same on a context without warm-up, for the record (on lavapipe a compile costs less
+    // than on a real GPU relative to its slow steps; bench/gpu-steps.js measures a real one).
+    const cold = await vulkanContext({ nCtx: 256, nSeqMax: 12 });
+    contexts.push(cold);
+    const without = await firstOverWarm(cold, [11]);
+    cold.dispose();
+    console.log(
+      `      (first step / warm step by N: warmed ${JSON.stringify(after)}, without warm-up ${JSON.stringify(without)}; warm-up ${status.ms} ms)`,
+    );
+    for (const n of sizes) assert.ok(after[n] <= 3, `N = ${n}: the first step took ${after[n]} × a warm one`);
   });
 
   it('bad device options are coded errors before anything loads', async () => {

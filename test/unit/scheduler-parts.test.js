@@ -12,6 +12,7 @@ const { RequestProgram } = require('../../lib/scheduler/request');
 const { SchedulerEvents } = require('../../lib/scheduler/events');
 const { schedulerOptions } = require('../../lib/scheduler/options');
 const { StepCost } = require('../../lib/scheduler/speculation');
+const { parseBytes } = require('../../lib/scheduler/cache-tiers');
 
 /** A stand-in for a Branch: a position and a prune that records itself. */
 function fakeBranch(position, pruned) {
@@ -107,6 +108,38 @@ describe('Scheduler parts (no model)', () => {
       cache.filled(cache.open(range(0, 40), fakeBranch(40, [])));
       const start = cache.bestStart([...range(0, 20), 999]);
       assert.deepEqual([start.entry, start.length], [null, 0]);
+    });
+
+    it('a restored entry (no logits) is never used whole: its last token is decoded again', () => {
+      const cache = new PrefixCache({ slidingWindow: 64 });
+      const tokens = range(0, 40);
+      cache.restored(tokens, fakeBranch(40, []));
+      let start = cache.bestStart(tokens);
+      assert.deepEqual([start.entry.tokens, start.length, start.partial], [tokens, 39, true]);
+      start = cache.bestStart([...tokens, 5]); // a longer prompt forks it whole and prefills the rest
+      assert.deepEqual([start.length, start.partial], [40, false]);
+      // Past the sliding window it cannot be forked part-way: the prompt is prefilled.
+      const past = new PrefixCache({ slidingWindow: 32 });
+      past.restored(tokens, fakeBranch(40, []));
+      assert.equal(past.bestStart(tokens).entry, null);
+    });
+
+    it('evictUntil: entries a client asked to keep warm go after all others; evicted ones go down a tier', () => {
+      const pruned = [];
+      const kept = [];
+      const tiers = { keep: (tokens, branch, hinted) => kept.push([tokens[0], hinted]) };
+      const cache = new PrefixCache({ tiers });
+      const [a, b, c] = [1, 2, 3].map((k) => cache.open([k], fakeBranch(1, pruned)));
+      for (const e of [a, b, c]) cache.filled(e);
+      a.hinted = true;
+      for (const e of [a, b, c]) cache.unpin(cache.pin(e)); // a is the least recently used
+      assert.equal(cache.leastRecentlyUsed(), b);
+      cache.evictUntil(() => pruned.length >= 2);
+      assert.deepEqual(pruned, [b.branch, c.branch]);
+      assert.deepEqual(kept, [
+        [2, false],
+        [3, false],
+      ]);
     });
 
     it('evictUntil: least recently used first, never a pinned, unfilled or kept entry', () => {
@@ -246,8 +279,24 @@ describe('Scheduler parts (no model)', () => {
         defaultMaxTokens: 256,
         onStep: null,
         spec: null,
+        tiers: null,
       });
       assert.equal(schedulerOptions(ctx, { maxQueue: 0 }).maxQueue, 0, 'maxQueue 0: nothing may wait');
+    });
+
+    it('reads cache sizes in bytes or with units, and turns the tiers on with RAM or a folder', () => {
+      assert.equal(parseBytes('2GiB', 'x'), 2 * 1024 ** 3);
+      assert.equal(parseBytes('500MB', 'x'), 5e8);
+      assert.equal(parseBytes('1.5k', 'x'), 1500);
+      assert.equal(parseBytes(4096, 'x'), 4096);
+      const warn = () => {};
+      assert.deepEqual(schedulerOptions(ctx, { cacheRam: '1MiB', onCacheWarning: warn }).tiers, {
+        ramBytes: 1048576,
+        dir: null,
+        diskBytes: 20 * 1024 ** 3,
+        warn,
+      });
+      assert.equal(schedulerOptions(ctx, { cacheDir: '/tmp/c', cacheDisk: '1GB' }).tiers.diskBytes, 1e9);
     });
 
     it('refuses bad values with coded errors that name the option', () => {
@@ -257,6 +306,11 @@ describe('Scheduler parts (no model)', () => {
         [{ maxRunning: 1.5 }, /options.maxRunning/],
         [{ defaultMaxTokens: '8' }, /options.defaultMaxTokens/],
         [{ onStep: 1 }, /options.onStep/],
+        [{ cacheRam: '2 potatoes' }, /options.cacheRam must be a size/],
+        [{ cacheRam: -1 }, /options.cacheRam/],
+        [{ cacheDir: 7 }, /options.cacheDir must be a folder/],
+        [{ cacheDir: '/tmp/x', cacheDisk: {} }, /options.cacheDisk/],
+        [{ cacheRam: 1, onCacheWarning: 'log' }, /options.onCacheWarning/],
         [{ speculative: { lookup: true, draft: {} } }, /exactly one of lookup, draft or source/],
       ];
       for (const [options, message] of bad)

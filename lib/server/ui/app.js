@@ -309,7 +309,8 @@
     if (g && g.cache) {
       const c = g.cache;
       $('cache').textContent =
-        `${c.entries} entries · ${c.tokens} tokens · hit rate ${Math.round(c.hitRate * 100)} % · ${c.evictions} evicted`;
+        `${c.entries} entries · ${c.tokens} tokens · hit rate ${Math.round(c.hitRate * 100)} % · ${c.evictions} evicted` +
+        (c.tiers ? tierText(c.tiers) : '');
     }
     const steps = model.steps;
     const now = steps.length ? steps[steps.length - 1].t : 0;
@@ -532,3 +533,10 @@
   resetModel();
   connect();
 })();
+
+/** The prefix cache's tiers in the cache line: hits per tier, bytes per tier, tokens restored. */
+function tierText(t) {
+  const mb = (b) => `${(b / 1048576).toFixed(b < 10485760 ? 1 : 0)} MiB`;
+  const disk = t.diskOn ? mb(t.diskBytes) : 'off';
+  return ` · hits kv ${t.kvHits} / RAM ${t.ramHits} / disk ${t.diskHits} · RAM ${mb(t.ramBytes)} · disk ${disk} · ${t.restoredTokens} tokens restored`;
+}

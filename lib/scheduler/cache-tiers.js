@@ -1,0 +1,548 @@
+'use strict';
+
+/**
+ * The prefix cache's lower tiers: a prompt prefix evicted from the KV cells keeps its sequence
+ * state (the cells' bytes, from the native `_branchStateSync`) in host RAM, and the least
+ * recently used of those spill to files in a folder. A later prompt that starts with a stored
+ * prefix gets it back (`_branchRestore`) instead of prefilling it. One LRU order runs across
+ * the tiers: KV (./prefix-cache.js) → RAM → disk → gone. The folder outlives the process: a
+ * scheduler started again on it (or a second one beside it) finds the files and loads them on
+ * demand.
+ *
+ * Nothing stored is trusted:
+ * - every state carries a fingerprint of what produced it (the model's size, parameter count
+ *   and GGUF metadata, llama.cpp's state format version, the KV element types and attention
+ *   layout); a file with another fingerprint is never loaded (skipped with the reason as a
+ *   warning; `readEntryFile` rejects with ERR_CACHE_MISMATCH);
+ * - a file is written to a temporary name, fsynced, then renamed: a reader never sees half of
+ *   one, and a writer killed mid-write leaves a temporary file that is cleaned up later;
+ * - a SHA-256 over the file's bytes is its last 32 bytes, checked before a load: a truncated or
+ *   corrupted file is skipped (and removed), never loaded (ERR_CACHE_CORRUPT);
+ * - a failed write (disk full, a read-only or deleted folder) turns the disk tier off with a
+ *   warning: the cache goes on in RAM.
+ *
+ * File layout (little-endian): 'LBKV', version u32, fingerprint (32 bytes), token count u32,
+ * tokens (i32 each), state length (u32 low, u32 high), the state, SHA-256 of all before (32).
+ */
+
+const fs = require('node:fs');
+const path = require('node:path');
+const crypto = require('node:crypto');
+const { RadixTree } = require('./radix');
+const { nativeOf } = require('../Context');
+const { makeError } = require('../errors');
+const { SchedulerErrorCode: Code } = require('./errors');
+
+const MAGIC = 0x564b424c; // 'LBKV' read as a little-endian u32
+const VERSION = 1;
+const SUFFIX = '.lbkv';
+/** Fixed header bytes before the tokens. */
+const HEAD = 4 + 4 + 32 + 4;
+/** Prefixes shorter than this are not worth a state copy (the prefix cache's MIN_PARTIAL_REUSE). */
+const MIN_TOKENS = 16;
+/** A restore must save at least this many tokens of prefill over what the KV cells already hold. */
+const MIN_GAIN = 16;
+/** A temporary file older than this was left by a writer that died: removed at the next scan. */
+const STALE_TEMP_MS = 10 * 60 * 1000;
+/** How often (at most) the folder is listed again for files another process wrote. */
+const RESCAN_MS = 1000;
+
+const UNITS = { b: 1, k: 1e3, kb: 1e3, kib: 1024, m: 1e6, mb: 1e6, mib: 1024 ** 2, g: 1e9, gb: 1e9, gib: 1024 ** 3 };
+Object.assign(UNITS, { t: 1e12, tb: 1e12, tib: 1024 ** 4 });
+
+/**
+ * A size in bytes from a number or a string such as '2GiB', '512MiB', '20GB', '1.5g'.
+ * @param {unknown} value
+ * @param {string} name the option, for the error
+ * @returns {number}
+ */
+function parseBytes(value, name) {
+  if (typeof value === 'number' && Number.isFinite(value) && value >= 0) return Math.floor(value);
+  const m = typeof value === 'string' ? /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/i.exec(value) : null;
+  const unit = m ? UNITS[(m[2] || 'b').toLowerCase()] : undefined;
+  if (!m || unit === undefined)
+    throw makeError(
+      'ERR_INVALID_ARG',
+      `${name} must be a size in bytes: a number or a string such as '2GiB' or '500MB'`,
+    );
+  return Math.floor(Number(m[1]) * unit);
+}
+
+/** SHA-256 of `data`, computed off the main thread (WebCrypto runs it in libuv's pool). */
+async function sha256(data) {
+  return Buffer.from(await crypto.webcrypto.subtle.digest('SHA-256', data));
+}
+
+/**
+ * What identifies the states `ctx` writes: 32 bytes (see the file header). Two contexts with
+ * the same fingerprint read each other's states.
+ * @param {import('../Context').SessionContext} ctx
+ */
+function fingerprintOf(ctx) {
+  const id = nativeOf(ctx)._stateIdentity();
+  const metadata = crypto.createHash('sha256').update(id.metadata).digest('hex');
+  const fields = {
+    format: `llama-branch-kv/${VERSION}`,
+    stateVersion: id.stateVersion,
+    modelSize: id.modelSize,
+    nParams: id.nParams,
+    metadata,
+    vocab: ctx.vocabSize,
+    typeK: ctx.typeK,
+    typeV: ctx.typeV,
+    // Without flash attention llama.cpp stores V transposed: another layout of the same cells.
+    flashAttention: ctx.flashAttention,
+    slidingWindow: ctx.slidingWindow,
+  };
+  return crypto.createHash('sha256').update(JSON.stringify(fields)).digest();
+}
+
+/** The bytes of a cache file (without its checksum) for `tokens` and `state`. */
+function fileBody(fingerprint, tokens, state) {
+  const head = Buffer.alloc(HEAD + 4 * tokens.length + 8);
+  head.writeUInt32LE(MAGIC, 0);
+  head.writeUInt32LE(VERSION, 4);
+  fingerprint.copy(head, 8);
+  head.writeUInt32LE(tokens.length, 40);
+  for (let i = 0; i < tokens.length; i++) head.writeInt32LE(tokens[i], HEAD + 4 * i);
+  const at = HEAD + 4 * tokens.length;
+  head.writeUInt32LE(state.length % 2 ** 32, at);
+  head.writeUInt32LE(Math.floor(state.length / 2 ** 32), at + 4);
+  return [head, state];
+}
+
+/**
+ * Reads a header (magic, version, fingerprint, tokens) from the first bytes of a file; throws
+ * ERR_CACHE_CORRUPT / ERR_CACHE_MISMATCH.
+ */
+function parseHeader(bytes, fingerprint, file) {
+  const corrupt = (why) =>
+    makeError(Code.CACHE_CORRUPT, `${file} is not a usable prefix-cache file (${why}); it is skipped`);
+  if (bytes.length < HEAD) throw corrupt('shorter than its header');
+  if (bytes.readUInt32LE(0) !== MAGIC) throw corrupt('wrong magic number');
+  if (bytes.readUInt32LE(4) !== VERSION)
+    throw corrupt(`format version ${bytes.readUInt32LE(4)}, this build reads ${VERSION}`);
+  if (!bytes.subarray(8, 40).equals(fingerprint))
+    throw makeError(
+      Code.CACHE_MISMATCH,
+      `${file} holds a state from another model or KV layout (its fingerprint differs: other weights, llama.cpp state version, typeK/typeV or flash attention); it is not loaded. Use a separate cache folder per model and settings`,
+    );
+  const n = bytes.readUInt32LE(40);
+  if (bytes.length < HEAD + 4 * n + 8) throw corrupt('truncated in its tokens');
+  const tokens = new Array(n);
+  for (let i = 0; i < n; i++) tokens[i] = bytes.readInt32LE(HEAD + 4 * i);
+  const at = HEAD + 4 * n;
+  const stateLength = bytes.readUInt32LE(at) + bytes.readUInt32LE(at + 4) * 2 ** 32;
+  return { tokens, stateAt: at + 8, stateLength };
+}
+
+/**
+ * Reads and checks a whole cache file: its checksum, header and fingerprint. Resolves
+ * `{ tokens, state }`; rejects with ERR_CACHE_CORRUPT (truncated, corrupted, not a cache file)
+ * or ERR_CACHE_MISMATCH (a state from another model or KV settings).
+ * @param {string} file
+ * @param {Buffer} fingerprint what the reading context writes (see fingerprintOf)
+ */
+async function readEntryFile(file, fingerprint) {
+  const bytes = await fs.promises.readFile(file);
+  if (bytes.length < HEAD + 8 + 32) throw makeError(Code.CACHE_CORRUPT, `${file} is truncated; it is skipped`);
+  const body = bytes.subarray(0, bytes.length - 32);
+  if (!(await sha256(body)).equals(bytes.subarray(bytes.length - 32)))
+    throw makeError(Code.CACHE_CORRUPT, `${file} fails its checksum (truncated or corrupted); it is skipped`);
+  const { tokens, stateAt, stateLength } = parseHeader(body, fingerprint, file);
+  if (stateAt + stateLength !== body.length)
+    throw makeError(Code.CACHE_CORRUPT, `${file} has a state of the wrong length; it is skipped`);
+  return { tokens, state: body.subarray(stateAt) };
+}
+
+/** fsync of a folder (its entries), where the platform allows it (not on Windows). */
+async function syncFolder(dir) {
+  let fh;
+  try {
+    fh = await fs.promises.open(dir, 'r');
+    await fh.sync();
+  } catch {
+    // best effort: the file itself is synced
+  } finally {
+    if (fh) await fh.close().catch(() => {});
+  }
+}
+
+/** One stored prefix: its tokens and where its state is (RAM, a file, or both). */
+class TierEntry {
+  constructor(key, tokens) {
+    this.key = key;
+    this.tokens = tokens;
+    /** @type {Buffer | null} the state in RAM */
+    this.ram = null;
+    /** Size of its file, 0 when it has none. */
+    this.disk = 0;
+    /** The state on its way to the file (readable meanwhile). */
+    this.writing = null;
+    this.lastUsed = 0;
+    /** A client's cache key (prompt_cache_key / session_id): kept in RAM before unkeyed entries. */
+    this.hinted = false;
+  }
+}
+
+class CacheTiers {
+  /**
+   * @param {import('../Context').SessionContext} ctx
+   * @param {{ ramBytes: number, dir: string | null, diskBytes: number, warn: (message: string) => void,
+   *   wrapBranch: (handle: number) => any }} options
+   */
+  constructor(ctx, { ramBytes, dir, diskBytes, warn, wrapBranch }) {
+    this._ctx = ctx;
+    this._native = nativeOf(ctx);
+    this._ramBytes = ramBytes;
+    this._dir = dir;
+    this._diskBytes = dir ? diskBytes : 0;
+    this._warn = warn;
+    this._wrap = wrapBranch;
+    this._fingerprint = fingerprintOf(ctx);
+    this._tree = new RadixTree();
+    /** @type {Map<string, TierEntry>} */
+    this._byKey = new Map();
+    this._clock = 0;
+    this._ramUsed = 0;
+    this._diskUsed = 0;
+    /** Writes run one at a time, in order. */
+    this._writes = Promise.resolve();
+    this._scannedAt = -Infinity;
+    this._dirMtime = -1;
+    /** Files seen and refused (fingerprint, corruption): warned once each. */
+    this._refused = new Set();
+    this.diskOn = Boolean(dir);
+    this.counters = {
+      ramHits: 0,
+      diskHits: 0,
+      restoredTokens: 0,
+      spills: 0,
+      diskWrites: 0,
+      diskFailures: 0,
+      skipped: 0,
+    };
+    if (dir) {
+      try {
+        fs.mkdirSync(dir, { recursive: true });
+      } catch (e) {
+        this._diskOff(`cannot create the cache folder ${dir}: ${/** @type {Error} */ (e).message}`);
+      }
+    }
+  }
+
+  /** Bytes and entries per tier. */
+  stats() {
+    let ramEntries = 0;
+    let diskEntries = 0;
+    for (const e of this._byKey.values()) {
+      if (e.ram) ramEntries++;
+      if (e.disk) diskEntries++;
+    }
+    return {
+      ramBytes: this._ramUsed,
+      diskBytes: this._diskUsed,
+      ramEntries,
+      diskEntries,
+      diskOn: this.diskOn,
+      ...this.counters,
+    };
+  }
+
+  _keyOf(tokens) {
+    return crypto
+      .createHash('sha256')
+      .update(this._fingerprint)
+      .update(Int32Array.from(tokens))
+      .digest('hex')
+      .slice(0, 40);
+  }
+
+  _fileOf(key) {
+    return path.join(/** @type {string} */ (this._dir), key + SUFFIX);
+  }
+
+  _entry(tokens) {
+    const key = this._keyOf(tokens);
+    let e = this._byKey.get(key);
+    if (!e) {
+      e = new TierEntry(key, tokens);
+      this._byKey.set(key, e);
+      this._tree.insert(tokens, e);
+    }
+    return e;
+  }
+
+  _forget(e) {
+    if (this._byKey.get(e.key) !== e) return;
+    this._byKey.delete(e.key);
+    if (this._tree.get(e.tokens) === e) this._tree.delete(e.tokens);
+    if (e.ram) this._ramUsed -= e.ram.length;
+    if (e.disk) this._diskUsed -= e.disk;
+    e.ram = null;
+    e.disk = 0;
+  }
+
+  _diskOff(reason) {
+    if (!this.diskOn) return;
+    this.diskOn = false;
+    this.counters.diskFailures++;
+    this._warn(`prefix cache: the disk tier is off, the cache goes on in RAM only: ${reason}`);
+  }
+
+  /**
+   * Keeps the state of an evicted KV entry (`tokens` held by `branch`): in RAM, the least
+   * recently used RAM entries going to disk (or away) past the RAM budget. Synchronous: the
+   * state is copied now, before the branch is freed.
+   * @param {number[]} tokens
+   * @param {any} branch
+   * @param {boolean} hinted a client asked to keep it warm
+   */
+  keep(tokens, branch, hinted = false) {
+    if (tokens.length < MIN_TOKENS || (this._ramBytes === 0 && !this.diskOn) || this._ctx.disposed) return;
+    const e = this._entry(tokens);
+    e.lastUsed = ++this._clock;
+    e.hinted = e.hinted || hinted;
+    if (e.ram || e.writing || e.disk) return; // stored already (a restored entry evicted again)
+    let state;
+    try {
+      state = this._native._branchStateSync(branch.handle);
+    } catch (err) {
+      this._forget(e);
+      this._warn(`prefix cache: could not copy an evicted prefix's state: ${/** @type {Error} */ (err).message}`);
+      return;
+    }
+    this.counters.spills++;
+    if (state.length <= this._ramBytes) {
+      e.ram = state;
+      this._ramUsed += state.length;
+      this._fitRam(e);
+    } else {
+      this._spill(e, state);
+    }
+  }
+
+  /** Moves least-recently-used RAM entries (hinted ones last) to disk until RAM fits its budget. */
+  _fitRam(keep) {
+    while (this._ramUsed > this._ramBytes) {
+      let victim = null;
+      for (const e of this._byKey.values()) {
+        if (!e.ram || e === keep) continue;
+        if (!victim || (e.hinted === victim.hinted ? e.lastUsed < victim.lastUsed : victim.hinted)) victim = e;
+      }
+      victim = victim || (keep.ram ? keep : null);
+      if (!victim) return;
+      const state = /** @type {Buffer} */ (victim.ram);
+      this._ramUsed -= state.length;
+      victim.ram = null;
+      if (victim.disk) continue; // its file is there already
+      this._spill(victim, state);
+    }
+  }
+
+  /** Writes `state` to `e`'s file in the background (or drops it when there is no disk tier). */
+  _spill(e, state) {
+    if (!this.diskOn || this._diskBytes === 0) {
+      if (!e.ram && !e.disk) this._forget(e);
+      return;
+    }
+    e.writing = state;
+    this._writes = this._writes.then(() => this._write(e, state));
+  }
+
+  async _write(e, state) {
+    try {
+      if (!this.diskOn || this._byKey.get(e.key) !== e) return;
+      const [head, body] = fileBody(this._fingerprint, e.tokens, state);
+      const sum = await sha256(Buffer.concat([head, body]));
+      const size = head.length + body.length + sum.length;
+      this._fitDisk(size);
+      const file = this._fileOf(e.key);
+      const temp = path.join(
+        /** @type {string} */ (this._dir),
+        `.${e.key}.${process.pid}.${crypto.randomBytes(4).toString('hex')}.tmp`,
+      );
+      try {
+        const fh = await fs.promises.open(temp, 'w');
+        try {
+          await fh.writev([head, body, sum]);
+          await fh.sync();
+        } finally {
+          await fh.close();
+        }
+        await fs.promises.rename(temp, file);
+        await syncFolder(/** @type {string} */ (this._dir)); // the rename itself survives a crash
+      } catch (err) {
+        await fs.promises.unlink(temp).catch(() => {}); // a partial file (disk full) goes too
+        throw err;
+      }
+      if (this._byKey.get(e.key) === e) {
+        if (!e.disk) this._diskUsed += size;
+        e.disk = size;
+        this.counters.diskWrites++;
+      }
+    } catch (err) {
+      this._diskOff(`writing to ${this._dir} failed: ${/** @type {Error} */ (err).message}`);
+    } finally {
+      e.writing = null;
+      if (!e.ram && !e.disk) this._forget(e);
+    }
+  }
+
+  /** Removes least-recently-used files until `incoming` more bytes fit the disk budget. */
+  _fitDisk(incoming) {
+    while (this._diskUsed + incoming > this._diskBytes) {
+      let victim = null;
+      for (const e of this._byKey.values()) if (e.disk && (!victim || e.lastUsed < victim.lastUsed)) victim = e;
+      if (!victim) return;
+      this._diskUsed -= victim.disk;
+      victim.disk = 0;
+      fs.promises.unlink(this._fileOf(victim.key)).catch(() => {}); // another process may have removed it
+      if (!victim.ram && !victim.writing) this._forget(victim);
+    }
+  }
+
+  /**
+   * Lists the folder for files this process does not know yet (written before a restart, or
+   * by another process on the same folder): their headers only; states load on demand.
+   */
+  async scan() {
+    if (!this.diskOn || performance.now() - this._scannedAt < RESCAN_MS) return;
+    this._scannedAt = performance.now();
+    const dir = /** @type {string} */ (this._dir);
+    let names;
+    try {
+      const { mtimeMs } = await fs.promises.stat(dir);
+      if (mtimeMs === this._dirMtime) return;
+      this._dirMtime = mtimeMs;
+      names = await fs.promises.readdir(dir);
+    } catch (err) {
+      this._diskOff(`the cache folder ${dir} cannot be read: ${/** @type {Error} */ (err).message}`);
+      return;
+    }
+    for (const name of names) {
+      const file = path.join(dir, name);
+      if (name.endsWith('.tmp')) {
+        await this._removeStale(file);
+        continue;
+      }
+      if (!name.endsWith(SUFFIX) || this._refused.has(name)) continue;
+      const key = name.slice(0, -SUFFIX.length);
+      if (this._byKey.has(key)) continue;
+      try {
+        const fh = await fs.promises.open(file, 'r');
+        let head;
+        let size;
+        try {
+          size = (await fh.stat()).size;
+          const first = Buffer.alloc(HEAD);
+          await fh.read(first, 0, HEAD, 0);
+          const n = first.readUInt32LE(40);
+          if (first.readUInt32LE(0) === MAGIC && n <= this._ctx.nCtx) {
+            head = Buffer.alloc(HEAD + 4 * n + 8);
+            await fh.read(head, 0, head.length, 0);
+          } else {
+            head = first;
+          }
+        } finally {
+          await fh.close();
+        }
+        const { tokens } = parseHeader(head, this._fingerprint, file);
+        if (tokens.length > this._ctx.nCtx || this._keyOf(tokens) !== key)
+          throw makeError(Code.CACHE_CORRUPT, `${file} does not match its name or this context's nCtx; it is skipped`);
+        const e = this._entry(tokens);
+        e.disk = size;
+        this._diskUsed += size;
+      } catch (err) {
+        if (/** @type {any} */ (err).code === 'ENOENT') continue; // removed by another process meanwhile
+        this._refused.add(name);
+        this.counters.skipped++;
+        this._warn(`prefix cache: ${/** @type {Error} */ (err).message}`);
+      }
+    }
+    this._fitDisk(0);
+  }
+
+  async _removeStale(file) {
+    try {
+      const { mtimeMs } = await fs.promises.stat(file);
+      if (Date.now() - mtimeMs > STALE_TEMP_MS) await fs.promises.unlink(file);
+    } catch {
+      // gone already, or not ours to remove
+    }
+  }
+
+  /**
+   * The longest stored prefix of `tokens` worth restoring over `have` tokens the KV cells
+   * already hold, or null.
+   * @param {number[]} tokens
+   * @param {number} have
+   * @returns {TierEntry | null}
+   */
+  lookup(tokens, have) {
+    const { prefix } = this._tree.match(tokens);
+    if (!prefix || prefix.length < have + MIN_GAIN) return null;
+    return prefix.value;
+  }
+
+  /**
+   * A root branch holding `e`'s state cut to `keep` positions, or null when it cannot be had
+   * (its file is gone, corrupted or from other settings: skipped, with a warning).
+   * @param {TierEntry} e
+   * @param {number} keep
+   */
+  async restore(e, keep) {
+    let state = e.ram || e.writing;
+    const tier = state ? 'ram' : 'disk';
+    if (!state) {
+      const file = this._fileOf(e.key);
+      try {
+        const read = await readEntryFile(file, this._fingerprint);
+        if (read.tokens.length !== e.tokens.length || read.tokens.some((t, i) => t !== e.tokens[i]))
+          throw makeError(Code.CACHE_CORRUPT, `${file} holds other tokens than its name says; it is skipped`);
+        state = read.state;
+      } catch (err) {
+        const code = /** @type {any} */ (err).code;
+        if (code !== 'ENOENT') {
+          this.counters.skipped++;
+          this._warn(`prefix cache: ${/** @type {Error} */ (err).message}`);
+        }
+        if (code === Code.CACHE_CORRUPT) fs.promises.unlink(file).catch(() => {});
+        this._refused.add(e.key + SUFFIX);
+        this._forget(e);
+        return null;
+      }
+    }
+    let handle;
+    try {
+      handle = await this._native._branchRestore(state, keep);
+    } catch (err) {
+      this.counters.skipped++;
+      this._warn(
+        `prefix cache: a stored prefix could not be restored, it is prefilled instead: ${/** @type {Error} */ (err).message}`,
+      );
+      this._forget(e);
+      return null;
+    }
+    // The RAM copy stays, and a state read from disk gets one (an inclusive cache): evicted
+    // again, the entry costs no new copy.
+    e.lastUsed = ++this._clock;
+    if (!e.ram && this._byKey.get(e.key) === e && state.length <= this._ramBytes) {
+      e.ram = state;
+      this._ramUsed += state.length;
+      this._fitRam(e);
+    }
+    if (tier === 'ram') this.counters.ramHits++;
+    else this.counters.diskHits++;
+    this.counters.restoredTokens += keep;
+    return { branch: this._wrap(handle), tier };
+  }
+
+  /** Writes every RAM entry without a file to disk (a scheduler closing), then waits for all writes. */
+  async flush() {
+    for (const e of this._byKey.values()) if (e.ram && !e.disk && !e.writing) this._spill(e, e.ram);
+    await this._writes;
+  }
+}
+
+module.exports = { CacheTiers, parseBytes, fingerprintOf, readEntryFile, MIN_TOKENS };
