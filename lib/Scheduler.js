@@ -338,7 +338,8 @@ class Scheduler {
       // A prompt the RAM or disk tier holds more of waits for its restore (one a step) rather
       // than being prefilled from a shorter start now.
       const request = /** @type {any} */ (item);
-      if (this._tiers && item.isRequest && !request.tierSkip && this._tiers.lookup(request.tokens, need.start)) return;
+      if (this._tiers && item.kind === 'request' && !request.tierSkip && this._tiers.lookup(request.tokens, need.start))
+        return;
       const { cells, leases } = need;
       if (!this._cache.evictUntil(() => this._fits(cells, leases), need.entry)) {
         if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
@@ -370,7 +371,7 @@ class Scheduler {
     // with the entries it extends, so two may not fit at once).
     for (const queued of this._queue.slice()) {
       if (this._closed) return;
-      if (queued.state !== 'ready' || !queued.isRequest) continue;
+      if (queued.state !== 'ready' || queued.kind !== 'request') continue;
       const item = /** @type {import('./scheduler/request').RequestProgram} */ (queued);
       const tokens = item.tokens;
       const have = this._cache.bestStart(tokens).length;
