@@ -10,10 +10,11 @@
 
 const { makeError } = require('./errors');
 const { positiveInt, invalid, isTokenIds, checkStops, checkSampling, checkLogprobs } = require('./scheduler/checks');
-const { GenJob, PeekJob } = require('./scheduler/line');
+const { GenJob, PeekJob } = require('./scheduler/jobs');
 const { regexGrammar, choicesGrammar } = require('./scheduler/grammars');
-const { scoringPaths, scorePaths } = require('./scheduler/scoring');
+const { scoreTexts } = require('./scheduler/scoring');
 const { decideOnLine } = require('./scheduler/decide');
+const { firstTurn, laterTurn } = require('./scheduler/chat');
 
 /**
  * One line of generation inside a program (the `s` of `run(async (s) => ...)`). A line runs one
@@ -45,7 +46,7 @@ class ProgramLine {
 
   /** Whether release() was called or the program ended. */
   get released() {
-    return this.#line.released || this.#line.freed;
+    return this.#line.released || this.#line.state === 'freed';
   }
 
   /**
@@ -65,7 +66,17 @@ class ProgramLine {
     const ctx = line.program.ctx;
     let tokens, text;
     if (Array.isArray(input) && input.length > 0 && input.every((m) => m !== null && typeof m === 'object')) {
-      [tokens, text] = line.tokens.length === 0 ? this.#firstTurn(input) : this.#laterTurn(input);
+      if (line.tokens.length === 0) {
+        let stops;
+        ({ tokens, text, stops } = firstTurn(ctx, input));
+        line.stops = stops;
+      } else {
+        if (line.chat === null)
+          throw invalid('append(messages): this line did not start with chat messages; append text or tokens to it');
+        if (line.chat === 'open')
+          throw invalid('append(messages): the assistant turn is open; gen its reply (or append its text) first');
+        ({ tokens, text } = laterTurn(ctx, line.tokens, input));
+      }
       line.chat = 'open';
     } else if (typeof input === 'string') {
       tokens = input === '' ? [] : ctx.tokenizeSync(input, line.tokens.length === 0);
@@ -80,36 +91,6 @@ class ProgramLine {
     }
     line.push(tokens, text);
     return this;
-  }
-
-  /** The conversation's start: rendered up to the assistant's turn, with the BOS. */
-  #firstTurn(messages) {
-    const ctx = this.#line.program.ctx;
-    const formatted = ctx.formatChatSync(messages);
-    this.#line.stops = formatted.stopTokens.filter((s) => s !== '');
-    return [ctx.tokenizeSync(formatted.prompt, true), formatted.prompt];
-  }
-
-  /**
-   * A later turn, after the assistant's reply: the turn separator (what closes the assistant's
-   * turn; the part of it the reply already ended with is not repeated), then the new messages
-   * rendered alone, as they appear after an earlier exchange (an empty system message first
-   * makes the template render them so). Nothing before is decoded again.
-   */
-  #laterTurn(messages) {
-    const line = this.#line;
-    const ctx = line.program.ctx;
-    if (line.chat === null)
-      throw invalid('append(messages): this line did not start with chat messages; append text or tokens to it');
-    if (line.chat === 'open')
-      throw invalid('append(messages): the assistant turn is open; gen its reply (or append its text) first');
-    const separator = ctx.getTurnSeparator();
-    const own = line.tokens;
-    let done = Math.min(separator.length, own.length);
-    while (done > 0 && !separator.slice(0, done).every((t, i) => t === own[own.length - done + i])) done--;
-    const rest = separator.slice(done);
-    const turn = ctx.formatChatSync([{ role: 'system', content: '' }, ...messages]).prompt;
-    return [[...rest, ...ctx.tokenizeSync(turn, false)], rest.map((t) => ctx.tokenToText(t)).join('') + turn];
   }
 
   /**
@@ -148,7 +129,7 @@ class ProgramLine {
       throw e;
     }
     if (line.job !== job) throw program.endedError(); // the program ended meanwhile
-    return line.start(job);
+    return this.#start(job);
   }
 
   /**
@@ -196,27 +177,17 @@ class ProgramLine {
     const bos = method === 'unconditional' ? ctx.tokenizeSync('', true) : [];
     if (method === 'unconditional' && bos.length === 0)
       throw makeError('ERR_UNSUPPORTED', "select: method 'unconditional' needs a model with a BOS token");
-    const paths = scoringPaths(tokens);
-    line.program.reserveLines(paths.length * (method === 'unconditional' ? 2 : 1));
-    line.selecting = true;
-    const scorers = scorePaths(line, paths, tokens, null);
-    const unconditional = bos.length > 0 ? scorePaths(line, paths, tokens, bos) : null;
-    try {
-      const [sums, base] = await Promise.all([scorers.sums, unconditional && unconditional.sums]);
+    return scoreTexts(line, tokens, bos.length > 0 ? bos : null, (sums, base, leafOf) => {
       const scores = sums.map((sum, i) => {
         if (method === 'normalized') return sum / tokens[i].length;
         return base ? sum - base[i] : sum;
       });
       const index = scores.reduce((best, s, i) => (s > scores[best] ? i : best), 0);
-      line.selecting = false;
-      const adopted = line.adopt(scorers.leafOf(index));
+      const adopted = line.adopt(leafOf(index));
       this.append(options[index]);
       if (adopted) line.pending = []; // in the KV already: the branch came from the winner's fork
       return { choice: options[index], index, scores };
-    } finally {
-      line.selecting = false;
-      for (const scorer of [...scorers.lines, ...(unconditional ? unconditional.lines : [])]) scorer.release();
-    }
+    });
   }
 
   /**
@@ -237,16 +208,8 @@ class ProgramLine {
       throw invalid(`logprob(text): give a non-empty string or token ids in [0, ${ctx.vocabSize})`);
     if (line.tokens.length === 0) throw invalid('logprob(): the line is empty; append a prompt first');
     const top = checkLogprobs((options && options.top) || 0, 'options.top');
-    if (tokens.length === 1) return line.start(new PeekJob(tokens[0], top));
-    line.program.reserveLines(1);
-    line.selecting = true;
-    const { lines, sums } = scorePaths(line, scoringPaths([tokens]), [tokens], null);
-    try {
-      return { logprob: (await sums)[0], top: [] };
-    } finally {
-      line.selecting = false;
-      lines[0].release();
-    }
+    if (tokens.length === 1) return this.#start(new PeekJob(tokens[0], top));
+    return scoreTexts(line, [tokens], null, ([logprob]) => ({ logprob, top: [] }));
   }
 
   /**
@@ -264,7 +227,7 @@ class ProgramLine {
     if (!isTokenIds(tokens, ctx.vocabSize) || tokens.length === 0)
       throw invalid(`logprobs(tokens): give a non-empty array of token ids in [0, ${ctx.vocabSize})`);
     if (line.tokens.length === 0) throw invalid('logprobs(): the line is empty; append a prompt first');
-    return line.start(new PeekJob(tokens.slice()));
+    return this.#start(new PeekJob(tokens.slice()));
   }
 
   /**
@@ -288,6 +251,14 @@ class ProgramLine {
    */
   release() {
     this.#line.release();
+    this.#line.program.wake(); // the next step frees it
+  }
+
+  /** Starts `job` on the line and wakes the Scheduler, which serves it from its next step. */
+  #start(job) {
+    const done = this.#line.start(job);
+    this.#line.program.wake();
+    return done;
   }
 }
 

@@ -3,11 +3,11 @@
 /**
  * Continuous batching over one context: many independent `generate()` calls share each step's
  * decode, reuse cached prompt prefixes and wait in a bounded queue when the context is full.
- * Each request is a `Request` (lib/scheduler/request.js) with one explicit `state`; the prefix
- * cache's policy lives in lib/scheduler/prefix-cache.js. ARCHITECTURE.md, "Data path of one
+ * Each request is a built-in program (lib/scheduler/request.js) with one explicit `state`; the
+ * prefix cache's policy lives in lib/scheduler/prefix-cache.js. ARCHITECTURE.md, "Data path of one
  * Scheduler step", walks through a step.
  *
- * Branch programs (`run()`, lib/scheduler/program.js) share the queue, the cache and the steps:
+ * Branch programs (`run()`, lib/scheduler/run.js) share the queue, the cache and the steps:
  * their lines' pending tokens join the prefill and their gens join the decode.
  *
  * One step (the loop runs while there is work; nothing runs when idle):
@@ -33,7 +33,8 @@ const { invalid } = require('./scheduler/checks');
 const { SystemPrompts } = require('./scheduler/system-prompts');
 const { Generation } = require('./scheduler/generation');
 const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
-const { RunProgram, Programs } = require('./scheduler/program');
+const { RunProgram } = require('./scheduler/run');
+const { Programs } = require('./scheduler/programs');
 const { decodeAll } = require('./scheduler/rows');
 const { SchedulerEvents } = require('./scheduler/events');
 const { decide } = require('./scheduler/decide');
@@ -116,13 +117,11 @@ class Scheduler {
    * @returns {import('./types').Generation}
    */
   generate(request) {
-    /** @type {any} */
-    let sink;
-    const gen = new Generation((s) => (sink = s));
+    const gen = new Generation();
     try {
-      this._enqueue(new RequestProgram(request, sink, this._env));
+      this._enqueue(new RequestProgram(request, gen.sink, this._env));
     } catch (e) {
-      sink.fail(e);
+      gen.sink.fail(e);
     }
     return gen;
   }
@@ -202,7 +201,7 @@ class Scheduler {
    */
   stats() {
     const c = this._counters;
-    const requests = this._programs.list.filter((p) => p.isRequest).length;
+    const requests = this._programs.list.filter((p) => p.kind === 'request').length;
     return {
       running: requests,
       programs: this._programs.size - requests,
@@ -241,6 +240,7 @@ class Scheduler {
     const queued = this._queue.indexOf(item);
     if (queued !== -1) this._queue.splice(queued, 1);
     item.abort();
+    this._kick(); // a running one ends at the next step
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -332,12 +332,14 @@ class Scheduler {
     while (this._queue.length > 0) {
       const item = this._queue[0];
       if (item.state !== 'ready') return;
-      if (item.isRequest && this._programs.list.filter((p) => p.isRequest).length >= this._options.maxRunning) return;
+      const running = this._programs.list.filter((p) => p.kind === 'request').length;
+      if (item.kind === 'request' && running >= this._options.maxRunning) return;
       const need = item.needs(this._cache);
       // A prompt the RAM or disk tier holds more of waits for its restore (one a step) rather
       // than being prefilled from a shorter start now.
       const request = /** @type {any} */ (item);
-      if (this._tiers && item.isRequest && !request.tierSkip && this._tiers.lookup(request.tokens, need.start)) return;
+      if (this._tiers && item.kind === 'request' && !request.tierSkip && this._tiers.lookup(request.tokens, need.start))
+        return;
       const { cells, leases } = need;
       if (!this._cache.evictUntil(() => this._fits(cells, leases), need.entry)) {
         if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
@@ -369,7 +371,7 @@ class Scheduler {
     // with the entries it extends, so two may not fit at once).
     for (const queued of this._queue.slice()) {
       if (this._closed) return;
-      if (queued.state !== 'ready' || !queued.isRequest) continue;
+      if (queued.state !== 'ready' || queued.kind !== 'request') continue;
       const item = /** @type {import('./scheduler/request').RequestProgram} */ (queued);
       const tokens = item.tokens;
       const have = this._cache.bestStart(tokens).length;

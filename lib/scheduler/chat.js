@@ -223,4 +223,30 @@ async function formatTurn(ctx, messages, options) {
   return new ChatTurn(ctx, formatted, parse);
 }
 
-module.exports = { checkChat, formatTurn, ChatTurn, ChatStream, callId, GrammarTriggerType };
+/**
+ * A program line's first turn (`line.append(messages)` on an empty line): the prompt rendered up
+ * to the assistant's turn, with the BOS, and the template's end-of-turn strings (the line's stops).
+ */
+function firstTurn(ctx, messages) {
+  const formatted = ctx.formatChatSync(messages);
+  const stops = formatted.stopTokens.filter((s) => s !== '');
+  return { tokens: ctx.tokenizeSync(formatted.prompt, true), text: formatted.prompt, stops };
+}
+
+/**
+ * A later turn of a program line, after the assistant's reply (the line's tokens `own`): the turn
+ * separator (what closes the assistant's turn; the part of it the reply already ended with is not
+ * repeated), then the new messages rendered alone, as they appear after an earlier exchange (an
+ * empty system message first makes the template render them so). Nothing before is decoded again.
+ */
+function laterTurn(ctx, own, messages) {
+  const separator = ctx.getTurnSeparator();
+  let done = Math.min(separator.length, own.length);
+  while (done > 0 && !separator.slice(0, done).every((t, i) => t === own[own.length - done + i])) done--;
+  const rest = separator.slice(done);
+  const turn = ctx.formatChatSync([{ role: 'system', content: '' }, ...messages]).prompt;
+  const text = rest.map((t) => ctx.tokenToText(t)).join('') + turn;
+  return { tokens: [...rest, ...ctx.tokenizeSync(turn, false)], text };
+}
+
+module.exports = { checkChat, formatTurn, firstTurn, laterTurn, ChatTurn, ChatStream, callId, GrammarTriggerType };

@@ -7,11 +7,7 @@
  * several iterators each see all of them.
  */
 class Generation {
-  /**
-   * @param {(sink: { push: (event: any) => void, finish: (result: any) => void, fail: (error: any) => void }) => void} [open]
-   *   receives the functions that feed the generation (the Scheduler's; like a Promise's executor)
-   */
-  constructor(open) {
+  constructor() {
     this._events = [];
     this._waiters = [];
     this._settled = false;
@@ -22,12 +18,12 @@ class Generation {
     });
     // A caller that only iterates (or ignores the result) must not cause an unhandled rejection.
     this._result.catch(() => {});
-    if (open)
-      open({
-        push: (event) => this._push(event),
-        finish: (result) => this._finish(result),
-        fail: (e) => this._fail(e),
-      });
+    /** What feeds the generation (its request's): events, then the result or the error. */
+    this.sink = {
+      push: (event) => this._push(event),
+      finish: (result) => this._finish(result),
+      fail: (e) => this._fail(e),
+    };
   }
 
   _push(event) {

@@ -2,242 +2,22 @@
 
 /**
  * The Scheduler's side of one line of generation: a branch, the line's tokens (those in its KV,
- * then `pending` ones not decoded yet), and at most ONE job at a time:
- *
- *   GenJob    sample a token per step: stops, maxTokens, log-probabilities, events
- *   ScoreJob  prefill tokens as a scored entry (a logits row each) and resolve their log-probabilities
- *   PeekJob   read one token's log-probability from the logits the line holds (no decode)
- *
- * A line never decodes by itself. Each step the Scheduler asks it what it needs — a branch
- * (`materialize`: a fork of its parent once the parent's KV reaches the fork point, or the
- * longest cached prefix of its prompt), its pending tokens prefilled (`wantsPrefill`,
+ * then `pending` ones not decoded yet), and at most ONE job at a time (./jobs.js: a gen, a
+ * score, a peek). A line never decodes by itself. Each step the Scheduler asks it what it needs
+ * — a branch (`materialize`: a fork of its parent once the parent's KV reaches the fork point,
+ * or the longest cached prefix of its prompt), its pending tokens prefilled (`wantsPrefill`,
  * `prefilled`), a token sampled (`decoding`, `take`, `committed`) — and serves it in the same
  * decode as everything else. The user's `ProgramLine` (lib/ProgramLine.js) holds one privately.
+ *
+ * Its branch's `state`: 'waiting' (none yet) → 'live' → 'freed'; `released` means the user gave
+ * it back and the next step frees it (once no fork still waits to fork it). Its events (`fork`,
+ * `append`, `token`, `finish`, `prune`) are each sent from one method here.
  */
 
 const { makeError } = require('../errors');
-const { StopMatcher } = require('./stops');
 const { MIN_PARTIAL_REUSE } = require('./prefix-cache');
 const { clipped, perplexityOf } = require('./events');
 const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
-const { DraftLength } = require('./speculation');
-
-/** A promise and the functions that settle it. */
-function deferred() {
-  let resolve, reject;
-  const promise = new Promise((res, rej) => {
-    resolve = res;
-    reject = rej;
-  });
-  return { promise, resolve: /** @type {any} */ (resolve), reject: /** @type {any} */ (reject) };
-}
-
-/** `{token, text, logprob, top}` of a sampled token, read from the logits it was sampled from. */
-function tokenLogprob(branch, produced, top) {
-  const { logprob, top: best } = branch.logprob(produced.token, top);
-  return { token: produced.token, text: produced.text, logprob, top: best };
-}
-
-/**
- * A gen: one token sampled per step until a stop, an end-of-generation token or maxTokens. A
- * request's choice is a gen too, with `choice` set: its events then also go to the request's
- * Generation (`{choice, token, text, logprob?, top?, delta?}`, then one ending event), its chat
- * reply is parsed as it grows, and the choice ends with its branch given back at once.
- */
-class GenJob {
-  /**
-   * @param {{ maxTokens: number, stops: string[], params: any, grammar: string | null, lazy?: any, logprobs?: number,
-   *   choice?: { index: number, push: (event: any) => void, chat: import('./chat').ChatStream | null } }} options
-   */
-  constructor({ maxTokens, stops, params, grammar, lazy = null, logprobs, choice = null }) {
-    this.maxTokens = maxTokens;
-    this.matcher = new StopMatcher(stops);
-    this.params = params;
-    this.grammar = grammar;
-    /** Lazy-grammar triggers of a tool-call grammar (null: the grammar applies from the start). */
-    this.lazy = lazy;
-    /** Top alternatives per token when log-probabilities were asked for, else undefined. */
-    this.logprobs = logprobs;
-    this.tokenLogprobs = [];
-    this.tokens = [];
-    this.choice = choice;
-    /** Speculating: the line's drafter and draft length, and the token verification sampled next. */
-    this.drafter = null;
-    this.draftLength = null;
-    this.next = undefined;
-    /** @type {any} the gen's result once it ended */
-    this.result = null;
-    /** The line's sampler has the gen's params and grammar (set before its first sample). */
-    this.armed = false;
-    this.done = deferred();
-  }
-
-  /**
-   * Before the first sample: the line's sampler gets the gen's params and grammar (throws when
-   * refused), and with `spec` (the scheduler speculates; log-probabilities need each token's own
-   * snapshot, which a verified draft does not keep) the line's drafter.
-   */
-  arm(line, spec) {
-    if (this.armed) return;
-    const branch = line.branch;
-    branch.setSamplerParams(this.params);
-    // setSamplerParams keeps a grammar it is not given: an earlier gen's (complete) grammar
-    // would allow nothing but end-of-generation.
-    branch.setGrammar(this.grammar || null, this.lazy || undefined);
-    if (spec && this.logprobs === undefined) {
-      this.drafter = spec.source.open(line.tokens);
-      this.draftLength = new DraftLength(spec);
-    }
-    this.armed = true;
-  }
-
-  /**
-   * Takes a produced token; true when it is to be committed (decoded) now. `committed`: an
-   * accepted draft token, already decoded and accepted.
-   */
-  take(line, produced, committed = false) {
-    this.next = undefined;
-    if (produced.isStop) {
-      line.endJob('stop');
-      return false;
-    }
-    this.tokens.push(produced.token);
-    if (committed) line.committed(produced.token);
-    const text = this.matcher.push(produced.text);
-    line.program.usage.completionTokens++;
-    /** @type {any} */
-    let lp = null;
-    if (this.logprobs !== undefined) this.tokenLogprobs.push((lp = tokenLogprob(line.branch, produced, this.logprobs)));
-    const n = line.tokens.length + (committed ? 0 : 1); // a sampled token is not committed yet
-    line.emitToken(produced.text, n, committed);
-    if (this.choice) this.choiceEvent(produced.token, text, lp);
-    const reason = this.matcher.stopped ? 'stop' : this.tokens.length >= this.maxTokens ? 'length' : null;
-    if (!reason) return true;
-    if (!committed) line.keepLast(produced.token);
-    line.endJob(reason);
-    return false;
-  }
-
-  /** A request choice's event for one token: its released text, log-probability and chat delta. */
-  choiceEvent(token, text, lp) {
-    const { index, push, chat } = /** @type {any} */ (this.choice);
-    /** @type {any} */
-    const event = { choice: index, token, text };
-    if (lp) {
-      event.logprob = lp.logprob;
-      event.top = lp.top;
-    }
-    if (chat) event.delta = text === '' ? null : chat.update(this.matcher.text.slice(0, this.matcher.released));
-    push(event);
-  }
-
-  /**
-   * A speculative step's outcome: the accepted draft tokens (already committed) are taken like
-   * sampled ones, and the token verification sampled next is kept for the next step.
-   */
-  verified(line, { token, accepted, next, drafted }) {
-    const usage = line.program.usage;
-    usage.draftTokens += drafted;
-    usage.acceptedDraftTokens += accepted.length;
-    for (const produced of accepted) {
-      if (line.job !== this) return;
-      this.take(line, produced, true);
-    }
-    if (line.job !== this) return;
-    this.drafter.accept([token, ...accepted.map((p) => p.token)]);
-    this.next = next || undefined;
-  }
-
-  /** The gen's result, once it ended with `reason`; a request's choice sends its ending event. */
-  finish(reason) {
-    if (this.drafter) this.drafter.close();
-    this.drafter = null;
-    const rest = this.matcher.flush(); // the events' texts add up to the result's text
-    /** @type {any} */
-    const result = { text: this.matcher.text, tokens: this.tokens, finishReason: reason };
-    if (this.logprobs !== undefined) result.logprobs = this.tokenLogprobs;
-    const chat = this.choice && this.choice.chat;
-    let delta = null;
-    if (chat && reason !== 'abort') {
-      delta = chat.finish(this.matcher.text);
-      Object.assign(result, chat.message);
-      if (chat.message.toolCalls.length > 0 && reason === 'stop') result.finishReason = 'tool_calls';
-    }
-    if (this.choice) {
-      const end = { choice: this.choice.index, token: null, text: rest, finishReason: result.finishReason };
-      this.choice.push(chat ? { ...end, delta, message: chat.message } : end);
-    }
-    /** What the gen ended with (a request reads its choices' results when it settles). */
-    this.result = result;
-    this.done.resolve(result);
-    return result;
-  }
-}
-
-/** Scoring: the line's last `count` pending tokens are prefilled with a logits row each. */
-class ScoreJob {
-  constructor(count) {
-    this.left = count;
-    this.logprobs = [];
-    this.done = deferred();
-  }
-
-  /**
-   * Where the scored tokens start in a prefill entry of the line's first `take` pending tokens,
-   * or undefined when the entry holds none of them (a forkAt fork re-decodes one token first).
-   */
-  scoreFrom(line, take) {
-    const start = line.pending.length - this.left;
-    return start < take ? start : undefined;
-  }
-
-  /** `tokens` were scored with these `logprobs`; resolves after the last. */
-  scored(line, tokens, logprobs) {
-    this.logprobs.push(...logprobs);
-    this.left -= tokens.length;
-    if (line.program.events.on) {
-      const text = tokens.map((t) => line.program.ctx.tokenToText(t)).join('');
-      line.program.emit('token', { branch: line.id, text, n: line.filled, forced: true });
-    }
-    if (this.left > 0) return;
-    line.job = null;
-    this.done.resolve(this.logprobs);
-  }
-}
-
-/**
- * Log-probabilities read from the logits the line holds once its pending tokens are in (no
- * decode): one token with its `top` alternatives (`logprob`), or several candidate next tokens at
- * once (`logprobs`: one copy of the row, one log-sum-exp for all of them).
- */
-class PeekJob {
-  /** @param {number | number[]} tokens @param {number} [top] */
-  constructor(tokens, top = 0) {
-    this.tokens = tokens;
-    this.top = top;
-    this.done = deferred();
-  }
-
-  read(line) {
-    line.job = null;
-    try {
-      if (!Array.isArray(this.tokens)) {
-        const { logprob, top } = line.branch.logprob(this.tokens, this.top);
-        this.done.resolve({ logprob, top });
-        return;
-      }
-      const row = line.branch.getLogits();
-      let max = -Infinity;
-      for (let i = 0; i < row.length; i++) if (row[i] > max) max = row[i];
-      let sum = 0;
-      for (let i = 0; i < row.length; i++) sum += Math.exp(row[i] - max);
-      const lse = max + Math.log(sum);
-      this.done.resolve(this.tokens.map((t) => row[t] - lse));
-    } catch (e) {
-      this.done.reject(e);
-    }
-  }
-}
 
 class Line {
   /**
@@ -255,10 +35,11 @@ class Line {
     /** The parent's token count at the fork: this line's branch forks the parent there. */
     this.anchor = tokens.length - this.pending.length;
     this.text = '';
+    this.state = 'waiting';
     this.branch = null;
     /** Lines forked from this one that have not taken their branch from it yet. */
     this.dependents = 0;
-    /** @type {GenJob | ScoreJob | PeekJob | null} the job in flight */
+    /** @type {import('./jobs').GenJob | import('./jobs').ScoreJob | import('./jobs').PeekJob | null} the job in flight */
     this.job = null;
     /** The cache entry this line's branch is filling (its prompt, for others to fork), if any. */
     this.segment = null;
@@ -285,8 +66,6 @@ class Line {
     this.selecting = false;
     /** release() was called (the branch is freed at the next step, once no child waits on it). */
     this.released = false;
-    /** The branch was given back: nothing more happens on this line. */
-    this.freed = false;
     /** The line's id in the scheduler's events (`p1.0`, `p1.1`, ...). */
     this.id = program.lineId();
     program.lines.push(this);
@@ -300,7 +79,7 @@ class Line {
   checkIdle(op) {
     const program = this.program;
     if (program.state !== 'running') throw program.endedError();
-    if (this.released || this.freed)
+    if (this.released || this.state === 'freed')
       throw schedulerError(Code.PROGRAM_STATE, `${op}(): this line was released; use another line`);
     if (this.job || this.selecting)
       throw schedulerError(Code.PROGRAM_STATE, `${op}(): a gen or select is running on this line; await it first`);
@@ -315,10 +94,9 @@ class Line {
       this.program.emit('append', { branch: this.id, text: clipped(text), n: this.tokens.length });
   }
 
-  /** Starts `job` on the line; resolves with its result. */
+  /** Starts `job` on the line (served from the next step on); resolves with its result. */
   start(job) {
     this.job = job;
-    this.program.wake();
     return job.done.promise;
   }
 
@@ -347,10 +125,10 @@ class Line {
    * where it is).
    */
   adopt(winner) {
-    if (!winner || !winner.branch || winner.pending.length > 0 || winner.dependents > 0) return false;
+    if (!winner || winner.state !== 'live' || winner.pending.length > 0 || winner.dependents > 0) return false;
     // Forks of this line still waiting for its branch fork it at their anchor, before the winner
     // (forkAt there would decode a token again, and is refused past a sliding window).
-    if (!this.branch || this.pending.length > 0 || this.dependents > 0 || this.released) return false;
+    if (this.state !== 'live' || this.pending.length > 0 || this.dependents > 0 || this.released) return false;
     [this.branch, winner.branch] = [winner.branch, this.branch];
     return true;
   }
@@ -360,7 +138,7 @@ class Line {
    * Idempotent. `announce`: a `prune` event (a request's choice ends with its `finish` alone).
    */
   release(announce = true) {
-    if (this.released || this.freed) return;
+    if (this.released || this.state === 'freed') return;
     this.released = true;
     if (announce) this.program.emit('prune', { branch: this.id });
     if (this.job) this.endJob(null, makeError('ERR_ABORTED', 'the line was released while it generated'));
@@ -368,7 +146,6 @@ class Line {
       this.parent.dependents--; // it will never fork the parent now
       this.parent = null;
     }
-    this.program.wake();
   }
 
   // -------------------------------------------------------------------------------------------
@@ -376,7 +153,7 @@ class Line {
 
   /** Whether the line needs its KV now: a job runs on it, or a child waits to fork it. */
   get needed() {
-    return !this.freed && (this.job !== null || this.dependents > 0);
+    return this.state !== 'freed' && (this.job !== null || this.dependents > 0);
   }
 
   /** Tokens in the branch's KV. */
@@ -386,17 +163,17 @@ class Line {
 
   /** Whether the line's pending tokens should be prefilled this step. */
   get wantsPrefill() {
-    return this.branch !== null && this.needed && this.pending.length > 0;
+    return this.state === 'live' && this.needed && this.pending.length > 0;
   }
 
   /** Whether the line samples (or peeks) this step. */
   get decoding() {
-    return this.job !== null && !(this.job instanceof ScoreJob) && this.branch !== null && this.pending.length === 0;
+    return this.job !== null && this.job.kind !== 'score' && this.state === 'live' && this.pending.length === 0;
   }
 
   /** Whether the line has been released and no child waits to fork it: free it at the next step. */
   get collectable() {
-    return this.released && !this.freed && this.dependents === 0;
+    return this.released && this.state !== 'freed' && this.dependents === 0;
   }
 
   /** Whose rows these are in the decode phase: one failure of a request's choice fails the request. */
@@ -409,9 +186,18 @@ class Line {
     this.program.lineFailed(this, error);
   }
 
-  /** The scored tokens' start within a prefill entry of `take` pending tokens (see ScoreJob). */
+  /** Pending tokens a score job still scores (the last ones). */
+  get scoring() {
+    return this.job !== null && this.job.kind === 'score' ? this.job.left : 0;
+  }
+
+  /**
+   * Where the scored tokens start in a prefill entry of the line's first `take` pending tokens,
+   * or undefined when the entry holds none of them (a forkAt fork re-decodes one token first).
+   */
   scoreFrom(take) {
-    return this.job instanceof ScoreJob ? this.job.scoreFrom(this, take) : undefined;
+    const start = this.pending.length - this.scoring;
+    return this.scoring > 0 && start < take ? start : undefined;
   }
 
   /**
@@ -420,7 +206,7 @@ class Line {
    * whether the line has a branch now.
    */
   materialize(cache, createBranch, spareLease) {
-    if (this.branch) return true;
+    if (this.state === 'live') return true;
     if (!this.needed) return false;
     const program = this.program;
     // Lines released this step still hold their leases until the next step frees them: wait
@@ -428,22 +214,27 @@ class Line {
     if (program.leasesHeld >= program.maxBranches) return false;
     const parent = this.parent;
     if (parent) {
-      if (!parent.branch || parent.filled < this.anchor) return false;
+      if (parent.state !== 'live' || parent.filled < this.anchor) return false;
       if (parent.filled === this.anchor) {
-        this.branch = parent.branch.fork();
+        this.took(parent.branch.fork());
       } else {
         // The parent went on past the fork point: take its KV up to one token before it and
         // decode that token again, for the logits at the fork point.
-        this.branch = parent.branch.forkAt(this.anchor - 1);
+        this.took(parent.branch.forkAt(this.anchor - 1));
         this.pending.unshift(parent.tokens[this.anchor - 1]);
       }
       parent.dependents--;
       this.parent = null;
-    } else {
-      return this.startFresh(cache, createBranch, spareLease);
+      return true;
     }
-    program.tookLease();
-    return true;
+    return this.startFresh(cache, createBranch, spareLease);
+  }
+
+  /** The line's own branch (a lease of its program's). */
+  took(branch) {
+    this.branch = branch;
+    this.state = 'live';
+    this.program.tookLease();
   }
 
   /**
@@ -455,7 +246,7 @@ class Line {
   startFresh(cache, createBranch, spareLease) {
     // Tokens to score must be decoded by the line itself (their logits rows are the score); the
     // first of them is scored from the logits at the fork point, which a partial fork lacks.
-    const wanted = this.pending.length - (this.job instanceof ScoreJob ? this.job.left : 0);
+    const wanted = this.pending.length - this.scoring;
     const start = cache.bestStart(this.pending.slice(0, wanted));
     let entry = start.entry;
     const length = !entry ? 0 : start.partial ? Math.min(start.length, wanted - 1) : start.length;
@@ -470,8 +261,7 @@ class Line {
       this.useCached(entry); // the whole prompt is cached, logits included
       return true;
     }
-    this.branch = !entry ? createBranch() : start.partial ? entry.branch.forkAt(length) : entry.branch.fork();
-    this.program.tookLease();
+    this.took(!entry ? createBranch() : start.partial ? entry.branch.forkAt(length) : entry.branch.fork());
     this.pending = this.pending.slice(length);
     if (this.cachePoints || (!entry && this.pending.length >= MIN_PARTIAL_REUSE && spareLease()))
       this.openSegment(cache);
@@ -484,7 +274,7 @@ class Line {
    * prefilling it again. A prompt to score is nobody's.
    */
   openSegment(cache) {
-    if (this.job instanceof ScoreJob) return;
+    if (this.scoring > 0) return;
     const end = this.cachePoints ? this.cachePoints.find((p) => p > this.filled) : this.tokens.length;
     if (end === undefined) return;
     this.segment = cache.open(this.tokens.slice(0, end), this.branch);
@@ -496,6 +286,7 @@ class Line {
   /** A sealed prompt's branch is the cache entry's own: nothing to fork or free. */
   useCached(entry) {
     this.branch = entry.branch;
+    this.state = 'live';
     this.borrowed = true;
   }
 
@@ -545,7 +336,7 @@ class Line {
     let at = Infinity;
     if (this.dependents === 0) return at;
     for (const line of this.program.lines) {
-      if (line.parent === this && !line.branch && line.needed && line.anchor >= this.filled)
+      if (line.parent === this && line.state === 'waiting' && line.needed && line.anchor >= this.filled)
         at = Math.min(at, line.anchor);
     }
     return at;
@@ -558,13 +349,53 @@ class Line {
     this.pending = this.pending.slice(count);
     this.program.prefilledTokens(count);
     if (this.segment && this.filled === this.segment.tokens.length) this.cacheFilled(cache);
-    if (scored) /** @type {ScoreJob} */ (this.job).scored(this, scored, logprobs);
+    if (!scored) return count;
+    if (this.program.events.on)
+      this.emitToken(scored.map((t) => this.program.ctx.tokenToText(t)).join(''), this.filled, 'forced');
+    if (/** @type {import('./jobs').ScoreJob} */ (this.job).scored(scored, logprobs)) this.job = null;
     return count;
   }
 
-  /** Takes a produced token into the gen; true when it is to be committed (decoded) now. */
-  take(produced) {
-    return /** @type {GenJob} */ (this.job).take(this, produced);
+  /**
+   * Takes a produced token into the gen; true when it is to be committed (decoded) now.
+   * `committed`: an accepted draft token, already decoded and accepted.
+   */
+  take(produced, committed = false) {
+    if (produced.isStop) {
+      this.endJob('stop');
+      return false;
+    }
+    if (committed) this.committed(produced.token);
+    this.program.usage.completionTokens++;
+    const reason = /** @type {import('./jobs').GenJob} */ (this.job).take(produced, this.branch);
+    this.emitToken(produced.text, this.tokens.length + (committed ? 0 : 1), committed ? 'draft' : null);
+    if (!reason) return true;
+    if (!committed) this.keepLast(produced.token);
+    this.endJob(reason);
+    return false;
+  }
+
+  /**
+   * A speculative step's outcome: the accepted draft tokens (already decoded) are taken like
+   * sampled ones, and the token verification sampled next is kept for the next step.
+   */
+  verified({ token, accepted, next, drafted }) {
+    const gen = /** @type {import('./jobs').GenJob} */ (this.job);
+    const usage = this.program.usage;
+    usage.draftTokens += drafted;
+    usage.acceptedDraftTokens += accepted.length;
+    for (const produced of accepted) {
+      if (this.job !== gen) return;
+      this.take(produced, true);
+    }
+    if (this.job === gen) gen.drafted(token, accepted, next);
+  }
+
+  /** A peek reads the logits the line holds (its pending tokens are in): nothing to decode. */
+  peek() {
+    const job = /** @type {import('./jobs').PeekJob} */ (this.job);
+    this.job = null;
+    job.read(this.branch);
   }
 
   /**
@@ -573,7 +404,7 @@ class Line {
    */
   keepLast(token) {
     this.tokens.push(token);
-    if (/** @type {GenJob} */ (this.job).choice) {
+    if (/** @type {import('./jobs').GenJob} */ (this.job).choice) {
       try {
         this.branch.accept(token);
       } catch {
@@ -590,16 +421,15 @@ class Line {
     this.program.cellsUsed++;
   }
 
-  /** A `token` event of this line (`n`: its length with the token; `draft`: an accepted draft token). */
-  emitToken(text, n, draft = false) {
-    if (this.program.events.on)
-      this.program.emit('token', {
-        branch: this.id,
-        text,
-        n,
-        ppl: perplexityOf(this.branch),
-        ...(draft ? { draft: true } : {}),
-      });
+  /**
+   * The line's `token` event (`n`: its length with the token; `mark`: 'draft' for an accepted
+   * draft token, 'forced' for scored tokens, which carry no perplexity).
+   * @param {string} text @param {number} n @param {'draft' | 'forced' | null} [mark]
+   */
+  emitToken(text, n, mark = null) {
+    if (!this.program.events.on) return;
+    const ppl = mark === 'forced' ? {} : { ppl: perplexityOf(this.branch) };
+    this.program.emit('token', { branch: this.id, text, n, ...ppl, ...(mark ? { [mark]: true } : {}) });
   }
 
   /** Settles the job in flight: a gen with `reason` as its finishReason, or rejected with `error`. */
@@ -609,13 +439,10 @@ class Line {
     this.job = null;
     // A prompt nobody will finish filling must not keep others waiting to fork it.
     if (this.segment && !this.needed) this.dropSegment(this.program.cache);
-    if (error) {
-      if (job instanceof GenJob && job.drafter) job.drafter.close();
-      job.done.reject(error);
-      return;
-    }
-    const gen = /** @type {GenJob} */ (job);
+    if (error) return void job.finish(null, error);
+    const gen = /** @type {import('./jobs').GenJob} */ (job);
     const ppl = perplexityOf(this.branch);
+    if (gen.choice) gen.choice.perplexity = this.perplexity();
     const result = gen.finish(reason);
     this.text += result.text;
     if (this.program.events.on) {
@@ -625,11 +452,9 @@ class Line {
     if (this.chat === 'open') this.chat = 'replied';
     if (gen.choice) {
       // A request's choice is done with its branch: it goes back now, not at the next step.
-      result.perplexity = this.perplexity();
       this.release(false);
       this.free(false, []);
     }
-    this.program.jobEnded();
   }
 
   /** The branch's perplexity (Infinity when it cannot be read). */
@@ -646,11 +471,12 @@ class Line {
    * promise goes into `prunes`.
    */
   free(force, prunes) {
-    if (this.freed || (!force && this.dependents > 0)) return;
+    if (this.state === 'freed' || (!force && this.dependents > 0)) return;
     this.dropSegment(this.program.cache);
     if (this.job) this.endJob(null, this.program.endedError());
-    this.freed = true;
-    if (this.branch && !this.borrowed) {
+    const owned = this.state === 'live' && !this.borrowed;
+    this.state = 'freed';
+    if (owned) {
       if (!this.branch.disposed) prunes.push(this.branch.prune().catch(() => {}));
       this.program.gaveLease();
     }
@@ -661,4 +487,4 @@ class Line {
   }
 }
 
-module.exports = { Line, GenJob, ScoreJob, PeekJob, tokenLogprob };
+module.exports = { Line };

@@ -31,12 +31,9 @@
 
 const { makeError } = require('../errors');
 const { signalOf } = require('../cancel');
-const { positiveInt, invalid, checkSampling, SEED_SPACE } = require('./checks');
-const { ProgramLine } = require('../ProgramLine');
-const { Line, PeekJob } = require('./line');
-const { SchedulerErrorCode: Code, schedulerError, tooManyBranches } = require('./errors');
+const { Line } = require('./line');
+const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
 const { doneFields } = require('./events');
-const { lineRow } = require('./rows');
 
 const TRANSITIONS = {
   queued: ['ready', 'done', 'failed'],
@@ -47,31 +44,21 @@ const TRANSITIONS = {
   failed: [],
 };
 
-/** What a program may hold unless it says: a few lines, and about what 4 requests of 256 tokens write. */
-const DEFAULT_MAX_BRANCHES = 4;
-const DEFAULT_MAX_CELLS = 1024;
-
-function abortedProgram(signal) {
-  const err = makeError(
-    'ERR_ABORTED',
-    'the program was aborted by its AbortSignal; every line it held was released and no result is coming',
-  );
-  err.name = 'AbortError';
-  if (signal && signal.reason !== undefined) err.cause = signal.reason;
-  return err;
-}
-
 /**
- * What every program has: its lines, what it holds and may hold, its events and usage. The kinds
- * differ in how they start, settle and answer an abort (the methods marked so below).
+ * What every program has: its lines, what it holds and may hold, its events and usage, and where
+ * its outcome goes (`sink`). The kinds (./run.js, ./request.js) differ in how they start, end
+ * and answer an abort (the methods marked so below).
  */
 class Program {
   /**
    * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, counters: any, spec: any }} env
-   * @param {'program' | 'request'} kind
+   * @param {'program' | 'request'} kind a branch program (`run`), or a request (counted by `maxRunning`)
    * @param {any} signal
+   * @param {{ finish: (result: any) => void, fail: (error: any) => void }} sink what settles its promise or Generation
    */
-  constructor(env, kind, signal) {
+  constructor(env, kind, signal, sink) {
+    this.kind = kind;
+    this.sink = sink;
     this.ctx = env.ctx;
     this.state = kind === 'request' ? 'queued' : 'ready';
     this.signal = signalOf({ signal }, kind === 'request' ? 'generate' : 'run');
@@ -135,8 +122,10 @@ class Program {
     line.endJob(null, error);
   }
 
-  /** A line's gen ended (a request ends with its last choice). */
-  jobEnded() {}
+  /** Whether the program did all it was to do, and ends at the next step (a request: every choice ended). */
+  get complete() {
+    return false;
+  }
 
   /**
    * Prepares a queued program (nothing to do but for a request).
@@ -144,12 +133,9 @@ class Program {
    */
   async prepare(_ctx, _systemPrompts) {}
 
-  /** Counted by the Scheduler's `maxRunning` (requests are). */
-  get isRequest() {
-    return false;
-  }
-
-  // What each kind writes: its admission (`needs`, `begin`), its abort and close, and how it settles.
+  // What each kind writes: its admission (`needs`, `admitted`: the `admit` event's fields, and
+  // `begin`), its abort and close, how it ends (`ending`: the `done` event's status and usage)
+  // and what it resolves with (`result`).
 
   /**
    * What admitting the program takes now: `{ entry, start, cells, leases }`.
@@ -157,6 +143,11 @@ class Program {
    */
   needs(_cache) {
     throw makeError('ERR_INTERNAL', 'Program.needs is written by each kind of program');
+  }
+
+  /** @param {{ entry: any, start: number, cells: number, leases: number }} _need @returns {object} */
+  admitted(_need) {
+    return {};
   }
 
   /** @param {{ entry: any, start: number, cells: number, leases: number }} _need */
@@ -167,11 +158,13 @@ class Program {
   /** @param {any} _error */
   close(_error) {}
 
-  /** @param {{ error?: any, value?: any, abort?: boolean }} _outcome */
-  settled(_outcome) {}
+  /** @param {{ error?: any, abort?: boolean }} _outcome @returns {{ status: string, usage: any }} */
+  ending(_outcome) {
+    return { status: 'ok', usage: null };
+  }
 
-  /** @param {any} _error */
-  refused(_error) {}
+  /** @param {{ error?: any, value?: any, abort?: boolean }} _outcome @returns {any} */
+  result(_outcome) {}
 
   /** A fresh line of the program got its branch, `cached` of its tokens from the prefix cache. */
   started(line, cached) {
@@ -215,16 +208,19 @@ class Program {
   /** Admitted with what `needs` found: its lines start (kind-specific: `begin`). */
   start(need) {
     this.to('running');
+    this.emit('admit', this.admitted(need));
     this.begin(need);
   }
 
-  /** Ends the program (first reason wins); the next step frees what it holds and settles it. */
+  /**
+   * Ends the program (first reason wins); the next step frees what it holds and settles it (the
+   * Scheduler is woken by whoever ends it from outside a step: the function's end, an abort).
+   */
   end(outcome) {
     if (this.state !== 'running') return;
     this.outcome = outcome;
     this.to('ending');
     this.endJobs();
-    this.wake();
   }
 
   /** At its end, the jobs still running: each rejects (a request's choices end 'abort' instead). */
@@ -234,7 +230,7 @@ class Program {
 
   /** Whether the scheduler has something to do for this program. */
   hasWork() {
-    if (this.state === 'ending') return true;
+    if (this.state === 'ending' || (this.state === 'running' && this.complete)) return true;
     return this.lines.some((l) => l.needed || l.collectable);
   }
 
@@ -243,9 +239,10 @@ class Program {
    * returns true: `settle()` once `prunes` are done).
    */
   collect(prunes) {
+    if (this.state === 'running' && this.complete) this.end({});
     const ending = this.state === 'ending';
     for (const line of this.lines) if (ending || line.released) line.free(ending, prunes);
-    this.lines = this.lines.filter((l) => !l.freed);
+    this.lines = this.lines.filter((l) => l.state !== 'freed');
     return ending;
   }
 
@@ -254,7 +251,13 @@ class Program {
     this.detach();
     const { error } = this.outcome;
     this.to(error ? 'failed' : 'done');
-    this.settled(this.outcome);
+    if (this.events.on) {
+      const { status, usage } = this.ending(this.outcome);
+      this.emit('done', doneFields(status, error, usage));
+    }
+    if (error) return this.sink.fail(error);
+    if (this.kind === 'request') this.counters.completed++;
+    this.sink.finish(this.result(this.outcome));
   }
 
   /** Why a gen or prefill of `more` cells is refused: the program wrote all its maxCells. */
@@ -269,7 +272,7 @@ class Program {
   reject(error) {
     this.to('failed');
     this.detach();
-    this.refused(error);
+    this.sink.fail(error);
   }
 
   detach() {
@@ -277,248 +280,4 @@ class Program {
   }
 }
 
-/** One `scheduler.run()`: the user's function over a root `ProgramLine`, and what it may hold. */
-class RunProgram extends Program {
-  /**
-   * @param {(s: ProgramLine) => any} fn
-   * @param {import('../types').RunOptions} options
-   * @param {any} env see Program
-   */
-  constructor(fn, options, env) {
-    if (typeof fn !== 'function') throw invalid('run(program, options?): program must be a function (s) => ...');
-    if (options === null || typeof options !== 'object')
-      throw invalid('run(program, options?): options must be an object');
-    super(env, 'program', options.signal);
-    const { ctx } = env;
-    this.fn = fn;
-    this.maxBranches = positiveInt(options.maxBranches, 'options.maxBranches', DEFAULT_MAX_BRANCHES);
-    if (this.maxBranches > ctx.nSeqMax)
-      throw invalid(`options.maxBranches is ${this.maxBranches} but the context has nSeqMax ${ctx.nSeqMax}`);
-    this.maxCells = positiveInt(options.maxCells, 'options.maxCells', Math.min(DEFAULT_MAX_CELLS, ctx.nCtx));
-    if (this.maxCells > ctx.nCtx)
-      throw invalid(`options.maxCells is ${this.maxCells} but the context has nCtx ${ctx.nCtx}`);
-    const { seed } = checkSampling({ seed: options.seed });
-    this.seed = seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
-    this.promise = new Promise((resolve, reject) => {
-      this.resolve = resolve;
-      this.rejectPromise = reject;
-    });
-  }
-
-  nextSeed() {
-    this.seed = (this.seed + 1) % SEED_SPACE;
-    return this.seed;
-  }
-
-  /** Throws ERR_TOO_MANY_BRANCHES unless `n` more lines fit in `maxBranches`. */
-  reserveLines(n) {
-    const live = this.lines.filter((l) => !l.freed && !(l.released && l.dependents === 0)).length;
-    if (live + n > this.maxBranches) throw tooManyBranches(this.maxBranches, live, n);
-  }
-
-  /**
-   * What admitting the program takes: everything it declared (what its lines will write is not
-   * known yet, so no cached start is planned for it).
-   */
-  needs() {
-    return { entry: null, start: 0, cells: this.maxCells, leases: this.maxBranches };
-  }
-
-  /** Admitted: the function starts on a fresh root line. */
-  begin() {
-    this.emit('admit', { kind: 'program', maxBranches: this.maxBranches, maxCells: this.maxCells });
-    const root = new ProgramLine(this.freshLine([]));
-    Promise.resolve()
-      .then(() => this.fn(root))
-      .then(
-        (value) => this.end({ value }),
-        (error) => this.end({ error }),
-      );
-  }
-
-  /** Its signal fired: a queued program never starts, a running one ends. */
-  abort() {
-    const error = abortedProgram(this.signal);
-    if (this.state === 'running') this.end({ error });
-    else if (this.state === 'ready' || this.state === 'queued') this.reject(error);
-  }
-
-  /** The scheduler closes: the program ends with `error`. */
-  close(error) {
-    this.end({ error });
-  }
-
-  settled({ error, value }) {
-    if (this.events.on) {
-      const status = !error ? 'ok' : error.code === 'ERR_ABORTED' ? 'abort' : 'error';
-      this.emit('done', doneFields(status, error, this.usage));
-    }
-    if (error) this.rejectPromise(error);
-    else this.resolve(value);
-  }
-
-  refused(error) {
-    this.rejectPromise(error);
-  }
-}
-
-/**
- * The admitted programs of one Scheduler and what their lines ask of each step: branches to
- * make (`materialize`), pending tokens to prefill (`linesToPrefill`, then `prefillEntries` in
- * the step's one prefill and `prefilled`), tokens to sample and commit (`decodeRows`, rows of
- * the Scheduler's decode phase).
- */
-class Programs {
-  /**
-   * @param {{ cache: any, createBranch: () => any, spareLease: () => boolean }} scheduler what a
-   *   line needs from the Scheduler to get its branch: the prefix cache (a fresh line's prompt may
-   *   start from it or become an entry), a new root branch, and whether one more lease is free
-   *   beyond what running programs may still take
-   */
-  constructor({ cache, createBranch, spareLease }) {
-    /** @type {Program[]} */
-    this.list = [];
-    this.cache = cache;
-    this.createBranch = createBranch;
-    this.spareLease = spareLease;
-  }
-
-  get size() {
-    return this.list.length;
-  }
-
-  admit(program, need) {
-    this.list.push(program);
-    program.start(need);
-  }
-
-  hasWork() {
-    return this.list.some((p) => p.hasWork());
-  }
-
-  /** At the start of a step: frees what programs released; settles the ones that ended. */
-  async collect() {
-    const prunes = [];
-    const ended = this.list.filter((p) => p.collect(prunes));
-    if (ended.length > 0) this.list = this.list.filter((p) => !ended.includes(p));
-    await Promise.all(prunes);
-    for (const p of ended) p.settle();
-  }
-
-  *runningLines() {
-    for (const p of this.list) if (p.state === 'running') yield* p.lines;
-  }
-
-  /** Gives needed lines their branches (a failure fails the line's job, not the step). */
-  materialize() {
-    for (const line of this.runningLines()) {
-      try {
-        line.materialize(this.cache, this.createBranch, this.spareLease);
-      } catch (e) {
-        line.fail(e);
-      }
-    }
-  }
-
-  /** Lines whose pending tokens are prefilled this step, `{line, take}`, within `budget` tokens. */
-  linesToPrefill(budget) {
-    this.materialize();
-    const out = [];
-    for (const line of this.runningLines()) {
-      if (budget === 0 || !line.wantsPrefill) continue;
-      const program = line.program;
-      let take = Math.min(line.pending.length, budget);
-      // A cache entry being filled ends where the next one starts: it is filled first.
-      if (line.segment) take = Math.min(take, line.segment.tokens.length - line.filled);
-      // A scored entry has a logits row per token and must fit one decode; a longer text to
-      // score goes on in the next step (its first token scored from the logits left then).
-      if (line.scoreFrom(take) !== undefined) {
-        take = Math.min(take, program.ctx.nOutputs, program.ctx.nBatch, line.nextForkPoint() - line.filled);
-        if (take === 0) continue; // a fork waits for its lease where this line's KV ends
-      }
-      if (program.cellsUsed + take > program.maxCells) {
-        line.fail(program.cellsExceeded(take));
-        continue;
-      }
-      out.push({ line, take });
-      budget -= take;
-    }
-    return out;
-  }
-
-  /**
-   * The prefill entries of `lines` (from `linesToPrefill`): `[branch, tokens]`, with a third
-   * item, where scoring starts, for a select's option (scored in the same decode).
-   * @param {Array<{ line: Line, take: number }>} lines
-   * @returns {Array<[any, number[]] | [any, number[], number]>}
-   */
-  prefillEntries(lines) {
-    return lines.map(({ line, take }) => {
-      const scoreFrom = line.scoreFrom(take);
-      const tokens = line.pending.slice(0, take);
-      return scoreFrom === undefined ? [line.branch, tokens] : [line.branch, tokens, scoreFrom];
-    });
-  }
-
-  /**
-   * After the step's prefill: each of `lines` takes its tokens and their `scores` (in the same
-   * order); forks whose parent reached its fork point just now get their branches. Returns the
-   * count of tokens prefilled.
-   * @param {Array<{ line: Line, take: number }>} lines
-   * @param {Array<number[] | null>} scores
-   */
-  prefilled(lines, scores) {
-    let tokens = 0;
-    lines.forEach(({ line, take }, i) => {
-      tokens += take;
-      try {
-        line.prefilled(take, this.cache, scores[i]);
-      } catch (e) {
-        line.fail(e); // e.g. no lease for a request's next segment after all
-      }
-    });
-    this.materialize();
-    return tokens;
-  }
-
-  /** The step's prefill failed (all or nothing: no line advanced): each line's job fails with `error`. */
-  prefillFailed(lines, error) {
-    for (const { line } of lines) {
-      line.dropSegment(this.cache);
-      line.fail(error);
-    }
-  }
-
-  /**
-   * The decode phase's rows of lines in a gen (peeks are read here: nothing to decode);
-   * `onToken()` counts each token sampled. A row speculates when the scheduler does and its gen
-   * asks for no log-probabilities.
-   */
-  decodeRows(onToken) {
-    const rows = [];
-    for (const line of this.runningLines()) {
-      if (!line.decoding) continue;
-      if (line.job instanceof PeekJob) {
-        line.job.read(line); // its logits are current: nothing to decode
-        continue;
-      }
-      const job = /** @type {import('./line').GenJob} */ (line.job);
-      const program = line.program;
-      const fail = (e) => line.fail(e);
-      if (program.cellsUsed >= program.maxCells) {
-        fail(program.cellsExceeded(1));
-        continue;
-      }
-      try {
-        job.arm(line, program.spec);
-      } catch (e) {
-        fail(e);
-        continue;
-      }
-      rows.push(lineRow(line, job, onToken, fail));
-    }
-    return rows;
-  }
-}
-
-module.exports = { Program, RunProgram, Programs };
+module.exports = { Program };

@@ -13,9 +13,9 @@
 
 const { SEED_SPACE, invalid, positiveInt, checkInput, checkStops, checkLogprobs, checkSampling } = require('./checks');
 const { checkChat, formatTurn, ChatStream } = require('./chat');
-const { GenJob } = require('./line');
+const { GenJob } = require('./jobs');
+const { Choice } = require('./choice');
 const { Program } = require('./program');
-const { doneFields } = require('./events');
 
 class RequestProgram extends Program {
   /**
@@ -28,8 +28,9 @@ class RequestProgram extends Program {
   constructor(request, sink, env) {
     checkInput(request, env.vocabSize);
     const { params, seed, grammar } = checkSampling(request);
-    super(env, 'request', request.signal);
-    this.sink = sink;
+    super(env, 'request', request.signal, sink);
+    /** Where its choices' events go (its Generation's). */
+    this.push = sink.push;
     this.input = request;
     this.n = positiveInt(request.n, 'request.n', 1);
     this.maxTokens = positiveInt(request.maxTokens, 'request.maxTokens', env.defaultMaxTokens);
@@ -58,7 +59,7 @@ class RequestProgram extends Program {
     this.plannedStart = 0;
     this.leasesTaken = 0;
     this.prompt = null;
-    /** @type {GenJob[]} */
+    /** @type {Choice[]} */
     this.choices = [];
   }
 
@@ -127,16 +128,20 @@ class RequestProgram extends Program {
     return k === 0 ? this.id : `${this.id}.${k - 1}`;
   }
 
+  admitted({ start }) {
+    const kind = this.input.messages !== undefined ? 'chat' : 'completion';
+    const { n, maxTokens } = this;
+    return { request: this.id, kind, n, maxTokens, promptTokens: this.tokens.length, cachedTokens: start };
+  }
+
   /** Admitted: its prompt line, and its n choices forked from it, each with its gen. */
   begin({ start, leases }) {
     this.plannedStart = start;
     this.maxBranches = leases;
     this.maxCells = this.tokens.length + this.n * this.maxTokens;
     this.usage.promptTokens = this.tokens.length;
-    const kind = this.input.messages !== undefined ? 'chat' : 'completion';
     const { n, maxTokens } = this;
     const promptTokens = this.tokens.length;
-    this.emit('admit', { request: this.id, kind, n, maxTokens, promptTokens, cachedTokens: start });
     const prompt = this.freshLine([]);
     prompt.sealed = true;
     prompt.cachePoints = this.cachePoints;
@@ -146,6 +151,7 @@ class RequestProgram extends Program {
     prompt.spawn(n).forEach((line, index) => {
       const params = { ...this.params, seed: (this.seedBase + index) % SEED_SPACE };
       const chat = this.chat && this.chat.parse ? new ChatStream(this.chat) : null;
+      const choice = new Choice(index, this.push, chat);
       const job = new GenJob({
         maxTokens,
         stops: this.stops,
@@ -153,10 +159,10 @@ class RequestProgram extends Program {
         grammar: this.grammar,
         lazy: this.grammarLazy,
         logprobs: this.logprobs,
-        choice: { index, push: this.sink.push, chat },
+        choice,
       });
       job.done.promise.catch(() => {}); // a failure is the request's, reported by settle
-      this.choices.push(job);
+      this.choices.push(choice);
       line.start(job);
     });
   }
@@ -186,20 +192,15 @@ class RequestProgram extends Program {
   /** KV cells this request may still write: its unfilled prompt and every token left to generate. */
   cellsToCome() {
     if (this.state !== 'running') return 0;
-    const filled = this.prompt.branch ? this.prompt.filled : this.plannedStart;
+    const filled = this.prompt.state === 'waiting' ? this.plannedStart : this.prompt.filled;
     let cells = this.tokens.length - filled;
-    for (const job of this.choices) if (!job.result) cells += this.maxTokens - job.tokens.length;
+    for (const c of this.choices) if (c.state === 'generating') cells += this.maxTokens - c.generated;
     return cells;
   }
 
-  /** Counted by the Scheduler's `maxRunning`. */
-  get isRequest() {
-    return true;
-  }
-
   /** Its last choice ended: the request ends (settled at the next step, once its branches are back). */
-  jobEnded() {
-    if (this.choices.every((job) => job.result)) this.end({});
+  get complete() {
+    return this.choices.every((c) => c.state === 'ended');
   }
 
   /** A failure of any choice is the whole request's. */
@@ -232,34 +233,19 @@ class RequestProgram extends Program {
     this.to('done');
     this.detach();
     for (let index = 0; index < this.n; index++) {
-      const job = new GenJob({
-        maxTokens: 1,
-        stops: [],
-        params: {},
-        grammar: null,
-        choice: { index, push: this.sink.push, chat: null },
-      });
-      job.result = job.finish('abort');
-      job.result.perplexity = Infinity;
-      this.choices.push(job);
+      const choice = new Choice(index, this.push, null);
+      choice.abortUnstarted();
+      this.choices.push(choice);
     }
     this.counters.completed++;
     this.sink.finish(this.result());
   }
 
-  settled({ error, abort }) {
-    const aborted = abort || this.choices.some((j) => j.result && j.result.finishReason === 'abort');
-    if (this.events.on) {
-      const usage = this.usage.completionTokens ? this.usageOut() : null;
-      this.emit('done', doneFields(error ? 'error' : aborted ? 'abort' : 'ok', error, usage));
-    }
-    if (error) return this.sink.fail(error);
-    this.counters.completed++;
-    this.sink.finish(this.result());
-  }
-
-  refused(error) {
-    this.sink.fail(error);
+  /** The `done` event's status and usage (none when nothing was generated). */
+  ending({ error, abort }) {
+    const aborted = abort || this.choices.some((c) => c.state === 'ended' && c.result.finishReason === 'abort');
+    const usage = this.usage.completionTokens > 0 ? this.usageOut() : null;
+    return { status: error ? 'error' : aborted ? 'abort' : 'ok', usage };
   }
 
   /** Usage as results and events show it: draft counts only when the request speculated. */
@@ -270,13 +256,7 @@ class RequestProgram extends Program {
 
   /** The result `generate` resolves with. */
   result() {
-    return {
-      choices: this.choices.map(({ result }) => {
-        const { text, tokens, finishReason, logprobs, perplexity, ...message } = result;
-        return { text, tokens, finishReason, perplexity, ...(logprobs ? { logprobs } : {}), ...message };
-      }),
-      usage: this.usageOut(),
-    };
+    return { choices: this.choices.map((c) => c.result), usage: this.usageOut() };
   }
 }
 

@@ -234,7 +234,7 @@ function lineRow(line, job, onToken, fail) {
     },
     verified: (token, accepted, next, drafted) => {
       const before = job.tokens.length;
-      job.verified(line, { token, accepted, next, drafted });
+      line.verified({ token, accepted, next, drafted });
       for (let i = before; i < job.tokens.length; i++) onToken();
     },
   };

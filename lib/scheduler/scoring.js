@@ -6,7 +6,7 @@
  * token several texts share is scored once.
  */
 
-const { ScoreJob } = require('./line');
+const { ScoreJob } = require('./jobs');
 
 /**
  * How `select` scores `options` (token arrays) so that a token several options share is scored
@@ -102,4 +102,34 @@ function score(line, tokens) {
   return line.start(new ScoreJob(tokens.length));
 }
 
-module.exports = { scoringPaths, scorePaths, score };
+/**
+ * Scores `texts` (token arrays) as `line`'s continuation, each path of their trie in a fork (see
+ * scorePaths); with `bos`, each also after only the BOS (`base`). The forks count against the
+ * program's maxBranches, and the line takes no other work while they score. `use(sums, base,
+ * leafOf)` runs before the forks are released (a select's winner takes its fork's branch then).
+ * @template T
+ * @param {import('./line').Line} line
+ * @param {number[][]} texts
+ * @param {number[] | null} bos
+ * @param {(sums: number[], base: number[] | null, leafOf: (text: number) => any) => T} use
+ * @returns {Promise<T>}
+ */
+async function scoreTexts(line, texts, bos, use) {
+  const paths = scoringPaths(texts);
+  line.program.reserveLines(paths.length * (bos ? 2 : 1));
+  line.selecting = true;
+  const scorers = scorePaths(line, paths, texts, null);
+  const unconditional = bos ? scorePaths(line, paths, texts, bos) : null;
+  line.program.wake(); // the Scheduler serves the scoring lines from its next step
+  try {
+    const [sums, base] = await Promise.all([scorers.sums, unconditional && unconditional.sums]);
+    line.selecting = false;
+    return use(sums, base, scorers.leafOf);
+  } finally {
+    line.selecting = false;
+    for (const scorer of [...scorers.lines, ...(unconditional ? unconditional.lines : [])]) scorer.release();
+    line.program.wake(); // the next step frees them
+  }
+}
+
+module.exports = { scoringPaths, scoreTexts };

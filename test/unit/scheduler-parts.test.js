@@ -209,7 +209,7 @@ describe('Scheduler parts (no model)', () => {
         () => req.to('failed'),
         (e) => e.code === 'ERR_INTERNAL',
       );
-      assert.equal(req.isRequest, true);
+      assert.equal(req.kind, 'request');
     });
 
     it('checks its inputs with coded errors that name the field', () => {
@@ -255,13 +255,15 @@ describe('Scheduler parts (no model)', () => {
       );
       // The unfilled prompt (from the planned start) and every token left to generate.
       assert.equal(req.cellsToCome(), 2 + 2 * 5);
-      req.choices[0].tokens.push(7, 7);
-      req.choices[1].result = { finishReason: 'stop' };
+      req.choices[0].generated = 2;
+      req.choices[1].state = 'ended';
       assert.equal(req.cellsToCome(), 2 + 3);
       // Log-probabilities need every token sampled, not drafted: arming with a spec opens no drafter.
       const branch = { setSamplerParams: () => {}, setGrammar: () => {} };
-      req.choices[0].arm({ branch, tokens: [] }, { source: { open: () => assert.fail('drafted') }, maxDraft: 4 });
-      assert.equal(req.choices[0].drafter, null);
+      const gen = req.lines[1].job;
+      assert.equal(gen.choice, req.choices[0]);
+      gen.arm({ branch, tokens: [] }, { source: { open: () => assert.fail('drafted') }, maxDraft: 4 });
+      assert.deepEqual([gen.state, gen.drafter], ['sampling', null]);
     });
   });
 

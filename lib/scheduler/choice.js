@@ -1,0 +1,70 @@
+'use strict';
+
+/**
+ * One of a request's n choices, as its Generation sees it: the events of its tokens
+ * (`{choice, token, text, logprob?, top?, delta?}`), then one ending event, and the choice the
+ * result holds (text, tokens, finishReason, perplexity, logprobs, and a chat reply's content,
+ * reasoning and tool calls). Its gen (./jobs.js) feeds it; a choice of a request that ended
+ * before it started is ended 'abort' without one. Its `state`: 'generating', then 'ended'.
+ */
+class Choice {
+  /**
+   * @param {number} index
+   * @param {(event: any) => void} push the request's Generation's
+   * @param {import('./chat').ChatStream | null} chat the reply parsed as it grows, for a chat with tools or reasoning
+   */
+  constructor(index, push, chat) {
+    this.state = 'generating';
+    this.index = index;
+    this.push = push;
+    this.chat = chat;
+    /** Tokens generated so far (what the choice may still write is maxTokens minus these). */
+    this.generated = 0;
+    /** The choice's perplexity, set by its line when it ends (Infinity: none). */
+    this.perplexity = Infinity;
+    /** @type {any} the result's choice, once ended */
+    this.result = null;
+  }
+
+  /** A token taken: its released `text`, log-probability and chat delta go out as one event. */
+  token(token, text, lp, matcher) {
+    this.generated++;
+    /** @type {any} */
+    const event = { choice: this.index, token, text };
+    if (lp) {
+      event.logprob = lp.logprob;
+      event.top = lp.top;
+    }
+    if (this.chat) event.delta = text === '' ? null : this.chat.update(matcher.text.slice(0, matcher.released));
+    this.push(event);
+  }
+
+  /**
+   * The gen ended with `gen` (its text, tokens, finishReason, logprobs); `rest`: the text its stop
+   * matcher held back until now. A chat reply is parsed whole (a call's end: 'tool_calls').
+   */
+  end(gen, rest) {
+    const { text, tokens, logprobs } = gen;
+    let { finishReason } = gen;
+    const chat = this.chat;
+    let delta = null;
+    let message = {};
+    if (chat && finishReason !== 'abort') {
+      delta = chat.finish(text);
+      message = chat.message;
+      if (chat.message.toolCalls.length > 0 && finishReason === 'stop') finishReason = 'tool_calls';
+    }
+    const ending = { choice: this.index, token: null, text: rest, finishReason };
+    this.push(chat ? { ...ending, delta, message: chat.message } : ending);
+    const perplexity = this.perplexity;
+    this.result = { text, tokens, finishReason, perplexity, ...(logprobs ? { logprobs } : {}), ...message };
+    this.state = 'ended';
+  }
+
+  /** Ends a choice that never started (its request was aborted before admission). */
+  abortUnstarted() {
+    this.end({ text: '', tokens: [], finishReason: 'abort' }, '');
+  }
+}
+
+module.exports = { Choice };
