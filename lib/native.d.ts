@@ -110,7 +110,7 @@ export declare class SessionContext {
    * length). Resolves with each decode's milliseconds, -1 for one that could not run (no
    * scratch sequence, or too few free cells); nothing is left behind either way.
    */
-  _warmUp(sizes: Array<number>, after?: number | undefined | null): Promise<number[]>
+  _warmUp(sizes: number[], after?: number): Promise<number[]>
   get _splitPairs(): boolean
   /**
    * Throws the error `code` names, with the message defined in `error.rs`: for the few checks

@@ -392,12 +392,16 @@ impl SessionContext {
     /// that the timed decodes attend over a longer cache (attention kernels change with its
     /// length). Resolves with each decode's milliseconds, -1 for one that could not run (no
     /// scratch sequence, or too few free cells); nothing is left behind either way.
-    #[napi(js_name = "_warmUp", ts_return_type = "Promise<number[]>")]
+    #[napi(
+        js_name = "_warmUp",
+        ts_args_type = "sizes: number[], after?: number",
+        ts_return_type = "Promise<number[]>"
+    )]
     pub fn _warm_up<'env>(
         &self,
         env: &'env Env,
-        sizes: Vec<u32>,
-        after: Option<u32>,
+        sizes: Arg<Vec<f64>>,
+        after: Arg<Option<f64>>,
     ) -> Result<Object<'env>> {
         let ContextInfo {
             n_batch,
@@ -405,12 +409,20 @@ impl SessionContext {
             n_ctx,
             ..
         } = self.info;
-        let after = after.unwrap_or(0);
         self.spawn(env, move || {
+            let sizes = sizes
+                .get("_warmUp: sizes", "an array of token counts")?
+                .into_iter()
+                .map(|n| convert::int_in("_warmUp: size", n, 1, n_batch as i64).map(|n| n as u32))
+                .collect::<crate::error::Result<Vec<u32>>>()?;
+            let after = match after.get("_warmUp: after", "a number of cells")? {
+                Some(a) => convert::int_in("_warmUp: after", a, 0, n_ctx as i64)? as u32,
+                None => 0,
+            };
             let largest = sizes.iter().copied().max().unwrap_or(0);
-            if sizes.contains(&0) || largest > n_batch || after.saturating_add(largest) > n_ctx {
+            if after.saturating_add(largest) > n_ctx {
                 return Err(Error::invalid(format!(
-                    "_warmUp: sizes must be 1..{n_batch} (nBatch) and after + size at most {n_ctx} (nCtx), got {sizes:?} after {after}"
+                    "_warmUp: after + size must be at most {n_ctx} (nCtx), got {largest} after {after}"
                 )));
             }
             Ok(move |e: &mut Engine| {
