@@ -11,9 +11,9 @@ use super::store::{BranchStore, CreateOptions, ForkOptions};
 use crate::error::Error;
 use crate::llama::Token;
 
-const N_VOCAB: i32 = 16;
+pub(super) const N_VOCAB: i32 = 16;
 
-fn greedy() -> BranchSampling {
+pub(super) fn greedy() -> BranchSampling {
     BranchSampling::new(Chain::greedy(N_VOCAB).unwrap(), None)
 }
 
@@ -25,7 +25,8 @@ fn setup(n_ctx: u32, n_seq: u32) -> (FakeKv, BranchStore, Pool) {
     )
 }
 
-fn root(kv: &mut FakeKv, store: &mut BranchStore, prompt: &[Token]) -> Handle {
+/// A root branch with `prompt` prefilled (also the fixture of engine/tree.rs's tests).
+pub(super) fn root(kv: &mut FakeKv, store: &mut BranchStore, prompt: &[Token]) -> Handle {
     let h = store
         .create(
             kv,

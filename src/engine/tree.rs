@@ -398,11 +398,7 @@ mod tests {
     use crate::engine::store::{CreateOptions, ForkOptions};
     use crate::llama::Token;
 
-    const N_VOCAB: i32 = 16;
-
-    fn greedy() -> BranchSampling {
-        BranchSampling::new(Chain::greedy(N_VOCAB).unwrap(), None)
-    }
+    use crate::engine::store_tests::{greedy, root, N_VOCAB};
 
     fn samplings(saved: &[SavedBranch]) -> Vec<BranchSampling> {
         saved
@@ -422,20 +418,7 @@ mod tests {
     /// root (5 prompt tokens) → a (+2) → a2 (+1); root → b (+3); root → c (no own cells).
     fn tree(kv: &mut FakeKv, store: &mut BranchStore) -> Vec<Handle> {
         let pool = Pool::new(1);
-        let root = store
-            .create(
-                kv,
-                CreateOptions {
-                    position: 0,
-                    seq: None,
-                    sampling: greedy(),
-                    n_batch: None,
-                },
-            )
-            .unwrap();
-        store
-            .prefill(kv, &[(root, vec![1, 2, 3, 4, 5])], None, &|| false)
-            .unwrap();
+        let root = root(kv, store, &[1, 2, 3, 4, 5]);
         commit(kv, store, &pool, &[root]);
         let a = store.fork(kv, root, ForkOptions::default()).unwrap();
         let b = store.fork(kv, root, ForkOptions::default()).unwrap();
