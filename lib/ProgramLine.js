@@ -44,6 +44,11 @@ class ProgramLine {
     return this.#line.tokens.slice();
   }
 
+  /** The line's id in the Scheduler's events (`p1.0`, `p1.1`, …: docs/events.md). */
+  get id() {
+    return this.#line.id;
+  }
+
   /** Whether release() was called or the program ended. */
   get released() {
     return this.#line.released || this.#line.state === 'freed';
@@ -242,7 +247,8 @@ class ProgramLine {
   decide(questions, options) {
     const line = this.#line;
     line.checkIdle('decide');
-    return decideOnLine(this, line.program.ctx, questions, options);
+    const emit = (fields) => line.program.emit('decision', { branch: line.id, ...fields });
+    return decideOnLine(this, line.program.ctx, questions, options, emit);
   }
 
   /**

@@ -127,9 +127,19 @@ describe('decisions: scheduler.decide', function () {
     } finally {
       await fresh.close();
     }
-    // The same state again: served from the prefix cache, only the question is decoded.
+    // The same decision again: the state and the question's fork (its text after the state)
+    // are both prefix-cache entries now, logits included: nothing is decoded.
     const again = await measure(one, scheduler);
-    assert.ok(again.prefilled < 60, `again: prefilled ${again.prefilled}`);
+    assert.equal(again.prefilled, 0, `again: prefilled ${again.prefilled}`);
+    assert.ok(Math.abs(again.result.answers.q0.noul - single.result.answers.q0.noul) < 1e-6);
+    // Eight questions on the cached state decode only their own texts; asked again, nothing.
+    const eightOnCached = await measure(eight, scheduler);
+    const own = eightOnCached.result.usage.inputTokens - eightOnCached.result.usage.stateTokens;
+    assert.ok(eightOnCached.prefilled <= own, `prefilled ${eightOnCached.prefilled}, questions ${own}`);
+    const eightAgain = await measure(eight, scheduler);
+    assert.equal(eightAgain.prefilled, 0, `eight again: prefilled ${eightAgain.prefilled}`);
+    // The reads come from the logits the first asking left in the cache: the same answers.
+    assert.deepEqual(eightAgain.result.answers, eightOnCached.result.answers);
   });
 
   it('scores a choice of more options than letters through option texts, in chunks of the lines it may hold', async () => {

@@ -32,6 +32,11 @@ const MAX_PERMUTE = 10;
 const MAX_QUESTIONS = 64;
 const REQUEST_FIELDS = ['state', 'questions', 'template', 'permute', 'read', 'maxQuestions', 'maxBranches', 'signal'];
 const LINE_FIELDS = ['permute', 'read', 'maxQuestions', 'parallel'];
+/**
+ * `scheduler.decide` hands its checked plan and layout to the root line's `decide` under this key
+ * (not a public option: a symbol, so no JSON or user object can carry it).
+ */
+const LAID_OUT = Symbol('decide: the plan and layout scheduler.decide made');
 /** Cells added per line beyond its own tokens: a fork that re-decodes the token before it. */
 const SLACK_PER_LINE = 2;
 /**
@@ -344,11 +349,12 @@ function lineBudget(total) {
  * order). Label mode reads the label tokens from the fork's one logits row; text mode scores the
  * option names with `select`, in chunks of what the budget allows when there are many.
  */
-async function scoreTask(stateLine, task, look, budget) {
+async function scoreTask(stateLine, task, look, budget, forks) {
   const { question, reading, shift } = task;
   const { text, order } = questionText(question, reading, shift);
   const held = await budget.take(task.lines);
   const line = stateLine.fork(1)[0];
+  forks.push(line.id);
   try {
     line.append(`${text}${look.tail}`);
     const n = question.options.length;
@@ -421,19 +427,33 @@ function planOf(ctx, questions, look, settings) {
 }
 
 /**
- * Asks every question of `plan` on forks of `stateLine` at once; resolves with the answers.
- * @returns {Promise<Record<string, any>>}
+ * Asks every question of `plan` on forks of `stateLine` at once; resolves with the answers and,
+ * per question, what the `decision` event shows of it (its forks, each option's probability).
+ * @returns {Promise<{ answers: Record<string, any>, shown: any[] }>}
  */
 async function askAll(stateLine, plan, look, budget) {
-  const perQuestion = plan.map(({ tasks }) => Promise.all(tasks.map((t) => scoreTask(stateLine, t, look, budget))));
+  const forks = plan.map(() => []);
+  const perQuestion = plan.map(({ tasks }, q) =>
+    Promise.all(tasks.map((t) => scoreTask(stateLine, t, look, budget, forks[q]))),
+  );
   const scored = await Promise.all(perQuestion);
   const answers = {};
-  plan.forEach(({ question }, q) => {
+  const shown = plan.map(({ question, reading }, q) => {
     const runs = scored[q].map(softmax);
     const p = question.options.map((_, i) => runs.reduce((s, r) => s + r[i], 0) / runs.length);
-    answers[question.name] = answerOf(question, p);
+    const answer = answerOf(question, p);
+    answers[question.name] = answer;
+    return {
+      name: question.name,
+      type: question.type,
+      read: reading.mode,
+      branches: forks[q],
+      options: question.options.map((o, i) => ({ name: o.name, p: Math.round(p[i] * 10000) / 10000 })),
+      answer: answer[question.type], // noul: P(true); choice: the winner's name; score: the level index
+      confidence: confidenceOf(p),
+    };
   });
-  return answers;
+  return { answers, shown };
 }
 
 /** Lines the decision needs at once for its widest task, checked against what it may hold. */
@@ -490,7 +510,7 @@ async function decide(scheduler, ctx, request) {
   const answers = await scheduler.run(
     async (s) => {
       s.append(look.head);
-      return askAll(s, plan, look, lineBudget(maxBranches - 1));
+      return s.decide(request.questions, { parallel: maxBranches - 1, [LAID_OUT]: { look, plan } });
     },
     { maxBranches, maxCells: cells, ...(request.signal ? { signal: request.signal } : {}) },
   );
@@ -512,25 +532,40 @@ async function decide(scheduler, ctx, request) {
  * @param {any} [options]
  * @returns {Promise<Record<string, import('../types').DecisionAnswer>>}
  */
-async function decideOnLine(line, ctx, questions, options = {}) {
-  const where = 'decide(questions, options?)';
-  if (options === null || typeof options !== 'object') throw refused(`${where}: options must be an object`);
-  for (const key of Object.keys(options)) {
-    if (!LINE_FIELDS.includes(key))
-      throw refused(`${where}: unknown option ${JSON.stringify(key)}; known: ${LINE_FIELDS.join(', ')}`, key);
+async function decideOnLine(line, ctx, questions, options, emit) {
+  const opts = options === undefined ? {} : options;
+  const laidOut = opts !== null && typeof opts === 'object' ? opts[LAID_OUT] : undefined;
+  let plan, look, parallel, state;
+  if (laidOut) {
+    // scheduler.decide: the line holds the state as its layout put it; checked there
+    ({ plan, look } = laidOut);
+    parallel = opts.parallel;
+    state = line;
+  } else {
+    const where = 'decide(questions, options?)';
+    if (opts === null || typeof opts !== 'object') throw refused(`${where}: options must be an object`);
+    for (const key of Object.keys(opts)) {
+      if (!LINE_FIELDS.includes(key))
+        throw refused(`${where}: unknown option ${JSON.stringify(key)}; known: ${LINE_FIELDS.join(', ')}`, key);
+    }
+    const settings = checkSettings({ ...opts, template: 'raw' }, where);
+    parallel = opts.parallel === undefined ? 3 : opts.parallel;
+    if (!Number.isInteger(parallel) || parallel < 1)
+      throw refused(`${where}: parallel must be a positive integer (lines at once beside the line)`, 'parallel');
+    const list = checkQuestions(questions, settings.maxQuestions);
+    if (line.tokens.length === 0) throw refused('decide(): the line is empty; append the state first');
+    look = { head: '', tail: '\nAnswer:', labelPrefix: ' ' };
+    plan = planOf(ctx, list, look, settings);
+    checkWidth(
+      plan.flatMap((p) => p.tasks),
+      parallel,
+      'parallel',
+    );
+    state = { fork: (n) => line.fork(n).map((f) => f.append('\n\n')) };
   }
-  const settings = checkSettings({ ...options, template: 'raw' }, where);
-  const parallel = options.parallel === undefined ? 3 : options.parallel;
-  if (!Number.isInteger(parallel) || parallel < 1)
-    throw refused(`${where}: parallel must be a positive integer (lines at once beside the line)`, 'parallel');
-  const list = checkQuestions(questions, settings.maxQuestions);
-  if (line.tokens.length === 0) throw refused('decide(): the line is empty; append the state first');
-  const look = { head: '', tail: '\nAnswer:', labelPrefix: ' ' };
-  const plan = planOf(ctx, list, look, settings);
-  const tasks = plan.flatMap((p) => p.tasks);
-  checkWidth(tasks, parallel, 'parallel');
-  const state = { fork: (n) => line.fork(n).map((f) => f.append('\n\n')) };
-  return askAll(state, plan, look, lineBudget(parallel));
+  const { answers, shown } = await askAll(state, plan, look, lineBudget(parallel));
+  emit({ questions: shown });
+  return answers;
 }
 
 module.exports = {

@@ -214,6 +214,7 @@ class Line {
     if (program.leasesHeld >= program.maxBranches) return false;
     const parent = this.parent;
     if (parent) {
+      if (this.forkFromCache(cache)) return true;
       if (parent.state !== 'live' || parent.filled < this.anchor) return false;
       if (parent.filled === this.anchor) {
         this.took(parent.branch.fork());
@@ -225,9 +226,35 @@ class Line {
       }
       parent.dependents--;
       this.parent = null;
+      // What the fork appended becomes a cache entry too, when it is worth one: the next fork
+      // of the same state with the same text (a decision's question asked again, a sub-agent's
+      // instructions) then starts from it.
+      if (this.pending.length >= MIN_PARTIAL_REUSE && spareLease()) this.openSegment(cache);
       return true;
     }
     return this.startFresh(cache, createBranch, spareLease);
+  }
+
+  /**
+   * A fork whose own text (what was appended after the fork point) is in the prefix cache forks
+   * the cache entry instead of its parent, past the fork point: only the rest is decoded (none
+   * of it when the entry holds the whole text, logits included). False when the cache holds no
+   * more of the line than its parent does, or that entry is still being filled.
+   */
+  forkFromCache(cache) {
+    const wanted = this.tokens.length - this.scoring; // tokens to score are decoded by the line
+    if (wanted - this.anchor < MIN_PARTIAL_REUSE) return false;
+    const start = cache.bestStart(this.tokens.slice(0, wanted));
+    const entry = start.entry;
+    const length = !entry ? 0 : start.partial ? Math.min(start.length, wanted - 1) : start.length;
+    if (!entry || !entry.ready || length <= this.anchor) return false;
+    cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
+    this.took(start.partial ? entry.branch.forkAt(length) : entry.branch.fork());
+    this.pending = this.tokens.slice(length);
+    this.program.started(this, length - this.anchor);
+    this.parent.dependents--;
+    this.parent = null;
+    return true;
   }
 
   /** The line's own branch (a lease of its program's). */
@@ -294,7 +321,7 @@ class Line {
    * The cache entry is filled: the cache keeps that branch; the line goes on in a fork of it (a
    * sealed prompt filled to its end uses the entry's branch as is), the next segment open.
    */
-  cacheFilled(cache) {
+  cacheFilled(cache, spareLease) {
     const entry = this.segment;
     this.segment = null;
     if (!this.cachePoints) cache.unpin(entry);
@@ -302,6 +329,12 @@ class Line {
       cache.filled(entry);
       this.program.gaveLease(); // the branch is the cache's from now on
       this.useCached(entry);
+      return;
+    }
+    // An entry opened without a reserved lease keeps one only if one is still spare now (a
+    // program admitted since may count on it; several lines may have opened entries at once).
+    if (!this.cachePoints && !spareLease()) {
+      cache.forget(entry);
       return;
     }
     try {
@@ -343,12 +376,12 @@ class Line {
   }
 
   /** `count` pending tokens are in the KV now (`logprobs`: the scored ones'); returns `count`. */
-  prefilled(count, cache, logprobs) {
+  prefilled(count, cache, logprobs, spareLease) {
     const from = this.scoreFrom(count);
     const scored = from === undefined ? null : this.pending.slice(from, count);
     this.pending = this.pending.slice(count);
     this.program.prefilledTokens(count);
-    if (this.segment && this.filled === this.segment.tokens.length) this.cacheFilled(cache);
+    if (this.segment && this.filled === this.segment.tokens.length) this.cacheFilled(cache, spareLease);
     if (!scored) return count;
     if (this.program.events.on)
       this.emitToken(scored.map((t) => this.program.ctx.tokenToText(t)).join(''), this.filled, 'forced');

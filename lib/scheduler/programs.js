@@ -115,7 +115,7 @@ class Programs {
     lines.forEach(({ line, take }, i) => {
       tokens += take;
       try {
-        line.prefilled(take, this.cache, scores[i]);
+        line.prefilled(take, this.cache, scores[i], this.spareLease);
       } catch (e) {
         line.fail(e); // e.g. no lease for a request's next segment after all
       }

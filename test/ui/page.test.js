@@ -163,6 +163,73 @@ describe('the live page in Chromium', function () {
     assert.deepEqual(errors, [], 'no console errors');
   });
 
+  it('draws a decision: the state, a fork per question, every option with its probability', async () => {
+    const res = await fetch(`${live.url}/v1/systemone`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        state: 'Support ticket: I was charged twice for my order last week and nobody answers my emails.',
+        questions: {
+          urgent: { type: 'noul', instructions: 'Does this ticket need an answer today?' },
+          team: {
+            type: 'choice',
+            instructions: 'Which team should handle it?',
+            criteria: { billing: 'payments and invoices', shipping: null, technical: 'bugs and outages' },
+          },
+          mood: { type: 'score', instructions: 'How upset is the customer?', criteria: ['calm', 'annoyed', 'angry'] },
+        },
+      }),
+    });
+    assert.equal(res.status, 200);
+    const { answers } = await res.json();
+    await page.waitForFunction(() => document.querySelectorAll('li.node > .decision').length === 3);
+    const drawn = await page.$$eval('li.node', (nodes) =>
+      nodes
+        .filter((n) => n.querySelector(':scope > .decision'))
+        .map((n) => ({
+          state: n.dataset.state,
+          parent: n.parentElement.closest('li.node').dataset.branch,
+          name: n.querySelector('.qname').textContent,
+          options: [...n.querySelectorAll('.option')].map((o) => ({
+            name: o.dataset.option,
+            p: Number(o.dataset.p),
+            winner: o.classList.contains('winner'),
+          })),
+        })),
+    );
+    assert.deepEqual(drawn.map((q) => q.name).sort(), ['mood', 'team', 'urgent']);
+    const root = drawn[0].parent;
+    const rootHead = await page.$eval(`li.node[data-branch="${root}"] > .node-head`, (h) => h.textContent);
+    assert.match(rootHead, /state of 3 questions/, 'the state is the root every question forks');
+    for (const q of drawn) {
+      assert.equal(q.parent, root, `${q.name} is a fork of the state`);
+      assert.equal(q.state, 'answered');
+      const total = q.options.reduce((s, o) => s + o.p, 0);
+      assert.ok(Math.abs(total - 1) < 1e-3, `${q.name}: the probabilities sum to ${total}`);
+      assert.equal(q.options.filter((o) => o.winner).length, 1);
+    }
+    const byName = Object.fromEntries(drawn.map((q) => [q.name, q]));
+    const close = (a, b, what) => assert.ok(Math.abs(a - b) < 1e-3, `${what}: drawn ${a}, answered ${b}`);
+    assert.deepEqual(
+      byName.urgent.options.map((o) => o.name),
+      ['true', 'false'],
+    );
+    close(byName.urgent.options[0].p, answers.urgent.noul, 'urgent');
+    assert.deepEqual(
+      byName.team.options.map((o) => o.name),
+      ['billing', 'shipping', 'technical'],
+    );
+    for (const o of byName.team.options) close(o.p, answers.team.probabilities[o.name], `team.${o.name}`);
+    assert.equal(byName.team.options.find((o) => o.winner).name, answers.team.choice);
+    assert.deepEqual(
+      byName.mood.options.map((o) => o.name),
+      ['calm', 'annoyed', 'angry'],
+    );
+    for (const o of byName.mood.options) close(o.p, answers.mood.probabilities[o.name], `mood.${o.name}`);
+    await screenshot('decision');
+    assert.deepEqual(errors, []);
+  });
+
   it('renders at 390×844 without horizontal scrolling', async () => {
     await page.setViewportSize({ width: 390, height: 844 });
     const width = await page.evaluate(() => document.documentElement.scrollWidth);

@@ -100,6 +100,8 @@
         n.state = 'pruned';
         return touch(n);
       }
+      case 'decision':
+        return decision(e);
       case 'done':
         return treeDone(e);
       case 'step':
@@ -149,6 +151,26 @@
       n.reason = null;
     }
     touch(n);
+  }
+
+  /**
+   * A `decision` event: each question's forks of the state become its answer, with every option's
+   * probability drawn under the question's first fork (state → question forks → options).
+   */
+  function decision(e) {
+    const state = node(e.branch);
+    if (!state || !Array.isArray(e.questions)) return log(e);
+    state.decided = (state.decided || 0) + e.questions.length;
+    touch(state);
+    for (const q of e.questions) {
+      const forks = (q.branches || []).map(node).filter(Boolean);
+      forks.forEach((n, i) => {
+        n.state = 'answered';
+        n.reason = null;
+        if (i === 0) n.decision = q;
+        touch(n);
+      });
+    }
   }
 
   /** A `done` event: the request or program ended; branches still running end with it. */
@@ -254,6 +276,37 @@
     li.dataset.tokens = String(own);
     const text = li.children[1];
     text.textContent = n.text.length > TEXT_TAIL ? `…${n.text.slice(-TEXT_TAIL)}` : n.text;
+    if (n.decided) stats.textContent += ` · state of ${n.decided} question${n.decided === 1 ? '' : 's'}`;
+    if (n.decision) renderDecision(li, n.decision);
+  }
+
+  /** A question's options under its fork: a bar per option, its probability, the winner marked. */
+  function renderDecision(li, q) {
+    let box = li.querySelector(':scope > .decision');
+    if (!box) {
+      box = el('div', 'decision');
+      li.insertBefore(box, li.children[2] || null);
+    }
+    const best = q.options.reduce((b, o, i) => (o.p > q.options[b].p ? i : b), 0);
+    const head = el('div', 'question');
+    const shown = typeof q.answer === 'number' ? q.answer.toFixed(3) : String(q.answer);
+    head.append(
+      el('span', 'qname', q.name),
+      el('span', 'qtype', `${q.type} · ${q.read === 'label' ? 'one logits row' : 'option texts scored'}`),
+      el('span', 'qanswer', `→ ${shown} · confidence ${Math.round(q.confidence * 100)} %`),
+    );
+    const list = el('ul', 'options');
+    q.options.forEach((o, i) => {
+      const item = el('li', i === best ? 'option winner' : 'option');
+      item.dataset.option = o.name;
+      item.dataset.p = String(o.p);
+      const bar = el('span', 'bar');
+      bar.style.width = `${Math.round(o.p * 100)}%`;
+      item.append(el('span', 'oname', o.name), el('span', 'track'), el('span', 'p', `${(o.p * 100).toFixed(1)} %`));
+      item.children[1].append(bar);
+      list.append(item);
+    });
+    box.replaceChildren(head, list);
   }
 
   function renderTree(t) {
