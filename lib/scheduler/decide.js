@@ -529,7 +529,8 @@ async function decide(scheduler, ctx, request) {
  * @param {any} line a ProgramLine
  * @param {import('../Context').SessionContext} ctx
  * @param {any} questions
- * @param {any} [options]
+ * @param {any} options undefined: the defaults
+ * @param {(fields: object) => void} emit sends the line's `decision` event
  * @returns {Promise<Record<string, import('../types').DecisionAnswer>>}
  */
 async function decideOnLine(line, ctx, questions, options, emit) {
