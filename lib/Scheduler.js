@@ -341,7 +341,7 @@ class Scheduler {
       if (this._tiers && item.kind === 'request' && !request.tierSkip && this._tiers.lookup(request.tokens, need.start))
         return;
       const { cells, leases } = need;
-      if (!this._cache.evictUntil(() => this._fits(cells, leases), need.entry)) {
+      if (!this._makeRoom(cells, leases, need.entry)) {
         if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
         this._queue.shift();
         item.reject(neverFitsError(cells, leases, this._store.kvPressure(), this._store.available));
@@ -379,7 +379,7 @@ class Scheduler {
       if (!found) continue;
       const keep = found.tokens.length === tokens.length ? tokens.length - 1 : found.tokens.length;
       const need = item.needsFrom(keep);
-      if (!this._cache.evictUntil(() => this._fits(keep + need.cells, need.leases + 1))) {
+      if (!this._makeRoom(keep + need.cells, need.leases + 1)) {
         // Nothing running will give cells back: it never fits restored, admit it as it is.
         if (this._programs.size === 0) item.tierSkip = true;
         return;
@@ -390,6 +390,15 @@ class Scheduler {
       entry.hinted = Boolean(item.cacheKey);
       return;
     }
+  }
+
+  /**
+   * Evicts least-recently-used cached prefixes (never `keep`) until `cells` and `leases` are free
+   * beyond what running programs may still take; false if they never are.
+   */
+  _makeRoom(cells, leases, keep = null) {
+    while (!this._fits(cells, leases)) if (!this._cache.evictOne(keep)) return false;
+    return true;
   }
 
   /** Whether `cells` and `leases` are free beyond what running programs may still take. */

@@ -5,7 +5,8 @@
  * filled, their logits), indexed by a radix tree over tokens. The policy lives here, in one
  * place (the shape of sglang's radix cache, not its code): each entry has a reference count
  * (`pins`: requests using it) and a last-access time; `bestStart` says where a prompt can start,
- * and `evictUntil` frees least-recently-used entries that nobody pins until a request fits.
+ * and `evictOne` frees the least-recently-used entry that nobody pins (the Scheduler's loop, until
+ * a request fits).
  *
  * A branch here only needs `position`, `fork()`, `forkAt(position)` and `prune()`, so the cache
  * is unit-tested with fake branches (test/unit/prefix-cache.test.js).
@@ -185,14 +186,22 @@ class PrefixCache {
    * @param {CacheEntry | null} [keep]
    */
   evictUntil(fits, keep = null) {
+    while (!fits()) if (!this.evictOne(keep)) return false;
+    return true;
+  }
+
+  /**
+   * Evicts the least-recently-used entry that nobody pins, never `keep`; false when there is
+   * none. The Scheduler calls it until a request fits (it alone knows what fits).
+   * @param {CacheEntry | null} [keep]
+   */
+  evictOne(keep = null) {
     if (keep) keep.pins++;
     try {
-      for (;;) {
-        if (fits()) return true;
-        const victim = this.leastRecentlyUsed();
-        if (!victim) return false;
-        this.evict(victim);
-      }
+      const victim = this.leastRecentlyUsed();
+      if (!victim) return false;
+      this.evict(victim);
+      return true;
     } finally {
       if (keep) keep.pins--;
     }
