@@ -25,13 +25,17 @@ const { firstTurn, laterTurn } = require('./scheduler/chat');
 class ProgramLine {
   /** @type {import('./scheduler/line').Line} */
   #line;
+  /** @type {import('./scheduler/run').RunProgram} */
+  #program;
 
   /**
    * Made by `Scheduler.run` (the root) and `fork`, never directly.
    * @param {any} line the Scheduler's side of the line (lib/scheduler/line.js)
+   * @param {any} program the program it belongs to (lib/scheduler/run.js)
    */
-  constructor(line) {
+  constructor(line, program) {
     this.#line = line;
+    this.#program = program;
   }
 
   /** The line's text: what was appended as text and what gen produced, in order. */
@@ -66,9 +70,8 @@ class ProgramLine {
    * @returns {this}
    */
   append(input) {
-    const line = this.#line;
-    line.checkIdle('append');
-    const ctx = line.program.ctx;
+    const line = this.#checkIdle('append');
+    const ctx = this.#program.ctx;
     let tokens, text;
     if (Array.isArray(input) && input.length > 0 && input.every((m) => m !== null && typeof m === 'object')) {
       if (line.tokens.length === 0) {
@@ -105,11 +108,10 @@ class ProgramLine {
    * @returns {Promise<import('./types').ProgramGenResult>}
    */
   async gen(options = {}) {
-    const line = this.#line;
-    line.checkIdle('gen');
+    const line = this.#checkIdle('gen');
     if (options === null || typeof options !== 'object') throw invalid('gen(options?): options must be an object');
     if (line.tokens.length === 0) throw invalid('gen(): the line is empty; append a prompt first');
-    const program = line.program;
+    const program = this.#program;
     const { params, seed, grammar } = checkSampling(options);
     const choices = options.choices === undefined ? null : choicesGrammar(options.choices);
     const constraints = [grammar, options.jsonSchema, choices, options.regex].filter(
@@ -145,11 +147,11 @@ class ProgramLine {
    * @returns {ProgramLine[]}
    */
   fork(n = 1) {
-    const line = this.#line;
-    line.checkIdle('fork');
+    const line = this.#checkIdle('fork');
     positiveInt(n, 'fork(n): n', 1);
-    line.program.reserveLines(n);
-    return line.spawn(n).map((child) => new ProgramLine(child));
+    const program = this.#program;
+    program.reserveLines(n);
+    return program.spawn(line, n).map((child) => new ProgramLine(child, program));
   }
 
   /**
@@ -168,9 +170,8 @@ class ProgramLine {
    * @returns {Promise<import('./types').SelectResult>}
    */
   async select(options, settings = {}) {
-    const line = this.#line;
-    line.checkIdle('select');
-    const ctx = line.program.ctx;
+    const line = this.#checkIdle('select');
+    const ctx = this.#program.ctx;
     if (!Array.isArray(options) || options.length === 0 || !options.every((o) => typeof o === 'string' && o !== ''))
       throw invalid('select(options): options must be a non-empty array of non-empty strings');
     const method = settings && settings.method !== undefined ? settings.method : 'total';
@@ -182,7 +183,7 @@ class ProgramLine {
     const bos = method === 'unconditional' ? ctx.tokenizeSync('', true) : [];
     if (method === 'unconditional' && bos.length === 0)
       throw makeError('ERR_UNSUPPORTED', "select: method 'unconditional' needs a model with a BOS token");
-    return scoreTexts(line, tokens, bos.length > 0 ? bos : null, (sums, base, leafOf) => {
+    return scoreTexts(this.#program, line, tokens, bos.length > 0 ? bos : null, (sums, base, leafOf) => {
       const scores = sums.map((sum, i) => {
         if (method === 'normalized') return sum / tokens[i].length;
         return base ? sum - base[i] : sum;
@@ -205,16 +206,15 @@ class ProgramLine {
    * @returns {Promise<{ logprob: number, top: import('./types').TopLogprob[] }>}
    */
   async logprob(text, options = {}) {
-    const line = this.#line;
-    line.checkIdle('logprob');
-    const ctx = line.program.ctx;
+    const line = this.#checkIdle('logprob');
+    const ctx = this.#program.ctx;
     const tokens = typeof text === 'string' ? ctx.tokenizeSync(text, false) : text;
     if (!isTokenIds(tokens, ctx.vocabSize) || tokens.length === 0)
       throw invalid(`logprob(text): give a non-empty string or token ids in [0, ${ctx.vocabSize})`);
     if (line.tokens.length === 0) throw invalid('logprob(): the line is empty; append a prompt first');
     const top = checkLogprobs((options && options.top) || 0, 'options.top');
     if (tokens.length === 1) return this.#start(new PeekJob(tokens[0], top));
-    return scoreTexts(line, [tokens], null, ([logprob]) => ({ logprob, top: [] }));
+    return scoreTexts(this.#program, line, [tokens], null, ([logprob]) => ({ logprob, top: [] }));
   }
 
   /**
@@ -226,9 +226,8 @@ class ProgramLine {
    * @returns {Promise<number[]>}
    */
   async logprobs(tokens) {
-    const line = this.#line;
-    line.checkIdle('logprobs');
-    const ctx = line.program.ctx;
+    const line = this.#checkIdle('logprobs');
+    const ctx = this.#program.ctx;
     if (!isTokenIds(tokens, ctx.vocabSize) || tokens.length === 0)
       throw invalid(`logprobs(tokens): give a non-empty array of token ids in [0, ${ctx.vocabSize})`);
     if (line.tokens.length === 0) throw invalid('logprobs(): the line is empty; append a prompt first');
@@ -245,10 +244,10 @@ class ProgramLine {
    * @returns {Promise<Record<string, import('./types').DecisionAnswer>>}
    */
   decide(questions, options) {
-    const line = this.#line;
-    line.checkIdle('decide');
-    const emit = (fields) => line.program.emit('decision', { branch: line.id, ...fields });
-    return decideOnLine(this, line.program.ctx, questions, options, emit);
+    const line = this.#checkIdle('decide');
+    const program = this.#program;
+    const emit = (fields) => program.emit('decision', { branch: line.id, ...fields });
+    return decideOnLine(this, program.ctx, questions, options, emit);
   }
 
   /**
@@ -257,13 +256,20 @@ class ProgramLine {
    */
   release() {
     this.#line.release();
-    this.#line.program.wake(); // the next step frees it
+    this.#program.wake(); // the next step frees it
+  }
+
+  /** The line, once `op` may start on it: throws unless the program runs and the line is live and idle. */
+  #checkIdle(op) {
+    if (this.#program.state !== 'running') throw this.#program.endedError();
+    this.#line.checkIdle(op);
+    return this.#line;
   }
 
   /** Starts `job` on the line and wakes the Scheduler, which serves it from its next step. */
   #start(job) {
     const done = this.#line.start(job);
-    this.#line.program.wake();
+    this.#program.wake();
     return done;
   }
 }

@@ -72,11 +72,8 @@ class Scheduler {
     this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow, tiers: this._tiers });
     /** Prompts that started from a prefix in the KV cells (restored ones are the tiers' hits). */
     this._kvHits = 0;
-    /** Prompt branches are only forked, never sampled. */
-    this._createPromptBranch = () => Branch.create(ctx, 0, { temperature: 0 });
-    const spareLease = () => this._fits(0, 1); // a lease that no running program may still need
     /** Admitted programs (requests too), until their step of ending. */
-    this._programs = new Programs({ cache: this._cache, createBranch: this._createPromptBranch, spareLease });
+    this._programs = new Programs({ cache: this._cache, store: this._store });
     /** The queue's head waits for a program to give room back: no step until something changes. */
     this._blocked = false;
     this._loop = null;
@@ -85,18 +82,12 @@ class Scheduler {
     this._pressure = this._store.kvPressure();
     /** What happens to requests, programs and their branches, for `subscribe` (docs/events.md). */
     this._events = new SchedulerEvents();
-    /** What each request and program is given: the defaults, the shared cache and events, `wake` for new needs. */
-    this._counters = {
-      steps: 0,
-      promptTokens: 0,
-      cachedPromptTokens: 0,
-      prefilledTokens: 0,
-      generatedTokens: 0,
-      completed: 0,
-      draftTokens: 0,
-      acceptedDraftTokens: 0,
-    };
-    /** What each program is given: the defaults, the shared cache, events and counters, `wake` for new needs. */
+    /**
+     * The Scheduler's own counts for `stats()` (the admitted programs count their prompts, tokens
+     * and completions: ./scheduler/programs.js); `completed`: requests that ended before admission.
+     */
+    this._counters = { steps: 0, prefilledTokens: 0, completed: 0, draftTokens: 0, acceptedDraftTokens: 0 };
+    /** What each program is given: the defaults, the shared cache and events, `wake` for new needs. */
     this._env = {
       ctx,
       vocabSize: ctx.vocabSize,
@@ -105,7 +96,6 @@ class Scheduler {
       wake: () => this._kick(),
       cache: this._cache,
       events: this._events,
-      counters: this._counters,
       spec: this._spec,
     };
   }
@@ -167,7 +157,7 @@ class Scheduler {
     if (this._closed) {
       item.reject(closedError());
     } else if (item.signal && item.signal.aborted) {
-      item.abort();
+      this._endAborted(item);
     } else if (this._queue.length >= this._options.maxQueue) {
       item.reject(queueFullError(this._options.maxQueue));
     } else {
@@ -201,16 +191,24 @@ class Scheduler {
    */
   stats() {
     const c = this._counters;
-    const requests = this._programs.list.filter((p) => p.kind === 'request').length;
+    const p = this._programs;
+    const requests = p.list.filter((program) => program.kind === 'request').length;
     return {
       running: requests,
-      programs: this._programs.size - requests,
+      programs: p.size - requests,
       queued: this._queue.length,
       cachedPrefixes: this._cache.size,
       cellsUsed: this._pressure.cellsUsed,
       nCtx: this._pressure.nCtx,
-      hitRate: c.promptTokens === 0 ? 0 : c.cachedPromptTokens / c.promptTokens,
-      ...c,
+      hitRate: p.promptTokens === 0 ? 0 : p.cachedPromptTokens / p.promptTokens,
+      steps: c.steps,
+      promptTokens: p.promptTokens,
+      cachedPromptTokens: p.cachedPromptTokens,
+      prefilledTokens: c.prefilledTokens,
+      generatedTokens: p.completionTokens,
+      completed: c.completed + p.completed,
+      draftTokens: c.draftTokens,
+      acceptedDraftTokens: c.acceptedDraftTokens,
       evictions: this._cache.evictions,
       ...(this._tiers ? { cacheTiers: { kvHits: this._kvHits, ...this._tiers.stats() } } : {}),
     };
@@ -239,8 +237,15 @@ class Scheduler {
   _abort(item) {
     const queued = this._queue.indexOf(item);
     if (queued !== -1) this._queue.splice(queued, 1);
-    item.abort();
+    this._endAborted(item);
     this._kick(); // a running one ends at the next step
+  }
+
+  /** Ends `item` (out of the queue) for its signal: a request that never started resolves now, counted as completed. */
+  _endAborted(item) {
+    const unstarted = item.state === 'queued' || item.state === 'ready';
+    item.abort();
+    if (unstarted && item.kind === 'request' && item.state === 'done') this._counters.completed++;
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -397,16 +402,8 @@ class Scheduler {
    * beyond what running programs may still take; false if they never are.
    */
   _makeRoom(cells, leases, keep = null) {
-    while (!this._fits(cells, leases)) if (!this._cache.evictOne(keep)) return false;
+    while (!this._programs.fits(cells, leases)) if (!this._cache.evictOne(keep)) return false;
     return true;
-  }
-
-  /** Whether `cells` and `leases` are free beyond what running programs may still take. */
-  _fits(cells, leases) {
-    const holders = this._programs.list;
-    const freeCells = this._store.kvPressure().remaining - holders.reduce((sum, r) => sum + r.cellsToCome(), 0);
-    const freeLeases = this._store.available - holders.reduce((sum, r) => sum + r.leasesToCome, 0);
-    return freeCells >= cells && freeLeases >= leases;
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -434,7 +431,7 @@ class Scheduler {
    * (true: commit the token) and `fail(error)`.
    */
   async _decodePhase() {
-    const rows = this._programs.decodeRows(() => this._counters.generatedTokens++);
+    const rows = this._programs.decodeRows();
     if (rows.length === 0) return 0;
     const speculation = this._spec && { ctx: this._ctx, spec: this._spec };
     const { committed, drafted, accepted } = await decodeAll(this._store, rows, speculation);

@@ -58,18 +58,18 @@ class GenJob {
   }
 
   /**
-   * Before the first sample: the line's sampler gets the gen's params and grammar (throws when
+   * Before the first sample: the line's `branch` gets the gen's params and grammar (throws when
    * refused), and with `spec` (the scheduler speculates; log-probabilities need each token's own
-   * snapshot, which a verified draft does not keep) the line's drafter.
+   * snapshot, which a verified draft does not keep) a drafter opened on the line's `tokens`.
    */
-  arm(line, spec) {
+  arm(branch, tokens, spec) {
     if (this.state !== 'waiting') return;
-    line.branch.setSamplerParams(this.params);
+    branch.setSamplerParams(this.params);
     // setSamplerParams keeps a grammar it is not given: an earlier gen's (complete) grammar
     // would allow nothing but end-of-generation.
-    line.branch.setGrammar(this.grammar || null, this.lazy || undefined);
+    branch.setGrammar(this.grammar || null, this.lazy || undefined);
     if (spec && this.logprobs === undefined) {
-      this.drafter = spec.source.open(line.tokens);
+      this.drafter = spec.source.open(tokens);
       this.draftLength = new DraftLength(spec);
     }
     this.state = 'sampling';

@@ -12,21 +12,35 @@
  * Its branch's `state`: 'waiting' (none yet) → 'live' → 'freed'; `released` means the user gave
  * it back and the next step frees it (once no fork still waits to fork it). Its events (`fork`,
  * `append`, `token`, `finish`, `prune`) are each sent from one method here.
+ *
+ * A line never calls its program: it is told what it needs (`LineEnv`) when it is made, and
+ * what its program counts — leases held and taken, cells written, tokens taken, its start from
+ * the prefix cache — is the line's own state, read by the program and by `Programs` (its
+ * caller), which also decide whose failure a line's is.
  */
 
 const { makeError } = require('../errors');
+const { Branch } = require('../Branch');
 const { MIN_PARTIAL_REUSE } = require('./prefix-cache');
 const { clipped, perplexityOf } = require('./events');
 const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
 
+/**
+ * What every line of one program is given: the context, the prefix cache, the events and the
+ * program's id in them, and whether the cache entries its lines fill are kept warm longer (a
+ * request's `cacheKey`).
+ * @typedef {{ ctx: any, cache: any, events: import('./events').SchedulerEvents, program: string, hinted: boolean }} LineEnv
+ */
+
 class Line {
   /**
-   * @param {any} program the program the line belongs to (./program.js)
+   * @param {LineEnv} env
+   * @param {string} id the line's id in the events (`p1.0`, `p1.1`, ...)
    * @param {Line | null} parent the line this one forks (null: a fresh line)
    * @param {number[]} tokens the line's tokens so far (a copy of the parent's at the fork point)
    */
-  constructor(program, parent, tokens) {
-    this.program = program;
+  constructor(env, id, parent, tokens) {
+    this.env = env;
     this.parent = parent;
     /** Every token of the line: what is in its KV, then `pending`. */
     this.tokens = tokens;
@@ -37,8 +51,8 @@ class Line {
     this.text = '';
     this.state = 'waiting';
     this.branch = null;
-    /** Lines forked from this one that have not taken their branch from it yet. */
-    this.dependents = 0;
+    /** @type {Line[]} lines forked from this one that have not taken their branch from it yet */
+    this.waitingForks = [];
     /** @type {import('./jobs').GenJob | import('./jobs').ScoreJob | import('./jobs').PeekJob | null} the job in flight */
     this.job = null;
     /** The cache entry this line's branch is filling (its prompt, for others to fork), if any. */
@@ -66,19 +80,40 @@ class Line {
     this.selecting = false;
     /** release() was called (the branch is freed at the next step, once no child waits on it). */
     this.released = false;
+    /** Prompt tokens the line's start took from the prefix cache, and how often it started (once, or again after a failed branch). */
+    this.cached = 0;
+    this.starts = 0;
+    /** Leases the line took in all (its own branch, and each fork of a cache entry it filled): its program's count. */
+    this.leasesTaken = 0;
+    /** What its gens wrote, for its program's usage and maxCells: KV cells committed, tokens taken, draft tokens. */
+    this.written = { cells: 0, completionTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 };
     /** The line's id in the scheduler's events (`p1.0`, `p1.1`, ...). */
-    this.id = program.lineId();
-    program.lines.push(this);
-    program.emit('fork', { branch: this.id, parent: parent ? parent.id : null, at: parent ? this.anchor : 0 });
+    this.id = id;
+    if (parent) parent.waitingForks.push(this);
+    this.emit('fork', { branch: this.id, parent: parent ? parent.id : null, at: parent ? this.anchor : 0 });
+  }
+
+  /** Emits one of the line's events (nothing when nobody listens). */
+  emit(type, fields) {
+    if (this.env.events.on) this.env.events.emit(type, { request: this.env.program, ...fields });
+  }
+
+  /** Lines forked from this one still waiting to take their branch from it. */
+  get dependents() {
+    return this.waitingForks.length;
+  }
+
+  /** A fork of this line took its branch, or will never need it: it no longer waits on this line. */
+  forkDone(child) {
+    const at = this.waitingForks.indexOf(child);
+    if (at !== -1) this.waitingForks.splice(at, 1);
   }
 
   // -------------------------------------------------------------------------------------------
   // What the user's ProgramLine does through it.
 
-  /** Throws unless the line can start `op` (the program runs, the line is live and idle). */
+  /** Throws unless the line can start `op` (it is live and idle; its program's state is ProgramLine's check). */
   checkIdle(op) {
-    const program = this.program;
-    if (program.state !== 'running') throw program.endedError();
     if (this.released || this.state === 'freed')
       throw schedulerError(Code.PROGRAM_STATE, `${op}(): this line was released; use another line`);
     if (this.job || this.selecting)
@@ -90,31 +125,13 @@ class Line {
     this.tokens.push(...tokens);
     this.pending.push(...tokens);
     this.text += text;
-    if (this.program.events.on)
-      this.program.emit('append', { branch: this.id, text: clipped(text), n: this.tokens.length });
+    if (this.env.events.on) this.emit('append', { branch: this.id, text: clipped(text), n: this.tokens.length });
   }
 
   /** Starts `job` on the line (served from the next step on); resolves with its result. */
   start(job) {
     this.job = job;
     return job.done.promise;
-  }
-
-  /**
-   * `n` children of this line (or fresh lines when it is empty); leases were reserved. `at`: the
-   * children's tokens, when they fork the line further on than it is now (a `select` path forked
-   * ahead, where its options part).
-   */
-  spawn(n, at = this.tokens) {
-    const children = [];
-    for (let i = 0; i < n; i++) {
-      const fresh = this.tokens.length === 0;
-      const child = new Line(this.program, fresh ? null : this, at.slice());
-      child.text = this.text;
-      if (!fresh) this.dependents++;
-      children.push(child);
-    }
-    return children;
   }
 
   /**
@@ -140,10 +157,10 @@ class Line {
   release(announce = true) {
     if (this.released || this.state === 'freed') return;
     this.released = true;
-    if (announce) this.program.emit('prune', { branch: this.id });
+    if (announce) this.emit('prune', { branch: this.id });
     if (this.job) this.endJob(null, makeError('ERR_ABORTED', 'the line was released while it generated'));
     if (this.parent) {
-      this.parent.dependents--; // it will never fork the parent now
+      this.parent.forkDone(this); // it will never fork the parent now
       this.parent = null;
     }
   }
@@ -176,14 +193,9 @@ class Line {
     return this.released && this.state !== 'freed' && this.dependents === 0;
   }
 
-  /** Whose rows these are in the decode phase: one failure of a request's choice fails the request. */
-  get owner() {
-    return this.program.ownerOf(this);
-  }
-
-  /** The line's work failed with `error` (its job rejects; a request fails whole). */
-  fail(error) {
-    this.program.lineFailed(this, error);
+  /** Whether the line holds a lease of its program's: a branch of its own (not a cache entry's). */
+  get holdsLease() {
+    return this.state === 'live' && !this.borrowed;
   }
 
   /** Pending tokens a score job still scores (the last ones). */
@@ -201,38 +213,30 @@ class Line {
   }
 
   /**
-   * Gives a needed line its branch: a fork of its parent once the parent's KV reaches the
-   * anchor; a fresh line forks the longest cached prompt prefix, or starts empty. Returns
-   * whether the line has a branch now.
+   * Gives a needed line waiting for its branch (its program has a lease for it) that branch: a
+   * fork of its parent once the parent's KV reaches the anchor; a fresh line forks the longest
+   * cached prompt prefix, or starts empty. Returns true when the line now has a branch and its
+   * own text is worth a cache entry (`openSegment`) if a lease is spare, which its caller knows.
    */
-  materialize(cache, createBranch, spareLease) {
-    if (this.state === 'live') return true;
-    if (!this.needed) return false;
-    const program = this.program;
-    // Lines released this step still hold their leases until the next step frees them: wait
-    // rather than take more than the program declared (and was admitted with).
-    if (program.leasesHeld >= program.maxBranches) return false;
+  materialize() {
     const parent = this.parent;
-    if (parent) {
-      if (this.forkFromCache(cache)) return true;
-      if (parent.state !== 'live' || parent.filled < this.anchor) return false;
-      if (parent.filled === this.anchor) {
-        this.took(parent.branch.fork());
-      } else {
-        // The parent went on past the fork point: take its KV up to one token before it and
-        // decode that token again, for the logits at the fork point.
-        this.took(parent.branch.forkAt(this.anchor - 1));
-        this.pending.unshift(parent.tokens[this.anchor - 1]);
-      }
-      parent.dependents--;
-      this.parent = null;
-      // What the fork appended becomes a cache entry too, when it is worth one: the next fork
-      // of the same state with the same text (a decision's question asked again, a sub-agent's
-      // instructions) then starts from it.
-      if (this.pending.length >= MIN_PARTIAL_REUSE && spareLease()) this.openSegment(cache);
-      return true;
+    if (!parent) return this.startFresh();
+    if (this.forkFromCache()) return false;
+    if (parent.state !== 'live' || parent.filled < this.anchor) return false;
+    if (parent.filled === this.anchor) {
+      this.took(parent.branch.fork());
+    } else {
+      // The parent went on past the fork point: take its KV up to one token before it and
+      // decode that token again, for the logits at the fork point.
+      this.took(parent.branch.forkAt(this.anchor - 1));
+      this.pending.unshift(parent.tokens[this.anchor - 1]);
     }
-    return this.startFresh(cache, createBranch, spareLease);
+    parent.forkDone(this);
+    this.parent = null;
+    // What the fork appended becomes a cache entry too, when it is worth one: the next fork
+    // of the same state with the same text (a decision's question asked again, a sub-agent's
+    // instructions) then starts from it.
+    return this.pending.length >= MIN_PARTIAL_REUSE;
   }
 
   /**
@@ -241,7 +245,8 @@ class Line {
    * of it when the entry holds the whole text, logits included). False when the cache holds no
    * more of the line than its parent does, or that entry is still being filled.
    */
-  forkFromCache(cache) {
+  forkFromCache() {
+    const cache = this.env.cache;
     const wanted = this.tokens.length - this.scoring; // tokens to score are decoded by the line
     if (wanted - this.anchor < MIN_PARTIAL_REUSE) return false;
     const start = cache.bestStart(this.tokens.slice(0, wanted));
@@ -251,26 +256,35 @@ class Line {
     cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
     this.took(start.partial ? entry.branch.forkAt(length) : entry.branch.fork());
     this.pending = this.tokens.slice(length);
-    this.program.started(this, length - this.anchor);
-    this.parent.dependents--;
+    this.started(length - this.anchor);
+    this.parent.forkDone(this);
     this.parent = null;
     return true;
+  }
+
+  /** The line started with `cached` of its tokens from the prefix cache (its program counts them). */
+  started(cached) {
+    this.cached = cached;
+    this.starts++;
   }
 
   /** The line's own branch (a lease of its program's). */
   took(branch) {
     this.branch = branch;
     this.state = 'live';
-    this.program.tookLease();
+    this.leasesTaken++;
   }
 
   /**
    * A fresh line's start: a fork of the longest cached prefix of its tokens (never all but
    * logits-less), the cache entry's branch itself when a sealed prompt is cached whole, or a new
-   * branch; its prompt then becomes a cache entry while the line fills it (see openSegment).
-   * False while the prefix it wants is still being filled by someone else.
+   * branch; its prompt then becomes a cache entry while the line fills it (see openSegment: a
+   * request's at once, its leases reserved; a program's new prompt if a lease is spare, which
+   * the returned true asks). Nothing happens while the prefix it wants is still being filled
+   * by someone else.
    */
-  startFresh(cache, createBranch, spareLease) {
+  startFresh() {
+    const cache = this.env.cache;
     // Tokens to score must be decoded by the line itself (their logits rows are the score); the
     // first of them is scored from the logits at the fork point, which a partial fork lacks.
     const wanted = this.pending.length - this.scoring;
@@ -282,17 +296,23 @@ class Line {
     if (entry && !entry.ready && entry.branch.position < length) return false;
     if (entry && this.cachePoints) this.pins.push(cache.pin(entry));
     else if (entry) cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
-    this.program.started(this, entry ? length : 0);
+    this.started(entry ? length : 0);
     if (entry && this.sealed && length === this.pending.length) {
       this.pending = [];
       this.useCached(entry); // the whole prompt is cached, logits included
-      return true;
+      return false;
     }
-    this.took(!entry ? createBranch() : start.partial ? entry.branch.forkAt(length) : entry.branch.fork());
+    const ctx = this.env.ctx;
+    // A new prompt branch is only forked, never sampled.
+    const branch = !entry
+      ? Branch.create(ctx, 0, { temperature: 0 })
+      : start.partial
+        ? entry.branch.forkAt(length)
+        : entry.branch.fork();
+    this.took(branch);
     this.pending = this.pending.slice(length);
-    if (this.cachePoints || (!entry && this.pending.length >= MIN_PARTIAL_REUSE && spareLease()))
-      this.openSegment(cache);
-    return true;
+    if (this.cachePoints) this.openSegment();
+    return !this.cachePoints && !entry && this.pending.length >= MIN_PARTIAL_REUSE;
   }
 
   /**
@@ -300,12 +320,13 @@ class Line {
    * of its prompt), so that programs and requests starting with the same text fork it instead of
    * prefilling it again. A prompt to score is nobody's.
    */
-  openSegment(cache) {
+  openSegment() {
+    const cache = this.env.cache;
     if (this.scoring > 0) return;
     const end = this.cachePoints ? this.cachePoints.find((p) => p > this.filled) : this.tokens.length;
     if (end === undefined) return;
     this.segment = cache.open(this.tokens.slice(0, end), this.branch);
-    if (this.program.cacheKey) this.segment.hinted = true; // a client asked to keep it warm
+    if (this.env.hinted) this.segment.hinted = true; // a client asked to keep it warm
     if (this.cachePoints) this.pins.push(cache.pin(this.segment));
     else cache.pin(this.segment);
   }
@@ -318,22 +339,31 @@ class Line {
   }
 
   /**
-   * The cache entry is filled: the cache keeps that branch; the line goes on in a fork of it (a
-   * sealed prompt filled to its end uses the entry's branch as is), the next segment open.
+   * Whether prefilling `take` more tokens fills a cache entry that no lease was reserved for (a
+   * program's line): the cache keeps it only if a lease is spare then (`prefilled`'s `spare`).
    */
-  cacheFilled(cache, spareLease) {
+  fillsUnreservedEntry(take) {
+    return this.segment !== null && !this.cachePoints && this.filled + take === this.segment.tokens.length;
+  }
+
+  /**
+   * The cache entry is filled: the cache keeps that branch; the line goes on in a fork of it (a
+   * sealed prompt filled to its end uses the entry's branch as is: its lease is the cache's
+   * from now on), the next segment open. `spare`: a lease is spare now (see fillsUnreservedEntry).
+   */
+  cacheFilled(spare) {
+    const cache = this.env.cache;
     const entry = this.segment;
     this.segment = null;
     if (!this.cachePoints) cache.unpin(entry);
     if (this.sealed && this.pending.length === 0) {
       cache.filled(entry);
-      this.program.gaveLease(); // the branch is the cache's from now on
       this.useCached(entry);
       return;
     }
     // An entry opened without a reserved lease keeps one only if one is still spare now (a
     // program admitted since may count on it; several lines may have opened entries at once).
-    if (!this.cachePoints && !spareLease()) {
+    if (!this.cachePoints && !spare) {
       cache.forget(entry);
       return;
     }
@@ -346,13 +376,13 @@ class Line {
       return;
     }
     // The filled branch is the cache's now; the fork is a lease of the line's own.
-    this.program.gaveLease();
-    this.program.tookLease();
-    if (this.pending.length > 0) this.openSegment(cache);
+    this.leasesTaken++;
+    if (this.pending.length > 0) this.openSegment();
   }
 
   /** An unfilled cache entry of this line leaves the cache (the line frees its branch itself). */
-  dropSegment(cache) {
+  dropSegment() {
+    const cache = this.env.cache;
     if (!this.segment) return;
     if (!this.cachePoints) cache.unpin(this.segment);
     cache.forget(this.segment);
@@ -368,25 +398,25 @@ class Line {
   nextForkPoint() {
     let at = Infinity;
     if (this.dependents === 0) return at;
-    for (const line of this.program.lines) {
-      if (line.parent === this && line.state === 'waiting' && line.needed && line.anchor >= this.filled)
-        at = Math.min(at, line.anchor);
+    for (const line of this.waitingForks) {
+      if (line.state === 'waiting' && line.needed && line.anchor >= this.filled) at = Math.min(at, line.anchor);
     }
     return at;
   }
 
-  /** `count` pending tokens are in the KV now (`logprobs`: the scored ones'); returns `count`. */
-  prefilled(count, cache, logprobs, spareLease) {
+  /**
+   * `count` pending tokens are in the KV now (`logprobs`: the scored ones'; `spare`: whether a
+   * lease is spare, asked only when `fillsUnreservedEntry(count)`).
+   */
+  prefilled(count, logprobs, spare) {
     const from = this.scoreFrom(count);
     const scored = from === undefined ? null : this.pending.slice(from, count);
     this.pending = this.pending.slice(count);
-    this.program.prefilledTokens(count);
-    if (this.segment && this.filled === this.segment.tokens.length) this.cacheFilled(cache, spareLease);
-    if (!scored) return count;
-    if (this.program.events.on)
-      this.emitToken(scored.map((t) => this.program.ctx.tokenToText(t)).join(''), this.filled, 'forced');
+    if (this.segment && this.filled === this.segment.tokens.length) this.cacheFilled(spare);
+    if (!scored) return;
+    if (this.env.events.on)
+      this.emitToken(scored.map((t) => this.env.ctx.tokenToText(t)).join(''), this.filled, 'forced');
     if (/** @type {import('./jobs').ScoreJob} */ (this.job).scored(scored, logprobs)) this.job = null;
-    return count;
   }
 
   /**
@@ -399,7 +429,7 @@ class Line {
       return false;
     }
     if (committed) this.committed(produced.token);
-    this.program.usage.completionTokens++;
+    this.written.completionTokens++;
     const reason = /** @type {import('./jobs').GenJob} */ (this.job).take(produced, this.branch);
     this.emitToken(produced.text, this.tokens.length + (committed ? 0 : 1), committed ? 'draft' : null);
     if (!reason) return true;
@@ -414,9 +444,8 @@ class Line {
    */
   verified({ token, accepted, next, drafted }) {
     const gen = /** @type {import('./jobs').GenJob} */ (this.job);
-    const usage = this.program.usage;
-    usage.draftTokens += drafted;
-    usage.acceptedDraftTokens += accepted.length;
+    this.written.draftTokens += drafted;
+    this.written.acceptedDraftTokens += accepted.length;
     for (const produced of accepted) {
       if (this.job !== gen) return;
       this.take(produced, true);
@@ -451,7 +480,7 @@ class Line {
   /** The token `take` kept is in the KV now. */
   committed(token) {
     this.tokens.push(token);
-    this.program.cellsUsed++;
+    this.written.cells++;
   }
 
   /**
@@ -460,9 +489,9 @@ class Line {
    * @param {string} text @param {number} n @param {'draft' | 'forced' | null} [mark]
    */
   emitToken(text, n, mark = null) {
-    if (!this.program.events.on) return;
+    if (!this.env.events.on) return;
     const ppl = mark === 'forced' ? {} : { ppl: perplexityOf(this.branch) };
-    this.program.emit('token', { branch: this.id, text, n, ...ppl, ...(mark ? { [mark]: true } : {}) });
+    this.emit('token', { branch: this.id, text, n, ...ppl, ...(mark ? { [mark]: true } : {}) });
   }
 
   /** Settles the job in flight: a gen with `reason` as its finishReason, or rejected with `error`. */
@@ -471,22 +500,22 @@ class Line {
     if (!job) return;
     this.job = null;
     // A prompt nobody will finish filling must not keep others waiting to fork it.
-    if (this.segment && !this.needed) this.dropSegment(this.program.cache);
+    if (this.segment && !this.needed) this.dropSegment();
     if (error) return void job.finish(null, error);
     const gen = /** @type {import('./jobs').GenJob} */ (job);
     const ppl = perplexityOf(this.branch);
     if (gen.choice) gen.choice.perplexity = this.perplexity();
     const result = gen.finish(reason);
     this.text += result.text;
-    if (this.program.events.on) {
+    if (this.env.events.on) {
       const n = this.tokens.length;
-      this.program.emit('finish', { branch: this.id, reason: result.finishReason, n, ppl });
+      this.emit('finish', { branch: this.id, reason: result.finishReason, n, ppl });
     }
     if (this.chat === 'open') this.chat = 'replied';
     if (gen.choice) {
       // A request's choice is done with its branch: it goes back now, not at the next step.
       this.release(false);
-      this.free(false, []);
+      this.free(false, [], null);
     }
   }
 
@@ -501,20 +530,17 @@ class Line {
 
   /**
    * Gives the branch back (when no child still waits to fork it, unless `force`); the prune's
-   * promise goes into `prunes`.
+   * promise goes into `prunes`. A job still in flight rejects with `error` (its program's ended
+   * error: given whenever the line has a job).
    */
-  free(force, prunes) {
+  free(force, prunes, error) {
     if (this.state === 'freed' || (!force && this.dependents > 0)) return;
-    this.dropSegment(this.program.cache);
-    if (this.job) this.endJob(null, this.program.endedError());
-    const owned = this.state === 'live' && !this.borrowed;
+    this.dropSegment();
+    if (this.job) this.endJob(null, error);
+    if (this.holdsLease && !this.branch.disposed) prunes.push(this.branch.prune().catch(() => {}));
     this.state = 'freed';
-    if (owned) {
-      if (!this.branch.disposed) prunes.push(this.branch.prune().catch(() => {}));
-      this.program.gaveLease();
-    }
     this.branch = null;
-    for (const entry of this.pins) this.program.cache.unpin(entry);
+    for (const entry of this.pins) this.env.cache.unpin(entry);
     this.pins = [];
     this.parent = null;
   }

@@ -51,7 +51,7 @@ const TRANSITIONS = {
  */
 class Program {
   /**
-   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, counters: any, spec: any }} env
+   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, spec: any }} env
    * @param {'program' | 'request'} kind a branch program (`run`), or a request (counted by `maxRunning`)
    * @param {any} signal
    * @param {{ finish: (result: any) => void, fail: (error: any) => void }} sink what settles its promise or Generation
@@ -66,28 +66,27 @@ class Program {
     this.defaultMaxTokens = env.defaultMaxTokens;
     this.jsonSchemaToGrammar = env.jsonSchemaToGrammar;
     this.wake = env.wake;
-    /** The scheduler's counters (`stats()`), and its speculation (null: none). */
-    this.counters = env.counters;
+    /** The scheduler's speculation (null: none). */
     this.spec = env.spec;
     /** Where the program's events go, its id in them, and its lines' count (for their ids). */
     this.events = env.events;
     this.id = env.events.nextId(kind);
     this.lineCount = 0;
-    /** The Scheduler's prefix cache (a line's prompt may become an entry of it). */
+    /** The Scheduler's prefix cache (a line's prompt may become an entry of it), and a request's cache key (./request.js). */
     this.cache = env.cache;
+    this.cacheKey = null;
     /** @type {Line[]} every line made, released ones until they are freed */
     this.lines = [];
+    /** What its lines are given (./line.js `LineEnv`), from its admission on. */
+    this.lineEnv = null;
     this.maxBranches = 0;
     this.maxCells = 0;
-    this.leasesHeld = 0;
-    this.cellsUsed = 0;
-    this.usage = {
-      promptTokens: 0,
-      cachedPromptTokens: 0,
-      completionTokens: 0,
-      draftTokens: 0,
-      acceptedDraftTokens: 0,
-    };
+    /** Prompt tokens prefilled and taken from the prefix cache (counted by `started`, `prefilled`). */
+    this.promptTokens = 0;
+    this.cachedPromptTokens = 0;
+    this.prefilledCells = 0;
+    /** What the lines freed so far wrote (a line's own count goes with it). */
+    this.retired = { cells: 0, completionTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 };
     /** Why the program ends: its value, or an error (set once, when it moves to `ending`). */
     this.outcome = null;
   }
@@ -117,7 +116,7 @@ class Program {
     return line;
   }
 
-  /** `line`'s work failed: its job rejects. */
+  /** `line`'s work failed (its caller, ./programs.js, says so): its job rejects. */
   lineFailed(line, error) {
     line.endJob(null, error);
   }
@@ -166,23 +165,45 @@ class Program {
   /** @param {{ error?: any, value?: any, abort?: boolean }} _outcome @returns {any} */
   result(_outcome) {}
 
-  /** A fresh line of the program got its branch, `cached` of its tokens from the prefix cache. */
-  started(line, cached) {
-    this.usage.cachedPromptTokens += cached;
+  /** A line of the program started (./programs.js saw it): `line.cached` of its tokens came from the prefix cache. */
+  started(line) {
+    this.cachedPromptTokens += line.cached;
   }
 
-  /** `count` pending tokens of a line were prefilled. */
-  prefilledTokens(count) {
-    this.cellsUsed += count;
-    this.usage.promptTokens += count;
+  /** `count` pending tokens of a line were prefilled (./programs.js counts them here before the line hears it). */
+  prefilled(count) {
+    this.prefilledCells += count;
+    this.promptTokens += count;
   }
 
-  tookLease() {
-    this.leasesHeld++;
+  /** Leases its lines hold now (a line released this step holds its lease until the next frees it). */
+  get leasesHeld() {
+    let held = 0;
+    for (const line of this.lines) if (line.holdsLease) held++;
+    return held;
   }
 
-  gaveLease() {
-    this.leasesHeld--;
+  /** `field` of what its lines wrote (./line.js `written`), freed ones included. */
+  written(field) {
+    let sum = this.retired[field];
+    for (const line of this.lines) sum += line.written[field];
+    return sum;
+  }
+
+  /** KV cells the program wrote: prompt tokens prefilled and tokens committed. */
+  get cellsUsed() {
+    return this.prefilledCells + this.written('cells');
+  }
+
+  /** Its usage as results and events show it. */
+  get usage() {
+    return {
+      promptTokens: this.promptTokens,
+      cachedPromptTokens: this.cachedPromptTokens,
+      completionTokens: this.written('completionTokens'),
+      draftTokens: this.written('draftTokens'),
+      acceptedDraftTokens: this.written('acceptedDraftTokens'),
+    };
   }
 
   /** Leases the program may still take. */
@@ -195,9 +216,31 @@ class Program {
     return this.state === 'running' ? Math.max(0, this.maxCells - this.cellsUsed) : 0;
   }
 
+  /** A new line of this program (`parent`: the line it forks, null for a fresh one). */
+  makeLine(parent, tokens) {
+    const line = new Line(/** @type {import('./line').LineEnv} */ (this.lineEnv), this.lineId(), parent, tokens);
+    this.lines.push(line);
+    return line;
+  }
+
   /** A new line of this program holding only `tokens` (decoded when it first needs its KV). */
   freshLine(tokens) {
-    return new Line(this, null, tokens.slice());
+    return this.makeLine(null, tokens.slice());
+  }
+
+  /**
+   * `n` children of `line` (or fresh lines when it is empty); leases were reserved. `at`: the
+   * children's tokens, when they fork the line further on than it is now (a `select` path forked
+   * ahead, where its options part).
+   */
+  spawn(line, n, at = line.tokens) {
+    const children = [];
+    for (let i = 0; i < n; i++) {
+      const child = this.makeLine(line.tokens.length === 0 ? null : line, at.slice());
+      child.text = line.text;
+      children.push(child);
+    }
+    return children;
   }
 
   endedError() {
@@ -208,6 +251,8 @@ class Program {
   /** Admitted with what `needs` found: its lines start (kind-specific: `begin`). */
   start(need) {
     this.to('running');
+    const { ctx, cache, events, id } = this;
+    this.lineEnv = { ctx, cache, events, program: id, hinted: Boolean(this.cacheKey) };
     this.emit('admit', this.admitted(need));
     this.begin(need);
   }
@@ -241,8 +286,11 @@ class Program {
   collect(prunes) {
     if (this.state === 'running' && this.complete) this.end({});
     const ending = this.state === 'ending';
-    for (const line of this.lines) if (ending || line.released) line.free(ending, prunes);
-    this.lines = this.lines.filter((l) => l.state !== 'freed');
+    for (const line of this.lines)
+      if (ending || line.released) line.free(ending, prunes, line.job && this.endedError());
+    const freed = this.lines.filter((l) => l.state === 'freed');
+    for (const line of freed) for (const field of Object.keys(this.retired)) this.retired[field] += line.written[field];
+    if (freed.length > 0) this.lines = this.lines.filter((l) => l.state !== 'freed');
     return ending;
   }
 
@@ -256,7 +304,6 @@ class Program {
       this.emit('done', doneFields(status, error, usage));
     }
     if (error) return this.sink.fail(error);
-    if (this.kind === 'request') this.counters.completed++;
     this.sink.finish(this.result(this.outcome));
   }
 

@@ -5,25 +5,31 @@
  * each step. The Scheduler's phases ask this, never a line: lines that need their KV get a
  * branch (`materialize`), pending tokens are prefilled (`linesToPrefill`, `prefillEntries` for
  * the step's one prefill, then `prefilled`), and lines in a gen become the decode phase's rows
- * (`decodeRows`, over ./rows.js). A failure found here is the failing line's (its owner's: a
- * request fails whole), never the step's.
+ * (`decodeRows`, over ./rows.js). This is where a line's program hears what the line did (it
+ * started, its tokens were prefilled) and where a failure is routed: the failing line's
+ * program decides whose it is (a request fails whole), never the step's. It also knows whether
+ * a lease or cells are free beyond what running programs may still take (`fits`), and the
+ * counts of requests' prompts and of programs settled that the Scheduler's `stats()` shows.
  */
 
 const { lineRow } = require('./rows');
 
 class Programs {
   /**
-   * @param {{ cache: any, createBranch: () => any, spareLease: () => boolean }} scheduler what a
-   *   line needs from the Scheduler to get its branch: the prefix cache (a fresh line's prompt may
-   *   start from it or become an entry), a new root branch, and whether one more lease is free
-   *   beyond what running programs may still take
+   * @param {{ cache: any, store: any }} scheduler the prefix cache (a fresh line's prompt may
+   *   start from it or become an entry), and the branch store whose leases and cells are shared
    */
-  constructor({ cache, createBranch, spareLease }) {
+  constructor({ cache, store }) {
     /** @type {import('./program').Program[]} */
     this.list = [];
     this.cache = cache;
-    this.createBranch = createBranch;
-    this.spareLease = spareLease;
+    this.store = store;
+    /** Requests' prompt tokens and those taken from the prefix cache (the hit rate), and requests completed. */
+    this.promptTokens = 0;
+    this.cachedPromptTokens = 0;
+    this.completed = 0;
+    /** Tokens taken by the gens of programs settled so far (running ones count their own). */
+    this.settledCompletionTokens = 0;
   }
 
   get size() {
@@ -39,37 +45,74 @@ class Programs {
     return this.list.some((p) => p.hasWork());
   }
 
+  /** Whether `cells` and `leases` are free beyond what running programs may still take. */
+  fits(cells, leases) {
+    const freeCells = this.store.kvPressure().remaining - this.list.reduce((sum, p) => sum + p.cellsToCome(), 0);
+    const freeLeases = this.store.available - this.list.reduce((sum, p) => sum + p.leasesToCome, 0);
+    return freeCells >= cells && freeLeases >= leases;
+  }
+
+  /** Tokens taken by every gen so far (the Scheduler's `generatedTokens`). */
+  get completionTokens() {
+    return this.list.reduce((sum, p) => sum + p.written('completionTokens'), this.settledCompletionTokens);
+  }
+
   /** At the start of a step: frees what programs released; settles the ones that ended. */
   async collect() {
     const prunes = [];
     const ended = this.list.filter((p) => p.collect(prunes));
     if (ended.length > 0) this.list = this.list.filter((p) => !ended.includes(p));
     await Promise.all(prunes);
-    for (const p of ended) p.settle();
-  }
-
-  *runningLines() {
-    for (const p of this.list) if (p.state === 'running') yield* p.lines;
-  }
-
-  /** Gives needed lines their branches (a failure fails the line's job, not the step). */
-  materialize() {
-    for (const line of this.runningLines()) {
-      try {
-        line.materialize(this.cache, this.createBranch, this.spareLease);
-      } catch (e) {
-        line.fail(e);
-      }
+    for (const p of ended) {
+      this.settledCompletionTokens += p.written('completionTokens');
+      p.settle();
+      if (p.kind === 'request' && p.state === 'done') this.completed++;
     }
   }
 
-  /** Lines whose pending tokens are prefilled this step, `{line, take}`, within `budget` tokens. */
+  /**
+   * Each running program's lines, as `[program, line]`.
+   * @returns {Generator<[import('./program').Program, import('./line').Line]>}
+   */
+  *runningLines() {
+    for (const p of this.list) if (p.state === 'running') for (const line of p.lines) yield [p, line];
+  }
+
+  /**
+   * Gives needed lines their branches (a failure fails the line's job, not the step): a line
+   * waits while its program holds all the leases it declared (lines released this step hold
+   * theirs until the next step frees them: it waits rather than take more than the program was
+   * admitted with). A line whose own text is worth a cache entry opens one if a lease is spare.
+   */
+  materialize() {
+    for (const [program, line] of this.runningLines()) {
+      if (line.state !== 'waiting' || !line.needed || program.leasesHeld >= program.maxBranches) continue;
+      const starts = line.starts;
+      let error = null;
+      try {
+        if (line.materialize() && this.fits(0, 1)) line.openSegment();
+      } catch (e) {
+        error = e;
+      }
+      if (line.starts !== starts) this.started(program, line);
+      if (error) program.lineFailed(line, error);
+    }
+  }
+
+  /** `line` started (even if its branch then failed): its program counts it; a request's prompt counts in the hit rate. */
+  started(program, line) {
+    program.started(line);
+    if (program.kind !== 'request') return;
+    this.promptTokens += line.tokens.length;
+    this.cachedPromptTokens += line.cached;
+  }
+
+  /** Lines whose pending tokens are prefilled this step, `{program, line, take}`, within `budget` tokens. */
   linesToPrefill(budget) {
     this.materialize();
     const out = [];
-    for (const line of this.runningLines()) {
+    for (const [program, line] of this.runningLines()) {
       if (budget === 0 || !line.wantsPrefill) continue;
-      const program = line.program;
       let take = Math.min(line.pending.length, budget);
       // A cache entry being filled ends where the next one starts: it is filled first.
       if (line.segment) take = Math.min(take, line.segment.tokens.length - line.filled);
@@ -80,10 +123,10 @@ class Programs {
         if (take === 0) continue; // a fork waits for its lease where this line's KV ends
       }
       if (program.cellsUsed + take > program.maxCells) {
-        line.fail(program.cellsExceeded(take));
+        program.lineFailed(line, program.cellsExceeded(take));
         continue;
       }
-      out.push({ line, take });
+      out.push({ program, line, take });
       budget -= take;
     }
     return out;
@@ -105,19 +148,20 @@ class Programs {
 
   /**
    * After the step's prefill: each of `lines` takes its tokens and their `scores` (in the same
-   * order); forks whose parent reached its fork point just now get their branches. Returns the
-   * count of tokens prefilled.
-   * @param {Array<{ line: import('./line').Line, take: number }>} lines
+   * order), its program counting them first; forks whose parent reached its fork point just now
+   * get their branches. Returns the count of tokens prefilled.
+   * @param {Array<{ program: import('./program').Program, line: import('./line').Line, take: number }>} lines
    * @param {Array<number[] | null>} scores
    */
   prefilled(lines, scores) {
     let tokens = 0;
-    lines.forEach(({ line, take }, i) => {
+    lines.forEach(({ program, line, take }, i) => {
       tokens += take;
+      program.prefilled(take);
       try {
-        line.prefilled(take, this.cache, scores[i], this.spareLease);
+        line.prefilled(take, scores[i], line.fillsUnreservedEntry(take) && this.fits(0, 1));
       } catch (e) {
-        line.fail(e); // e.g. no lease for a request's next segment after all
+        program.lineFailed(line, e); // e.g. no lease for a request's next segment after all
       }
     });
     this.materialize();
@@ -126,39 +170,38 @@ class Programs {
 
   /** The step's prefill failed (all or nothing: no line advanced): each line's job fails with `error`. */
   prefillFailed(lines, error) {
-    for (const { line } of lines) {
-      line.dropSegment(this.cache);
-      line.fail(error);
+    for (const { program, line } of lines) {
+      line.dropSegment();
+      program.lineFailed(line, error);
     }
   }
 
   /**
-   * The decode phase's rows of lines in a gen (peeks are read here: nothing to decode);
-   * `onToken()` counts each token sampled. A row speculates when the scheduler does and its gen
-   * asks for no log-probabilities.
+   * The decode phase's rows of lines in a gen (peeks are read here: nothing to decode), each
+   * with its owner (whose rows fail together) and what a failure does, both its program's. A
+   * row speculates when the scheduler does and its gen asks for no log-probabilities.
    */
-  decodeRows(onToken) {
+  decodeRows() {
     const rows = [];
-    for (const line of this.runningLines()) {
+    for (const [program, line] of this.runningLines()) {
       if (!line.decoding) continue;
       if (line.job.kind === 'peek') {
         line.peek();
         continue;
       }
       const job = /** @type {import('./jobs').GenJob} */ (line.job);
-      const program = line.program;
-      const fail = (e) => line.fail(e);
+      const fail = (e) => program.lineFailed(line, e);
       if (program.cellsUsed >= program.maxCells) {
         fail(program.cellsExceeded(1));
         continue;
       }
       try {
-        job.arm(line, program.spec);
+        job.arm(line.branch, line.tokens, program.spec);
       } catch (e) {
         fail(e);
         continue;
       }
-      rows.push(lineRow(line, job, onToken, fail));
+      rows.push(lineRow(line, job, program.ownerOf(line), fail));
     }
     return rows;
   }

@@ -55,10 +55,11 @@ class RequestProgram extends Program {
     /** The prompt's tokens, and where the prompt is cut into cached prefixes (ready on). */
     this.tokens = [];
     this.cachePoints = [];
-    /** Admitted: the cache start planned then, every lease it takes (never given back to it), its lines. */
+    /** Admitted: the cache start planned then, its prompt line and every line it made (freed ones too). */
     this.plannedStart = 0;
-    this.leasesTaken = 0;
     this.prompt = null;
+    /** @type {import('./line').Line[]} */
+    this.everyLine = [];
     /** @type {Choice[]} */
     this.choices = [];
   }
@@ -139,7 +140,7 @@ class RequestProgram extends Program {
     this.plannedStart = start;
     this.maxBranches = leases;
     this.maxCells = this.tokens.length + this.n * this.maxTokens;
-    this.usage.promptTokens = this.tokens.length;
+    this.promptTokens = this.tokens.length;
     const { n, maxTokens } = this;
     const promptTokens = this.tokens.length;
     const prompt = this.freshLine([]);
@@ -148,7 +149,9 @@ class RequestProgram extends Program {
     const text = this.chat ? this.chat.formatted.prompt : this.input.prompt;
     prompt.push(this.tokens, text === undefined ? `(${promptTokens} prompt tokens)` : text);
     this.prompt = prompt;
-    prompt.spawn(n).forEach((line, index) => {
+    const forks = this.spawn(prompt, n);
+    this.everyLine = [prompt, ...forks];
+    forks.forEach((line, index) => {
       const params = { ...this.params, seed: (this.seedBase + index) % SEED_SPACE };
       const chat = this.chat && this.chat.parse ? new ChatStream(this.chat) : null;
       const choice = new Choice(index, this.push, chat);
@@ -167,26 +170,21 @@ class RequestProgram extends Program {
     });
   }
 
-  /** The prompt line got its branch, `cached` prompt tokens from the prefix cache. */
-  started(line, cached) {
-    this.usage.cachedPromptTokens = cached;
-    this.counters.promptTokens += this.tokens.length;
-    this.counters.cachedPromptTokens += cached;
+  /** The prompt line got its branch, `line.cached` prompt tokens from the prefix cache. */
+  started(line) {
+    this.cachedPromptTokens = line.cached;
   }
 
   /** `count` prompt tokens were prefilled (usage counts the whole prompt from the start). */
-  prefilledTokens(count) {
-    this.cellsUsed += count;
+  prefilled(count) {
+    this.prefilledCells += count;
   }
 
-  tookLease() {
-    super.tookLease();
-    this.leasesTaken++;
-  }
-
-  /** Leases the request may still take: each is taken once (a filled prompt's goes to the cache). */
+  /** Leases the request may still take: each is taken once, never given back to it (a filled prompt's goes to the cache). */
   get leasesToCome() {
-    return this.state === 'running' ? Math.max(0, this.maxBranches - this.leasesTaken) : 0;
+    if (this.state !== 'running') return 0;
+    const taken = this.everyLine.reduce((sum, line) => sum + line.leasesTaken, 0);
+    return Math.max(0, this.maxBranches - taken);
   }
 
   /** KV cells this request may still write: its unfilled prompt and every token left to generate. */
@@ -237,7 +235,6 @@ class RequestProgram extends Program {
       choice.abortUnstarted();
       this.choices.push(choice);
     }
-    this.counters.completed++;
     this.sink.finish(this.result());
   }
 

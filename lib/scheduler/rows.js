@@ -204,22 +204,19 @@ async function decodeAll(store, rows, speculation) {
 }
 
 /**
- * The decode row of `line`'s gen (a program's line or a request's choice); failures stay the
- * line's owner's (a request fails whole). A line whose gen drafts speculates.
- * @param {any} line @param {any} job @param {() => void} onToken @param {(e: any) => void} fail
+ * The decode row of `line`'s gen (a program's line or a request's choice); `owner` and `fail`
+ * are its program's (a request's rows fail together). A line whose gen drafts speculates.
+ * @param {any} line @param {any} job @param {any} owner @param {(e: any) => void} fail
  */
-function lineRow(line, job, onToken, fail) {
+function lineRow(line, job, owner, fail) {
   const live = () => line.job === job && line.decoding;
   /** @type {DecodeRow} */
   const row = {
     branch: line.branch,
-    owner: line.owner,
+    owner,
     carried: job.next,
     live,
-    take: (produced) => {
-      if (!produced.isStop) onToken();
-      return line.take(produced);
-    },
+    take: (produced) => line.take(produced),
     committed: (token) => line.committed(token),
     fail,
   };
@@ -232,11 +229,7 @@ function lineRow(line, job, onToken, fail) {
       // The last token comes from `next`, accepted without a decode, as without speculation.
       limit: () => job.maxTokens - job.tokens.length - 1,
     },
-    verified: (token, accepted, next, drafted) => {
-      const before = job.tokens.length;
-      line.verified({ token, accepted, next, drafted });
-      for (let i = before; i < job.tokens.length; i++) onToken();
-    },
+    verified: (token, accepted, next, drafted) => line.verified({ token, accepted, next, drafted }),
   };
 }
 

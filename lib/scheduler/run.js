@@ -78,7 +78,7 @@ class RunProgram extends Program {
 
   /** Admitted: the function starts on a fresh root line. */
   begin() {
-    const root = new ProgramLine(this.freshLine([]));
+    const root = new ProgramLine(this.freshLine([]), this);
     Promise.resolve()
       .then(() => this.fn(root))
       .then(

@@ -54,22 +54,23 @@ function scoringPaths(options) {
  * from `line` (or, with `bos`, from a fresh line holding only it) or from its parent path's line
  * where the texts part. Returns the lines, the texts' sums (a promise) and `leafOf(text)`: the
  * line whose KV ends exactly after that text, if one does.
+ * @param {import('./run').RunProgram} program the line's program, which makes the scoring lines
  * @param {import('./line').Line} line
  * @param {ReturnType<typeof scoringPaths>} paths
  * @param {number[][]} tokens
  * @param {number[] | null} bos
  */
-function scorePaths(line, paths, tokens, bos) {
+function scorePaths(program, line, paths, tokens, bos) {
   const base = bos || line.tokens; // what every scoring line holds before its texts' tokens
   const lines = [];
   for (const path of paths) {
     if (path.parent === null) {
-      lines.push(bos ? line.program.freshLine(bos) : line.spawn(1)[0]);
+      lines.push(bos ? program.freshLine(bos) : program.spawn(line, 1)[0]);
       continue;
     }
     // Forked ahead: the parent path's line reaches this fork point once it has scored that far.
     const [option] = path.ends[0];
-    lines.push(lines[path.parent].spawn(1, [...base, ...tokens[option].slice(0, path.depth)])[0]);
+    lines.push(program.spawn(lines[path.parent], 1, [...base, ...tokens[option].slice(0, path.depth)])[0]);
   }
   const scored = Promise.all(lines.map((l, i) => score(l, paths[i].tokens)));
   const sums = scored.then((perPath) => {
@@ -108,19 +109,20 @@ function score(line, tokens) {
  * program's maxBranches, and the line takes no other work while they score. `use(sums, base,
  * leafOf)` runs before the forks are released (a select's winner takes its fork's branch then).
  * @template T
+ * @param {import('./run').RunProgram} program
  * @param {import('./line').Line} line
  * @param {number[][]} texts
  * @param {number[] | null} bos
  * @param {(sums: number[], base: number[] | null, leafOf: (text: number) => any) => T} use
  * @returns {Promise<T>}
  */
-async function scoreTexts(line, texts, bos, use) {
+async function scoreTexts(program, line, texts, bos, use) {
   const paths = scoringPaths(texts);
-  line.program.reserveLines(paths.length * (bos ? 2 : 1));
+  program.reserveLines(paths.length * (bos ? 2 : 1));
   line.selecting = true;
-  const scorers = scorePaths(line, paths, texts, null);
-  const unconditional = bos ? scorePaths(line, paths, texts, bos) : null;
-  line.program.wake(); // the Scheduler serves the scoring lines from its next step
+  const scorers = scorePaths(program, line, paths, texts, null);
+  const unconditional = bos ? scorePaths(program, line, paths, texts, bos) : null;
+  program.wake(); // the Scheduler serves the scoring lines from its next step
   try {
     const [sums, base] = await Promise.all([scorers.sums, unconditional && unconditional.sums]);
     line.selecting = false;
@@ -128,7 +130,7 @@ async function scoreTexts(line, texts, bos, use) {
   } finally {
     line.selecting = false;
     for (const scorer of [...scorers.lines, ...(unconditional ? unconditional.lines : [])]) scorer.release();
-    line.program.wake(); // the next step frees them
+    program.wake(); // the next step frees them
   }
 }
 

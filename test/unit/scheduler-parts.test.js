@@ -262,7 +262,7 @@ describe('Scheduler parts (no model)', () => {
       const branch = { setSamplerParams: () => {}, setGrammar: () => {} };
       const gen = req.lines[1].job;
       assert.equal(gen.choice, req.choices[0]);
-      gen.arm({ branch, tokens: [] }, { source: { open: () => assert.fail('drafted') }, maxDraft: 4 });
+      gen.arm(branch, [], { source: { open: () => assert.fail('drafted') }, maxDraft: 4 });
       assert.deepEqual([gen.state, gen.drafter], ['sampling', null]);
     });
   });
