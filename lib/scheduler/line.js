@@ -26,9 +26,8 @@ const { clipped, perplexityOf } = require('./events');
 const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
 
 /**
- * What every line of one program is given: the context, the prefix cache, the events and the
- * program's id in them, and whether the cache entries its lines fill are kept warm longer (a
- * request's `cacheKey`).
+ * What every line of a program is given: the context, the prefix cache, the events and the
+ * program's id in them, whether the entries its lines fill are kept warm (a request's cacheKey).
  * @typedef {{ ctx: any, cache: any, events: import('./events').SchedulerEvents, program: string, hinted: boolean }} LineEnv
  */
 
@@ -246,20 +245,28 @@ class Line {
    * more of the line than its parent does, or that entry is still being filled.
    */
   forkFromCache() {
-    const cache = this.env.cache;
     const wanted = this.tokens.length - this.scoring; // tokens to score are decoded by the line
     if (wanted - this.anchor < MIN_PARTIAL_REUSE) return false;
-    const start = cache.bestStart(this.tokens.slice(0, wanted));
-    const entry = start.entry;
-    const length = !entry ? 0 : start.partial ? Math.min(start.length, wanted - 1) : start.length;
+    const { entry, length, fork } = this.cachedStart(this.tokens.slice(0, wanted));
     if (!entry || !entry.ready || length <= this.anchor) return false;
-    cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
-    this.took(start.partial ? entry.branch.forkAt(length) : entry.branch.fork());
+    this.env.cache.unpin(this.env.cache.pin(entry)); // refreshes its place in the LRU order
+    this.took(fork());
     this.pending = this.tokens.slice(length);
     this.started(length - this.anchor);
     this.parent.forkDone(this);
     this.parent = null;
     return true;
+  }
+
+  /**
+   * The longest cached start of `tokens`: its entry (null: none), its length (a part-way fork
+   * never takes them all: it would lack the logits after the last) and `fork()`, which takes it.
+   */
+  cachedStart(tokens) {
+    const { entry, partial, length: matched } = this.env.cache.bestStart(tokens);
+    const length = !entry ? 0 : partial ? Math.min(matched, tokens.length - 1) : matched;
+    const fork = () => (partial ? entry.branch.forkAt(length) : entry.branch.fork());
+    return { entry: length > 0 ? entry : null, length, fork };
   }
 
   /** The line started with `cached` of its tokens from the prefix cache (its program counts them). */
@@ -288,10 +295,7 @@ class Line {
     // Tokens to score must be decoded by the line itself (their logits rows are the score); the
     // first of them is scored from the logits at the fork point, which a partial fork lacks.
     const wanted = this.pending.length - this.scoring;
-    const start = cache.bestStart(this.pending.slice(0, wanted));
-    let entry = start.entry;
-    const length = !entry ? 0 : start.partial ? Math.min(start.length, wanted - 1) : start.length;
-    if (length <= 0) entry = null;
+    const { entry, length, fork } = this.cachedStart(this.pending.slice(0, wanted));
     // Another line or request is filling this prompt: fork it once it is filled that far.
     if (entry && !entry.ready && entry.branch.position < length) return false;
     if (entry && this.cachePoints) this.pins.push(cache.pin(entry));
@@ -302,14 +306,7 @@ class Line {
       this.useCached(entry); // the whole prompt is cached, logits included
       return false;
     }
-    const ctx = this.env.ctx;
-    // A new prompt branch is only forked, never sampled.
-    const branch = !entry
-      ? Branch.create(ctx, 0, { temperature: 0 })
-      : start.partial
-        ? entry.branch.forkAt(length)
-        : entry.branch.fork();
-    this.took(branch);
+    this.took(entry ? fork() : Branch.create(this.env.ctx, 0, { temperature: 0 })); // a prompt is never sampled
     this.pending = this.pending.slice(length);
     if (this.cachePoints) this.openSegment();
     return !this.cachePoints && !entry && this.pending.length >= MIN_PARTIAL_REUSE;

@@ -178,16 +178,12 @@ class Program {
 
   /** Leases its lines hold now (a line released this step holds its lease until the next frees it). */
   get leasesHeld() {
-    let held = 0;
-    for (const line of this.lines) if (line.holdsLease) held++;
-    return held;
+    return this.lines.filter((line) => line.holdsLease).length;
   }
 
   /** `field` of what its lines wrote (./line.js `written`), freed ones included. */
   written(field) {
-    let sum = this.retired[field];
-    for (const line of this.lines) sum += line.written[field];
-    return sum;
+    return this.lines.reduce((sum, line) => sum + line.written[field], this.retired[field]);
   }
 
   /** KV cells the program wrote: prompt tokens prefilled and tokens committed. */
@@ -234,13 +230,11 @@ class Program {
    * ahead, where its options part).
    */
   spawn(line, n, at = line.tokens) {
-    const children = [];
-    for (let i = 0; i < n; i++) {
+    return Array.from({ length: n }, () => {
       const child = this.makeLine(line.tokens.length === 0 ? null : line, at.slice());
       child.text = line.text;
-      children.push(child);
-    }
-    return children;
+      return child;
+    });
   }
 
   endedError() {
