@@ -177,9 +177,9 @@ class Programs {
   }
 
   /**
-   * The decode phase's rows of lines in a gen (peeks are read here: nothing to decode), each
-   * with its owner (whose rows fail together) and what a failure does, both its program's. A
-   * row speculates when the scheduler does and its gen asks for no log-probabilities.
+   * The decode phase's rows of lines in a gen (peeks are read here: nothing to decode); a row's
+   * failure is its line's program's. A row speculates when the scheduler does and its gen asks
+   * for no log-probabilities.
    */
   decodeRows() {
     const rows = [];
@@ -190,18 +190,17 @@ class Programs {
         continue;
       }
       const job = /** @type {import('./jobs').GenJob} */ (line.job);
-      const fail = (e) => program.lineFailed(line, e);
       if (program.cellsUsed >= program.maxCells) {
-        fail(program.cellsExceeded(1));
+        program.lineFailed(line, program.cellsExceeded(1));
         continue;
       }
       try {
         job.arm(line.branch, line.tokens, program.spec);
       } catch (e) {
-        fail(e);
+        program.lineFailed(line, e);
         continue;
       }
-      rows.push(lineRow(line, job, program.ownerOf(line), fail));
+      rows.push(lineRow(line, job, program));
     }
     return rows;
   }

@@ -204,21 +204,22 @@ async function decodeAll(store, rows, speculation) {
 }
 
 /**
- * The decode row of `line`'s gen (a program's line or a request's choice); `owner` and `fail`
- * are its program's (a request's rows fail together). A line whose gen drafts speculates.
- * @param {any} line @param {any} job @param {any} owner @param {(e: any) => void} fail
+ * The decode row of `line`'s gen (a program's line or a request's choice); its owner and what
+ * its failure does are its `program`'s (a request's rows fail together). A line whose gen
+ * drafts speculates.
+ * @param {any} line @param {any} job @param {import('./program').Program} program
  */
-function lineRow(line, job, owner, fail) {
+function lineRow(line, job, program) {
   const live = () => line.job === job && line.decoding;
   /** @type {DecodeRow} */
   const row = {
     branch: line.branch,
-    owner,
+    owner: program.ownerOf(line),
     carried: job.next,
     live,
     take: (produced) => line.take(produced),
     committed: (token) => line.committed(token),
-    fail,
+    fail: (error) => program.lineFailed(line, error),
   };
   if (!job.drafter) return row;
   return {
