@@ -61,10 +61,10 @@ class Programs {
   async collect() {
     const prunes = [];
     const ended = this.list.filter((p) => p.collect(prunes));
+    for (const p of ended) this.settledCompletionTokens += p.written('completionTokens');
     if (ended.length > 0) this.list = this.list.filter((p) => !ended.includes(p));
     await Promise.all(prunes);
     for (const p of ended) {
-      this.settledCompletionTokens += p.written('completionTokens');
       p.settle();
       if (p.kind === 'request' && p.state === 'done') this.completed++;
     }
