@@ -190,7 +190,6 @@ describe('Scheduler parts (no model)', () => {
       jsonSchemaToGrammar: async () => 'root ::= "x"',
       events: new SchedulerEvents(),
       cache: new PrefixCache(),
-      counters: { promptTokens: 0, cachedPromptTokens: 0, completed: 0 },
       spec: null,
       wake: () => {},
     });
