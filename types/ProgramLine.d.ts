@@ -10,12 +10,15 @@ export class ProgramLine {
     /**
      * Made by `Scheduler.run` (the root) and `fork`, never directly.
      * @param {any} line the Scheduler's side of the line (lib/scheduler/line.js)
+     * @param {any} program the program it belongs to (lib/scheduler/run.js)
      */
-    constructor(line: any);
+    constructor(line: any, program: any);
     /** The line's text: what was appended as text and what gen produced, in order. */
     get text(): string;
     /** Every token of the line (prompt, generated and appended), in order. */
     get tokens(): number[];
+    /** The line's id in the Scheduler's events (`p1.0`, `p1.1`, …: docs/events.md). */
+    get id(): string;
     /** Whether release() was called or the program ended. */
     get released(): boolean;
     /**

@@ -69,4 +69,3 @@ export class Scheduler {
     close(): Promise<void>;
 }
 import { BranchStore } from "./BranchStore";
-import { Branch } from "./Branch";
