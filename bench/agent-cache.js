@@ -105,7 +105,9 @@ async function replay(ctx, options, sessions, turns, parallel) {
           history.push({ role: 'assistant', content: r.choices[0].text });
         } catch (e) {
           // Counted and reported: a failed request must show in the results, not end the run.
-          failures.push(String(/** @type {any} */ (e).code || e));
+          const err = /** @type {any} */ (e);
+          failures.push(String(err.code || e));
+          process.stderr.write(`turn ${turn + 1}, session ${session}: ${err.code}: ${err.message}\n`);
           history.push({ role: 'assistant', content: '(no reply)' });
         }
       }),
@@ -202,16 +204,17 @@ async function main() {
     const ctx = await createContext({ modelPath: MODEL, nCtx, nSeqMax: 64, nThreads: threads });
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-agent-cache-'));
     // Tiers first, then KV only, on the same context (each scheduler starts with empty cells).
-    result.tiers = await replay(ctx, { cacheRam: '1GiB', cacheDir: dir }, sessions, turns, parallel);
+    if (args.only !== 'kv')
+      result.tiers = await replay(ctx, { cacheRam: '1GiB', cacheDir: dir }, sessions, turns, parallel);
     if (args.only !== 'tiers') result.kvOnly = await replay(ctx, {}, sessions, turns, parallel);
     ctx.dispose();
     fs.rmSync(dir, { recursive: true, force: true });
-    if (result.kvOnly) {
+    if (result.kvOnly && result.tiers) {
       result.prefillRatio = result.kvOnly.prefilledTokens / result.tiers.prefilledTokens;
       result.timeRatio = result.kvOnly.ms / result.tiers.ms;
     }
   }
-  if (args.only !== 'replay' && args.only !== 'tiers') {
+  if (!['replay', 'tiers', 'kv'].includes(String(args.only))) {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-agent-restart-'));
     const node = (extra) =>
       JSON.parse(
@@ -234,10 +237,10 @@ async function main() {
   fs.mkdirSync(path.join(__dirname, 'results'), { recursive: true });
   fs.writeFileSync(path.join(__dirname, 'results', 'agent-cache.json'), JSON.stringify(result, null, 2));
   console.log(`agent cache benchmark, ${result.date}, ${result.machine}`);
-  if (result.tiers) {
+  if (result.tiers || result.kvOnly) {
     console.log(`\n${sessions} sessions × ${turns} turns, nCtx ${nCtx}, parallel ${parallel}\n`);
-    console.log('| | prompt tokens | prefilled | cached | evictions | RAM / disk hits | time |');
-    console.log('|---|---:|---:|---:|---:|---:|---:|');
+    console.log('| | prompt tokens | prefilled | cached | evictions | RAM / disk hits | failed requests | time |');
+    console.log('|---|---:|---:|---:|---:|---:|---:|---:|');
     for (const [name, r] of [
       ['KV cells only', result.kvOnly],
       ['KV + RAM + disk', result.tiers],
@@ -245,10 +248,10 @@ async function main() {
       if (!r) continue;
       const hits = r.tiers ? `${r.tiers.ramHits} / ${r.tiers.diskHits}` : '–';
       console.log(
-        `| ${name} | ${r.promptTokens} | ${r.prefilledTokens} | ${r.cachedPromptTokens} | ${r.evictions} | ${hits} | ${(r.ms / 1000).toFixed(1)} s |`,
+        `| ${name} | ${r.promptTokens} | ${r.prefilledTokens} | ${r.cachedPromptTokens} | ${r.evictions} | ${hits} | ${r.failures.length} | ${(r.ms / 1000).toFixed(1)} s |`,
       );
     }
-    if (result.kvOnly)
+    if (result.kvOnly && result.tiers)
       console.log(
         `\n${result.prefillRatio.toFixed(2)}× fewer tokens prefilled, ${result.timeRatio.toFixed(2)}× faster`,
       );

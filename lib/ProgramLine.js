@@ -48,7 +48,10 @@ class ProgramLine {
     return this.#line.tokens.slice();
   }
 
-  /** The line's id in the Scheduler's events (`p1.0`, `p1.1`, …: docs/events.md). */
+  /**
+   * The line's id in the Scheduler's events (`p1.0`, `p1.1`, …: docs/events.md).
+   * @returns {string}
+   */
   get id() {
     return this.#line.id;
   }

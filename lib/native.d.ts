@@ -575,17 +575,19 @@ export interface ServeRpcOptions {
 export declare function setLogLevel(level: string): void
 
 /**
- * What identifies the states this context writes: everything the prefix cache's fingerprint
- * needs to refuse a state from other weights or another KV layout (lib/scheduler/cache-tiers.js).
+ * What identifies the states this context writes: the same fingerprint a saved branch tree
+ * carries (`engine::fingerprint`), for the prefix cache's files (lib/scheduler/cache-tiers.js),
+ * so both refuse a state from other weights or another KV layout by one definition.
  */
 export interface StateIdentity {
+  /** The model's hash (size, parameters, every GGUF metadata pair), 16 hex digits. */
+  model: string
+  /** The model as llama.cpp describes it, for messages. */
+  modelName: string
   /** llama.cpp's sequence state format version. */
-  stateVersion: number
-  /** Bytes of the model's tensors. */
-  modelSize: number
-  nParams: number
-  /** The GGUF's scalar metadata, `key=value` lines, sorted. */
-  metadata: string
+  stateFormat: number
+  /** The KV settings that change a state's bytes (`typeK=… typeV=… flashAttention=…`). */
+  kv: string
 }
 
 export declare function systemInfo(): string

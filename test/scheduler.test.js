@@ -467,6 +467,33 @@ describe('Scheduler', function () {
       assert.equal(await cachedShare('volcanoes'), 0);
     });
 
+    it('keeps the cached prefix an admitted request counts on until it forks it', async () => {
+      const s = new Scheduler(small);
+      scheduler = s;
+      const text = (topic, times) =>
+        `${topic}: a long and careful description, written for students who want to understand it well. `.repeat(times);
+      const count = (t) => small.tokenizeSync(t, true).length;
+      const shared = text('rivers', 14);
+      await s.generate({ prompt: shared, maxTokens: 1, params: GREEDY }); // cached: ~250 cells
+      assert.equal(s.stats().cachedPrefixes, 1);
+      // Admitted together: A needs its last words and 4 tokens beyond the cached prefix; B is
+      // sized to fit only with that prefix evicted. Evicting it before A forks it would leave A
+      // the whole prefix to prefill again, cells it never reserved: the two would then outgrow
+      // the 512 cells mid-run (llama.cpp finds no slot: ERR_KV_FULL). B must wait for A instead.
+      const promptA = `${shared}Which river is the longest?`;
+      const needA = count(promptA) - count(shared) + 4;
+      const promptB = text('mountains', 6);
+      const maxTokensB = small.nCtx - count(shared) - needA - count(promptB) + 16;
+      assert.ok(maxTokensB > 32, `B generates ${maxTokensB} tokens`);
+      const [a, b] = await Promise.all([
+        s.generate({ prompt: promptA, maxTokens: 4, params: GREEDY }),
+        s.generate({ prompt: promptB, maxTokens: maxTokensB, params: GREEDY }),
+      ]);
+      assert.ok(a.usage.cachedPromptTokens > 200, `A started from the prefix: ${a.usage.cachedPromptTokens} cached`);
+      assert.equal(a.choices[0].tokens.length, 4);
+      assert.ok(b.choices[0].tokens.length > 0);
+    });
+
     it('queues a request until running ones leave room, and fails one that can never fit', async () => {
       const s = new Scheduler(small);
       scheduler = s;

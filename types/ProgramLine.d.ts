@@ -17,7 +17,10 @@ export class ProgramLine {
     get text(): string;
     /** Every token of the line (prompt, generated and appended), in order. */
     get tokens(): number[];
-    /** The line's id in the Scheduler's events (`p1.0`, `p1.1`, …: docs/events.md). */
+    /**
+     * The line's id in the Scheduler's events (`p1.0`, `p1.1`, …: docs/events.md).
+     * @returns {string}
+     */
     get id(): string;
     /** Whether release() was called or the program ended. */
     get released(): boolean;

@@ -79,21 +79,9 @@ async function sha256(data) {
  * @param {import('../Context').SessionContext} ctx
  */
 function fingerprintOf(ctx) {
-  const id = nativeOf(ctx)._stateIdentity();
-  const metadata = crypto.createHash('sha256').update(id.metadata).digest('hex');
-  const fields = {
-    format: `llama-branch-kv/${VERSION}`,
-    stateVersion: id.stateVersion,
-    modelSize: id.modelSize,
-    nParams: id.nParams,
-    metadata,
-    vocab: ctx.vocabSize,
-    typeK: ctx.typeK,
-    typeV: ctx.typeV,
-    // Without flash attention llama.cpp stores V transposed: another layout of the same cells.
-    flashAttention: ctx.flashAttention,
-    slidingWindow: ctx.slidingWindow,
-  };
+  // The fingerprint a saved branch tree carries (src/engine/fingerprint.rs): one definition.
+  const { model, stateFormat, kv } = nativeOf(ctx)._stateIdentity();
+  const fields = { format: `llama-branch-kv/${VERSION}`, model, stateFormat, kv };
   return crypto.createHash('sha256').update(JSON.stringify(fields)).digest();
 }
 

@@ -525,7 +525,9 @@ async function decide(scheduler, ctx, request) {
  * `line.decide(questions, options)`: inside a program, the line's text so far is the state; each
  * question goes on a fork of it after a blank line, raw (as `template: 'raw'`); the line itself
  * does not change. `options.parallel`: lines the decision may hold at once beside the line
- * (default 3: a program's default `maxBranches` of 4, less the line).
+ * (default 3: a program's default `maxBranches` of 4, less the line). `scheduler.decide` passes
+ * its checked plan and layout under the `LAID_OUT` key instead. `emit(fields)` sends the
+ * line's `decision` event.
  * @param {any} line a ProgramLine
  * @param {import('../Context').SessionContext} ctx
  * @param {any} questions

@@ -57,6 +57,8 @@ class RequestProgram extends Program {
     this.cachePoints = [];
     /** Admitted: the cache start planned then, its prompt line and every line it made (freed ones too). */
     this.plannedStart = 0;
+    /** The cache entry that start is in, pinned from admission until the prompt line forks it. */
+    this.plannedEntry = null;
     this.prompt = null;
     /** @type {import('./line').Line[]} */
     this.everyLine = [];
@@ -112,7 +114,9 @@ class RequestProgram extends Program {
    * @param {import('./prefix-cache').PrefixCache} cache
    */
   needs(cache) {
-    const { entry, length: start } = cache.bestStart(this.tokens);
+    const { entry, length, partial } = cache.bestStart(this.tokens);
+    // As the prompt line will start (Line.startFresh): a part-way fork leaves a token to decode.
+    const start = partial ? Math.min(length, this.tokens.length - 1) : length;
     return { entry, ...this.needsFrom(start) };
   }
 
@@ -136,8 +140,12 @@ class RequestProgram extends Program {
   }
 
   /** Admitted: its prompt line, and its n choices forked from it, each with its gen. */
-  begin({ start, leases }) {
+  begin({ start, leases, entry }) {
     this.plannedStart = start;
+    // The entry admission counted on stays pinned until the prompt line forks it (`started`):
+    // admitting the next request could otherwise evict it first, and this one would prefill
+    // more of its prompt than it reserved cells for (ERR_KV_FULL from llama.cpp mid-step).
+    this.plannedEntry = entry && start > 0 ? this.cache.pin(entry) : null;
     this.maxBranches = leases;
     this.maxCells = this.tokens.length + this.n * this.maxTokens;
     this.promptTokens = this.tokens.length;
@@ -172,6 +180,7 @@ class RequestProgram extends Program {
 
   /** The prompt line got its branch, `line.cached` prompt tokens from the prefix cache. */
   started(line) {
+    this.unpinPlanned();
     this.cachedPromptTokens = line.cached;
   }
 
@@ -194,6 +203,16 @@ class RequestProgram extends Program {
     let cells = this.tokens.length - filled;
     for (const c of this.choices) if (c.state === 'generating') cells += this.maxTokens - c.generated;
     return cells;
+  }
+
+  unpinPlanned() {
+    if (this.plannedEntry) this.cache.unpin(this.plannedEntry);
+    this.plannedEntry = null;
+  }
+
+  detach() {
+    super.detach();
+    this.unpinPlanned();
   }
 
   /** Its last choice ended: the request ends (settled at the next step, once its branches are back). */

@@ -341,19 +341,6 @@ impl Model {
         (read("key_length"), read("value_length"))
     }
 
-    /// Every metadata entry of the GGUF as sorted `key=value` lines: with the size and parameter
-    /// count, what identifies the weights a stored KV state belongs to (the prefix cache's
-    /// fingerprint; branch trees hash `metadata()` itself).
-    pub fn metadata_text(&self) -> String {
-        let mut lines: Vec<String> = self
-            .metadata()
-            .into_iter()
-            .map(|(key, value)| format!("{key}={value}"))
-            .collect();
-        lines.sort();
-        lines.join("\n")
-    }
-
     pub fn description(&self) -> String {
         let mut buf = vec![0u8; 256];
         // SAFETY: writes at most `buf.len()` bytes (NUL included) and returns the length.

@@ -225,17 +225,19 @@ impl SessionContext {
     }
 }
 
-/// What identifies the states this context writes: everything the prefix cache's fingerprint
-/// needs to refuse a state from other weights or another KV layout (lib/scheduler/cache-tiers.js).
+/// What identifies the states this context writes: the same fingerprint a saved branch tree
+/// carries (`engine::fingerprint`), for the prefix cache's files (lib/scheduler/cache-tiers.js),
+/// so both refuse a state from other weights or another KV layout by one definition.
 #[napi(object)]
 pub struct StateIdentity {
+    /// The model's hash (size, parameters, every GGUF metadata pair), 16 hex digits.
+    pub model: String,
+    /// The model as llama.cpp describes it, for messages.
+    pub model_name: String,
     /// llama.cpp's sequence state format version.
-    pub state_version: u32,
-    /// Bytes of the model's tensors.
-    pub model_size: f64,
-    pub n_params: f64,
-    /// The GGUF's scalar metadata, `key=value` lines, sorted.
-    pub metadata: String,
+    pub state_format: u32,
+    /// The KV settings that change a state's bytes (`typeK=… typeV=… flashAttention=…`).
+    pub kv: String,
 }
 
 #[napi]
@@ -243,13 +245,12 @@ impl SessionContext {
     /// The identity of the states this context's sequences hold (see `StateIdentity`).
     #[napi(js_name = "_stateIdentity")]
     pub fn _state_identity(&self) -> Result<StateIdentity> {
-        self.sync("stateIdentity", |_| {
-            Ok(StateIdentity {
-                state_version: llama::SEQ_FILE_VERSION,
-                model_size: self.model.size_bytes() as f64,
-                n_params: self.model.n_params() as f64,
-                metadata: self.model.metadata_text(),
-            })
+        let fingerprint = super::tree::fingerprint_of(&self.model, &self.info.kv);
+        Ok(StateIdentity {
+            model: format!("{:016x}", fingerprint.model),
+            model_name: fingerprint.model_name,
+            state_format: fingerprint.state_format,
+            kv: fingerprint.kv,
         })
     }
 

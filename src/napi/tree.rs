@@ -48,7 +48,7 @@ pub struct TreeRestored {
 
 /// This context's fingerprint: the model (size, parameters, GGUF metadata), llama.cpp's
 /// sequence-state format and the KV settings that change a state's bytes.
-fn fingerprint_of(model: &Model, kv: &crate::engine::kv_types::KvConfig) -> Fingerprint {
+pub(super) fn fingerprint_of(model: &Model, kv: &crate::engine::kv_types::KvConfig) -> Fingerprint {
     Fingerprint::new(
         model.size_bytes(),
         model.n_params(),
