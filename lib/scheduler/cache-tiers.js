@@ -143,6 +143,21 @@ async function readEntryFile(file, fingerprint) {
   return { tokens, state: body.subarray(stateAt) };
 }
 
+/**
+ * Writes all of `bytes`: a write may take only part of them (a disk that fills up mid-write takes
+ * what fits and says nothing), so the rest is written until done or the write fails (ENOSPC).
+ * @param {fs.promises.FileHandle} fh
+ * @param {Buffer} bytes
+ */
+async function writeAll(fh, bytes) {
+  for (let at = 0; at < bytes.length;) {
+    const { bytesWritten } = await fh.write(bytes, at, bytes.length - at);
+    if (bytesWritten === 0)
+      throw Object.assign(new Error('the disk took no more bytes (no space left)'), { code: 'ENOSPC' });
+    at += bytesWritten;
+  }
+}
+
 /** fsync of a folder (its entries), where the platform allows it (not on Windows). */
 async function syncFolder(dir) {
   let fh;
@@ -342,8 +357,9 @@ class CacheTiers {
     try {
       if (!this.diskOn || this._byKey.get(e.key) !== e) return;
       const [head, body] = fileBody(this._fingerprint, e.tokens, state);
-      const sum = await sha256(Buffer.concat([head, body]));
-      const size = head.length + body.length + sum.length;
+      const bytes = Buffer.concat([head, body]);
+      const sum = await sha256(bytes);
+      const size = bytes.length + sum.length;
       this._fitDisk(size);
       const file = this._fileOf(e.key);
       const temp = path.join(
@@ -353,7 +369,8 @@ class CacheTiers {
       try {
         const fh = await fs.promises.open(temp, 'w');
         try {
-          await fh.writev([head, body, sum]);
+          await writeAll(fh, bytes);
+          await writeAll(fh, sum);
           await fh.sync();
         } finally {
           await fh.close();
