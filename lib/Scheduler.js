@@ -409,10 +409,21 @@ class Scheduler {
   // ---------------------------------------------------------------------------------------------
   // Prefill and decode
 
+  /**
+   * Before a decode that writes `cells` cells: evicts cached prefixes nobody pins while the KV
+   * cells are short of them. Admission reserved every running program's cells, so this acts only
+   * when a plan went wrong (a prefix a request counted on was gone by the time it started, so it
+   * prefills more than it reserved); a cached prefix is worth less than the request it would fail.
+   */
+  _cellsFor(cells) {
+    while (this._store.kvPressure().remaining < cells) if (!this._cache.evictOne()) return;
+  }
+
   /** Prefills up to `prefillChunk` pending tokens of running lines in one batch; returns the count. */
   async _prefillPhase() {
     const lines = this._programs.linesToPrefill(this._options.prefillChunk);
     if (lines.length === 0) return 0;
+    this._cellsFor(lines.reduce((sum, l) => sum + l.take, 0));
     let scores;
     try {
       scores = await this._store.scorePerToken(this._programs.prefillEntries(lines));
@@ -433,6 +444,7 @@ class Scheduler {
   async _decodePhase() {
     const rows = this._programs.decodeRows();
     if (rows.length === 0) return 0;
+    this._cellsFor(rows.length);
     const speculation = this._spec && { ctx: this._ctx, spec: this._spec };
     const { committed, drafted, accepted } = await decodeAll(this._store, rows, speculation);
     this._counters.draftTokens += drafted;
