@@ -363,7 +363,8 @@ class Scheduler {
 
   /**
    * Before admission: a ready request whose prompt starts with a prefix the RAM or disk tier
-   * holds (longer than what the KV cells hold) gets it back into the KV cells as a cache entry,
+   * holds (longer than what the KV cells hold), or else a running program's fresh line waiting
+   * to start with such a text, gets it back into the KV cells as a cache entry,
    * when the entry and the request fit (evicting least-recently-used entries, which go down a
    * tier). The entry holds no logits: the request forks it and prefills the rest (at least its
    * last token). A state that cannot be restored is skipped: the prompt is prefilled.
@@ -393,6 +394,21 @@ class Scheduler {
       if (!restored) return; // (the entry is gone from the tiers: the next lookup finds less)
       const entry = this._cache.restored(tokens.slice(0, keep), restored.branch);
       entry.hinted = Boolean(item.cacheKey);
+      return;
+    }
+    // Else a running program's fresh line (its first text: a decision's state, an agent's
+    // history) that the tiers hold more of than the KV cells, restored before the line starts.
+    // The program reserved cells for all of its text: the entry's cells and lease are the cache's.
+    for (const [, line] of this._programs.runningLines()) {
+      if (this._closed) return;
+      if (line.state !== 'waiting' || line.parent || !line.needed) continue;
+      const tokens = line.pending.slice(0, line.pending.length - line.scoring);
+      const found = tiers.lookup(tokens, this._cache.bestStart(tokens).length);
+      if (!found) continue;
+      const keep = found.tokens.length === tokens.length ? tokens.length - 1 : found.tokens.length;
+      if (!this._makeRoom(keep, 1)) return;
+      const restored = await tiers.restore(found, keep);
+      if (restored) this._cache.restored(tokens.slice(0, keep), restored.branch);
       return;
     }
   }

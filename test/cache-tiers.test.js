@@ -114,6 +114,35 @@ describe('prefix cache tiers (RAM and disk)', function () {
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
+  it("restores a program's evicted first text (a decision's state) from RAM instead of prefilling it", async () => {
+    const s = scheduler(ctx, { cacheRam: '64MB', onCacheWarning });
+    const ids = ctx.tokenizeSync(' the a is', false);
+    // A program reads the logits after its text; maxCells leaves room for a restored entry beside it.
+    const peek = (prompt) =>
+      s.run(
+        async (line) => {
+          line.append(prompt);
+          return line.logprobs(ids);
+        },
+        { maxCells: 128 },
+      );
+    const first = await peek(PROMPTS[0]); // prefilled whole; the line's text becomes a cache entry
+    for (const p of PROMPTS.slice(1, 3)) await ask(s, p); // the KV cells hold two: PROMPTS[0] goes to RAM
+    const tiers = () => /** @type {any} */ (s.stats().cacheTiers);
+    const ramHits = tiers().ramHits;
+    const before = s.stats().prefilledTokens;
+    const again = await peek(PROMPTS[0]);
+    assert.equal(tiers().ramHits, ramHits + 1, 'the line started from the RAM tier');
+    const prefilled = s.stats().prefilledTokens - before;
+    assert.ok(prefilled <= 2, `prefilled ${prefilled}: only the last token again (a state holds no logits)`);
+    // The same logits after the text, up to the last token decoded again in another batch shape
+    // (llama.cpp on a CPU is not batch-invariant: a tolerance, and the same order of the tokens).
+    again.forEach((lp, i) => assert.ok(Math.abs(lp - first[i]) < 0.25, `token ${ids[i]}: ${lp} vs ${first[i]}`));
+    const order = (lps) => ids.map((_, i) => i).sort((a, b) => lps[b] - lps[a]);
+    assert.deepEqual(order(again), order(first));
+    assert.deepEqual(warnings, []);
+  });
+
   it("two schedulers on one folder use each other's files", async () => {
     const dir = tempDir();
     const ctx2 = await open({ nCtx: N_CTX, nSeqMax: 8 });
