@@ -760,13 +760,14 @@ async function fromFiles() {
 async function main() {
   const started = now();
   const model = modelPath();
+  const startLoad = os.loadavg()[0];
   const versions = installPeers();
   log(`peers in ${SCRATCH}: ${JSON.stringify(versions)}`);
   const { systemInfo } = require('..');
   const result = {
     date: new Date().toISOString(),
     machine: `${os.cpus().length} cores (${os.cpus()[0].model}), no GPU`,
-    load: `load average ${os.loadavg()[0].toFixed(1)} at the start`,
+    load: `load average ${startLoad.toFixed(1)} at the start`,
     system: systemInfo(),
     threads: THREADS,
     model: path.basename(model),
@@ -787,7 +788,7 @@ async function main() {
   }
   const endLoad = os.loadavg()[0];
   // Past one runnable task per core, other work shared the CPU with the bench.
-  const shared = Math.max(endLoad, Number.parseFloat(result.load.split(' ')[2])) > os.cpus().length;
+  const shared = Math.max(endLoad, startLoad) > os.cpus().length;
   result.load += `, ${endLoad.toFixed(1)} at the end${shared ? ` (${os.cpus().length} cores shared with other work: ratios measured interleaved are the headline)` : ''}`;
   result.wallSeconds = (now() - started) / 1000;
   const dir = path.join(__dirname, 'results');

@@ -76,6 +76,8 @@ class Scheduler {
     this._programs = new Programs({ cache: this._cache, store: this._store });
     /** The queue's head waits for a program to give room back: no step until something changes. */
     this._blocked = false;
+    /** Whether `_cellsFor` had to evict (warned once). */
+    this._cellsWarned = false;
     this._loop = null;
     this._closed = false;
     this._systemPrompts = new SystemPrompts(ctx);
@@ -372,44 +374,44 @@ class Scheduler {
   async _restorePhase() {
     const tiers = /** @type {CacheTiers} */ (this._tiers);
     await tiers.scan();
-    // One restore a step, for the first ready request that gains from one: admission pins it
+    // One restore a step, for the first that gains from one: admission pins a request's entry
     // right after, before another restore could evict it (a restored state shares no cells
     // with the entries it extends, so two may not fit at once).
-    for (const queued of this._queue.slice()) {
+    for (const start of this._restorable()) {
       if (this._closed) return;
-      if (queued.state !== 'ready' || queued.kind !== 'request') continue;
-      const item = /** @type {import('./scheduler/request').RequestProgram} */ (queued);
-      const tokens = item.tokens;
-      const have = this._cache.bestStart(tokens).length;
-      const found = tiers.lookup(tokens, have);
+      const { tokens } = start;
+      const found = tiers.lookup(tokens, this._cache.bestStart(tokens).length);
       if (!found) continue;
       const keep = found.tokens.length === tokens.length ? tokens.length - 1 : found.tokens.length;
-      const need = item.needsFrom(keep);
-      if (!this._makeRoom(keep + need.cells, need.leases + 1)) {
+      const beside = start.beside(keep);
+      if (!this._makeRoom(keep + beside.cells, beside.leases + 1)) {
         // Nothing running will give cells back: it never fits restored, admit it as it is.
-        if (this._programs.size === 0) item.tierSkip = true;
+        if (start.request && this._programs.size === 0) start.request.tierSkip = true;
         return;
       }
       const restored = await tiers.restore(found, keep);
       if (!restored) return; // (the entry is gone from the tiers: the next lookup finds less)
-      const entry = this._cache.restored(tokens.slice(0, keep), restored.branch);
-      entry.hinted = Boolean(item.cacheKey);
+      this._cache.restored(tokens.slice(0, keep), restored.branch).hinted = start.hinted;
       return;
     }
-    // Else a running program's fresh line (its first text: a decision's state, an agent's
-    // history) that the tiers hold more of than the KV cells, restored before the line starts.
-    // The program reserved cells for all of its text: the entry's cells and lease are the cache's.
+  }
+
+  /**
+   * What may start from a restored prefix, in order: ready requests (with what each needs
+   * beside it), then running programs' fresh lines waiting to start (a program reserved the
+   * cells of all its text already: the restored entry's cells and lease are the cache's).
+   */
+  *_restorable() {
+    for (const item of this._queue.slice()) {
+      if (item.state !== 'ready' || item.kind !== 'request') continue;
+      const request = /** @type {import('./scheduler/request').RequestProgram} */ (item);
+      const beside = (/** @type {number} */ keep) => request.needsFrom(keep);
+      yield { tokens: request.tokens, beside, hinted: Boolean(request.cacheKey), request };
+    }
     for (const [, line] of this._programs.runningLines()) {
-      if (this._closed) return;
       if (line.state !== 'waiting' || line.parent || !line.needed) continue;
       const tokens = line.pending.slice(0, line.pending.length - line.scoring);
-      const found = tiers.lookup(tokens, this._cache.bestStart(tokens).length);
-      if (!found) continue;
-      const keep = found.tokens.length === tokens.length ? tokens.length - 1 : found.tokens.length;
-      if (!this._makeRoom(keep, 1)) return;
-      const restored = await tiers.restore(found, keep);
-      if (restored) this._cache.restored(tokens.slice(0, keep), restored.branch);
-      return;
+      yield { tokens, beside: () => ({ cells: 0, leases: 0 }), hinted: false, request: null };
     }
   }
 
@@ -432,6 +434,14 @@ class Scheduler {
    * prefills more than it reserved); a cached prefix is worth less than the request it would fail.
    */
   _cellsFor(cells) {
+    if (this._store.kvPressure().remaining >= cells) return;
+    if (!this._cellsWarned) {
+      // Admission should have made this room: say so once, so an accounting bug does not hide.
+      this._cellsWarned = true;
+      process.emitWarning(
+        'llama-branch Scheduler: a step needed KV cells that admission had not left free; evicting cached prefixes (please report this)',
+      );
+    }
     while (this._store.kvPressure().remaining < cells) if (!this._cache.evictOne()) return;
   }
 

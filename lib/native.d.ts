@@ -582,8 +582,6 @@ export declare function setLogLevel(level: string): void
 export interface StateIdentity {
   /** The model's hash (size, parameters, every GGUF metadata pair), 16 hex digits. */
   model: string
-  /** The model as llama.cpp describes it, for messages. */
-  modelName: string
   /** llama.cpp's sequence state format version. */
   stateFormat: number
   /** The KV settings that change a state's bytes (`typeK=… typeV=… flashAttention=…`). */

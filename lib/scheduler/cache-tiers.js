@@ -143,21 +143,6 @@ async function readEntryFile(file, fingerprint) {
   return { tokens, state: body.subarray(stateAt) };
 }
 
-/**
- * Writes all of `bytes`: a write may take only part of them (a disk that fills up mid-write takes
- * what fits and says nothing), so the rest is written until done or the write fails (ENOSPC).
- * @param {fs.promises.FileHandle} fh
- * @param {Buffer} bytes
- */
-async function writeAll(fh, bytes) {
-  for (let at = 0; at < bytes.length;) {
-    const { bytesWritten } = await fh.write(bytes, at, bytes.length - at);
-    if (bytesWritten === 0)
-      throw Object.assign(new Error('the disk took no more bytes (no space left)'), { code: 'ENOSPC' });
-    at += bytesWritten;
-  }
-}
-
 /** fsync of a folder (its entries), where the platform allows it (not on Windows). */
 async function syncFolder(dir) {
   let fh;
@@ -369,8 +354,10 @@ class CacheTiers {
       try {
         const fh = await fs.promises.open(temp, 'w');
         try {
-          await writeAll(fh, bytes);
-          await writeAll(fh, sum);
+          // writeFile writes every byte or throws (a disk filling up mid-write: ENOSPC); writev
+          // returns a short count without an error, and that file was renamed into place truncated.
+          await fh.writeFile(bytes);
+          await fh.writeFile(sum);
           await fh.sync();
         } finally {
           await fh.close();

@@ -232,8 +232,6 @@ impl SessionContext {
 pub struct StateIdentity {
     /// The model's hash (size, parameters, every GGUF metadata pair), 16 hex digits.
     pub model: String,
-    /// The model as llama.cpp describes it, for messages.
-    pub model_name: String,
     /// llama.cpp's sequence state format version.
     pub state_format: u32,
     /// The KV settings that change a state's bytes (`typeK=… typeV=… flashAttention=…`).
@@ -248,7 +246,6 @@ impl SessionContext {
         let fingerprint = super::tree::fingerprint_of(&self.model, &self.info.kv);
         Ok(StateIdentity {
             model: format!("{:016x}", fingerprint.model),
-            model_name: fingerprint.model_name,
             state_format: fingerprint.state_format,
             kv: fingerprint.kv,
         })
