@@ -82,10 +82,12 @@ class Line {
     /** Prompt tokens the line's start took from the prefix cache, and how often it started (once, or again after a failed branch). */
     this.cached = 0;
     this.starts = 0;
-    /** Leases the line took in all (its own branch, and each fork of a cache entry it filled): its program's count. */
-    this.leasesTaken = 0;
-    /** What its gens wrote, for its program's usage and maxCells: KV cells committed, tokens taken, draft tokens. */
-    this.written = { cells: 0, completionTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 };
+    /**
+     * What the line took and wrote, for its program's leases, usage and maxCells: leases taken in
+     * all (its own branch, and each fork of a cache entry it filled), KV cells committed, tokens
+     * taken, draft tokens.
+     */
+    this.written = { leases: 0, cells: 0, completionTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 };
     /** The line's id in the scheduler's events (`p1.0`, `p1.1`, ...). */
     this.id = id;
     if (parent) parent.waitingForks.push(this);
@@ -263,8 +265,7 @@ class Line {
    * never takes them all: it would lack the logits after the last) and `fork()`, which takes it.
    */
   cachedStart(tokens) {
-    const { entry, partial, length: matched } = this.env.cache.bestStart(tokens);
-    const length = !entry ? 0 : partial ? Math.min(matched, tokens.length - 1) : matched;
+    const { entry, partial, length } = this.env.cache.bestStart(tokens);
     const fork = () => (partial ? entry.branch.forkAt(length) : entry.branch.fork());
     return { entry: length > 0 ? entry : null, length, fork };
   }
@@ -279,7 +280,7 @@ class Line {
   took(branch) {
     this.branch = branch;
     this.state = 'live';
-    this.leasesTaken++;
+    this.written.leases++;
   }
 
   /**
@@ -373,7 +374,7 @@ class Line {
       return;
     }
     // The filled branch is the cache's now; the fork is a lease of the line's own.
-    this.leasesTaken++;
+    this.written.leases++;
     if (this.pending.length > 0) this.openSegment();
   }
 

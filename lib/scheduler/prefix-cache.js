@@ -83,8 +83,9 @@ class PrefixCache {
 
   /**
    * Where a prompt can start from the cache: the longest cached prefix (a whole entry), or the
-   * longest shared run of any entry (a part-way fork) when it is at least MIN_PARTIAL_REUSE
-   * tokens and the entry's branch can still fork there. Entries still being filled count: a
+   * longest shared run of any entry (a part-way fork, never the whole prompt: the fork has no
+   * logits, so its last token is decoded again) when it is at least MIN_PARTIAL_REUSE tokens and
+   * the entry's branch can still fork there. Entries still being filled count: a
    * request that would use one waits until it is filled that far.
    * @param {number[]} tokens
    * @returns {{ entry: CacheEntry | null, length: number, partial: boolean }}
@@ -99,9 +100,11 @@ class PrefixCache {
       return { entry: null, length: 0, partial: false };
     }
     const prefixLength = prefix ? prefix.length : 0;
-    if (shared && prefix !== shared && shared.length > prefixLength && shared.length >= MIN_PARTIAL_REUSE) {
-      if (this._canForkAt(shared.value.branch, shared.length))
-        return { entry: shared.value, length: shared.length, partial: true };
+    if (shared && prefix !== shared) {
+      // A part-way fork has no logits: it always leaves the prompt's last token to decode.
+      const at = Math.min(shared.length, tokens.length - 1);
+      if (at > prefixLength && at >= MIN_PARTIAL_REUSE && this._canForkAt(shared.value.branch, at))
+        return { entry: shared.value, length: at, partial: true };
     }
     return prefix
       ? { entry: prefix.value, length: prefix.length, partial: false }

@@ -86,7 +86,7 @@ class Program {
     this.cachedPromptTokens = 0;
     this.prefilledCells = 0;
     /** What the lines freed so far wrote (a line's own count goes with it). */
-    this.retired = { cells: 0, completionTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 };
+    this.retired = { leases: 0, cells: 0, completionTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 };
     /** Why the program ends: its value, or an error (set once, when it moves to `ending`). */
     this.outcome = null;
   }

@@ -55,13 +55,11 @@ class RequestProgram extends Program {
     /** The prompt's tokens, and where the prompt is cut into cached prefixes (ready on). */
     this.tokens = [];
     this.cachePoints = [];
-    /** Admitted: the cache start planned then, its prompt line and every line it made (freed ones too). */
+    /** Admitted: the cache start planned then, and its prompt line. */
     this.plannedStart = 0;
     /** The cache entry that start is in, pinned from admission until the prompt line forks it. */
     this.plannedEntry = null;
     this.prompt = null;
-    /** @type {import('./line').Line[]} */
-    this.everyLine = [];
     /** @type {Choice[]} */
     this.choices = [];
   }
@@ -114,10 +112,8 @@ class RequestProgram extends Program {
    * @param {import('./prefix-cache').PrefixCache} cache
    */
   needs(cache) {
-    const { entry, length, partial } = cache.bestStart(this.tokens);
-    // As the prompt line will start (Line.startFresh): a part-way fork leaves a token to decode.
-    const start = partial ? Math.min(length, this.tokens.length - 1) : length;
-    return { entry, ...this.needsFrom(start) };
+    const { entry, length } = cache.bestStart(this.tokens);
+    return { entry, ...this.needsFrom(length) };
   }
 
   /** The KV cells and leases the request needs beyond a cached start of `start` tokens. */
@@ -158,7 +154,6 @@ class RequestProgram extends Program {
     prompt.push(this.tokens, text === undefined ? `(${promptTokens} prompt tokens)` : text);
     this.prompt = prompt;
     const forks = this.spawn(prompt, n);
-    this.everyLine = [prompt, ...forks];
     forks.forEach((line, index) => {
       const params = { ...this.params, seed: (this.seedBase + index) % SEED_SPACE };
       const chat = this.chat && this.chat.parse ? new ChatStream(this.chat) : null;
@@ -192,8 +187,7 @@ class RequestProgram extends Program {
   /** Leases the request may still take: each is taken once, never given back to it (a filled prompt's goes to the cache). */
   get leasesToCome() {
     if (this.state !== 'running') return 0;
-    const taken = this.everyLine.reduce((sum, line) => sum + line.leasesTaken, 0);
-    return Math.max(0, this.maxBranches - taken);
+    return Math.max(0, this.maxBranches - this.written('leases'));
   }
 
   /** KV cells this request may still write: its unfilled prompt and every token left to generate. */

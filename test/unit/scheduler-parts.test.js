@@ -94,6 +94,9 @@ describe('Scheduler parts (no model)', () => {
       assert.deepEqual([start.entry.tokens, start.length, start.partial], [system, 40, false]);
       start = cache.bestStart([...system, ...range(100, 120), 5]);
       assert.deepEqual([start.entry.tokens, start.length, start.partial], [long, 60, true]);
+      // A prompt wholly inside an entry forks it one token short: a part-way fork has no logits.
+      start = cache.bestStart([...system, ...range(100, 120)]);
+      assert.deepEqual([start.entry.tokens, start.length, start.partial], [long, 59, true]);
       // A shared run shorter than MIN_PARTIAL_REUSE is not worth pinning an unrelated entry.
       const other = range(500, 540);
       cache.filled(cache.open(other, fakeBranch(40, pruned)));
