@@ -35,7 +35,6 @@ const { Generation } = require('./scheduler/generation');
 const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
 const { RunProgram } = require('./scheduler/run');
 const { Programs } = require('./scheduler/programs');
-const { decodeAll } = require('./scheduler/rows');
 const { SchedulerEvents } = require('./scheduler/events');
 const { decide } = require('./scheduler/decide');
 const { CacheTiers } = require('./scheduler/cache-tiers');
@@ -462,17 +461,13 @@ class Scheduler {
     return tokens;
   }
 
-  /**
-   * ONE produce and ONE commit for every line of every program in a gen (a request's choices
-   * too). A row: its branch, its owner (failures stay the owner's), `live()`, `take(produced)`
-   * (true: commit the token) and `fail(error)`.
-   */
+  /** ONE produce and ONE commit for every line of every program in a gen (a request's choices too). */
   async _decodePhase() {
     const rows = this._programs.decodeRows();
     if (rows.length === 0) return 0;
     this._cellsFor(rows.length);
     const speculation = this._spec && { ctx: this._ctx, spec: this._spec };
-    const { committed, drafted, accepted } = await decodeAll(this._store, rows, speculation);
+    const { committed, drafted, accepted } = await this._programs.decode(this._store, rows, speculation);
     this._counters.draftTokens += drafted;
     this._counters.acceptedDraftTokens += accepted;
     return committed;

@@ -5,14 +5,15 @@
  * each step. The Scheduler's phases ask this, never a line: lines that need their KV get a
  * branch (`materialize`), pending tokens are prefilled (`linesToPrefill`, `prefillEntries` for
  * the step's one prefill, then `prefilled`), and lines in a gen become the decode phase's rows
- * (`decodeRows`, over ./rows.js). This is where a line's program hears what the line did (it
- * started, its tokens were prefilled) and where a failure is routed: the failing line's
+ * (`decodeRows`; `decode` over ./rows.js, which returns what became of each row). This is
+ * where a line hears what its row did, where its program hears what the line did (it started,
+ * its tokens were prefilled) and where every failure is routed: the failing line's
  * program decides whose it is (a request fails whole), never the step's. It also knows whether
  * a lease or cells are free beyond what running programs may still take (`fits`), and the
  * counts of requests' prompts and of programs settled that the Scheduler's `stats()` shows.
  */
 
-const { lineRow } = require('./rows');
+const { produceAll, commitRows } = require('./rows');
 
 class Programs {
   /**
@@ -177,9 +178,8 @@ class Programs {
   }
 
   /**
-   * The decode phase's rows of lines in a gen (peeks are read here: nothing to decode); a row's
-   * failure is its line's program's. A row speculates when the scheduler does and its gen asks
-   * for no log-probabilities.
+   * The decode phase's rows: the lines in a gen (peeks are read here: nothing to decode), each
+   * with its program, its gen and its owner (a request's rows fail together).
    */
   decodeRows() {
     const rows = [];
@@ -200,9 +200,50 @@ class Programs {
         program.lineFailed(line, e);
         continue;
       }
-      rows.push(lineRow(line, job, program));
+      rows.push({ program, line, job, branch: line.branch, owner: program.ownerOf(line), carried: job.next });
     }
     return rows;
+  }
+
+  /**
+   * The decode of one step over `rows` (from `decodeRows`): ONE produce, each line takes its
+   * token, ONE commit of those to decode (with drafts when `speculation`: the context and the
+   * scheduler's speculation, for gens that ask for no log-probabilities), then each line hears
+   * what became of its row. A failure goes to the line's program, once per row still live (a
+   * request's first failure ends its other rows). Returns the rows committed and the draft
+   * tokens drafted and accepted.
+   * @param {any} store
+   * @param {ReturnType<Programs['decodeRows']>} rows
+   * @param {{ ctx: any, spec: any } | null} speculation
+   */
+  async decode(store, rows, speculation) {
+    const live = (/** @type {any} */ row) => row.line.job === row.job && row.line.decoding;
+    const fail = (/** @type {any} */ row, /** @type {any} */ error) => {
+      if (live(row)) row.program.lineFailed(row.line, error);
+    };
+    const produced = produceAll(store, rows);
+    rows.forEach((row, i) => produced[i] instanceof Error && fail(row, produced[i]));
+    const taken = rows.flatMap((row, i) =>
+      live(row) && row.line.take(produced[i]) ? [{ row, token: produced[i].token }] : [],
+    );
+    const commits = taken.map(({ row: { branch, owner, job }, token }) => {
+      // The last token comes from `next`, accepted without a decode, as without speculation.
+      const limit = job.maxTokens - job.tokens.length - 1;
+      return {
+        branch,
+        owner,
+        token,
+        spec: job.drafter ? { drafter: job.drafter, length: job.draftLength, limit } : undefined,
+      };
+    });
+    const { outcomes, drafted, accepted } = await commitRows(store, commits, speculation);
+    outcomes.forEach((outcome, i) => {
+      const { row, token } = taken[i];
+      if (outcome.error) return fail(row, outcome.error);
+      row.line.committed(token);
+      if (outcome.verified && commits[i].spec && live(row)) row.line.verified({ token, ...outcome.verified });
+    });
+    return { committed: commits.length, drafted, accepted };
   }
 }
 

@@ -1,27 +1,31 @@
 'use strict';
 
 /**
- * The Scheduler's decode phase works on rows: one per line that samples this step
- * (`lineRow`: a program's line or a request's choice, both Lines), or `Branch.generate`'s one
- * branch. A row is
- * `{ branch, owner, live(), take(produced), committed(token), fail(error) }`: `take` says
- * whether the sampled token is to be decoded now, `committed` hears that it was, and a failure
- * goes to `fail` of the rows of one owner only, so one request's bad grammar or one program's
- * error never ends the others. `decodeAll` is the phase's one produce and one commit (with
- * drafts when the scheduler speculates).
+ * The decode phase of a step, as data in and data out: ONE produce for every row that samples
+ * (`produceAll`), then ONE commit of the tokens taken (`commitRows`, with drafts when the
+ * scheduler speculates). A row is `{ branch, owner, carried? }`; a commit adds its `token` and,
+ * when it speculates, `spec`. Nothing here calls back into a line or a program: each function
+ * returns what became of every row (its token or its error; a speculative commit's accepted
+ * draft and next token), and the caller — the Scheduler's `Programs`, or `Branch.generate` —
+ * applies it and decides whose failure it is. A failure stays its owner's: when a commit of
+ * several owners fails, each owner is committed alone, so one request's bad grammar or one
+ * program's error never ends the others.
  */
 
 /**
  * @typedef {object} DecodeRow
  * @property {any} branch
- * @property {any} owner
+ * @property {any} owner rows of one owner fail together
  * @property {any} [carried] the `Produced` a speculative step sampled for this row: taken instead of sampling
- * @property {{ drafter: any, length: any, limit: () => number }} [spec] a row that speculates
- * @property {(token: number, accepted: any[], next: any, drafted: number) => void} [verified] a speculative step's outcome
- * @property {() => boolean} live
- * @property {(produced: any) => boolean} take
- * @property {(token: number) => void} committed
- * @property {(error: any) => void} fail
+ *
+ * @typedef {object} Commit
+ * @property {any} branch
+ * @property {any} owner
+ * @property {number} token the token taken, decoded now
+ * @property {{ drafter: any, length: import('./speculation').DraftLength, limit: number }} [spec] a row that speculates
+ * @property {number[]} [draft] the draft it was given
+ *
+ * @typedef {{ error?: any, verified?: { accepted: any[], next: any, drafted: number } | null }} Outcome a commit's error, or (speculating) what was verified
  */
 
 /**
@@ -56,6 +60,7 @@ async function draftAll(jobs) {
  * One `store.produce` for all rows that sample; if it throws (e.g. a grammar masks everything),
  * per branch to find whose. A row a speculative step already sampled takes that token. Returns
  * each row's `Produced` or Error, in row order.
+ * @param {any} store @param {DecodeRow[]} rows
  */
 function produceAll(store, rows) {
   const sampled = rows.filter((r) => r.carried === undefined);
@@ -72,17 +77,15 @@ function produceAll(store, rows) {
     });
   }
   let next = 0;
-  return rows.map((r) => {
-    return r.carried !== undefined ? r.carried : produced[next++];
-  });
+  return rows.map((r) => (r.carried !== undefined ? r.carried : produced[next++]));
 }
 
 /**
  * Runs `attempt` on all `commits` at once; if it throws, once per owner, so that one owner's
- * failure (its grammar, its draft) stays its own: that owner's first live row hears the error.
- * Returns the sum of what the successful attempts returned.
- * @param {Array<{ row: DecodeRow }>} commits
- * @param {(list: any[]) => Promise<number>} attempt
+ * failure stays its own. Returns each commit's outcome (`attempt` gives the successful ones').
+ * @param {Commit[]} commits
+ * @param {(list: Commit[]) => Promise<Outcome[]>} attempt
+ * @returns {Promise<Outcome[]>}
  */
 async function perOwnerOnFailure(commits, attempt) {
   try {
@@ -90,58 +93,32 @@ async function perOwnerOnFailure(commits, attempt) {
   } catch {
     // fall through: isolate the failing owner(s)
   }
-  let total = 0;
-  for (const owner of new Set(commits.map((c) => c.row.owner))) {
-    const own = commits.filter((c) => c.row.owner === owner);
+  /** @type {Outcome[]} */
+  const outcomes = new Array(commits.length);
+  for (const owner of new Set(commits.map((c) => c.owner))) {
+    const own = commits.flatMap((c, i) => (c.owner === owner ? [i] : []));
     try {
-      total += await attempt(own);
-    } catch (e) {
-      if (own[0].row.live()) own[0].row.fail(e);
+      const done = await attempt(own.map((i) => commits[i]));
+      own.forEach((i, j) => (outcomes[i] = done[j]));
+    } catch (error) {
+      for (const i of own) outcomes[i] = { error };
     }
   }
-  return total;
-}
-
-/** ONE `store.commit` of `{row, token}`s; if it fails, per owner. */
-async function commitAll(store, commits) {
-  await perOwnerOnFailure(commits, async (list) => {
-    await store.commit(list.map(({ row, token }) => [row.branch, token]));
-    for (const { row, token } of list) row.committed(token);
-    return 0;
-  });
+  return outcomes;
 }
 
 /**
- * A speculative step's ONE `store.commitDrafts` of `{row, token, draft}`s (rows that do not
- * speculate have empty drafts: plain commits in the same decode); if it fails, per owner.
- * Returns the number of draft tokens accepted.
- */
-function commitDraftsAll(store, commits) {
-  return perOwnerOnFailure(commits, async (list) => {
-    const verified = await store.commitDrafts(list.map(({ row, token, draft }) => [row.branch, token, draft]));
-    let accepted = 0;
-    list.forEach(({ row, token, draft }, i) => {
-      const v = verified[i];
-      row.committed(token);
-      accepted += v.accepted.length;
-      if (row.spec) row.spec.length.observe(draft.length, v.accepted.length);
-      if (row.verified && row.live()) row.verified(token, v.accepted, v.next, draft.length);
-    });
-    return accepted;
-  });
-}
-
-/**
- * The commit of a speculating scheduler: rows that speculate get a draft (its length adapted
- * per row; all rows together within one decode's `nOutputs`), every row's token and draft go
- * into ONE `store.commitDrafts`, and the step's time feeds the cost fit. Returns the count of
- * draft tokens drafted and accepted.
+ * A speculating scheduler's commit: rows that speculate get a draft (its length adapted per
+ * row; all rows together within one decode's `nOutputs`), every row's token and draft go into
+ * ONE `store.commitDrafts` (rows without a draft are plain commits in the same decode), and the
+ * step's time feeds the cost fit. A draft source that fails fails the owners that drafted.
  * @param {any} store
  * @param {{ ctx: any, spec: any }} speculation the context and the scheduler's speculation
- * @param {Array<{ row: any, token: number, draft?: number[] }>} commits
+ * @param {Commit[]} commits
+ * @returns {Promise<{ outcomes: Outcome[], drafted: number, accepted: number }>}
  */
 async function commitSpeculative(store, { ctx, spec }, commits) {
-  const wanted = commits.map((c) => (c.row.spec ? c.row.spec.length.next(c.row.spec.limit(), commits.length) : 0));
+  const wanted = commits.map((c) => (c.spec ? c.spec.length.next(c.spec.limit, commits.length) : 0));
   let over = wanted.reduce((a, b) => a + b, 0) - (Math.min(ctx.nOutputs, ctx.nBatch) - commits.length);
   while (over > 0 && Math.max(...wanted) > 0) {
     wanted[wanted.indexOf(Math.max(...wanted))]--;
@@ -149,89 +126,68 @@ async function commitSpeculative(store, { ctx, spec }, commits) {
   }
   const jobs = commits.map((c, i) => ({
     source: spec.source,
-    drafter: c.row.spec && c.row.spec.drafter,
+    drafter: c.spec && c.spec.drafter,
     token: c.token,
     k: wanted[i],
   }));
+  /** @type {Outcome[]} */
+  const outcomes = new Array(commits.length);
   let started = 0;
   let drafts;
+  let going = commits.map((_, i) => i);
   try {
     // A new line's one-time work (a draft model prefilling its prompt) stays out of the step's
     // measured cost; the drafting itself counts.
     for (const job of jobs) if (job.k > 0 && typeof job.drafter.prepare === 'function') await job.drafter.prepare();
     started = performance.now();
     drafts = await draftAll(jobs);
-  } catch (e) {
+  } catch (error) {
     started = performance.now();
-    // The draft source failed (e.g. its context was disposed): the rows that drafted fail.
-    for (const c of commits.filter((_, i) => wanted[i] > 0)) if (c.row.live()) c.row.fail(e);
-    commits = commits.filter((c) => c.row.live());
+    // The draft source failed (e.g. its context was disposed): the owners that drafted fail.
+    const failed = new Set(commits.filter((_, i) => wanted[i] > 0).map((c) => c.owner));
+    for (const i of going) if (failed.has(commits[i].owner)) outcomes[i] = { error };
+    going = going.filter((i) => !failed.has(commits[i].owner));
     drafts = commits.map(() => []);
-    if (commits.length === 0) return { drafted: 0, accepted: 0 };
   }
-  commits.forEach((c, i) => (c.draft = drafts[i] || []));
-  const accepted = await commitDraftsAll(store, commits);
-  const drafted = commits.reduce((sum, c) => sum + c.draft.length, 0);
-  spec.cost.observe(commits.length + drafted, performance.now() - started);
-  return { drafted, accepted };
+  const list = going.map((i) => ({ ...commits[i], draft: drafts[i] || [] }));
+  let drafted = 0;
+  let accepted = 0;
+  const done = await perOwnerOnFailure(list, async (part) => {
+    const verified = await store.commitDrafts(part.map(({ branch, token, draft }) => [branch, token, draft]));
+    return part.map((c, j) => {
+      const v = verified[j];
+      if (c.spec) c.spec.length.observe(c.draft.length, v.accepted.length);
+      return { verified: { accepted: v.accepted, next: v.next, drafted: c.draft.length } };
+    });
+  });
+  going.forEach((i, j) => {
+    outcomes[i] = done[j];
+    drafted += list[j].draft.length;
+    if (!done[j].error) accepted += done[j].verified.accepted.length;
+  });
+  if (going.length > 0) spec.cost.observe(going.length + drafted, performance.now() - started);
+  return { outcomes, drafted, accepted };
 }
 
 /**
- * The decode of one step: ONE produce for all `rows` (a row whose sampling failed hears it),
- * then ONE commit of every live row that takes its token; with `speculation` (the context and
- * the scheduler's speculation), a commit with drafts. Returns the count of rows committed and
+ * ONE commit of `commits` (the tokens rows took), with drafts when `speculation` (the context
+ * and the scheduler's speculation) is given; if it fails, per owner. Returns each commit's
+ * outcome — `{ error }`, or `{ verified }` (a speculative commit's accepted draft tokens, the
+ * token sampled after them and the draft's length; null without speculation) — and the count
  * of draft tokens drafted and accepted.
  * @param {any} store
- * @param {DecodeRow[]} rows
+ * @param {Commit[]} commits
  * @param {{ ctx: any, spec: any } | null} speculation
- * @returns {Promise<{ committed: number, drafted: number, accepted: number }>}
+ * @returns {Promise<{ outcomes: Outcome[], drafted: number, accepted: number }>}
  */
-async function decodeAll(store, rows, speculation) {
-  const produced = produceAll(store, rows);
-  rows.forEach((row, i) => {
-    if (produced[i] instanceof Error && row.live()) row.fail(produced[i]);
+async function commitRows(store, commits, speculation) {
+  if (commits.length === 0) return { outcomes: [], drafted: 0, accepted: 0 };
+  if (speculation) return commitSpeculative(store, speculation, commits);
+  const outcomes = await perOwnerOnFailure(commits, async (list) => {
+    await store.commit(list.map(({ branch, token }) => [branch, token]));
+    return list.map(() => ({ verified: null }));
   });
-  const commits = [];
-  rows.forEach((row, i) => {
-    if (row.live() && row.take(produced[i])) commits.push({ row, token: produced[i].token });
-  });
-  let drafts = { drafted: 0, accepted: 0 };
-  if (commits.length > 0) {
-    if (speculation) drafts = await commitSpeculative(store, speculation, commits);
-    else await commitAll(store, commits);
-  }
-  return { committed: commits.length, ...drafts };
+  return { outcomes, drafted: 0, accepted: 0 };
 }
 
-/**
- * The decode row of `line`'s gen (a program's line or a request's choice); its owner and what
- * its failure does are its `program`'s (a request's rows fail together). A line whose gen
- * drafts speculates.
- * @param {any} line @param {any} job @param {import('./program').Program} program
- */
-function lineRow(line, job, program) {
-  const live = () => line.job === job && line.decoding;
-  /** @type {DecodeRow} */
-  const row = {
-    branch: line.branch,
-    owner: program.ownerOf(line),
-    carried: job.next,
-    live,
-    take: (produced) => line.take(produced),
-    committed: (token) => line.committed(token),
-    fail: (error) => program.lineFailed(line, error),
-  };
-  if (!job.drafter) return row;
-  return {
-    ...row,
-    spec: {
-      drafter: job.drafter,
-      length: job.draftLength,
-      // The last token comes from `next`, accepted without a decode, as without speculation.
-      limit: () => job.maxTokens - job.tokens.length - 1,
-    },
-    verified: (token, accepted, next, drafted) => line.verified({ token, accepted, next, drafted }),
-  };
-}
-
-module.exports = { decodeAll, lineRow };
+module.exports = { produceAll, commitRows };

@@ -9,7 +9,7 @@
 
 const { makeError } = require('../errors');
 const { PromptLookup, DraftModel, MAX_DRAFT } = require('../speculative');
-const { decodeAll } = require('./rows');
+const { produceAll, commitRows } = require('./rows');
 
 /**
  * How long a line's next draft is. Each line keeps an estimate of how often its draft tokens are
@@ -197,77 +197,56 @@ async function generate(branch, ctx, store, options = {}) {
   const cost = new StepCost();
   const length = spec ? new DraftLength({ maxDraft: spec.maxDraft, cost, adaptive: spec.adaptive }) : null;
   const drafter = spec ? spec.source.open(history) : null;
-  const line = new SoleRow(branch, maxTokens, onToken, drafter, length);
   const speculation = spec ? { ctx, spec: { source: spec.source, cost } } : null;
+  /** @type {number[]} */
+  const tokens = [];
+  let text = '';
+  const keep = (/** @type {any} */ p) => {
+    tokens.push(p.token);
+    text += p.text;
+    if (onToken) onToken({ token: p.token, text: p.text });
+  };
+  /** @type {'stop' | 'length'} */
+  let finishReason = 'length';
+  let carried; // the token a speculative step sampled after the accepted draft: taken next
   try {
-    while (line.row.live()) {
+    for (;;) {
       if (signal && signal.aborted) throw makeError('ERR_ABORTED', 'generate was aborted');
-      await decodeAll(store, [line.row], speculation);
-      line.stepped();
+      const [produced] = produceAll(store, [{ branch, owner: branch, carried }]);
+      carried = undefined;
+      if (produced instanceof Error) throw produced;
+      if (produced.isStop) {
+        finishReason = 'stop';
+        break;
+      }
+      keep(produced);
+      if (tokens.length >= maxTokens) {
+        branch.accept(produced.token); // counted in the perplexity; nothing samples after it
+        break;
+      }
+      // The draft never reaches the last token: it comes from `next`, accepted without a decode.
+      const limit = maxTokens - tokens.length - 1;
+      const commit = {
+        branch,
+        owner: branch,
+        token: produced.token,
+        spec: drafter ? { drafter, length, limit } : undefined,
+      };
+      const [outcome] = (await commitRows(store, [commit], speculation)).outcomes;
+      if (outcome.error) throw outcome.error;
+      if (!outcome.verified) continue;
+      const { accepted, next } = outcome.verified;
+      for (const p of accepted) keep(p);
+      drafter.accept([produced.token, ...accepted.map((p) => p.token)]);
+      carried = next || undefined;
     }
   } finally {
     if (drafter) drafter.close();
   }
   const stats = length
     ? { drafted: length.drafted, accepted: length.accepted, steps: length.steps }
-    : { drafted: 0, accepted: 0, steps: line.tokens.length };
-  return { tokens: line.tokens, text: line.text, finishReason: line.finishReason || 'length', speculative: stats };
-}
-
-/** `Branch.generate`'s one branch as a decode row (see ./rows.js), and what it generated. */
-class SoleRow {
-  constructor(branch, maxTokens, onToken, drafter, length) {
-    this.tokens = [];
-    this.text = '';
-    /** @type {'stop' | 'length' | null} */
-    this.finishReason = null;
-    this.failure = null;
-    /** The token a speculative step sampled after the accepted draft: the next step takes it. */
-    this.next = undefined;
-    const keep = (/** @type {any} */ p) => {
-      this.tokens.push(p.token);
-      this.text += p.text;
-      if (onToken) onToken({ token: p.token, text: p.text });
-    };
-    /** @type {import('./rows').DecodeRow} */
-    this.row = {
-      branch,
-      owner: branch,
-      carried: undefined,
-      live: () => this.finishReason === null && this.failure === null,
-      take: (produced) => {
-        if (produced.isStop) {
-          this.finishReason = 'stop';
-          return false;
-        }
-        keep(produced);
-        if (this.tokens.length < maxTokens) return true;
-        branch.accept(produced.token); // counted in the perplexity; nothing samples after it
-        this.finishReason = 'length';
-        return false;
-      },
-      committed: () => {},
-      fail: (e) => (this.failure = e),
-      ...(drafter
-        ? {
-            // The draft never reaches the last token: it comes from `next`, accepted without a decode.
-            spec: { drafter, length, limit: () => maxTokens - this.tokens.length - 1 },
-            verified: (token, accepted, sampled) => {
-              for (const p of accepted) keep(p);
-              drafter.accept([token, ...accepted.map((p) => p.token)]);
-              this.next = sampled || undefined; // none: sample as usual
-            },
-          }
-        : {}),
-    };
-  }
-
-  /** After a step: what a speculative step sampled is taken next; a failure ends the loop. */
-  stepped() {
-    this.row.carried = this.next;
-    this.next = undefined;
-    if (this.failure) throw this.failure;
-  }
+    : { drafted: 0, accepted: 0, steps: tokens.length };
+  return { tokens, text, finishReason, speculative: stats };
 }
 
 module.exports = { DraftLength, StepCost, checkSpeculative, generate };
