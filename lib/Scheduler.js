@@ -108,13 +108,13 @@ class Scheduler {
    * @returns {import('./types').Generation}
    */
   generate(request) {
-    const gen = new Generation();
     try {
-      this._enqueue(new RequestProgram(request, gen.sink, this._env));
+      const p = new RequestProgram(request, this._env);
+      this._enqueue(p);
+      return p.generation;
     } catch (e) {
-      gen.sink.fail(e);
+      return Generation.failed(e);
     }
-    return gen;
   }
 
   /**

@@ -26,6 +26,13 @@ class Generation {
     };
   }
 
+  /** A generation that failed before its request was queued (its input was refused). */
+  static failed(error) {
+    const gen = new Generation();
+    gen.sink.fail(error);
+    return gen;
+  }
+
   _push(event) {
     this._events.push(event);
     this._wake();

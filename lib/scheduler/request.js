@@ -16,21 +16,22 @@ const { checkChat, formatTurn, ChatStream } = require('./chat');
 const { GenJob } = require('./jobs');
 const { Choice } = require('./choice');
 const { Program } = require('./program');
+const { Generation } = require('./generation');
 
 class RequestProgram extends Program {
   /**
    * Checks `request` (throws ERR_INVALID_ARG); the request starts queued.
    * @param {any} request what `generate` was given
-   * @param {{ push: (event: any) => void, finish: (result: any) => void, fail: (error: any) => void }} sink
-   *   what feeds its Generation: its events and result
    * @param {any} env see Program, with `vocabSize`
    */
-  constructor(request, sink, env) {
+  constructor(request, env) {
     checkInput(request, env.vocabSize);
     const { params, seed, grammar } = checkSampling(request);
-    super(env, 'request', request.signal, sink);
-    /** Where its choices' events go (its Generation's). */
-    this.push = sink.push;
+    const generation = new Generation();
+    super(env, 'request', request.signal, generation.sink);
+    /** What `generate` returns: its choices' events (`push`) and its result go there. */
+    this.generation = generation;
+    this.push = generation.sink.push;
     this.input = request;
     this.n = positiveInt(request.n, 'request.n', 1);
     this.maxTokens = positiveInt(request.maxTokens, 'request.maxTokens', env.defaultMaxTokens);

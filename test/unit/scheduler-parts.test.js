@@ -196,8 +196,7 @@ describe('Scheduler parts (no model)', () => {
       spec: null,
       wake: () => {},
     });
-    const sink = { push: () => {}, finish: () => {}, fail: () => {} };
-    const make = (request, e = env()) => new RequestProgram(request, sink, e);
+    const make = (request, e = env()) => new RequestProgram(request, e);
 
     it('starts queued and moves only along its life cycle', () => {
       const req = make({ prompt: 'hi' });
