@@ -1,11 +1,8 @@
 'use strict';
 
 /**
- * One line of generation inside a branch program (the `s` of `scheduler.run(async (s) => ...)`):
- * a prompt it appends to, gens that continue it, forks that share its KV prefix. A line never
- * decodes by itself: it states what it needs and the Scheduler serves that in its steps, in the
- * same decode as everything else. This is the user's API; the Scheduler's side of the line is a
- * `Line` (lib/scheduler/line.js), held privately. docs/programs.md is the guide.
+ * The user's side of a branch program's line (the Scheduler's is a `Line`, ./scheduler/line.js,
+ * held privately). docs/programs.md is the guide.
  */
 
 const { makeError } = require('./errors');
@@ -28,11 +25,7 @@ class ProgramLine {
   /** @type {import('./scheduler/run').RunProgram} */
   #program;
 
-  /**
-   * Made by `Scheduler.run` (the root) and `fork`, never directly.
-   * @param {any} line the Scheduler's side of the line (lib/scheduler/line.js)
-   * @param {any} program the program it belongs to (lib/scheduler/run.js)
-   */
+  /** Made by `Scheduler.run` (the root) and `fork`, never directly. */
   constructor(line, program) {
     this.#line = line;
     this.#program = program;
@@ -48,10 +41,7 @@ class ProgramLine {
     return this.#line.tokens.slice();
   }
 
-  /**
-   * The line's id in the Scheduler's events (`p1.0`, `p1.1`, …: docs/events.md).
-   * @returns {string}
-   */
+  /** The line's id in the Scheduler's events (`p1.0`, `p1.1`, …: docs/events.md). */
   get id() {
     return this.#line.id;
   }
@@ -63,12 +53,11 @@ class ProgramLine {
 
   /**
    * Appends prompt text (tokenized now, without special tokens except the BOS of a program's
-   * first text), token ids, or chat messages. Messages on an empty line are rendered with the
-   * model's chat template up to the assistant's turn (its end-of-turn strings then stop every gen
-   * of the line and its forks); on a line that started so, after the assistant's reply, they are
-   * the next turn (the turn separator, then the messages rendered alone: nothing is decoded
-   * again). Nothing is decoded until the line next needs its KV: a gen, or a fork's first step.
-   * Returns the line, for chaining.
+   * first text), token ids, or chat messages: on an empty line, rendered with the model's chat
+   * template up to the assistant's turn (whose end-of-turn strings then stop every gen of the line
+   * and its forks); on a line started so, after the assistant's reply, the next turn (nothing is
+   * decoded again). Nothing is decoded until the line next needs its KV: a gen, or a fork's first
+   * step. Returns the line.
    * @param {string | number[] | readonly import('./types').ChatMessage[]} input
    * @returns {this}
    */
@@ -78,9 +67,7 @@ class ProgramLine {
     let tokens, text;
     if (Array.isArray(input) && input.length > 0 && input.every((m) => m !== null && typeof m === 'object')) {
       if (line.tokens.length === 0) {
-        let stops;
-        ({ tokens, text, stops } = firstTurn(ctx, input));
-        line.stops = stops;
+        ({ tokens, text, stops: line.stops } = firstTurn(ctx, input));
       } else {
         if (line.chat === null)
           throw invalid('append(messages): this line did not start with chat messages; append text or tokens to it');
@@ -117,10 +104,8 @@ class ProgramLine {
     const program = this.#program;
     const { params, seed, grammar } = checkSampling(options);
     const choices = options.choices === undefined ? null : choicesGrammar(options.choices);
-    const constraints = [grammar, options.jsonSchema, choices, options.regex].filter(
-      (c) => c !== undefined && c !== null,
-    );
-    if (constraints.length > 1) throw invalid('gen: give one of grammar, jsonSchema, choices or regex');
+    const given = [grammar, options.jsonSchema, choices, options.regex].filter((c) => c !== undefined && c !== null);
+    if (given.length > 1) throw invalid('gen: give one of grammar, jsonSchema, choices or regex');
     if (options.regex !== undefined && (typeof options.regex !== 'string' || options.regex === ''))
       throw invalid('gen: regex must be a non-empty string (a JavaScript-style regular expression source)');
     const job = new GenJob({
@@ -159,15 +144,14 @@ class ProgramLine {
 
   /**
    * Scores each option as the continuation of the line's text and appends the best. Options are
-   * scored in forks, as scored prefill entries (a logits row per token) in the scheduler's steps,
-   * beside everything else it runs; a token several options share is scored once (the options form a
-   * trie: a fork per leaf, the forks of a shared prefix made where the options part, a step later
-   * for each level of parting). The winner's fork becomes the line's KV, so its tokens are not
-   * decoded again (unless the winner is a prefix of another option: its fork went on past it).
-   * `method`: `'total'` (the sum of the tokens' log-probabilities, default), `'normalized'` (the
-   * mean per token) or `'unconditional'` (the sum minus the option's sum after only the BOS token:
-   * how much the line's text raises it). The forks count against `maxBranches` while they score (one
-   * per option that is not a prefix of another; twice as many for `'unconditional'`).
+   * scored in forks (a logits row per token) in the scheduler's steps; a token several options
+   * share is scored once (a fork per leaf of their trie, made where the options part, a step later
+   * per level). The winner's fork becomes the line's KV, so its tokens are not decoded again
+   * (unless the winner is a prefix of another option). `method`: `'total'` (the sum of the tokens'
+   * log-probabilities, default), `'normalized'` (the mean per token) or `'unconditional'` (the sum
+   * minus the option's sum after only the BOS token: how much the line's text raises it). The forks
+   * count against `maxBranches` while they score (one per option that is not a prefix of another;
+   * twice as many for `'unconditional'`).
    * @param {string[]} options
    * @param {{ method?: 'total' | 'normalized' | 'unconditional' }} [settings]
    * @returns {Promise<import('./types').SelectResult>}
@@ -201,9 +185,9 @@ class ProgramLine {
 
   /**
    * The natural-log probability of `text` (or token ids) as the line's continuation; the line
-   * does not change. One token is read from the logits the line holds once its pending tokens
-   * are decoded (no extra decode), with the `top` (0..20) most likely next tokens; several are
-   * scored in a fork as `select` does (the fork counts against `maxBranches`).
+   * does not change. One token is read from the logits the line holds (no extra decode), with the
+   * `top` (0..20) most likely next tokens; several are scored in a fork as `select` does (it counts
+   * against `maxBranches`).
    * @param {string | number[]} text
    * @param {{ top?: number }} [options]
    * @returns {Promise<{ logprob: number, top: import('./types').TopLogprob[] }>}
@@ -221,10 +205,9 @@ class ProgramLine {
   }
 
   /**
-   * The natural-log probabilities of several candidate next tokens, all read from the one logits
-   * row the line holds once its pending tokens are decoded (no extra decode; the line does not
-   * change): e.g. single-token answer labels. The values are log-softmax over the whole vocabulary,
-   * in the order given.
+   * The natural-log probabilities (log-softmax over the whole vocabulary, in the order given) of
+   * candidate next tokens, e.g. single-token answer labels, all read from the one logits row the
+   * line holds (no extra decode; the line does not change).
    * @param {number[]} tokens token ids
    * @returns {Promise<number[]>}
    */

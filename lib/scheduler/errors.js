@@ -60,4 +60,20 @@ function tooManyBranches(maxBranches, live, n) {
   );
 }
 
-module.exports = { SchedulerErrorCode, schedulerError, closedError, queueFullError, neverFitsError, tooManyBranches };
+/** A program's gen or prefill of `more` cells would pass its maxCells. */
+function cellsExceeded(used, more, maxCells) {
+  return makeError(
+    'ERR_KV_FULL',
+    `the program has written ${used} KV cells and ${more} more would pass its maxCells ${maxCells}; release lines sooner, lower maxTokens, or pass a larger maxCells to run()`,
+  );
+}
+
+module.exports = {
+  SchedulerErrorCode,
+  schedulerError,
+  closedError,
+  queueFullError,
+  neverFitsError,
+  tooManyBranches,
+  cellsExceeded,
+};

@@ -2,21 +2,14 @@
 
 /**
  * The Scheduler's side of one line of generation: a branch, the line's tokens (those in its KV,
- * then `pending` ones not decoded yet), and at most ONE job at a time (./jobs.js: a gen, a
- * score, a peek). A line never decodes by itself. Each step the Scheduler asks it what it needs
- * — a branch (`materialize`: a fork of its parent once the parent's KV reaches the fork point,
- * or the longest cached prefix of its prompt), its pending tokens prefilled (`wantsPrefill`,
- * `prefilled`), a token sampled (`decoding`, `take`, `committed`) — and serves it in the same
+ * then `pending` ones) and at most ONE job at a time (./jobs.js). A line never decodes by itself:
+ * each step the Scheduler asks what it needs — a branch (`materialize`), its pending tokens
+ * prefilled (`wantsPrefill`), a token sampled (`decoding`, `take`) — and serves it in the same
  * decode as everything else. The user's `ProgramLine` (lib/ProgramLine.js) holds one privately.
  *
- * Its branch's `state`: 'waiting' (none yet) → 'live' → 'freed'; `released` means the user gave
- * it back and the next step frees it (once no fork still waits to fork it). Its events (`fork`,
- * `append`, `token`, `finish`, `prune`) are each sent from one method here.
- *
- * A line never calls its program: it is told what it needs (`LineEnv`) when it is made, and
- * what its program counts — leases held and taken, cells written, tokens taken, its start from
- * the prefix cache — is the line's own state, read by the program and by `Programs` (its
- * caller), which also decide whose failure a line's is.
+ * `state`: 'waiting' (no branch yet) → 'live' → 'freed'. A line never calls its program: it is
+ * given a `LineEnv`, and what its program counts (`written`, `cached`, `starts`) is the line's own
+ * state, read by the program and by ./programs.js, which also decide whose failure a line's is.
  */
 
 const { makeError } = require('../errors');
@@ -26,8 +19,7 @@ const { clipped, perplexityOf } = require('./events');
 const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
 
 /**
- * What every line of a program is given: the context, the prefix cache, the events and the
- * program's id in them, whether the entries its lines fill are kept warm (a request's cacheKey).
+ * `program`: its id in the events; `hinted`: the cache entries its lines fill are kept warm (a request's cacheKey).
  * @typedef {{ ctx: any, cache: any, events: import('./events').SchedulerEvents, program: string, hinted: boolean }} LineEnv
  */
 
@@ -35,79 +27,58 @@ class Line {
   /**
    * @param {LineEnv} env
    * @param {string} id the line's id in the events (`p1.0`, `p1.1`, ...)
-   * @param {Line | null} parent the line this one forks (null: a fresh line)
-   * @param {number[]} tokens the line's tokens so far (a copy of the parent's at the fork point)
+   * @param {Line | null} parent the line it forks (null: a fresh line)
+   * @param {number[]} tokens its tokens so far (a fork: a copy of the parent's at the fork point)
    */
   constructor(env, id, parent, tokens) {
     this.env = env;
+    this.id = id;
     this.parent = parent;
-    /** Every token of the line: what is in its KV, then `pending`. */
     this.tokens = tokens;
-    /** Tokens of the line not yet in its branch's KV (prefilled when the line next needs them). */
     this.pending = parent ? [] : tokens.slice();
     /** The parent's token count at the fork: this line's branch forks the parent there. */
     this.anchor = tokens.length - this.pending.length;
     this.text = '';
     this.state = 'waiting';
     this.branch = null;
-    /** @type {Line[]} lines forked from this one that have not taken their branch from it yet */
+    /** @type {Line[]} forks of this line that have not taken their branch from it yet */
     this.waitingForks = [];
-    /** @type {import('./jobs').GenJob | import('./jobs').ScoreJob | import('./jobs').PeekJob | null} the job in flight */
+    /** @type {import('./jobs').GenJob | import('./jobs').ScoreJob | import('./jobs').PeekJob | null} */
     this.job = null;
     /** The cache entry this line's branch is filling (its prompt, for others to fork), if any. */
     this.segment = null;
-    /**
-     * Where a request's prompt is cut into cache entries (token counts; null for a program's
-     * line, whose prompt becomes one entry when a lease is spare). Their leases were reserved at
-     * admission, and the entries stay pinned while the line lives.
-     */
+    /** Where a request's prompt is cut into cache entries, leases reserved at admission (null: a program's line). */
     this.cachePoints = null;
-    /** @type {any[]} cache entries this line pins until it is freed */
+    /** @type {any[]} cache entries pinned until the line is freed */
     this.pins = [];
-    /** A request's prompt: it never grows, so once filled it may use its cache entry's branch as is. */
+    /** A request's prompt never grows: once filled, it may use its cache entry's branch as is (`borrowed`). */
     this.sealed = false;
-    /** The branch is a cache entry's, used as is (never pruned by the line). */
     this.borrowed = false;
-    /** Stop strings every gen of this line adds (the chat template's end of turn), inherited by forks. */
+    /** Stop strings every gen adds (the chat template's end of turn). */
     this.stops = parent ? parent.stops : [];
-    /**
-     * Where the line's chat stands: null (it did not start with messages), 'open' (the
-     * assistant's turn was just opened) or 'replied' (a later turn may be appended as messages).
-     */
+    /** null (the line did not start with messages), 'open' (the assistant's turn is open) or 'replied'. */
     this.chat = parent ? parent.chat : null;
     /** A select or multi-token logprob runs on this line (its options are scored in forks). */
     this.selecting = false;
-    /** release() was called (the branch is freed at the next step, once no child waits on it). */
     this.released = false;
-    /** Prompt tokens the line's start took from the prefix cache, and how often it started (once, or again after a failed branch). */
+    /** Prompt tokens its start took from the prefix cache, and how often it started (again after a failed branch). */
     this.cached = 0;
     this.starts = 0;
-    /**
-     * What the line took and wrote, for its program's leases, usage and maxCells: leases taken in
-     * all (its own branch, and each fork of a cache entry it filled), KV cells committed, tokens
-     * taken, draft tokens.
-     */
+    /** For its program's leases, usage and maxCells: leases taken (its branch, a fork of each entry it filled). */
     this.written = { leases: 0, cells: 0, completionTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 };
-    /** The line's id in the scheduler's events (`p1.0`, `p1.1`, ...). */
-    this.id = id;
     if (parent) parent.waitingForks.push(this);
     this.emit('fork', { branch: this.id, parent: parent ? parent.id : null, at: parent ? this.anchor : 0 });
   }
 
-  /** Emits one of the line's events (nothing when nobody listens). */
   emit(type, fields) {
     if (this.env.events.on) this.env.events.emit(type, { request: this.env.program, ...fields });
   }
 
-  /** Lines forked from this one still waiting to take their branch from it. */
-  get dependents() {
-    return this.waitingForks.length;
-  }
-
-  /** A fork of this line took its branch, or will never need it: it no longer waits on this line. */
-  forkDone(child) {
-    const at = this.waitingForks.indexOf(child);
-    if (at !== -1) this.waitingForks.splice(at, 1);
+  /** It took its branch, or never will: it no longer waits on its parent. */
+  leaveParent() {
+    const at = this.parent.waitingForks.indexOf(this);
+    if (at !== -1) this.parent.waitingForks.splice(at, 1);
+    this.parent = null;
   }
 
   // -------------------------------------------------------------------------------------------
@@ -121,7 +92,7 @@ class Line {
       throw schedulerError(Code.PROGRAM_STATE, `${op}(): a gen or select is running on this line; await it first`);
   }
 
-  /** Appends `tokens` (and the `text` they stand for) to the line; decoded when it next needs its KV. */
+  /** Appends `tokens` (and the `text` they stand for), decoded when the line next needs its KV. */
   push(tokens, text) {
     this.tokens.push(...tokens);
     this.pending.push(...tokens);
@@ -136,42 +107,37 @@ class Line {
   }
 
   /**
-   * The winner's scoring line holds this line's tokens and then exactly the winner's, with the
-   * logits after its last: the two swap branches (the scorer then frees this line's old one), so
-   * the winner, appended next, need not be decoded again. False when that cannot be (no such
-   * line, it is not in a state to give its branch, or a fork of this line still waits to fork it
-   * where it is).
+   * Takes the branch of `winner`, a scoring line holding this line's tokens then exactly the
+   * winner's (logits included), so the winner, appended next, is not decoded again; the scorer
+   * frees this line's old branch. False when either line is not in a state to swap.
    */
   adopt(winner) {
-    if (!winner || winner.state !== 'live' || winner.pending.length > 0 || winner.dependents > 0) return false;
-    // Forks of this line still waiting for its branch fork it at their anchor, before the winner
-    // (forkAt there would decode a token again, and is refused past a sliding window).
-    if (this.state !== 'live' || this.pending.length > 0 || this.dependents > 0 || this.released) return false;
+    if (!winner || winner.state !== 'live' || winner.pending.length > 0 || winner.waitingForks.length > 0) return false;
+    // Forks still waiting on this line fork it at their anchor, before the winner (forkAt there
+    // would decode a token again, and is refused past a sliding window).
+    if (this.state !== 'live' || this.pending.length > 0 || this.waitingForks.length > 0 || this.released) return false;
     [this.branch, winner.branch] = [winner.branch, this.branch];
     return true;
   }
 
   /**
-   * Gives the line's branch back at the next step (a job in flight rejects with ERR_ABORTED).
-   * Idempotent. `announce`: a `prune` event (a request's choice ends with its `finish` alone).
+   * Gives the branch back at the next step (a job in flight rejects with ERR_ABORTED); idempotent.
+   * `announce`: a `prune` event (a request's choice ends with its `finish` alone).
    */
   release(announce = true) {
     if (this.released || this.state === 'freed') return;
     this.released = true;
     if (announce) this.emit('prune', { branch: this.id });
     if (this.job) this.endJob(null, makeError('ERR_ABORTED', 'the line was released while it generated'));
-    if (this.parent) {
-      this.parent.forkDone(this); // it will never fork the parent now
-      this.parent = null;
-    }
+    if (this.parent) this.leaveParent();
   }
 
   // -------------------------------------------------------------------------------------------
   // What the Scheduler asks of it, between and within its steps.
 
-  /** Whether the line needs its KV now: a job runs on it, or a child waits to fork it. */
+  /** Whether the line needs its KV now: a job runs on it, or a fork waits to fork it. */
   get needed() {
-    return this.state !== 'freed' && (this.job !== null || this.dependents > 0);
+    return this.state !== 'freed' && (this.job !== null || this.waitingForks.length > 0);
   }
 
   /** Tokens in the branch's KV. */
@@ -179,7 +145,6 @@ class Line {
     return this.tokens.length - this.pending.length;
   }
 
-  /** Whether the line's pending tokens should be prefilled this step. */
   get wantsPrefill() {
     return this.state === 'live' && this.needed && this.pending.length > 0;
   }
@@ -189,9 +154,9 @@ class Line {
     return this.job !== null && this.job.kind !== 'score' && this.state === 'live' && this.pending.length === 0;
   }
 
-  /** Whether the line has been released and no child waits to fork it: free it at the next step. */
+  /** Released, and no fork waits to fork it: free it at the next step. */
   get collectable() {
-    return this.released && this.state !== 'freed' && this.dependents === 0;
+    return this.released && this.state !== 'freed' && this.waitingForks.length === 0;
   }
 
   /** Whether the line holds a lease of its program's: a branch of its own (not a cache entry's). */
@@ -204,20 +169,16 @@ class Line {
     return this.job !== null && this.job.kind === 'score' ? this.job.left : 0;
   }
 
-  /**
-   * Where the scored tokens start in a prefill entry of the line's first `take` pending tokens,
-   * or undefined when the entry holds none of them (a forkAt fork re-decodes one token first).
-   */
+  /** Where the scored tokens start in a prefill of the first `take` pending tokens (undefined: none there). */
   scoreFrom(take) {
     const start = this.pending.length - this.scoring;
     return this.scoring > 0 && start < take ? start : undefined;
   }
 
   /**
-   * Gives a needed line waiting for its branch (its program has a lease for it) that branch: a
-   * fork of its parent once the parent's KV reaches the anchor; a fresh line forks the longest
-   * cached prompt prefix, or starts empty. Returns true when the line now has a branch and its
-   * own text is worth a cache entry (`openSegment`) if a lease is spare, which its caller knows.
+   * Gives a needed waiting line (its program has a lease for it) its branch: a fork of its parent
+   * once the parent's KV reaches the anchor, or for a fresh line `startFresh`. True when the line
+   * now has a branch and its own text is worth a cache entry (`openSegment`) if a lease is spare.
    */
   materialize() {
     const parent = this.parent;
@@ -227,24 +188,20 @@ class Line {
     if (parent.filled === this.anchor) {
       this.took(parent.branch.fork());
     } else {
-      // The parent went on past the fork point: take its KV up to one token before it and
-      // decode that token again, for the logits at the fork point.
+      // The parent went on past the fork point: fork it one token before and decode that token
+      // again, for the logits at the fork point.
       this.took(parent.branch.forkAt(this.anchor - 1));
       this.pending.unshift(parent.tokens[this.anchor - 1]);
     }
-    parent.forkDone(this);
-    this.parent = null;
-    // What the fork appended becomes a cache entry too, when it is worth one: the next fork
-    // of the same state with the same text (a decision's question asked again, a sub-agent's
-    // instructions) then starts from it.
+    this.leaveParent();
+    // The next fork of the same state with the same text (a decision's question asked again, a
+    // sub-agent's instructions) may start from it.
     return this.pending.length >= MIN_PARTIAL_REUSE;
   }
 
   /**
-   * A fork whose own text (what was appended after the fork point) is in the prefix cache forks
-   * the cache entry instead of its parent, past the fork point: only the rest is decoded (none
-   * of it when the entry holds the whole text, logits included). False when the cache holds no
-   * more of the line than its parent does, or that entry is still being filled.
+   * A fork whose own text (appended after the fork point) is cached forks the cache entry instead
+   * of its parent, and decodes only the rest. False when no ready entry holds more than the parent.
    */
   forkFromCache() {
     const wanted = this.tokens.length - this.scoring; // tokens to score are decoded by the line
@@ -255,8 +212,7 @@ class Line {
     this.took(fork());
     this.pending = this.tokens.slice(length);
     this.started(length - this.anchor);
-    this.parent.forkDone(this);
-    this.parent = null;
+    this.leaveParent();
     return true;
   }
 
@@ -270,7 +226,6 @@ class Line {
     return { entry: length > 0 ? entry : null, length, fork };
   }
 
-  /** The line started with `cached` of its tokens from the prefix cache (its program counts them). */
   started(cached) {
     this.cached = cached;
     this.starts++;
@@ -284,12 +239,10 @@ class Line {
   }
 
   /**
-   * A fresh line's start: a fork of the longest cached prefix of its tokens (never all but
-   * logits-less), the cache entry's branch itself when a sealed prompt is cached whole, or a new
-   * branch; its prompt then becomes a cache entry while the line fills it (see openSegment: a
-   * request's at once, its leases reserved; a program's new prompt if a lease is spare, which
-   * the returned true asks). Nothing happens while the prefix it wants is still being filled
-   * by someone else.
+   * A fresh line's start: a fork of the longest cached prefix of its tokens, the entry's branch
+   * itself when a sealed prompt is cached whole, or a new branch. Its prompt then becomes a cache
+   * entry (see openSegment; a program's only if a lease is spare: the returned true asks). Nothing
+   * happens while the prefix it wants is still being filled by someone else.
    */
   startFresh() {
     const cache = this.env.cache;
@@ -297,7 +250,6 @@ class Line {
     // first of them is scored from the logits at the fork point, which a partial fork lacks.
     const wanted = this.pending.length - this.scoring;
     const { entry, length, fork } = this.cachedStart(this.pending.slice(0, wanted));
-    // Another line or request is filling this prompt: fork it once it is filled that far.
     if (entry && !entry.ready && entry.branch.position < length) return false;
     if (entry && this.cachePoints) this.pins.push(cache.pin(entry));
     else if (entry) cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
@@ -315,7 +267,7 @@ class Line {
 
   /**
    * The line's branch fills a new cache entry up to its next cache point (a program's line: all
-   * of its prompt), so that programs and requests starting with the same text fork it instead of
+   * its prompt), so that programs and requests starting with the same text fork it instead of
    * prefilling it again. A prompt to score is nobody's.
    */
   openSegment() {
@@ -324,7 +276,7 @@ class Line {
     const end = this.cachePoints ? this.cachePoints.find((p) => p > this.filled) : this.tokens.length;
     if (end === undefined) return;
     this.segment = cache.open(this.tokens.slice(0, end), this.branch);
-    if (this.env.hinted) this.segment.hinted = true; // a client asked to keep it warm
+    if (this.env.hinted) this.segment.hinted = true;
     if (this.cachePoints) this.pins.push(cache.pin(this.segment));
     else cache.pin(this.segment);
   }
@@ -336,18 +288,15 @@ class Line {
     this.borrowed = true;
   }
 
-  /**
-   * Whether prefilling `take` more tokens fills a cache entry that no lease was reserved for (a
-   * program's line): the cache keeps it only if a lease is spare then (`prefilled`'s `spare`).
-   */
+  /** Whether prefilling `take` more tokens fills a cache entry no lease was reserved for (a program's line). */
   fillsUnreservedEntry(take) {
     return this.segment !== null && !this.cachePoints && this.filled + take === this.segment.tokens.length;
   }
 
   /**
-   * The cache entry is filled: the cache keeps that branch; the line goes on in a fork of it (a
-   * sealed prompt filled to its end uses the entry's branch as is: its lease is the cache's
-   * from now on), the next segment open. `spare`: a lease is spare now (see fillsUnreservedEntry).
+   * The cache entry is filled: the cache keeps that branch and the line goes on in a fork of it
+   * (a sealed prompt filled to its end uses the entry's branch as is), its next segment open.
+   * `spare`: a lease is spare now (asked when `fillsUnreservedEntry`).
    */
   cacheFilled(spare) {
     const cache = this.env.cache;
@@ -359,8 +308,8 @@ class Line {
       this.useCached(entry);
       return;
     }
-    // An entry opened without a reserved lease keeps one only if one is still spare now (a
-    // program admitted since may count on it; several lines may have opened entries at once).
+    // Without a reserved lease the entry is kept only if one is still spare now (a program
+    // admitted since may count on it; several lines may have opened entries at once).
     if (!this.cachePoints && !spare) {
       cache.forget(entry);
       return;
@@ -373,8 +322,7 @@ class Line {
       cache.forget(entry); // no lease after all: the line keeps the branch, nothing is cached
       return;
     }
-    // The filled branch is the cache's now; the fork is a lease of the line's own.
-    this.written.leases++;
+    this.written.leases++; // the fork: the filled branch is the cache's now
     if (this.pending.length > 0) this.openSegment();
   }
 
@@ -390,22 +338,17 @@ class Line {
   /**
    * Where a scoring line's prefill stops this step: the next point where a line forked ahead of
    * it (a `select` path where options part) waits to fork it, so that the fork takes the KV and
-   * logits there instead of decoding a token again. Infinity when none waits; `filled` when one
-   * waits right there (for a lease a line released this step still holds).
+   * logits there instead of decoding a token again (`filled`: one waits right there, for a lease).
    */
   nextForkPoint() {
     let at = Infinity;
-    if (this.dependents === 0) return at;
     for (const line of this.waitingForks) {
       if (line.state === 'waiting' && line.needed && line.anchor >= this.filled) at = Math.min(at, line.anchor);
     }
     return at;
   }
 
-  /**
-   * `count` pending tokens are in the KV now (`logprobs`: the scored ones'; `spare`: whether a
-   * lease is spare, asked only when `fillsUnreservedEntry(count)`).
-   */
+  /** `count` pending tokens are in the KV now (`logprobs`: the scored ones'; `spare`: see cacheFilled). */
   prefilled(count, logprobs, spare) {
     const from = this.scoreFrom(count);
     const scored = from === undefined ? null : this.pending.slice(from, count);
@@ -417,10 +360,7 @@ class Line {
     if (/** @type {import('./jobs').ScoreJob} */ (this.job).scored(scored, logprobs)) this.job = null;
   }
 
-  /**
-   * Takes a produced token into the gen; true when it is to be committed (decoded) now.
-   * `committed`: an accepted draft token, already decoded and accepted.
-   */
+  /** Takes a produced token into the gen (`committed`: an accepted draft token); true: commit it now. */
   take(produced, committed = false) {
     if (produced.isStop) {
       this.endJob('stop');
@@ -436,10 +376,7 @@ class Line {
     return false;
   }
 
-  /**
-   * A speculative step's outcome: the accepted draft tokens (already decoded) are taken like
-   * sampled ones, and the token verification sampled next is kept for the next step.
-   */
+  /** A speculative step's outcome: accepted draft tokens are taken, the token sampled next kept for the next step. */
   verified({ token, accepted, next, drafted }) {
     const gen = /** @type {import('./jobs').GenJob} */ (this.job);
     this.written.draftTokens += drafted;
@@ -482,8 +419,8 @@ class Line {
   }
 
   /**
-   * The line's `token` event (`n`: its length with the token; `mark`: 'draft' for an accepted
-   * draft token, 'forced' for scored tokens, which carry no perplexity).
+   * `n`: the line's length with the token; `mark`: 'draft' (an accepted draft token) or 'forced'
+   * (scored tokens, which carry no perplexity).
    * @param {string} text @param {number} n @param {'draft' | 'forced' | null} [mark]
    */
   emitToken(text, n, mark = null) {
@@ -505,10 +442,7 @@ class Line {
     if (gen.choice) gen.choice.perplexity = this.perplexity();
     const result = gen.finish(reason);
     this.text += result.text;
-    if (this.env.events.on) {
-      const n = this.tokens.length;
-      this.emit('finish', { branch: this.id, reason: result.finishReason, n, ppl });
-    }
+    this.emit('finish', { branch: this.id, reason: result.finishReason, n: this.tokens.length, ppl });
     if (this.chat === 'open') this.chat = 'replied';
     if (gen.choice) {
       // A request's choice is done with its branch: it goes back now, not at the next step.
@@ -527,12 +461,11 @@ class Line {
   }
 
   /**
-   * Gives the branch back (when no child still waits to fork it, unless `force`); the prune's
-   * promise goes into `prunes`. A job still in flight rejects with `error` (its program's ended
-   * error: given whenever the line has a job).
+   * Gives the branch back (unless a fork still waits to fork it and not `force`), its prune's
+   * promise into `prunes`; a job still in flight rejects with `error` (its program's ended error).
    */
   free(force, prunes, error) {
-    if (this.state === 'freed' || (!force && this.dependents > 0)) return;
+    if (this.state === 'freed' || (!force && this.waitingForks.length > 0)) return;
     this.dropSegment();
     if (this.job) this.endJob(null, error);
     if (this.holdsLease && !this.branch.disposed) prunes.push(this.branch.prune().catch(() => {}));

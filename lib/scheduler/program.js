@@ -1,38 +1,30 @@
 'use strict';
 
 /**
- * The Scheduler's one kind of work item: a program of lines (lib/scheduler/line.js). A branch
- * program (`scheduler.run(async (s) => ...)`, a `RunProgram` here) is a JavaScript function
- * that drives its lines through `ProgramLine`; a request (`scheduler.generate`, a
- * `RequestProgram` in ./request.js) is a built-in program: one prompt line forked n times, each
- * fork running a gen. Neither decodes by itself: each line states what it needs (its pending
- * tokens prefilled, a fork of its parent made, one token per step while a gen runs) and the
- * Scheduler serves those needs in its own steps, in ONE `store.prefill` and ONE `store.commit`.
- *
- * A program's life cycle is one explicit `state`:
+ * The Scheduler's one kind of work item: a program of lines (./line.js). A branch program
+ * (`scheduler.run`, ./run.js) is a JavaScript function driving its lines through `ProgramLine`;
+ * a request (`scheduler.generate`, ./request.js) is a built-in one: a prompt line forked n times,
+ * each fork running a gen. The Scheduler serves what their lines need in its own steps, in ONE
+ * `store.prefill` and ONE `store.commit`. A program's life cycle is one explicit `state`:
  *
  *   queued ──▶ ready ──▶ running ──▶ ending ──▶ done
  *     │          │                     │
  *     └──────────┴─────────────────────┴──▶ failed
  *
- * queued: waiting for its preparation (a request's tokenization); ready: waiting in the queue for
- * its leases and cells; running: admitted, its lines at work; ending: it returned or threw, its
- * signal fired or the scheduler closed: the next step frees everything it holds and settles it
- * (a request aborted while queued or ready goes straight to done, with its choices ended 'abort');
- * done / failed: settled.
+ * queued: its preparation (a request's tokenization) waits; ready: it waits for its leases and
+ * cells; ending: it returned or threw, its signal fired or the scheduler closed: the next step
+ * frees what it holds and settles it (a request aborted before it ran goes straight to done).
  *
- * Leases: a program declares `maxBranches` and is admitted only when that many leases are free
- * beyond what running programs may still take; a branch program's `fork` past it throws
- * ERR_TOO_MANY_BRANCHES at once instead of waiting, so two programs never wait on each other's
- * leases. Cells: it declares `maxCells` (KV cells it may write: prompt tokens prefilled plus
- * tokens generated, a shared prefix counted once); a gen or prefill past it rejects with
- * ERR_KV_FULL.
+ * A program is admitted only when the `maxBranches` leases it declares are free beyond what
+ * running programs may still take, and a `fork` past them throws ERR_TOO_MANY_BRANCHES at once:
+ * two programs never wait on each other's leases. A gen or prefill past its `maxCells` (KV cells
+ * it writes, a shared prefix counted once) rejects with ERR_KV_FULL.
  */
 
 const { makeError } = require('../errors');
 const { signalOf } = require('../cancel');
 const { Line } = require('./line');
-const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
+const { SchedulerErrorCode: Code, schedulerError, cellsExceeded } = require('./errors');
 const { doneFields } = require('./events');
 
 const TRANSITIONS = {
@@ -68,12 +60,12 @@ class Program {
     this.wake = env.wake;
     /** The scheduler's speculation (null: none). */
     this.spec = env.spec;
-    /** Where the program's events go, its id in them, and its lines' count (for their ids). */
     this.events = env.events;
     this.id = env.events.nextId(kind);
+    /** Lines made so far (for their ids). */
     this.lineCount = 0;
-    /** The Scheduler's prefix cache (a line's prompt may become an entry of it), and a request's cache key (./request.js). */
     this.cache = env.cache;
+    /** A request's cache key (./request.js). */
     this.cacheKey = null;
     /** @type {Line[]} every line made, released ones until they are freed */
     this.lines = [];
@@ -81,7 +73,6 @@ class Program {
     this.lineEnv = null;
     this.maxBranches = 0;
     this.maxCells = 0;
-    /** Prompt tokens prefilled and taken from the prefix cache (counted by `started`, `prefilled`). */
     this.promptTokens = 0;
     this.cachedPromptTokens = 0;
     this.prefilledCells = 0;
@@ -101,12 +92,10 @@ class Program {
     this.state = state;
   }
 
-  /** The id of a new line of this program. */
   lineId() {
     return `${this.id}.${this.lineCount++}`;
   }
 
-  /** Emits one of the program's events (nothing when nobody listens). */
   emit(type, fields) {
     if (this.events.on) this.events.emit(type, { request: this.id, ...fields });
   }
@@ -126,51 +115,40 @@ class Program {
     return false;
   }
 
-  /**
-   * Prepares a queued program (nothing to do but for a request).
-   * @param {any} _ctx @param {any} _systemPrompts
-   */
+  // What each kind writes: its preparation (a request's), its admission (`needs`: what admitting
+  // it takes now; `admitted`: the `admit` event's fields; `begin`), its `abort` and `close`, how
+  // it ends (`ending`: the `done` event's status and usage) and what it resolves with (`result`).
+
   async prepare(_ctx, _systemPrompts) {}
 
-  // What each kind writes: its admission (`needs`, `admitted`: the `admit` event's fields, and
-  // `begin`), its abort and close, how it ends (`ending`: the `done` event's status and usage)
-  // and what it resolves with (`result`).
-
-  /**
-   * What admitting the program takes now: `{ entry, start, cells, leases }`.
-   * @param {any} _cache @returns {{ entry: any, start: number, cells: number, leases: number }}
-   */
+  /** @returns {{ entry: any, start: number, cells: number, leases: number }} */
   needs(_cache) {
     throw makeError('ERR_INTERNAL', 'Program.needs is written by each kind of program');
   }
 
-  /** @param {{ entry: any, start: number, cells: number, leases: number }} _need @returns {object} */
   admitted(_need) {
     return {};
   }
 
-  /** @param {{ entry: any, start: number, cells: number, leases: number }} _need */
   begin(_need) {}
 
   abort() {}
 
-  /** @param {any} _error */
   close(_error) {}
 
-  /** @param {{ error?: any, abort?: boolean }} _outcome @returns {{ status: string, usage: any }} */
+  /** @returns {{ status: string, usage: any }} */
   ending(_outcome) {
     return { status: 'ok', usage: null };
   }
 
-  /** @param {{ error?: any, value?: any, abort?: boolean }} _outcome @returns {any} */
   result(_outcome) {}
 
-  /** A line of the program started (./programs.js saw it): `line.cached` of its tokens came from the prefix cache. */
+  /** A line started with `line.cached` of its tokens from the prefix cache. */
   started(line) {
     this.cachedPromptTokens += line.cached;
   }
 
-  /** `count` pending tokens of a line were prefilled (./programs.js counts them here before the line hears it). */
+  /** `count` pending tokens of a line were prefilled (counted before the line hears it). */
   prefilled(count) {
     this.prefilledCells += count;
     this.promptTokens += count;
@@ -191,7 +169,6 @@ class Program {
     return this.prefilledCells + this.written('cells');
   }
 
-  /** Its usage as results and events show it. */
   get usage() {
     return {
       promptTokens: this.promptTokens,
@@ -202,32 +179,28 @@ class Program {
     };
   }
 
-  /** Leases the program may still take. */
   get leasesToCome() {
     return this.state === 'running' ? Math.max(0, this.maxBranches - this.leasesHeld) : 0;
   }
 
-  /** Cells the program may still write. */
   cellsToCome() {
     return this.state === 'running' ? Math.max(0, this.maxCells - this.cellsUsed) : 0;
   }
 
-  /** A new line of this program (`parent`: the line it forks, null for a fresh one). */
   makeLine(parent, tokens) {
     const line = new Line(/** @type {import('./line').LineEnv} */ (this.lineEnv), this.lineId(), parent, tokens);
     this.lines.push(line);
     return line;
   }
 
-  /** A new line of this program holding only `tokens` (decoded when it first needs its KV). */
+  /** A new line holding only `tokens` (decoded when it first needs its KV). */
   freshLine(tokens) {
     return this.makeLine(null, tokens.slice());
   }
 
   /**
-   * `n` children of `line` (or fresh lines when it is empty); leases were reserved. `at`: the
-   * children's tokens, when they fork the line further on than it is now (a `select` path forked
-   * ahead, where its options part).
+   * `n` children of `line` (fresh lines when it is empty; leases were reserved). `at`: their tokens,
+   * when they fork the line further on than it is now (a `select` path, where its options part).
    */
   spawn(line, n, at = line.tokens) {
     return Array.from({ length: n }, () => {
@@ -251,10 +224,7 @@ class Program {
     this.begin(need);
   }
 
-  /**
-   * Ends the program (first reason wins); the next step frees what it holds and settles it (the
-   * Scheduler is woken by whoever ends it from outside a step: the function's end, an abort).
-   */
+  /** Ends the program (first reason wins): the next step, which whoever ends it wakes, frees and settles it. */
   end(outcome) {
     if (this.state !== 'running') return;
     this.outcome = outcome;
@@ -262,21 +232,17 @@ class Program {
     this.endJobs();
   }
 
-  /** At its end, the jobs still running: each rejects (a request's choices end 'abort' instead). */
+  /** At its end, each job still running rejects (a request's choices end 'abort' instead). */
   endJobs() {
     for (const line of this.lines) if (line.job) line.endJob(null, this.endedError());
   }
 
-  /** Whether the scheduler has something to do for this program. */
   hasWork() {
     if (this.state === 'ending' || (this.state === 'running' && this.complete)) return true;
     return this.lines.some((l) => l.needed || l.collectable);
   }
 
-  /**
-   * At the start of a step: frees released lines, or every line of an ending program (then
-   * returns true: `settle()` once `prunes` are done).
-   */
+  /** At a step's start: frees released lines, or all of an ending program's (then true: settle once `prunes` are). */
   collect(prunes) {
     if (this.state === 'running' && this.complete) this.end({});
     const ending = this.state === 'ending';
@@ -301,12 +267,8 @@ class Program {
     this.sink.finish(this.result(this.outcome));
   }
 
-  /** Why a gen or prefill of `more` cells is refused: the program wrote all its maxCells. */
   cellsExceeded(more) {
-    return makeError(
-      'ERR_KV_FULL',
-      `the program has written ${this.cellsUsed} KV cells and ${more} more would pass its maxCells ${this.maxCells}; release lines sooner, lower maxTokens, or pass a larger maxCells to run()`,
-    );
+    return cellsExceeded(this.cellsUsed, more, this.maxCells);
   }
 
   /** A queued program that will never start (closed scheduler, never fits, a failed preparation). */

@@ -2,13 +2,10 @@
 
 /**
  * One `scheduler.generate()` request as a built-in program (./program.js): ONE prompt line (cut
- * into cached prefixes at its system prompt's end and at its own end) forked `n` times, each
- * fork running a gen with the request's sampling, stops, log-probabilities and chat options.
- * Everything a line does — its cache start, prefill, token intake, speculation — is the line's
- * (./line.js); what is the request's own is its preparation (chat template, tokenization),
- * what admitting it takes, and how it settles: with a result of n choices (choices still running
- * when it is aborted or the scheduler closes end with finishReason 'abort'), or rejected when it
- * fails.
+ * into cache entries at its system prompt's end and at its own end) forked `n` times, each fork
+ * running a gen. What a line does is the line's (./line.js); the request's own are its preparation
+ * (chat template, tokenization), what admitting it takes, and how it settles: with n choices
+ * (those still running when it is aborted or the scheduler closes end 'abort'), or rejected.
  */
 
 const { SEED_SPACE, invalid, positiveInt, checkInput, checkStops, checkLogprobs, checkSampling } = require('./checks');
@@ -45,20 +42,19 @@ class RequestProgram extends Program {
     this.grammarLazy = null;
     /** formatChat's options (tools, toolChoice, reasoning), and the ChatTurn once prepared. */
     this.chatOptions = checkChat(request);
-    /** The client's cache key: the prefixes it caches are kept warm longer (./prefix-cache.js). */
-    this.cacheKey = request.cacheKey === undefined ? null : request.cacheKey;
-    /** Its prompt is admitted without waiting for a restore from the RAM or disk tier (it never fits). */
-    this.tierSkip = false;
     this.chat = null;
+    /** The prefixes a client with a cache key caches are kept warm longer (./prefix-cache.js). */
+    this.cacheKey = request.cacheKey === undefined ? null : request.cacheKey;
+    /** Admitted without waiting for a restore from the RAM or disk tier (with one, it never fits). */
+    this.tierSkip = false;
     /** Converted off the main thread from now on; awaited when the request is prepared. */
     this.grammarPending = request.jsonSchema !== undefined ? env.jsonSchemaToGrammar(request.jsonSchema) : null;
     if (this.grammarPending) this.grammarPending.catch(() => {}); // reported when prepared
-    /** The prompt's tokens, and where the prompt is cut into cached prefixes (ready on). */
+    /** Once prepared: the prompt's tokens, and where it is cut into cache entries. */
     this.tokens = [];
     this.cachePoints = [];
-    /** Admitted: the cache start planned then, and its prompt line. */
+    /** Once admitted: the cache start planned, its entry (see begin), the prompt line. */
     this.plannedStart = 0;
-    /** The cache entry that start is in, pinned from admission until the prompt line forks it. */
     this.plannedEntry = null;
     this.prompt = null;
     /** @type {Choice[]} */
@@ -66,8 +62,8 @@ class RequestProgram extends Program {
   }
 
   /**
-   * Tokenizes the prompt (chat template for messages, on the context's worker), finds where it is
-   * cut into cached prefixes, resolves the grammar and checks that the request fits the context.
+   * Tokenizes the prompt (messages: the chat template, on the context's worker), finds where it
+   * is cut into cache entries, resolves the grammar and checks that the request fits the context.
    * @param {import('../Context').SessionContext} ctx
    * @param {import('./system-prompts').SystemPrompts} systemPrompts
    */
@@ -107,9 +103,8 @@ class RequestProgram extends Program {
   }
 
   /**
-   * What admitting the request takes now: the best cached start of its prompt (its `entry`, kept
-   * from eviction meanwhile, and its `start` in tokens), and the KV cells and the leases it needs
-   * beyond that start.
+   * What admitting the request takes now: the best cached start of its prompt (`entry`, `start`),
+   * and the KV cells and leases it needs beyond it.
    * @param {import('./prefix-cache').PrefixCache} cache
    */
   needs(cache) {
@@ -132,8 +127,7 @@ class RequestProgram extends Program {
 
   admitted({ start }) {
     const kind = this.input.messages !== undefined ? 'chat' : 'completion';
-    const { n, maxTokens } = this;
-    return { request: this.id, kind, n, maxTokens, promptTokens: this.tokens.length, cachedTokens: start };
+    return { kind, n: this.n, maxTokens: this.maxTokens, promptTokens: this.tokens.length, cachedTokens: start };
   }
 
   /** Admitted: its prompt line, and its n choices forked from it, each with its gen. */
@@ -146,28 +140,18 @@ class RequestProgram extends Program {
     this.maxBranches = leases;
     this.maxCells = this.tokens.length + this.n * this.maxTokens;
     this.promptTokens = this.tokens.length;
-    const { n, maxTokens } = this;
-    const promptTokens = this.tokens.length;
+    const { maxTokens, stops, grammar, grammarLazy: lazy, logprobs } = this;
     const prompt = this.freshLine([]);
     prompt.sealed = true;
     prompt.cachePoints = this.cachePoints;
     const text = this.chat ? this.chat.formatted.prompt : this.input.prompt;
-    prompt.push(this.tokens, text === undefined ? `(${promptTokens} prompt tokens)` : text);
+    prompt.push(this.tokens, text === undefined ? `(${this.tokens.length} prompt tokens)` : text);
     this.prompt = prompt;
-    const forks = this.spawn(prompt, n);
-    forks.forEach((line, index) => {
+    this.spawn(prompt, this.n).forEach((line, index) => {
       const params = { ...this.params, seed: (this.seedBase + index) % SEED_SPACE };
       const chat = this.chat && this.chat.parse ? new ChatStream(this.chat) : null;
       const choice = new Choice(index, this.push, chat);
-      const job = new GenJob({
-        maxTokens,
-        stops: this.stops,
-        params,
-        grammar: this.grammar,
-        lazy: this.grammarLazy,
-        logprobs: this.logprobs,
-        choice,
-      });
+      const job = new GenJob({ maxTokens, stops, params, grammar, lazy, logprobs, choice });
       job.done.promise.catch(() => {}); // a failure is the request's, reported by settle
       this.choices.push(choice);
       line.start(job);
@@ -180,18 +164,18 @@ class RequestProgram extends Program {
     this.cachedPromptTokens = line.cached;
   }
 
-  /** `count` prompt tokens were prefilled (usage counts the whole prompt from the start). */
+  /** `count` prompt tokens were prefilled (`promptTokens` counts the whole prompt from the start). */
   prefilled(count) {
     this.prefilledCells += count;
   }
 
-  /** Leases the request may still take: each is taken once, never given back to it (a filled prompt's goes to the cache). */
+  /** Each lease is taken once, never given back to the request (a filled prompt's goes to the cache). */
   get leasesToCome() {
     if (this.state !== 'running') return 0;
     return Math.max(0, this.maxBranches - this.written('leases'));
   }
 
-  /** KV cells this request may still write: its unfilled prompt and every token left to generate. */
+  /** Its unfilled prompt and every token left to generate. */
   cellsToCome() {
     if (this.state !== 'running') return 0;
     const filled = this.prompt.state === 'waiting' ? this.plannedStart : this.prompt.filled;
@@ -265,7 +249,6 @@ class RequestProgram extends Program {
     return this.spec && this.logprobs === undefined ? { ...usage, draftTokens, acceptedDraftTokens } : usage;
   }
 
-  /** The result `generate` resolves with. */
   result() {
     return { choices: this.choices.map((c) => c.result), usage: this.usageOut() };
   }
