@@ -2,7 +2,7 @@
 
 // The Scheduler's parts that need no model: the radix index, stop strings, the prefix cache's
 // policy (pins, LRU, eviction, part-way forks), the request life cycle and admission, the
-// Scheduler's options and its step events.
+// Scheduler's options and its step events, the decode phase's rows.
 
 const assert = require('node:assert/strict');
 const { RadixTree } = require('../../lib/scheduler/radix');
@@ -11,7 +11,8 @@ const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-c
 const { RequestProgram } = require('../../lib/scheduler/request');
 const { SchedulerEvents } = require('../../lib/scheduler/events');
 const { schedulerOptions } = require('../../lib/scheduler/options');
-const { StepCost } = require('../../lib/scheduler/speculation');
+const { StepCost, DraftLength } = require('../../lib/scheduler/speculation');
+const { produceAll, commitRows } = require('../../lib/scheduler/rows');
 const { parseBytes } = require('../../lib/scheduler/cache-tiers');
 
 /** A stand-in for a Branch: a position and a prune that records itself. */
@@ -265,6 +266,101 @@ describe('Scheduler parts (no model)', () => {
       assert.equal(gen.choice, req.choices[0]);
       gen.arm(branch, [], { source: { open: () => assert.fail('drafted') }, maxDraft: 4 });
       assert.deepEqual([gen.state, gen.drafter], ['sampling', null]);
+    });
+  });
+
+  describe('rows: the decode phase, data in and data out', () => {
+    /** A store whose batched calls fail when any branch named `bad` is in them. */
+    const store = (log) => ({
+      produce(branches) {
+        if (branches.some((b) => b.bad)) throw new Error('batch');
+        return branches.map((b) => ({ token: b.id, text: '' }));
+      },
+      async commit(pairs) {
+        log.push(pairs.map(([b]) => b.id));
+        if (pairs.some(([b]) => b.bad)) throw new Error(`commit ${pairs.map(([b]) => b.id)}`);
+      },
+      async commitDrafts(list) {
+        log.push(list.map(([b, , draft]) => `${b.id}+${draft.length}`));
+        if (list.some(([b]) => b.bad)) throw new Error('drafts');
+        return list.map(([, , draft]) => ({ accepted: draft.slice(0, 1).map((t) => ({ token: t })), next: null }));
+      },
+    });
+    const branch = (id, bad = false) => ({
+      id,
+      bad,
+      produce() {
+        if (bad) throw new Error(`grammar ${id}`);
+        return { token: id, text: '' };
+      },
+    });
+
+    it('produces for every row once, per branch only to find whose sampling failed, and keeps carried tokens', () => {
+      const carried = { token: 99, text: '' };
+      const rows = [{ branch: branch(1) }, { branch: branch(2), carried }, { branch: branch(3) }];
+      assert.deepEqual(
+        produceAll(store([]), rows).map((p) => p.token),
+        [1, 99, 3],
+      );
+      const out = produceAll(store([]), [{ branch: branch(1) }, { branch: branch(2, true) }]);
+      assert.equal(out[0].token, 1);
+      assert.ok(out[1] instanceof Error && /grammar 2/.test(out[1].message));
+    });
+
+    it("commits once; when that fails, each owner alone, and only the failing owner's commits carry the error", async () => {
+      const log = [];
+      const a = branch(1);
+      const b = branch(2, true);
+      const c = branch(3);
+      const commits = [
+        { branch: a, owner: 'A', token: 1 },
+        { branch: b, owner: 'B', token: 2 },
+        { branch: c, owner: 'A', token: 3 },
+      ];
+      const { outcomes } = await commitRows(store(log), commits, null);
+      assert.deepEqual(log, [[1, 2, 3], [1, 3], [2]]);
+      assert.deepEqual(outcomes[0], { verified: null });
+      assert.deepEqual(outcomes[2], { verified: null });
+      assert.match(outcomes[1].error.message, /commit 2/);
+      assert.deepEqual(await commitRows(store(log), [], null), { outcomes: [], drafted: 0, accepted: 0 });
+    });
+
+    it('speculating: drafts go into one commit with the plain rows; a failing draft source fails only the owners that drafted', async () => {
+      const cost = new StepCost();
+      const ctx = { nOutputs: 64, nBatch: 64 };
+      const spec = (drafter) => ({
+        drafter,
+        length: new DraftLength({ maxDraft: 2, cost, adaptive: false }),
+        limit: 8,
+      });
+      const drafter = { draft: async (token, k) => Array.from({ length: k }, (_, i) => token * 10 + i) };
+      const log = [];
+      const ok = await commitRows(
+        store(log),
+        [
+          { branch: branch(1), owner: 'A', token: 1, spec: spec(drafter) },
+          { branch: branch(2), owner: 'B', token: 2 },
+        ],
+        { ctx, spec: { source: {}, cost } },
+      );
+      assert.deepEqual(log, [['1+2', '2+0']]);
+      assert.deepEqual([ok.drafted, ok.accepted], [2, 1]);
+      assert.deepEqual(ok.outcomes[0].verified, { accepted: [{ token: 10 }], next: null, drafted: 2 });
+      assert.deepEqual(ok.outcomes[1].verified, { accepted: [], next: null, drafted: 0 });
+      const broken = { draft: async () => Promise.reject(new Error('source gone')) };
+      const failed = await commitRows(
+        store(log),
+        [
+          { branch: branch(3), owner: 'A', token: 3, spec: spec(broken) },
+          { branch: branch(4), owner: 'A', token: 4 },
+          { branch: branch(5), owner: 'B', token: 5 },
+        ],
+        { ctx, spec: { source: {}, cost } },
+      );
+      assert.deepEqual(log[1], ['5+0'], "owner A's rows are not committed");
+      assert.match(failed.outcomes[0].error.message, /source gone/);
+      assert.match(failed.outcomes[1].error.message, /source gone/);
+      assert.deepEqual(failed.outcomes[2].verified, { accepted: [], next: null, drafted: 0 });
     });
   });
 
