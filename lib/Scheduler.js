@@ -84,8 +84,8 @@ class Scheduler {
     /** What happens to requests, programs and their branches, for `subscribe` (docs/events.md). */
     this._events = new SchedulerEvents();
     /**
-     * The Scheduler's own counts for `stats()` (the admitted programs count their prompts, tokens
-     * and completions: ./scheduler/programs.js); `completed`: requests that ended before admission.
+     * The Scheduler's own counts for `stats()` (the admitted programs count their prompts and
+     * tokens: ./scheduler/programs.js); `completed`: requests done, admitted or not (`_ended`).
      */
     this._counters = { steps: 0, prefilledTokens: 0, completed: 0, draftTokens: 0, acceptedDraftTokens: 0 };
     /** What each program is given: the defaults, the shared cache and events, `wake` for new needs. */
@@ -207,7 +207,7 @@ class Scheduler {
       cachedPromptTokens: p.cachedPromptTokens,
       prefilledTokens: c.prefilledTokens,
       generatedTokens: p.completionTokens,
-      completed: c.completed + p.completed,
+      completed: c.completed,
       draftTokens: c.draftTokens,
       acceptedDraftTokens: c.acceptedDraftTokens,
       evictions: this._cache.evictions,
@@ -242,11 +242,16 @@ class Scheduler {
     this._kick(); // a running one ends at the next step
   }
 
-  /** Ends `item` (out of the queue) for its signal: a request that never started resolves now, counted as completed. */
+  /** Ends `item` (out of the queue) for its signal: a request that never started resolves now. */
   _endAborted(item) {
     const unstarted = item.state === 'queued' || item.state === 'ready';
     item.abort();
-    if (unstarted && item.kind === 'request' && item.state === 'done') this._counters.completed++;
+    if (unstarted) this._ended(item);
+  }
+
+  /** A program settled: a request that resolved counts as completed (`stats().completed`). */
+  _ended(item) {
+    if (item.kind === 'request' && item.state === 'done') this._counters.completed++;
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -282,7 +287,7 @@ class Scheduler {
 
   async _step() {
     const started = performance.now();
-    await this._programs.collect();
+    for (const p of await this._programs.collect()) this._ended(p);
     await this._prepareQueued();
     if (this._tiers) await this._restorePhase();
     this._admit();

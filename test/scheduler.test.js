@@ -234,6 +234,8 @@ describe('Scheduler', function () {
       assert.equal(r.choices[0].finishReason, 'length');
       assert.equal(r.choices[0].tokens.length, 12);
     }
+    await new Promise((resolve) => setImmediate(resolve)); // the step that settled them has counted them
+    assert.equal(s.stats().completed, 3, 'settled requests count, aborted or not');
     // a request aborted while queued never starts
     const queuedAbort = new AbortController();
     const blocker = start({ maxRunning: 1 }).generate({ prompt: 'Hello', maxTokens: 4, params: GREEDY });
@@ -244,7 +246,10 @@ describe('Scheduler', function () {
       w.choices.map((x) => [x.finishReason, x.tokens.length]),
       [['abort', 0]],
     );
+    assert.equal(scheduler.stats().completed, 1, 'the request that never started is completed');
     await blocker;
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(scheduler.stats().completed, 2);
   });
 
   it('a full queue rejects with ERR_QUEUE_FULL and never disturbs the running request', async () => {

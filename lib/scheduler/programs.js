@@ -10,7 +10,7 @@
  * its tokens were prefilled) and where every failure is routed: the failing line's
  * program decides whose it is (a request fails whole), never the step's. It also knows whether
  * a lease or cells are free beyond what running programs may still take (`fits`), and the
- * counts of requests' prompts and of programs settled that the Scheduler's `stats()` shows.
+ * counts of requests' prompts and of tokens taken that the Scheduler's `stats()` shows.
  */
 
 const { produceAll, commitRows } = require('./rows');
@@ -25,10 +25,9 @@ class Programs {
     this.list = [];
     this.cache = cache;
     this.store = store;
-    /** Requests' prompt tokens and those taken from the prefix cache (the hit rate), and requests completed. */
+    /** Requests' prompt tokens and those taken from the prefix cache (the hit rate). */
     this.promptTokens = 0;
     this.cachedPromptTokens = 0;
-    this.completed = 0;
     /** Tokens taken by the gens of programs settled so far (running ones count their own). */
     this.settledCompletionTokens = 0;
   }
@@ -58,17 +57,15 @@ class Programs {
     return this.list.reduce((sum, p) => sum + p.written('completionTokens'), this.settledCompletionTokens);
   }
 
-  /** At the start of a step: frees what programs released; settles the ones that ended. */
+  /** At the start of a step: frees what programs released; settles the ones that ended and returns them. */
   async collect() {
     const prunes = [];
     const ended = this.list.filter((p) => p.collect(prunes));
     for (const p of ended) this.settledCompletionTokens += p.written('completionTokens');
     if (ended.length > 0) this.list = this.list.filter((p) => !ended.includes(p));
     await Promise.all(prunes);
-    for (const p of ended) {
-      p.settle();
-      if (p.kind === 'request' && p.state === 'done') this.completed++;
-    }
+    for (const p of ended) p.settle();
+    return ended;
   }
 
   /**
