@@ -21,9 +21,9 @@ export class ProgramLine {
      * Appends prompt text (tokenized now, without special tokens except the BOS of a program's
      * first text), token ids, or chat messages: on an empty line, rendered with the model's chat
      * template up to the assistant's turn (whose end-of-turn strings then stop every gen of the line
-     * and its forks); on a line started so, after the assistant's reply, the next turn (nothing is
-     * decoded again). Nothing is decoded until the line next needs its KV: a gen, or a fork's first
-     * step. Returns the line.
+     * and its forks); on a line started so, after the assistant's reply, the next turn (the turn
+     * separator, then the messages rendered alone: nothing is decoded again). Nothing is decoded
+     * until the line next needs its KV: a gen, or a fork's first step. Returns the line.
      * @param {string | number[] | readonly import('../lib/types').ChatMessage[]} input
      * @returns {this}
      */

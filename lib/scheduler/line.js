@@ -169,7 +169,10 @@ class Line {
     return this.job !== null && this.job.kind === 'score' ? this.job.left : 0;
   }
 
-  /** Where the scored tokens start in a prefill of the first `take` pending tokens (undefined: none there). */
+  /**
+   * Where the scored tokens start in a prefill of the first `take` pending tokens (undefined: none
+   * there — a forkAt fork re-decodes one token before them first).
+   */
   scoreFrom(take) {
     const start = this.pending.length - this.scoring;
     return this.scoring > 0 && start < take ? start : undefined;
@@ -338,7 +341,8 @@ class Line {
   /**
    * Where a scoring line's prefill stops this step: the next point where a line forked ahead of
    * it (a `select` path where options part) waits to fork it, so that the fork takes the KV and
-   * logits there instead of decoding a token again (`filled`: one waits right there, for a lease).
+   * logits there instead of decoding a token again (`filled`: one waits right there, for a lease a
+   * line released this step still holds until the next step frees it).
    */
   nextForkPoint() {
     let at = Infinity;

@@ -224,7 +224,10 @@ class Program {
     this.begin(need);
   }
 
-  /** Ends the program (first reason wins): the next step, which whoever ends it wakes, frees and settles it. */
+  /**
+   * Ends the program (first reason wins); the next step frees what it holds and settles it (who
+   * ends it from outside a step — the function's end, an abort — wakes the Scheduler).
+   */
   end(outcome) {
     if (this.state !== 'running') return;
     this.outcome = outcome;

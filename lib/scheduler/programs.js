@@ -204,11 +204,13 @@ class Programs {
 
   /**
    * The decode of one step over `rows` (from `decodeRows`): ONE produce, each line takes its
-   * token, ONE commit of those to decode (with drafts when `speculation`: the context and the
-   * scheduler's speculation, for gens that ask for no log-probabilities), then each line hears
-   * what became of its row. A failure goes to the line's program, once per row still live (a
-   * request's first failure ends its other rows). Returns the rows committed and the draft
-   * tokens drafted and accepted.
+   * token, ONE commit of those to decode (with drafts when `speculation` — the context and the
+   * scheduler's speculation — is given: rows whose gen has a drafter draft; `GenJob.arm` gives
+   * none to a gen that asks for log-probabilities), then each line hears what became of its row.
+   * A failure goes to the line's program, once per row still live (a request's first failure
+   * ends its other rows), and so does an error while a line takes its outcome (a draft model
+   * that cannot follow): one owner's, never the step's. Returns the rows committed and the
+   * draft tokens drafted and accepted.
    * @param {any} store
    * @param {ReturnType<Programs['decodeRows']>} rows
    * @param {{ ctx: any, spec: any } | null} speculation
@@ -233,13 +235,18 @@ class Programs {
         spec: job.drafter ? { drafter: job.drafter, length: job.draftLength, limit } : undefined,
       };
     });
-    const { outcomes, drafted, accepted } = await commitRows(store, commits, speculation);
+    const { outcomes, drafted, accepted, applied } = await commitRows(store, commits, speculation);
     outcomes.forEach((outcome, i) => {
       const { row, token } = taken[i];
       if (outcome.error) return fail(row, outcome.error);
-      row.line.committed(token);
-      if (outcome.verified && commits[i].spec && live(row)) row.line.verified({ token, ...outcome.verified });
+      try {
+        row.line.committed(token);
+        if (outcome.verified && commits[i].spec && live(row)) row.line.verified({ token, ...outcome.verified });
+      } catch (e) {
+        fail(row, e);
+      }
     });
+    applied();
     return { committed: commits.length, drafted, accepted };
   }
 }

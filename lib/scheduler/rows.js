@@ -25,7 +25,15 @@
  * @property {{ drafter: any, length: import('./speculation').DraftLength, limit: number }} [spec] a row that speculates
  * @property {number[]} [draft] the draft it was given
  *
- * @typedef {{ error?: any, verified?: { accepted: any[], next: any, drafted: number } | null }} Outcome a commit's error, or (speculating) what was verified
+ * @typedef {{ error?: any, verified?: { accepted: any[], next: any, drafted: number } | null }} Outcome a commit's
+ *   error, or what was verified: null without speculation; with it, every commit's (a row that does
+ *   not speculate gets none accepted, and its `next` is not its own to take: only rows with a
+ *   `spec` use it)
+ *
+ * @typedef {{ outcomes: Outcome[], drafted: number, accepted: number, applied: () => void }} Committed
+ *   each commit's outcome, the draft tokens drafted and accepted, and `applied()`, which the
+ *   caller calls once it applied the outcomes: a speculative step's time (the cost fit's sample)
+ *   runs from drafting to then, as the lines' intake of accepted tokens is part of a step's cost
  */
 
 /**
@@ -115,7 +123,7 @@ async function perOwnerOnFailure(commits, attempt) {
  * @param {any} store
  * @param {{ ctx: any, spec: any }} speculation the context and the scheduler's speculation
  * @param {Commit[]} commits
- * @returns {Promise<{ outcomes: Outcome[], drafted: number, accepted: number }>}
+ * @returns {Promise<Committed>}
  */
 async function commitSpeculative(store, { ctx, spec }, commits) {
   const wanted = commits.map((c) => (c.spec ? c.spec.length.next(c.spec.limit, commits.length) : 0));
@@ -165,29 +173,30 @@ async function commitSpeculative(store, { ctx, spec }, commits) {
     drafted += list[j].draft.length;
     if (!done[j].error) accepted += done[j].verified.accepted.length;
   });
-  if (going.length > 0) spec.cost.observe(going.length + drafted, performance.now() - started);
-  return { outcomes, drafted, accepted };
+  const applied = () => {
+    if (going.length > 0) spec.cost.observe(going.length + drafted, performance.now() - started);
+  };
+  return { outcomes, drafted, accepted, applied };
 }
 
 /**
  * ONE commit of `commits` (the tokens rows took), with drafts when `speculation` (the context
- * and the scheduler's speculation) is given; if it fails, per owner. Returns each commit's
- * outcome — `{ error }`, or `{ verified }` (a speculative commit's accepted draft tokens, the
- * token sampled after them and the draft's length; null without speculation) — and the count
- * of draft tokens drafted and accepted.
+ * and the scheduler's speculation) is given; if it fails, per owner. See `Committed` for what
+ * it returns.
  * @param {any} store
  * @param {Commit[]} commits
  * @param {{ ctx: any, spec: any } | null} speculation
- * @returns {Promise<{ outcomes: Outcome[], drafted: number, accepted: number }>}
+ * @returns {Promise<Committed>}
  */
 async function commitRows(store, commits, speculation) {
-  if (commits.length === 0) return { outcomes: [], drafted: 0, accepted: 0 };
+  const none = () => {};
+  if (commits.length === 0) return { outcomes: [], drafted: 0, accepted: 0, applied: none };
   if (speculation) return commitSpeculative(store, speculation, commits);
   const outcomes = await perOwnerOnFailure(commits, async (list) => {
     await store.commit(list.map(({ branch, token }) => [branch, token]));
     return list.map(() => ({ verified: null }));
   });
-  return { outcomes, drafted: 0, accepted: 0 };
+  return { outcomes, drafted: 0, accepted: 0, applied: none };
 }
 
 module.exports = { produceAll, commitRows };

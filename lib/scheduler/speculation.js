@@ -232,13 +232,16 @@ async function generate(branch, ctx, store, options = {}) {
         token: produced.token,
         spec: drafter ? { drafter, length, limit } : undefined,
       };
-      const [outcome] = (await commitRows(store, [commit], speculation)).outcomes;
+      const { outcomes, applied } = await commitRows(store, [commit], speculation);
+      const [outcome] = outcomes;
       if (outcome.error) throw outcome.error;
-      if (!outcome.verified) continue;
-      const { accepted, next } = outcome.verified;
-      for (const p of accepted) keep(p);
-      drafter.accept([produced.token, ...accepted.map((p) => p.token)]);
-      carried = next || undefined;
+      if (outcome.verified) {
+        const { accepted, next } = outcome.verified;
+        for (const p of accepted) keep(p);
+        drafter.accept([produced.token, ...accepted.map((p) => p.token)]);
+        carried = next || undefined;
+      }
+      applied();
     }
   } finally {
     if (drafter) drafter.close();

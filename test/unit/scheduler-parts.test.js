@@ -13,6 +13,7 @@ const { SchedulerEvents } = require('../../lib/scheduler/events');
 const { schedulerOptions } = require('../../lib/scheduler/options');
 const { StepCost, DraftLength } = require('../../lib/scheduler/speculation');
 const { produceAll, commitRows } = require('../../lib/scheduler/rows');
+const { Programs } = require('../../lib/scheduler/programs');
 const { parseBytes } = require('../../lib/scheduler/cache-tiers');
 
 /** A stand-in for a Branch: a position and a prune that records itself. */
@@ -322,7 +323,8 @@ describe('Scheduler parts (no model)', () => {
       assert.deepEqual(outcomes[0], { verified: null });
       assert.deepEqual(outcomes[2], { verified: null });
       assert.match(outcomes[1].error.message, /commit 2/);
-      assert.deepEqual(await commitRows(store(log), [], null), { outcomes: [], drafted: 0, accepted: 0 });
+      const empty = await commitRows(store(log), [], null);
+      assert.deepEqual([empty.outcomes, empty.drafted, empty.accepted], [[], 0, 0]);
     });
 
     it('speculating: drafts go into one commit with the plain rows; a failing draft source fails only the owners that drafted', async () => {
@@ -335,6 +337,7 @@ describe('Scheduler parts (no model)', () => {
       });
       const drafter = { draft: async (token, k) => Array.from({ length: k }, (_, i) => token * 10 + i) };
       const log = [];
+      const steps = cost.n;
       const ok = await commitRows(
         store(log),
         [
@@ -345,6 +348,9 @@ describe('Scheduler parts (no model)', () => {
       );
       assert.deepEqual(log, [['1+2', '2+0']]);
       assert.deepEqual([ok.drafted, ok.accepted], [2, 1]);
+      assert.equal(cost.n, steps, 'the step is timed until the caller applied its outcomes');
+      ok.applied();
+      assert.ok(cost.n > steps);
       assert.deepEqual(ok.outcomes[0].verified, { accepted: [{ token: 10 }], next: null, drafted: 2 });
       assert.deepEqual(ok.outcomes[1].verified, { accepted: [], next: null, drafted: 0 });
       const broken = { draft: async () => Promise.reject(new Error('source gone')) };
@@ -361,6 +367,105 @@ describe('Scheduler parts (no model)', () => {
       assert.match(failed.outcomes[0].error.message, /source gone/);
       assert.match(failed.outcomes[1].error.message, /source gone/);
       assert.deepEqual(failed.outcomes[2].verified, { accepted: [], next: null, drafted: 0 });
+    });
+  });
+
+  describe('Programs.decode: what became of each row, told to its line; failures to its program', () => {
+    const { branch, store } = (() => {
+      const branchOf = (id, bad = false) => ({
+        id,
+        bad,
+        produce() {
+          if (bad) throw new Error(`grammar ${id}`);
+          return { token: id, text: '' };
+        },
+      });
+      return {
+        branch: branchOf,
+        store: {
+          produce(branches) {
+            if (branches.some((b) => b.bad)) throw new Error('batch');
+            return branches.map((b) => ({ token: b.id, text: '' }));
+          },
+          async commit(pairs) {
+            if (pairs.some(([b]) => b.id === 66)) throw new Error('commit 66');
+          },
+          async commitDrafts(list) {
+            return list.map(([, , draft]) => ({ accepted: draft.map((t) => ({ token: t, text: '' })), next: null }));
+          },
+        },
+      };
+    })();
+    /** A program whose lineFailed ends all its lines' jobs (a request fails whole). */
+    const program = () => ({
+      failures: [],
+      lines: [],
+      lineFailed(line, e) {
+        this.failures.push([line.id, e.message]);
+        for (const l of this.lines) l.job = null;
+      },
+    });
+    const lineOf = (p, id, { drafter = null, verify = () => {} } = {}) => {
+      const job = { maxTokens: 8, tokens: [], drafter, draftLength: null, next: undefined };
+      const line = {
+        id,
+        job,
+        decoding: true,
+        heard: [],
+        take: (produced) => (line.heard.push(`take ${produced.token}`), true),
+        committed: (token) => line.heard.push(`committed ${token}`),
+        verified: (v) => (line.heard.push(`verified ${v.accepted.length}`), verify()),
+      };
+      p.lines.push(line);
+      return line;
+    };
+    const rowOf = (p, line, b) => ({ program: p, line, job: line.job, branch: b, owner: p, carried: undefined });
+
+    it("a request whose sampling failed fails once and takes nothing; another owner's failed commit is its own", async () => {
+      const programs = new Programs({ cache: null, store: null });
+      const request = program();
+      const other = program();
+      const broken = program();
+      const r1 = lineOf(request, 'r.0');
+      const r2 = lineOf(request, 'r.1');
+      const o = lineOf(other, 'o');
+      const b = lineOf(broken, 'b');
+      const rows = [
+        rowOf(request, r1, branch(1, true)),
+        rowOf(request, r2, branch(2)),
+        rowOf(other, o, branch(3)),
+        rowOf(broken, b, branch(66)),
+      ];
+      const out = await programs.decode(store, rows, null);
+      assert.deepEqual(request.failures, [['r.0', 'grammar 1']]);
+      assert.deepEqual([r1.heard, r2.heard], [[], []]);
+      assert.deepEqual(o.heard, ['take 3', 'committed 3']);
+      assert.deepEqual(broken.failures, [['b', 'commit 66']]);
+      assert.deepEqual(b.heard, ['take 66']);
+      assert.equal(out.committed, 2);
+    });
+
+    it('speculating: a line that throws while taking its accepted draft fails alone; the others are told', async () => {
+      const programs = new Programs({ cache: null, store: null });
+      const cost = new StepCost();
+      const drafter = { draft: async (token, k) => Array.from({ length: k }, (_, i) => token * 10 + i) };
+      const speculating = program();
+      const plain = program();
+      const s = lineOf(speculating, 's', {
+        drafter,
+        verify: () => {
+          throw new Error('the draft model cannot follow');
+        },
+      });
+      s.job.draftLength = new DraftLength({ maxDraft: 2, cost, adaptive: false });
+      const p = lineOf(plain, 'p');
+      const spec = { ctx: { nOutputs: 16, nBatch: 16 }, spec: { source: {}, cost } };
+      const out = await programs.decode(store, [rowOf(speculating, s, branch(1)), rowOf(plain, p, branch(2))], spec);
+      assert.deepEqual(s.heard, ['take 1', 'committed 1', 'verified 2']);
+      assert.deepEqual(speculating.failures, [['s', 'the draft model cannot follow']]);
+      assert.deepEqual(p.heard, ['take 2', 'committed 2'], 'a row without a draft hears no verification');
+      assert.deepEqual([out.committed, out.drafted, out.accepted], [2, 2, 2]);
+      assert.ok(cost.n > 0, 'the step was timed');
     });
   });
 
