@@ -270,31 +270,41 @@ describe('Scheduler parts (no model)', () => {
     });
   });
 
+  /**
+   * The decode phase's stand-ins: a branch whose sampling (`fails: 'produce'`) or commit
+   * (`fails: 'commit'`) throws, and a store whose batched calls then fail too (so the per-branch
+   * and per-owner fallbacks must find whose), logging what each commit held.
+   */
+  const decodeBranch = (id, fails = null) => ({
+    id,
+    fails,
+    produce() {
+      if (fails === 'produce') throw new Error(`grammar ${id}`);
+      return { token: id, text: '' };
+    },
+  });
+  const decodeStore = (log = []) => ({
+    produce(branches) {
+      if (branches.some((b) => b.fails === 'produce')) throw new Error('batch');
+      return branches.map((b) => ({ token: b.id, text: '' }));
+    },
+    async commit(pairs) {
+      log.push(pairs.map(([b]) => b.id));
+      if (pairs.some(([b]) => b.fails === 'commit')) throw new Error(`commit ${pairs.map(([b]) => b.id)}`);
+    },
+    async commitDrafts(list) {
+      log.push(list.map(([b, , draft]) => `${b.id}+${draft.length}`));
+      if (list.some(([b]) => b.fails === 'commit')) throw new Error('drafts');
+      return list.map(([, , draft]) => ({
+        accepted: draft.slice(0, 1).map((t) => ({ token: t, text: '' })),
+        next: null,
+      }));
+    },
+  });
+
   describe('rows: the decode phase, data in and data out', () => {
-    /** A store whose batched calls fail when any branch named `bad` is in them. */
-    const store = (log) => ({
-      produce(branches) {
-        if (branches.some((b) => b.bad)) throw new Error('batch');
-        return branches.map((b) => ({ token: b.id, text: '' }));
-      },
-      async commit(pairs) {
-        log.push(pairs.map(([b]) => b.id));
-        if (pairs.some(([b]) => b.bad)) throw new Error(`commit ${pairs.map(([b]) => b.id)}`);
-      },
-      async commitDrafts(list) {
-        log.push(list.map(([b, , draft]) => `${b.id}+${draft.length}`));
-        if (list.some(([b]) => b.bad)) throw new Error('drafts');
-        return list.map(([, , draft]) => ({ accepted: draft.slice(0, 1).map((t) => ({ token: t })), next: null }));
-      },
-    });
-    const branch = (id, bad = false) => ({
-      id,
-      bad,
-      produce() {
-        if (bad) throw new Error(`grammar ${id}`);
-        return { token: id, text: '' };
-      },
-    });
+    const store = decodeStore;
+    const branch = decodeBranch;
 
     it('produces for every row once, per branch only to find whose sampling failed, and keeps carried tokens', () => {
       const carried = { token: 99, text: '' };
@@ -303,7 +313,7 @@ describe('Scheduler parts (no model)', () => {
         produceAll(store([]), rows).map((p) => p.token),
         [1, 99, 3],
       );
-      const out = produceAll(store([]), [{ branch: branch(1) }, { branch: branch(2, true) }]);
+      const out = produceAll(store([]), [{ branch: branch(1) }, { branch: branch(2, 'produce') }]);
       assert.equal(out[0].token, 1);
       assert.ok(out[1] instanceof Error && /grammar 2/.test(out[1].message));
     });
@@ -311,7 +321,7 @@ describe('Scheduler parts (no model)', () => {
     it("commits once; when that fails, each owner alone, and only the failing owner's commits carry the error", async () => {
       const log = [];
       const a = branch(1);
-      const b = branch(2, true);
+      const b = branch(2, 'commit');
       const c = branch(3);
       const commits = [
         { branch: a, owner: 'A', token: 1 },
@@ -351,7 +361,7 @@ describe('Scheduler parts (no model)', () => {
       assert.equal(cost.n, steps, 'the step is timed until the caller applied its outcomes');
       ok.applied();
       assert.ok(cost.n > steps);
-      assert.deepEqual(ok.outcomes[0].verified, { accepted: [{ token: 10 }], next: null, drafted: 2 });
+      assert.deepEqual(ok.outcomes[0].verified, { accepted: [{ token: 10, text: '' }], next: null, drafted: 2 });
       assert.deepEqual(ok.outcomes[1].verified, { accepted: [], next: null, drafted: 0 });
       const broken = { draft: async () => Promise.reject(new Error('source gone')) };
       const failed = await commitRows(
@@ -371,31 +381,8 @@ describe('Scheduler parts (no model)', () => {
   });
 
   describe('Programs.decode: what became of each row, told to its line; failures to its program', () => {
-    const { branch, store } = (() => {
-      const branchOf = (id, bad = false) => ({
-        id,
-        bad,
-        produce() {
-          if (bad) throw new Error(`grammar ${id}`);
-          return { token: id, text: '' };
-        },
-      });
-      return {
-        branch: branchOf,
-        store: {
-          produce(branches) {
-            if (branches.some((b) => b.bad)) throw new Error('batch');
-            return branches.map((b) => ({ token: b.id, text: '' }));
-          },
-          async commit(pairs) {
-            if (pairs.some(([b]) => b.id === 66)) throw new Error('commit 66');
-          },
-          async commitDrafts(list) {
-            return list.map(([, , draft]) => ({ accepted: draft.map((t) => ({ token: t, text: '' })), next: null }));
-          },
-        },
-      };
-    })();
+    const branch = decodeBranch;
+    const store = decodeStore();
     /** A program whose lineFailed ends all its lines' jobs (a request fails whole). */
     const program = () => ({
       failures: [],
@@ -431,10 +418,10 @@ describe('Scheduler parts (no model)', () => {
       const o = lineOf(other, 'o');
       const b = lineOf(broken, 'b');
       const rows = [
-        rowOf(request, r1, branch(1, true)),
+        rowOf(request, r1, branch(1, 'produce')),
         rowOf(request, r2, branch(2)),
         rowOf(other, o, branch(3)),
-        rowOf(broken, b, branch(66)),
+        rowOf(broken, b, branch(66, 'commit')),
       ];
       const out = await programs.decode(store, rows, null);
       assert.deepEqual(request.failures, [['r.0', 'grammar 1']]);
@@ -461,10 +448,10 @@ describe('Scheduler parts (no model)', () => {
       const p = lineOf(plain, 'p');
       const spec = { ctx: { nOutputs: 16, nBatch: 16 }, spec: { source: {}, cost } };
       const out = await programs.decode(store, [rowOf(speculating, s, branch(1)), rowOf(plain, p, branch(2))], spec);
-      assert.deepEqual(s.heard, ['take 1', 'committed 1', 'verified 2']);
+      assert.deepEqual(s.heard, ['take 1', 'committed 1', 'verified 1']);
       assert.deepEqual(speculating.failures, [['s', 'the draft model cannot follow']]);
       assert.deepEqual(p.heard, ['take 2', 'committed 2'], 'a row without a draft hears no verification');
-      assert.deepEqual([out.committed, out.drafted, out.accepted], [2, 2, 2]);
+      assert.deepEqual([out.committed, out.drafted, out.accepted], [2, 2, 1]);
       assert.ok(cost.n > 0, 'the step was timed');
     });
   });
