@@ -158,6 +158,8 @@ async function commitSpeculative(store, { ctx, spec }, commits) {
     drafts = commits.map(() => []);
   }
   const list = going.map((i) => ({ ...commits[i], draft: drafts[i] || [] }));
+  // Every owner's draft source failed: nothing is left to decode, and no step to time.
+  if (list.length === 0) return { outcomes, drafted: 0, accepted: 0, applied: () => {} };
   let drafted = 0;
   let accepted = 0;
   const done = await perOwnerOnFailure(list, async (part) => {
@@ -173,9 +175,7 @@ async function commitSpeculative(store, { ctx, spec }, commits) {
     drafted += list[j].draft.length;
     if (!done[j].error) accepted += done[j].verified.accepted.length;
   });
-  const applied = () => {
-    if (going.length > 0) spec.cost.observe(going.length + drafted, performance.now() - started);
-  };
+  const applied = () => spec.cost.observe(going.length + drafted, performance.now() - started);
   return { outcomes, drafted, accepted, applied };
 }
 

@@ -377,6 +377,12 @@ describe('Scheduler parts (no model)', () => {
       assert.match(failed.outcomes[0].error.message, /source gone/);
       assert.match(failed.outcomes[1].error.message, /source gone/);
       assert.deepEqual(failed.outcomes[2].verified, { accepted: [], next: null, drafted: 0 });
+      const alone = await commitRows(store(log), [{ branch: branch(6), owner: 'A', token: 6, spec: spec(broken) }], {
+        ctx,
+        spec: { source: {}, cost },
+      });
+      assert.equal(log.length, 2, 'nothing left to decode: no commit');
+      assert.match(alone.outcomes[0].error.message, /source gone/);
     });
   });
 
