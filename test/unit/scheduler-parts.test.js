@@ -11,8 +11,8 @@ const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-c
 const { RequestProgram } = require('../../lib/scheduler/request');
 const { SchedulerEvents } = require('../../lib/scheduler/events');
 const { schedulerOptions } = require('../../lib/scheduler/options');
-const { StepCost, DraftLength } = require('../../lib/scheduler/speculation');
-const { produceAll, commitRows } = require('../../lib/scheduler/rows');
+const { StepCost, DraftLength } = require('../../lib/decode/speculation');
+const { produceAll, commitRows } = require('../../lib/decode/rows');
 const { Programs } = require('../../lib/scheduler/programs');
 const { parseBytes } = require('../../lib/scheduler/cache-tiers');
 
