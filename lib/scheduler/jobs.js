@@ -13,7 +13,7 @@
  */
 
 const { StopMatcher } = require('./stops');
-const { DraftLength } = require('./speculation');
+const { DraftLength } = require('../decode/speculation');
 
 /** A promise and the functions that settle it. */
 function deferred() {

@@ -5,7 +5,7 @@
  * each step. The Scheduler's phases ask this, never a line: lines that need their KV get a
  * branch (`materialize`), pending tokens are prefilled (`linesToPrefill`, `prefillEntries` for
  * the step's one prefill, then `prefilled`), and lines in a gen become the decode phase's rows
- * (`decodeRows`; `decode` over ./rows.js, which returns what became of each row). This is
+ * (`decodeRows`; `decode` over ../decode/rows.js, which returns what became of each row). This is
  * where a line hears what its row did, where its program hears what the line did (it started,
  * its tokens were prefilled) and where every failure is routed: the failing line's
  * program decides whose it is (a request fails whole), never the step's. It also knows whether
@@ -13,7 +13,7 @@
  * counts of requests' prompts and of tokens taken that the Scheduler's `stats()` shows.
  */
 
-const { produceAll, commitRows } = require('./rows');
+const { produceAll, commitRows } = require('../decode/rows');
 
 class Programs {
   /**

@@ -1,9 +1,9 @@
 'use strict';
 
-// The shape of lib/ (issues "one kind of work item", "one of each"): no import cycle, no
-// function-level require in lib/'s core, no `_underscore` member used outside the file that
-// defines it, and no write to a field of another file's class. Read from the sources (the last
-// through TypeScript's checker, from lib's JSDoc types), so it runs without the addon.
+// The shape of lib/ (issues "one kind of work item", "one of each"): no import cycle, layers that
+// only look down, no function-level require in lib/'s core, no `_underscore` member used outside
+// the file that defines it, and no write to a field of another file's class. Read from the sources
+// (the last through TypeScript's checker, from lib's JSDoc types), so it runs without the addon.
 
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
@@ -52,6 +52,44 @@ function cycles(files, edges = requiresOf) {
   };
   for (const f of files) if (!state.has(f)) visit(f, []);
   return found;
+}
+
+/** Every lib/ file `file` reaches through its requires (itself excluded). */
+function reachable(file, edges = requiresOf) {
+  const seen = new Set();
+  const stack = [...edges(file)];
+  while (stack.length) {
+    const next = stack.pop();
+    if (next === file || seen.has(next)) continue;
+    seen.add(next);
+    stack.push(...edges(next));
+  }
+  return seen;
+}
+
+/**
+ * The layers of lib/, bottom up: each file named here may reach only files of its own layer or
+ * below (through any chain of requires), never the layers above it.
+ */
+const LAYERS = [
+  // a branch's decode step, shared by Branch.generate and the Scheduler; draft sources; traces
+  (f) => f.startsWith('decode/') || ['speculative.js', 'trace.js', 'Context.js'].includes(f),
+  (f) => f === 'Branch.js',
+  (f) => f === 'BranchStore.js',
+  (f) => f === 'ProgramLine.js' || f === 'Scheduler.js' || f.startsWith('scheduler/'),
+];
+
+/** `[file, what it reaches above its layer]` for every file that breaks the layer order. */
+function layerBreaks(files, edges = requiresOf) {
+  const layerOf = (f) => LAYERS.findIndex((inLayer) => inLayer(f));
+  const out = [];
+  for (const file of files) {
+    const own = layerOf(file);
+    if (own < 0) continue;
+    const above = [...reachable(file, edges)].filter((f) => layerOf(f) > own);
+    if (above.length) out.push(`${file} reaches ${above.sort().join(', ')}`);
+  }
+  return out;
 }
 
 /** Names of `_underscore` members a file defines: assigned on `this`, methods, getters, object keys. */
@@ -145,6 +183,13 @@ describe('lib/ structure', function () {
     assert.deepEqual(cycles(files), []);
   });
 
+  it('stacks its layers: decode/ below Branch.js below BranchStore.js below the Scheduler', function () {
+    // Branch.generate and the Scheduler's decode phase share ./decode/ (rows, speculation), so a
+    // reader of Branch never meets the Scheduler; a draft model's lines are native handles, so
+    // draft sources need no Branch.
+    assert.deepEqual(layerBreaks(files), []);
+  });
+
   it('has no function-level require in its core', function () {
     // lib/cli/ holds the command modules bin/llama-branch.js loads one per command: they may load
     // the addon only when a command runs, so that `--help` works without a build. lib/loader.js
@@ -198,6 +243,15 @@ describe('lib/ structure', function () {
       ['a -> b -> a'],
     );
     assert.ok(requiresOf('index.js').includes('Branch.js'));
+    const up = {
+      'decode/rows.js': ['decode/x.js'],
+      'decode/x.js': ['scheduler/programs.js'],
+      'scheduler/programs.js': [],
+    };
+    assert.deepEqual(
+      layerBreaks(Object.keys(up), (f) => up[f]),
+      ['decode/rows.js reaches scheduler/programs.js', 'decode/x.js reaches scheduler/programs.js'],
+    );
     // Two files: b.js writes a field of a.js's class four ways, and its own class's (allowed).
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lib-structure-'));
     try {
