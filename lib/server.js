@@ -4,7 +4,8 @@
  * An OpenAI-compatible HTTP server over a Scheduler (node:http only):
  *   POST /v1/completions, POST /v1/chat/completions (non-streaming or server-sent events; tool
  *   calls and logprobs), POST /v1/embeddings (with a pooled context), GET /v1/models,
- *   POST /v1/systemone (typed decisions, lib/server/systemone.js), GET /metrics (Prometheus text), GET /health (status plus the scheduler's stats; never keyed),
+ *   POST /v1/systemone (typed decisions, lib/server/systemone.js), GET /metrics (Prometheus
+ *   text), GET /health (status plus the scheduler's stats; never keyed),
  *   GET /v1/events (the scheduler's events as server-sent events, docs/events.md) and the page
  *   that draws them at / (static files of lib/server/ui, never keyed; the data they fetch is).
  * Every request error is an OpenAI-style `{ error: { message, type, param, code } }` with a 4xx
@@ -18,7 +19,15 @@ const path = require('node:path');
 const { randomUUID, createHash, timingSafeEqual } = require('node:crypto');
 const { Scheduler } = require('./Scheduler');
 const { makeError } = require('./errors');
-const { HttpError, toHttpError, errorBody, sendJson, sendError, readJsonBody } = require('./server/http');
+const {
+  HttpError,
+  toHttpError,
+  errorBody,
+  sendJson,
+  sendError,
+  readJsonBody,
+  abortOnDisconnect,
+} = require('./server/http');
 const { generateRequest, usageOf, ENDPOINTS } = require('./server/openai');
 const { Metrics } = require('./server/metrics');
 const { Embedder } = require('./server/embeddings');
@@ -127,12 +136,8 @@ function checkKey(req, digests) {
 async function generateEndpoint(app, kind, req, res) {
   const body = await readJsonBody(req, app.maxBodyBytes);
   const request = generateRequest(kind, body, app.env);
-  const controller = new AbortController();
-  res.on('error', () => {}); // a write racing the client's disconnect: the abort below handles it
-  res.on('close', () => {
-    if (!res.writableFinished) controller.abort(new Error('client disconnected'));
-  });
-  request.signal = controller.signal;
+  const signal = abortOnDisconnect(res);
+  request.signal = signal;
   const gen = app.scheduler.generate(request);
   const shape = ENDPOINTS[kind];
   const head = {
@@ -150,7 +155,7 @@ async function generateEndpoint(app, kind, req, res) {
     return;
   }
   const result = await gen;
-  if (controller.signal.aborted) return;
+  if (signal.aborted) return;
   const choices = result.choices.map((c, i) => shape.choice(c, i, tokenText));
   sendJson(res, 200, { ...head, choices, usage: usageOf(result.usage) }, corsHeaders);
 }
