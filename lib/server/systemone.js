@@ -4,7 +4,8 @@
  * POST /v1/systemone: the System One wire format (published as Krite Protocol v1, with JSON
  * schemas for request, response and error). The request's `state` and `questions` go to
  * `scheduler.decide()` (lib/decisions/, which checks them); the answer is
- * `{ model, answers, usage: { input_tokens, output_tokens: 0 }, latency_ms }`. Every error of
+ * `{ model, answers, usage: { input_tokens, output_tokens: 0 }, latency_ms }`, a score's
+ * `probabilities` keyed by level index as its `legend` is. Every error of
  * this route, the API key's included, is the protocol's `{ error: { type, message, param } }`,
  * whose `type` is one of its six.
  */
@@ -24,6 +25,23 @@ function protocolError(e) {
     headers: http.headers,
     body: { error: { type, message: http.message, param: http.param } },
   };
+}
+
+/**
+ * The protocol's answers from the library's: a score's `probabilities` keyed by level index
+ * ("0".."n-1", as its `legend` is), where the library keys them by level name.
+ */
+function wireAnswers(answers) {
+  const out = {};
+  for (const [name, a] of Object.entries(answers)) {
+    if (a.type !== 'score') out[name] = a;
+    else {
+      const probabilities = {};
+      for (const [index, level] of Object.entries(a.legend)) probabilities[index] = a.probabilities[level];
+      out[name] = { ...a, probabilities };
+    }
+  }
+  return out;
 }
 
 /**
@@ -66,7 +84,7 @@ function systemoneRoute(app) {
         200,
         {
           model: app.modelName,
-          answers: result.answers,
+          answers: wireAnswers(result.answers),
           usage: { input_tokens: result.usage.inputTokens, output_tokens: 0 },
           latency_ms: result.latencyMs,
         },
