@@ -120,7 +120,7 @@ async function ask(stateLine, items, parallel) {
           ? question.options[best].name
           : p.reduce((s, x, i) => s + i * x, 0);
     return {
-      name: question.name,
+      name: question.name === null ? question.param : question.name, // an unnamed OpenAI question: its place
       type: question.type,
       read: reading.mode,
       branches: forks[q],

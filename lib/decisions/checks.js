@@ -217,7 +217,8 @@ function openAILevels(levels, at) {
 function openAIQuestion(q, i) {
   const at = `questions[${i}]`;
   if (!isPlainObject(q)) throw refused(`${at} must be a question object`, at);
-  const fields = { predicate: [], choice: ['choices'], score: ['levels'] }[q.type];
+  const byType = { predicate: [], choice: ['choices'], score: ['levels'] };
+  const fields = typeof q.type === 'string' && hasOwn(byType, q.type) ? byType[q.type] : null;
   if (!fields) throw refused(`${at}.type must be 'predicate', 'choice' or 'score'`, `${at}.type`);
   for (const key of Object.keys(q)) {
     if (!['type', 'name', 'instructions', ...fields].includes(key))
@@ -312,7 +313,7 @@ function openAIInput(input) {
     if (!isPlainObject(item)) throw refused(`${at} must be an object`, at);
     const type = item.type === undefined ? 'message' : item.type;
     if (type === 'message') {
-      const allowed = ROLE_PARTS[item.role];
+      const allowed = typeof item.role === 'string' && hasOwn(ROLE_PARTS, item.role) ? ROLE_PARTS[item.role] : null;
       if (!allowed) throw refused(`${at}.role must be user, developer, system or assistant`, `${at}.role`);
       const { text, breaks } = contentOf(item.content, `${at}.content`, allowed);
       return { role: item.role === 'developer' ? 'system' : item.role, content: text, breaks };

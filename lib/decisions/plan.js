@@ -51,9 +51,17 @@ function layout(ctx, messages, template) {
         : messages.map((m) => `${m.role}: ${withBreaks(m.content, m.breaks)}`).join('\n\n');
     return { pieces: `${text}\n\n`.split(BREAK), tail: '\nAnswer:', labelPrefix: ' ' };
   }
-  // The question is the user's last turn: after a user message it joins it (templates that
-  // require alternating roles refuse two user turns in a row), otherwise it is a turn of its own.
-  const chat = messages.map((m) => ({ role: m.role, content: withBreaks(m.content, m.breaks) }));
+  // Templates that require alternating roles refuse two turns of one role in a row (a tool's
+  // call after the assistant's text, a fresh observation after the task): such turns are joined
+  // into one. The question is the user's last turn, joined to the last message when it is the
+  // user's.
+  const chat = [];
+  for (const m of messages) {
+    const content = withBreaks(m.content, m.breaks);
+    const prev = chat[chat.length - 1];
+    if (prev && prev.role === m.role) prev.content = `${prev.content}\n\n${content}`;
+    else chat.push({ role: m.role, content });
+  }
   const last = chat[chat.length - 1];
   if (last.role === 'user') last.content = `${last.content}\n\n${SENTINEL}`;
   else chat.push({ role: 'user', content: SENTINEL });
