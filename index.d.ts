@@ -1122,22 +1122,23 @@ export type DecisionInputItem =
       id?: string | null;
     };
 
-type OpenAIInstructions =
+/** A question's instructions in the OpenAI format: text, or text and JSON parts (an image part: a refusal). */
+export type OpenAIDecisionInstructions =
   string | Array<Omit<DecisionInputText, 'prompt_cache_breakpoint'> | DecisionInputJson | DecisionInputImage>;
 /** A question of an OpenAI decision: predicate, choice (2–255 typed values) or score (ordered levels). */
 export type OpenAIDecisionQuestion =
-  | { type: 'predicate'; name?: string; instructions: OpenAIInstructions }
+  | { type: 'predicate'; name?: string; instructions: OpenAIDecisionInstructions }
   | {
       type: 'choice';
       name?: string;
-      instructions: OpenAIInstructions;
+      instructions: OpenAIDecisionInstructions;
       /** Typed: the string "true" and the boolean true are two options. */
       choices: Array<{ value: string | boolean; description?: string }>;
     }
   | {
       type: 'score';
       name?: string;
-      instructions: OpenAIInstructions;
+      instructions: OpenAIDecisionInstructions;
       levels: Array<{ label: string; description?: string }>;
     };
 
