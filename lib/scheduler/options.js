@@ -9,7 +9,7 @@
 const defaults = require('../defaults');
 const { positiveInt, invalid } = require('./checks');
 const { DraftModel } = require('../speculative');
-const { checkSpeculative, StepCost } = require('./speculation');
+const { checkSpeculative, StepCost } = require('../decode/speculation');
 const { parseBytes } = require('./cache-tiers');
 
 /**
