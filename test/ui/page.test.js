@@ -232,6 +232,11 @@ describe('the live page in Chromium', function () {
   });
 
   it('draws an OpenAI decision (POST /v1/decisions) as it draws a System One one', async () => {
+    if (!page.url().startsWith(live.url)) {
+      // run alone (mocha -g): the page is not on the live server yet
+      await page.goto(`${live.url}/`);
+      await page.waitForSelector('#status[data-mode="live"]');
+    }
     const before = await page.$$eval('li.node > .decision', (d) => d.length);
     const res = await fetch(`${live.url}/v1/decisions`, {
       method: 'POST',
@@ -247,7 +252,7 @@ describe('the live page in Chromium', function () {
     });
     assert.equal(res.status, 200);
     const { answers } = await res.json();
-    await page.waitForFunction((n) => document.querySelectorAll('li.node > .decision').length === n, {}, before + 3);
+    await page.waitForFunction((n) => document.querySelectorAll('li.node > .decision').length === n, before + 3);
     const drawn = await page.$$eval('li.node', (nodes) =>
       nodes
         .filter((n) => n.querySelector(':scope > .decision'))
