@@ -1070,7 +1070,119 @@ export interface DecideResult {
     inputTokens: number;
     stateTokens: number;
     outputTokens: 0;
+    /** Input tokens served from the prefix cache (any tier): the state, and questions asked before. */
+    cachedTokens: number;
+    /** State tokens this decision decoded and left in the prefix cache for the next one. */
+    cacheWriteTokens: number;
   };
+  latencyMs: number;
+}
+
+/** A text part of an OpenAI decision's input or question (`prompt_cache_breakpoint`: a cache point). */
+export interface DecisionInputText {
+  type: 'input_text';
+  text: string;
+  prompt_cache_breakpoint?: { mode: 'explicit' } | null;
+}
+/** A JSON part: written into the text as indented JSON. */
+export interface DecisionInputJson {
+  type: 'input_json';
+  data: Record<string, unknown> | Record<string, unknown>[];
+}
+/** An image part: refused (this package reads text; a question with one gets a `refusal`). */
+export interface DecisionInputImage {
+  type: 'input_image';
+  image_url: string;
+  detail?: 'low' | 'high' | 'auto' | 'original' | null;
+}
+/**
+ * One item of an OpenAI decision's `input` (OpenAI's Decisions API, `openai` npm 7.x types):
+ * messages, and function / custom tool calls with their outputs (an output must name a call
+ * before it). Calls and outputs are written as text turns of the chat.
+ */
+export type DecisionInputItem =
+  | {
+      type?: 'message';
+      role: 'user';
+      content: string | Array<DecisionInputText | DecisionInputJson | DecisionInputImage>;
+    }
+  | { type?: 'message'; role: 'developer' | 'system'; content: string | DecisionInputText[] }
+  | {
+      type?: 'message';
+      role: 'assistant';
+      content: string | Array<{ type: 'output_text'; text: string } | { type: 'refusal'; refusal: string }>;
+      phase?: 'commentary' | 'final_answer' | null;
+    }
+  | { type: 'function_call'; call_id: string; name: string; arguments: string; id?: string | null }
+  | { type: 'custom_tool_call'; call_id: string; name: string; input: string; id?: string | null }
+  | {
+      type: 'function_call_output' | 'custom_tool_call_output';
+      call_id: string;
+      output: string | Array<DecisionInputText | DecisionInputImage>;
+      id?: string | null;
+    };
+
+/** A question's instructions in the OpenAI format: text, or text and JSON parts (an image part: a refusal). */
+export type OpenAIDecisionInstructions =
+  string | Array<Omit<DecisionInputText, 'prompt_cache_breakpoint'> | DecisionInputJson | DecisionInputImage>;
+/** A question of an OpenAI decision: predicate, choice (2–255 typed values) or score (ordered levels). */
+export type OpenAIDecisionQuestion =
+  | { type: 'predicate'; name?: string; instructions: OpenAIDecisionInstructions }
+  | {
+      type: 'choice';
+      name?: string;
+      instructions: OpenAIDecisionInstructions;
+      /** Typed: the string "true" and the boolean true are two options. */
+      choices: Array<{ value: string | boolean; description?: string }>;
+    }
+  | {
+      type: 'score';
+      name?: string;
+      instructions: OpenAIDecisionInstructions;
+      levels: Array<{ label: string; description?: string }>;
+    };
+
+/** An answer of an OpenAI decision, in question order (`name` null when the question had none). */
+export type OpenAIDecisionAnswer =
+  | { type: 'predicate'; name: string | null; probability: number }
+  | {
+      type: 'choice';
+      name: string | null;
+      choice: string | boolean;
+      probabilities: Array<{ value: string | boolean; probability: number }>;
+      confidence: number;
+    }
+  | {
+      type: 'score';
+      name: string | null;
+      /** The probability-weighted level index. */
+      score: number;
+      /** `value`: the level's index. */
+      probabilities: Array<{ label: string; value: number; probability: number }>;
+      confidence: number;
+    }
+  /** The question could not be asked (an image part, or options that do not fit the context). */
+  | { type: 'refusal'; name: string | null };
+
+/** {@link Scheduler.decide} in the shape of OpenAI's Decisions API (`POST /v1/decisions`). */
+export interface OpenAIDecideRequest extends Omit<DecideOptions, 'maxQuestions'> {
+  input: string | DecisionInputItem[];
+  /** 1–400 questions (fewer with `maxQuestions`). */
+  questions: OpenAIDecisionQuestion[];
+  maxQuestions?: number;
+  /** Accepted and checked (a string of at most 1024 characters); the prefix cache needs no key. */
+  promptCacheKey?: string | null;
+  /** Accepted and checked (at most 256 characters). */
+  safetyIdentifier?: string | null;
+  template?: 'chat' | 'raw';
+  maxBranches?: number;
+  signal?: AbortSignal;
+}
+
+/** What {@link Scheduler.decide} resolves to for an {@link OpenAIDecideRequest}. */
+export interface OpenAIDecideResult {
+  answers: OpenAIDecisionAnswer[];
+  usage: DecideResult['usage'];
   latencyMs: number;
 }
 

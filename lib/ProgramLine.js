@@ -10,7 +10,7 @@ const { positiveInt, invalid, isTokenIds, checkStops, checkSampling, checkLogpro
 const { GenJob, PeekJob } = require('./scheduler/jobs');
 const { regexGrammar, choicesGrammar } = require('./scheduler/grammars');
 const { scoreTexts } = require('./scheduler/scoring');
-const { decideOnLine } = require('./scheduler/decide');
+const { decideOnLine } = require('./decisions');
 const { firstTurn, laterTurn } = require('./scheduler/chat');
 
 /**

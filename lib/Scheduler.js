@@ -36,7 +36,7 @@ const { closedError, queueFullError, neverFitsError } = require('./scheduler/err
 const { runProgram } = require('./scheduler/run');
 const { Programs } = require('./scheduler/programs');
 const { SchedulerEvents } = require('./scheduler/events');
-const { decide } = require('./scheduler/decide');
+const { decide } = require('./decisions');
 const { CacheTiers } = require('./scheduler/cache-tiers');
 
 /**
@@ -146,11 +146,28 @@ class Scheduler {
    * the model's chat template; `'raw'` as plain text) and prefilled once; each question (and each
    * of `permute` orders of its options) is a fork of it, and all of them are read in the same
    * scheduler steps. Rejects with ERR_INVALID_ARG (with `param` and `reason`) for bad input.
-   * @param {import('./types').DecideRequest} request
-   * @returns {Promise<import('./types').DecideResult>}
+   * A request `{ input, questions: [...] }` is OpenAI's Decisions API shape (predicate, choice,
+   * score; answers in question order, a refusal for a question it cannot ask), on the same engine.
+   * @template {import('./types').DecideRequest | import('./types').OpenAIDecideRequest} R
+   * @param {R} request
+   * @returns {Promise<R extends import('./types').OpenAIDecideRequest ? import('./types').OpenAIDecideResult : import('./types').DecideResult>}
    */
   decide(request) {
-    return decide(this, this._ctx, request);
+    // Each batch of the decision is a branch program whose function may send its `decision`
+    // event, and whose usage (cached tokens) the decision reports.
+    const run = (fn, options) => {
+      try {
+        /** @type {any} */
+        let p = null;
+        const made = runProgram((s) => fn(s, (fields) => p.emit('decision', fields)), options, this._env);
+        p = made.program;
+        this._enqueue(p);
+        return made.promise.then((value) => ({ value, usage: p.usage }));
+      } catch (e) {
+        return Promise.reject(e);
+      }
+    };
+    return /** @type {any} */ (decide(this._ctx, request, run));
   }
 
   /** Queues a program (a request too), or refuses it through its own promise. */

@@ -5,7 +5,8 @@
  * every code and message, src/error.rs). This file holds the two things JS adds:
  *
  * - `makeError` for argument-shape checks that only JS can make (e.g. "expected a Branch")
- *   before anything reaches native code;
+ *   before anything reaches native code, and `invalidArg`, the one bad-argument error with the
+ *   field it names (`param`) and a protocol's error type (`reason`);
  * - the one shim for napi-rs's own argument conversion: napi-rs converts arguments in generated
  *   code before our Rust runs and throws with its status name as `code` ('InvalidArg',
  *   'NumberExpected', ...). `guardedView` gives lib/ a view of a native object whose methods rename those to ERR_INVALID_ARG, keeping the
@@ -22,6 +23,20 @@ function makeError(code, message, Ctor = Error) {
   const err = /** @type {Error & { code: string }} */ (new Ctor(message));
   err.code = code;
   return err;
+}
+
+/**
+ * The one "bad argument" error of lib/ (checks, decisions, the server): ERR_INVALID_ARG whose
+ * `param` names the field at fault (null: the whole input) and whose `reason` is the error type a
+ * wire protocol reports (System One's `invalid_request`, `too_many_options`, ...); the server
+ * answers it 400 with both.
+ * @param {string} message
+ * @param {string | null} [param]
+ * @param {string} [reason]
+ * @returns {Error & { code: string, param: string | null, reason: string }}
+ */
+function invalidArg(message, param = null, reason = 'invalid_request') {
+  return Object.assign(makeError('ERR_INVALID_ARG', message), { param, reason });
 }
 
 function isOurCode(code) {
@@ -94,4 +109,4 @@ function guardedView(target) {
   return /** @type {T} */ (Object.freeze(view));
 }
 
-module.exports = { makeError, finishError, guardedView };
+module.exports = { makeError, invalidArg, finishError, guardedView };

@@ -4,7 +4,9 @@
  * An OpenAI-compatible HTTP server over a Scheduler (node:http only):
  *   POST /v1/completions, POST /v1/chat/completions (non-streaming or server-sent events; tool
  *   calls and logprobs), POST /v1/embeddings (with a pooled context), GET /v1/models,
- *   POST /v1/systemone (typed decisions, lib/server/systemone.js), GET /metrics (Prometheus text), GET /health (status plus the scheduler's stats; never keyed),
+ *   POST /v1/systemone and POST /v1/decisions (typed decisions in System One's and OpenAI's
+ *   formats, lib/server/{systemone,decisions}.js), GET /metrics (Prometheus text), GET /health
+ *   (status plus the scheduler's stats; never keyed),
  *   GET /v1/events (the scheduler's events as server-sent events, docs/events.md) and the page
  *   that draws them at / (static files of lib/server/ui, never keyed; the data they fetch is).
  * Every request error is an OpenAI-style `{ error: { message, type, param, code } }` with a 4xx
@@ -18,13 +20,22 @@ const path = require('node:path');
 const { randomUUID, createHash, timingSafeEqual } = require('node:crypto');
 const { Scheduler } = require('./Scheduler');
 const { makeError } = require('./errors');
-const { HttpError, toHttpError, errorBody, sendJson, sendError, readJsonBody } = require('./server/http');
+const {
+  HttpError,
+  toHttpError,
+  errorBody,
+  sendJson,
+  sendError,
+  readJsonBody,
+  abortOnDisconnect,
+} = require('./server/http');
 const { generateRequest, usageOf, ENDPOINTS } = require('./server/openai');
 const { Metrics } = require('./server/metrics');
 const { Embedder } = require('./server/embeddings');
 const { EventFeed } = require('./server/events');
 const { uiRoutes } = require('./server/ui');
 const { systemoneRoute } = require('./server/systemone');
+const { decisionsRoute } = require('./server/decisions');
 
 const defaults = require('./defaults');
 const { PoolingType } = require('./constants');
@@ -91,7 +102,7 @@ function unrouted(method, pathname, routes, res, modelCard) {
   }
   throw new HttpError(
     404,
-    `no route ${method} ${pathname}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, POST /v1/systemone, GET /v1/events, GET /metrics, GET /health`,
+    `no route ${method} ${pathname}; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, POST /v1/systemone, POST /v1/decisions, GET /v1/events, GET /metrics, GET /health`,
   );
 }
 
@@ -127,12 +138,8 @@ function checkKey(req, digests) {
 async function generateEndpoint(app, kind, req, res) {
   const body = await readJsonBody(req, app.maxBodyBytes);
   const request = generateRequest(kind, body, app.env);
-  const controller = new AbortController();
-  res.on('error', () => {}); // a write racing the client's disconnect: the abort below handles it
-  res.on('close', () => {
-    if (!res.writableFinished) controller.abort(new Error('client disconnected'));
-  });
-  request.signal = controller.signal;
+  const signal = abortOnDisconnect(res);
+  request.signal = signal;
   const gen = app.scheduler.generate(request);
   const shape = ENDPOINTS[kind];
   const head = {
@@ -150,7 +157,7 @@ async function generateEndpoint(app, kind, req, res) {
     return;
   }
   const result = await gen;
-  if (controller.signal.aborted) return;
+  if (signal.aborted) return;
   const choices = result.choices.map((c, i) => shape.choice(c, i, tokenText));
   sendJson(res, 200, { ...head, choices, usage: usageOf(result.usage) }, corsHeaders);
 }
@@ -183,6 +190,7 @@ function routesOf(app) {
     'POST /v1/completions': (req, res) => generateEndpoint(app, 'completions', req, res),
     'POST /v1/chat/completions': (req, res) => generateEndpoint(app, 'chat', req, res),
     'POST /v1/systemone': systemoneRoute(app),
+    'POST /v1/decisions': decisionsRoute(app),
     'POST /v1/embeddings': async (req, res) => {
       const body = await readJsonBody(req, app.maxBodyBytes);
       const response = await app.embedder.respond(body, modelCard.id);

@@ -9,6 +9,8 @@ export type {
   ChatMessage,
   DecideRequest,
   DecideResult,
+  OpenAIDecideRequest,
+  OpenAIDecideResult,
   DecisionAnswer,
   DecisionQuestion,
   LineDecideOptions,

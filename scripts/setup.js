@@ -43,16 +43,18 @@ function buildPackages() {
 }
 
 /**
- * The Python `systemone-client` that test/systemone.test.js drives the server with (a test
- * dependency from PyPI, a few seconds). Never fatal: offline or without pip that test says it is
- * skipped, and why.
+ * The Python clients the server tests drive it with (test dependencies from PyPI, a few seconds):
+ * `systemone-client` (test/systemone.test.js) and OpenAI's `openai` 3.5x, whose
+ * `client.decisions.create` test/decisions.test.js calls. Never fatal: offline or without pip
+ * those tests say their Python case is skipped, and why.
  */
 function pythonClient() {
-  console.log('\n==> python systemone-client (for test/systemone.test.js)');
+  console.log('\n==> python clients: systemone-client, openai (for test/systemone.test.js, test/decisions.test.js)');
   const python = ['python3', 'python'].find((py) => which(py));
-  const args = ['-m', 'pip', 'install', '--disable-pip-version-check', '--no-input', 'systemone-client==0.1.0'];
+  const packages = ['systemone-client==0.1.0', 'openai>=3.57,<4'];
+  const args = ['-m', 'pip', 'install', '--disable-pip-version-check', '--no-input', ...packages];
   if (!python || run(python, args) !== 0)
-    log('systemone-client not installed: test/systemone.test.js skips its Python client case');
+    log('python clients not installed: test/systemone.test.js and test/decisions.test.js skip their Python case');
 }
 
 console.log('\n==> system packages');

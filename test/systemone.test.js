@@ -50,8 +50,10 @@ function checkAnswers(questions, answers) {
     const a = answers[name];
     assert.equal(a.type, q.type);
     if (q.type === 'noul') continue;
-    const names = q.type === 'choice' ? Object.keys(q.criteria) : q.criteria;
+    // A choice's probabilities are keyed by option name, a score's by level index as its legend is.
+    const names = q.type === 'choice' ? Object.keys(q.criteria) : q.criteria.map((_, i) => String(i));
     assert.deepEqual(Object.keys(a.probabilities).sort(), [...names].sort());
+    if (q.type === 'score') assert.deepEqual(a.legend, Object.fromEntries(q.criteria.map((l, i) => [String(i), l])));
     const p = names.map((n) => a.probabilities[n]);
     assert.ok(Math.abs(p.reduce((x, y) => x + y, 0) - 1) < 1e-9);
     if (q.type === 'choice') assert.equal(a.probabilities[a.choice], Math.max(...p));

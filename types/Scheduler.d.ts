@@ -40,10 +40,13 @@ export class Scheduler {
      * the model's chat template; `'raw'` as plain text) and prefilled once; each question (and each
      * of `permute` orders of its options) is a fork of it, and all of them are read in the same
      * scheduler steps. Rejects with ERR_INVALID_ARG (with `param` and `reason`) for bad input.
-     * @param {import('../lib/types').DecideRequest} request
-     * @returns {Promise<import('../lib/types').DecideResult>}
+     * A request `{ input, questions: [...] }` is OpenAI's Decisions API shape (predicate, choice,
+     * score; answers in question order, a refusal for a question it cannot ask), on the same engine.
+     * @template {import('../lib/types').DecideRequest | import('../lib/types').OpenAIDecideRequest} R
+     * @param {R} request
+     * @returns {Promise<R extends import('../lib/types').OpenAIDecideRequest ? import('../lib/types').OpenAIDecideResult : import('../lib/types').DecideResult>}
      */
-    decide(request: import("../lib/types").DecideRequest): Promise<import("../lib/types").DecideResult>;
+    decide<R extends import("../lib/types").DecideRequest | import("../lib/types").OpenAIDecideRequest>(request: R): Promise<R extends import("../lib/types").OpenAIDecideRequest ? import("../lib/types").OpenAIDecideResult : import("../lib/types").DecideResult>;
     /**
      * Calls `listener(event)` for everything that happens from now on — requests and programs
      * admitted and done, their branches forked, growing token by token, finished and pruned, and

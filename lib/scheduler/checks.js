@@ -5,13 +5,9 @@
  * validated once, with ERR_INVALID_ARG naming the option and what it accepts.
  */
 
-const { makeError } = require('../errors');
+const { invalidArg: invalid } = require('../errors');
 
 const SEED_SPACE = 2 ** 32;
-
-function invalid(message) {
-  return makeError('ERR_INVALID_ARG', message);
-}
 
 /** `value` as a positive integer (`fallback` when undefined), else ERR_INVALID_ARG naming it. */
 function positiveInt(value, name, fallback) {

@@ -1,11 +1,16 @@
 'use strict';
 
 /**
- * HTTP plumbing of the server: errors in OpenAI's shape, JSON bodies in and out. Nothing here
- * knows an endpoint.
+ * HTTP plumbing of the server: errors in OpenAI's shape, JSON bodies in and out, a request's
+ * abort when its client goes away. Nothing here knows an endpoint.
  */
 
-/** An error with the HTTP status and OpenAI error fields it is answered with. */
+const { invalidArg } = require('../errors');
+
+/**
+ * An error with an HTTP status other than a bad argument's 400 (401, 404, 405, 413, ...) and the
+ * OpenAI error fields it is answered with. A bad argument is lib/'s one `invalidArg` everywhere.
+ */
 class HttpError extends Error {
   constructor(status, message, { type = 'invalid_request_error', param = null, code = null, headers = {} } = {}) {
     super(message);
@@ -18,7 +23,8 @@ class HttpError extends Error {
   }
 }
 
-const badRequest = (message, param = null) => new HttpError(400, message, { param });
+/** A client's bad argument (400 naming `param`): the same error the library's checks throw. */
+const badRequest = (message, param = null) => invalidArg(message, param);
 
 /** Package error codes a client can cause, and how they are answered. */
 const CLIENT_ERRORS = {
@@ -36,7 +42,11 @@ function toHttpError(e) {
   if (e instanceof HttpError) return e;
   const known = e && CLIENT_ERRORS[e.code];
   if (known)
-    return new HttpError(known[0], e.message, { type: known[1], code: e.code.replace(/^ERR_/, '').toLowerCase() });
+    return new HttpError(known[0], e.message, {
+      type: known[1],
+      code: e.code.replace(/^ERR_/, '').toLowerCase(),
+      param: typeof e.param === 'string' ? e.param : null,
+    });
   return new HttpError(500, `internal error: ${e && e.message ? e.message : String(e)}`, { type: 'server_error' });
 }
 
@@ -58,6 +68,21 @@ function sendError(res, e, headers = {}) {
   sendJson(res, err.status, errorBody(err), { ...headers, ...err.headers });
 }
 
+/**
+ * An AbortSignal that fires when the client of `res` disconnects before its response is complete
+ * (every route that runs work for a client passes it on: its branches are freed within a step).
+ * @param {import('http').ServerResponse} res
+ * @returns {AbortSignal}
+ */
+function abortOnDisconnect(res) {
+  const controller = new AbortController();
+  res.on('error', () => {}); // a write racing the client's disconnect: the abort handles it
+  res.on('close', () => {
+    if (!res.writableFinished) controller.abort(new Error('client disconnected'));
+  });
+  return controller.signal;
+}
+
 /** The JSON object body, or an HttpError (413 too large, 400 not a JSON object). */
 function readJsonBody(req, maxBytes) {
   return new Promise((resolve, reject) => {
@@ -74,7 +99,7 @@ function readJsonBody(req, maxBytes) {
       }
       chunks.push(chunk);
     });
-    req.on('error', (e) => !failed && reject(new HttpError(400, `could not read the request body: ${e.message}`)));
+    req.on('error', (e) => !failed && reject(badRequest(`could not read the request body: ${e.message}`)));
     req.on('end', () => {
       if (failed) return;
       let body;
@@ -91,4 +116,13 @@ function readJsonBody(req, maxBytes) {
   });
 }
 
-module.exports = { HttpError, badRequest, toHttpError, errorBody, sendJson, sendError, readJsonBody };
+module.exports = {
+  HttpError,
+  badRequest,
+  toHttpError,
+  errorBody,
+  sendJson,
+  sendError,
+  readJsonBody,
+  abortOnDisconnect,
+};

@@ -3,13 +3,14 @@
 /**
  * POST /v1/systemone: the System One wire format (published as Krite Protocol v1, with JSON
  * schemas for request, response and error). The request's `state` and `questions` go to
- * `scheduler.decide()` (lib/scheduler/decide.js, which checks them); the answer is
- * `{ model, answers, usage: { input_tokens, output_tokens: 0 }, latency_ms }`. Every error of
+ * `scheduler.decide()` (lib/decisions/, which checks them); the answer is
+ * `{ model, answers, usage: { input_tokens, output_tokens: 0 }, latency_ms }`, a score's
+ * `probabilities` keyed by level index as its `legend` is. Every error of
  * this route, the API key's included, is the protocol's `{ error: { type, message, param } }`,
  * whose `type` is one of its six.
  */
 
-const { HttpError, sendJson, readJsonBody, toHttpError } = require('./http');
+const { HttpError, badRequest, sendJson, readJsonBody, toHttpError, abortOnDisconnect } = require('./http');
 
 const FIELDS = ['model', 'state', 'questions'];
 
@@ -19,12 +20,28 @@ function protocolError(e) {
   let type =
     e && e.reason ? e.reason : http.status >= 500 || http.status === 429 ? 'internal_error' : 'invalid_request';
   if (http.errorCode === 'model_not_found') type = 'unknown_model';
-  const param = e && typeof e.param === 'string' ? e.param : http.param;
   return {
     status: http.status,
     headers: http.headers,
-    body: { error: { type, message: http.message, param: param === undefined ? null : param } },
+    body: { error: { type, message: http.message, param: http.param } },
   };
+}
+
+/**
+ * The protocol's answers from the library's: a score's `probabilities` keyed by level index
+ * ("0".."n-1", as its `legend` is), where the library keys them by level name.
+ */
+function wireAnswers(answers) {
+  const out = {};
+  for (const [name, a] of Object.entries(answers)) {
+    if (a.type !== 'score') out[name] = a;
+    else {
+      const probabilities = {};
+      for (const [index, level] of Object.entries(a.legend)) probabilities[index] = a.probabilities[level];
+      out[name] = { ...a, probabilities };
+    }
+  }
+  return out;
 }
 
 /**
@@ -38,41 +55,36 @@ function systemoneRoute(app) {
       const body = await readJsonBody(req, app.maxBodyBytes);
       for (const key of Object.keys(body)) {
         if (!FIELDS.includes(key))
-          throw new HttpError(400, `unknown field ${JSON.stringify(key)}; a request has model, state and questions`, {
-            param: key,
-          });
+          throw badRequest(`unknown field ${JSON.stringify(key)}; a request has model, state and questions`, key);
       }
       if (body.model !== undefined && body.model !== app.modelName) {
         if (typeof body.model !== 'string' || body.model === '')
-          throw new HttpError(400, 'model must be a non-empty string', { param: 'model' });
+          throw badRequest('model must be a non-empty string', 'model');
         throw new HttpError(404, `The model \`${body.model}\` does not exist; this server has ${app.modelName}`, {
           param: 'model',
           code: 'model_not_found',
         });
       }
       if (body.state === undefined || body.questions === undefined)
-        throw new HttpError(400, 'a request needs state (a string or a JSON object) and questions', {
-          param: body.state === undefined ? 'state' : 'questions',
-        });
-      const controller = new AbortController();
-      res.on('error', () => {}); // a write racing the client's disconnect: the abort below handles it
-      res.on('close', () => {
-        if (!res.writableFinished) controller.abort(new Error('client disconnected'));
-      });
+        throw badRequest(
+          'a request needs state (a string or a JSON object) and questions',
+          body.state === undefined ? 'state' : 'questions',
+        );
+      const signal = abortOnDisconnect(res);
       const result = await app.scheduler.decide({
         state: body.state,
         questions: body.questions,
         maxQuestions: app.limits.maxQuestions,
-        signal: controller.signal,
+        signal,
       });
-      if (controller.signal.aborted) return;
+      if (signal.aborted) return;
       app.metrics.decision(Object.keys(result.answers).length, result.usage.inputTokens);
       sendJson(
         res,
         200,
         {
           model: app.modelName,
-          answers: result.answers,
+          answers: wireAnswers(result.answers),
           usage: { input_tokens: result.usage.inputTokens, output_tokens: 0 },
           latency_ms: result.latencyMs,
         },

@@ -436,6 +436,22 @@ async function servingUsage(ctx: SessionContext): Promise<void> {
     seed: 1,
     signal: controller.signal,
   };
+  // Decisions in both shapes: System One's record by name, OpenAI's list in question order.
+  const systemOne = await scheduler.decide({ state: 'x', questions: { b: { type: 'noul', instructions: 'Yes?' } } });
+  const noul: number = systemOne.answers.b.type === 'noul' ? systemOne.answers.b.noul : 0;
+  const openAI = await scheduler.decide({
+    input: [
+      { role: 'user', content: 'x' },
+      { type: 'function_call', call_id: 'c', name: 'f', arguments: '{}' },
+      { type: 'function_call_output', call_id: 'c', output: 'y' },
+    ],
+    questions: [{ type: 'choice', name: 'n', instructions: 'Which?', choices: [{ value: 'a' }, { value: true }] }],
+  });
+  const first = openAI.answers[0];
+  const chosen: string | boolean | null = first.type === 'choice' ? first.choice : null;
+  void [noul, chosen, openAI.usage.cachedTokens];
+  // @ts-expect-error a choice's values are strings or booleans
+  void scheduler.decide({ input: 'x', questions: [{ type: 'choice', instructions: 'q', choices: [{ value: 1 }] }] });
   const generation: Generation = scheduler.generate(request);
   for await (const event of generation) {
     const e: GenerationEvent = event;

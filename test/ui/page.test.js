@@ -225,8 +225,53 @@ describe('the live page in Chromium', function () {
       byName.mood.options.map((o) => o.name),
       ['calm', 'annoyed', 'angry'],
     );
-    for (const o of byName.mood.options) close(o.p, answers.mood.probabilities[o.name], `mood.${o.name}`);
+    // On the wire a score's probabilities are keyed by level index (as its legend is).
+    byName.mood.options.forEach((o, i) => close(o.p, answers.mood.probabilities[String(i)], `mood.${o.name}`));
     await screenshot('decision');
+    assert.deepEqual(errors, []);
+  });
+
+  it('draws an OpenAI decision (POST /v1/decisions) as it draws a System One one', async () => {
+    if (!page.url().startsWith(live.url)) {
+      // run alone (mocha -g): the page is not on the live server yet
+      await page.goto(`${live.url}/`);
+      await page.waitForSelector('#status[data-mode="live"]');
+    }
+    const before = await page.$$eval('li.node > .decision', (d) => d.length);
+    const res = await fetch(`${live.url}/v1/decisions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        input: 'Support ticket: the parcel arrived broken and I want my money back.',
+        questions: [
+          { type: 'predicate', name: 'refund', instructions: 'Does the customer ask for a refund?' },
+          { type: 'choice', instructions: 'Which team?', choices: [{ value: 'billing' }, { value: true }] },
+          { type: 'score', name: 'mood', instructions: 'How upset?', levels: [{ label: 'calm' }, { label: 'angry' }] },
+        ],
+      }),
+    });
+    assert.equal(res.status, 200);
+    const { answers } = await res.json();
+    await page.waitForFunction((n) => document.querySelectorAll('li.node > .decision').length === n, before + 3);
+    const drawn = await page.$$eval('li.node', (nodes) =>
+      nodes
+        .filter((n) => n.querySelector(':scope > .decision'))
+        .map((n) => ({
+          name: n.querySelector('.qname').textContent,
+          options: [...n.querySelectorAll('.option')].map((o) => ({ name: o.dataset.option, p: Number(o.dataset.p) })),
+        })),
+    );
+    const byName = Object.fromEntries(drawn.map((q) => [q.name, q]));
+    // an unnamed question is drawn by its place in the list
+    for (const name of ['refund', 'questions[1]', 'mood']) assert.ok(byName[name], `${name} drawn`);
+    const close = (a, b, what) => assert.ok(Math.abs(a - b) < 1e-3, `${what}: drawn ${a}, answered ${b}`);
+    close(byName.refund.options[0].p, answers[0].probability, 'refund');
+    assert.deepEqual(
+      byName['questions[1]'].options.map((o) => o.name),
+      ['billing', 'true'],
+    );
+    byName['questions[1]'].options.forEach((o, i) => close(o.p, answers[1].probabilities[i].probability, o.name));
+    byName.mood.options.forEach((o, i) => close(o.p, answers[2].probabilities[i].probability, o.name));
     assert.deepEqual(errors, []);
   });
 

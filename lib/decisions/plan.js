@@ -1,0 +1,277 @@
+'use strict';
+
+/**
+ * The plan of a decision, from its checked questions (./checks.js) and the model: where the
+ * state ends and each question starts (the layout), how each question is read (labels from one
+ * logits row, or option texts scored), the text of every fork (one per question and `permute`
+ * order) with the tokens it decodes and the lines it holds, and the batches of forks that fit the
+ * context's cells. ./ask.js asks what this lays out; nothing here runs anything.
+ *
+ * How an answer is read: when every option's label (`A`, `B`, … for a choice, `Yes`/`No`, the
+ * level digits of a score) is one token where the answer starts, the fork reads all of them from
+ * its one logits row. Otherwise the options are listed by name and the names themselves are
+ * scored as continuations (a trie, shared tokens scored once).
+ */
+
+const { makeError, invalidArg: refused } = require('../errors');
+
+const LETTERS = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ'.split('');
+/** Cells added per line beyond its own tokens: a fork that re-decodes the token before it. */
+const SLACK_PER_LINE = 2;
+/**
+ * What marks, in the chat template's rendering, where the question goes (SENTINEL: the state is
+ * before it, what closes the question after it) and where a cache breakpoint is (BREAK). Control
+ * characters: the checks refuse client text holding NUL.
+ */
+const SENTINEL = '\u0000\u0001question\u0001\u0000';
+const BREAK = '\u0000\u0001break\u0001\u0000';
+
+/** `content` with BREAK inserted at each offset of `breaks`. */
+function withBreaks(content, breaks) {
+  let out = '';
+  let from = 0;
+  for (const at of breaks) {
+    out += content.slice(from, at) + BREAK;
+    from = at;
+  }
+  return out + content.slice(from);
+}
+
+/**
+ * Where the answer starts and how labels are written there: in a chat, the model's turn is open
+ * and the label is its first text; raw, the question ends `Answer:` and the label follows a space.
+ * `pieces`: the state's text (with the template's opening) cut at its cache breakpoints, `tail`:
+ * what closes each question.
+ */
+function layout(ctx, messages, template) {
+  if (template === 'raw') {
+    const text =
+      messages.length === 1 && messages[0].role === 'user'
+        ? withBreaks(messages[0].content, messages[0].breaks)
+        : messages.map((m) => `${m.role}: ${withBreaks(m.content, m.breaks)}`).join('\n\n');
+    return { pieces: `${text}\n\n`.split(BREAK), tail: '\nAnswer:', labelPrefix: ' ' };
+  }
+  // Templates that require alternating roles refuse two turns of one role in a row (a tool's
+  // call after the assistant's text, a fresh observation after the task): such turns are joined
+  // into one. The question is the user's last turn, joined to the last message when it is the
+  // user's.
+  const chat = [];
+  for (const m of messages) {
+    const content = withBreaks(m.content, m.breaks);
+    const prev = chat[chat.length - 1];
+    if (prev && prev.role === m.role) prev.content = `${prev.content}\n\n${content}`;
+    else chat.push({ role: m.role, content });
+  }
+  const last = chat[chat.length - 1];
+  if (last.role === 'user') last.content = `${last.content}\n\n${SENTINEL}`;
+  else chat.push({ role: 'user', content: SENTINEL });
+  let prompt;
+  try {
+    prompt = ctx.formatChatSync(chat).prompt;
+  } catch (e) {
+    throw makeError(
+      'ERR_CHAT_TEMPLATE',
+      `decide: the chat template could not render the state (${e.message}); pass template: 'raw'`,
+    );
+  }
+  const at = prompt.indexOf(SENTINEL);
+  if (at < 0 || prompt.indexOf(SENTINEL, at + 1) >= 0)
+    throw makeError(
+      'ERR_UNSUPPORTED',
+      "decide: the model's chat template does not render a user turn as given; pass template: 'raw'",
+    );
+  return { pieces: prompt.slice(0, at).split(BREAK), tail: prompt.slice(at + SENTINEL.length), labelPrefix: '' };
+}
+
+/** Per context: whether `label` is one token right after `tail` (memoized: tokenizing is cheap, not free). */
+const singleTokens = new WeakMap();
+function labelToken(ctx, tail, label) {
+  let memo = singleTokens.get(ctx);
+  if (!memo) singleTokens.set(ctx, (memo = new Map()));
+  const key = `${tail}\u0000${label}`;
+  if (!memo.has(key)) {
+    const before = ctx.tokenizeSync(tail, false);
+    const after = ctx.tokenizeSync(tail + label, false);
+    const same = before.every((t, i) => after[i] === t);
+    memo.set(key, same && after.length === before.length + 1 ? after[after.length - 1] : null);
+  }
+  return memo.get(key);
+}
+
+/** Labels of a question's options (by option index) in label mode, or null when it has none. */
+function labelsOf(question) {
+  const n = question.options.length;
+  if (question.type === 'noul') return ['Yes', 'No'];
+  if (question.type === 'score') return n <= 10 ? question.options.map((_, i) => String(i)) : null;
+  return n <= LETTERS.length ? LETTERS.slice(0, n) : null;
+}
+
+/**
+ * How a question is read: `{ mode: 'label', labels, ids }` (the label tokens of each option, in
+ * option order, for the unshifted labels) or `{ mode: 'text' }`.
+ */
+function readingOf(ctx, question, look, read) {
+  const labels = labelsOf(question);
+  if (read !== 'text' && labels) {
+    const ids = labels.map((l) => labelToken(ctx, look.tail, look.labelPrefix + l));
+    if (ids.every((t) => t !== null) && new Set(ids).size === ids.length) return { mode: 'label', labels, ids };
+  }
+  if (read === 'label')
+    throw refused(
+      `${question.param}: its option labels are not distinct single tokens for this model; use read: 'auto' or 'text'`,
+      question.param,
+    );
+  return { mode: 'text' };
+}
+
+/** One option's line in the question's text. */
+const optionLine = (head, o) => (o.description ? `${head}: ${o.description}` : head);
+
+/**
+ * The text of `question` under cyclic shift `shift` of its options: the question, the options in
+ * the shifted order, and how to answer. Returns the text and, per display position, the option.
+ */
+function questionText(question, reading, shift) {
+  const n = question.options.length;
+  const order = Array.from({ length: n }, (_, p) => (p + shift) % n); // display position → option
+  const lines = [`Question: ${question.instructions}`];
+  if (question.type === 'noul') {
+    const yesNo = order.map((i) => (i === 0 ? 'Yes' : 'No'));
+    for (const i of order) {
+      const o = question.options[i];
+      if (o.description) lines.push(`${i === 0 ? 'Yes' : 'No'}: ${o.description}`);
+    }
+    lines.push(`Answer ${yesNo.join(' or ')}.`);
+  } else if (reading.mode === 'label') {
+    // A choice's letters go with the display position (the labels shift); a score's digits and
+    // a noul's Yes/No name the option itself, so only the listing order moves.
+    lines.push(question.type === 'score' ? 'Levels:' : 'Options:');
+    order.forEach((i, p) => {
+      const label = question.type === 'score' ? String(i) : reading.labels[p];
+      lines.push(optionLine(`${label}. ${question.options[i].name}`, question.options[i]));
+    });
+    lines.push(
+      question.type === 'score' ? 'Answer with the number of the level.' : 'Answer with the letter of the best option.',
+    );
+  } else {
+    lines.push(question.type === 'score' ? 'Levels:' : 'Options:');
+    for (const i of order) lines.push(optionLine(`- ${question.options[i].name}`, question.options[i]));
+    lines.push(`Answer with the ${question.type === 'score' ? 'level' : 'option'} exactly as written.`);
+  }
+  return { text: lines.join('\n'), order };
+}
+
+/**
+ * The fork of `question` under `shift`: `{ text, tokens, lines, order, ids?, texts? }` — the text
+ * it appends (question and tail), the tokens it decodes (its text, and in text mode its options'),
+ * the lines it holds at once, and what it reads: the label token of each option (option order;
+ * a choice's letters move with the display order) or each option's text (display order).
+ */
+function taskOf(ctx, question, reading, look, shift) {
+  const { text, order } = questionText(question, reading, shift);
+  const full = `${text}${look.tail}`;
+  const n = question.options.length;
+  const task = { text: full, tokens: ctx.tokenizeSync(full, false).length, order, lines: 1 };
+  if (reading.mode === 'label') {
+    task.ids = question.options.map((_, i) =>
+      question.type === 'choice' ? reading.ids[(i - shift + n) % n] : reading.ids[i],
+    );
+  } else {
+    const names = question.type === 'noul' ? ['Yes', 'No'] : question.options.map((o) => o.name);
+    task.texts = order.map((i) => look.labelPrefix + names[i]);
+    task.tokens += task.texts.reduce((s, t) => s + ctx.tokenizeSync(t, false).length, 0);
+    task.lines = 1 + n + 1;
+  }
+  return task;
+}
+
+/** Per question of `questions`, `{ question, reading, tasks }` (one task per `permute` order). */
+function itemsOf(ctx, questions, look, settings) {
+  return questions.map((question) => {
+    if (question.refusal) return { question, reading: null, tasks: [] };
+    const reading = readingOf(ctx, question, look, settings.read);
+    const shifts = Math.min(settings.permute, question.options.length);
+    const tasks = Array.from({ length: shifts }, (_, shift) => taskOf(ctx, question, reading, look, shift));
+    return { question, reading, tasks };
+  });
+}
+
+/** Lines the widest task needs at once, checked against what the decision may hold. */
+function checkWidth(items, total, param) {
+  const needs = items.some((it) => it.reading && it.reading.mode === 'text') ? 2 : 1;
+  if (total < needs)
+    throw refused(
+      `decide: ${total} line(s) at once is too few; scoring option texts needs ${needs} (raise ${param})`,
+      param,
+    );
+}
+
+/**
+ * The plan of `scheduler.decide` (either format): `{ look, head, stateTokens, items, batches,
+ * maxBranches }`. `head`: the state's tokens per piece (cut at cache breakpoints; without any,
+ * the state tokenized whole, so both doors decode the same tokens). A question whose forks cannot
+ * fit beside the state is refused (`refusal` of the OpenAI format) or, in System One's, fails the
+ * decision. `batches`: the items asked by one program each, in order, each within the cells a
+ * program may write, so that a long list of questions runs on the state the first one cached.
+ */
+function planDecision(ctx, checked) {
+  const { messages, settings, format } = checked;
+  const look = layout(ctx, messages, settings.template);
+  const head = look.pieces.map((piece, i) => ctx.tokenizeSync(piece, i === 0));
+  const stateTokens = head.reduce((s, t) => s + t.length, 0);
+  const items = itemsOf(ctx, checked.questions, look, settings);
+  const stateCells = stateTokens + SLACK_PER_LINE * head.length;
+  const cellsOf = (it) => it.tasks.reduce((s, t) => s + t.tokens + SLACK_PER_LINE * t.lines, 0);
+  const linesOf = (it) => it.tasks.reduce((s, t) => s + t.lines, 0);
+  for (const it of items) {
+    if (it.tasks.length === 0 || stateCells + cellsOf(it) <= ctx.nCtx) continue;
+    const tokens = it.tasks.reduce((s, t) => s + t.tokens, 0);
+    const message = `decide: the state is ${stateTokens} tokens and ${it.question.param} ${tokens} more, past the context's ${ctx.nCtx} KV cells; shorten the state or the question, or lower permute`;
+    if (format !== 'openai' || stateCells + SLACK_PER_LINE * 2 >= ctx.nCtx)
+      throw refused(message, format === 'openai' ? 'input' : 'state', 'state_too_long');
+    it.question.refusal = 'the question and its options do not fit in the context beside the input';
+    it.tasks = [];
+  }
+  // Half the sequences by default: the rest stay for other requests and for the prefix cache,
+  // which keeps the state for the next decision on it.
+  const cap = checked.maxBranches === undefined ? Math.max(3, Math.floor(ctx.nSeqMax / 2)) : checked.maxBranches;
+  if (!Number.isInteger(cap) || cap < head.length + 1 || cap > ctx.nSeqMax)
+    throw refused(
+      `decide(request): maxBranches must be an integer in ${head.length + 1}..${ctx.nSeqMax} (nSeqMax)`,
+      'maxBranches',
+    );
+  // A batch writes at most half the context when the state leaves room, so the state's cache
+  // entry need not be evicted to admit the next batch.
+  const budget = Math.max(
+    Math.floor(ctx.nCtx / 2),
+    Math.min(ctx.nCtx, stateCells + Math.max(0, ...items.map(cellsOf))),
+  );
+  const batches = [];
+  let batch = null;
+  for (const it of items) {
+    if (it.tasks.length === 0) continue;
+    if (!batch || batch.cells + cellsOf(it) > budget) {
+      batch = { items: [], cells: stateCells, lines: head.length, maxBranches: 0 };
+      batches.push(batch);
+    }
+    batch.items.push(it);
+    batch.cells += cellsOf(it);
+    batch.lines += linesOf(it);
+  }
+  for (const b of batches) b.maxBranches = Math.min(b.lines, cap);
+  for (const b of batches) checkWidth(b.items, b.maxBranches - head.length, 'maxBranches');
+  return { look, head, stateTokens, items, batches };
+}
+
+/**
+ * The plan of `line.decide`: the line's text so far is the state; each question goes on a fork
+ * of it after a blank line, raw (as `template: 'raw'`).
+ */
+function planOnLine(ctx, checked) {
+  const look = { pieces: [''], tail: '\nAnswer:', labelPrefix: ' ' };
+  const items = itemsOf(ctx, checked.questions, look, checked.settings);
+  checkWidth(items, checked.parallel, 'parallel');
+  return { look, items };
+}
+
+module.exports = { planDecision, planOnLine };
