@@ -180,6 +180,7 @@ function routesOf(app) {
       res.end(text);
     },
     'GET /v1/models': (req, res) => sendJson(res, 200, { object: 'list', data: [modelCard] }, corsHeaders),
+    ...workerInfoRoutes(app),
     'POST /v1/completions': (req, res) => generateEndpoint(app, 'completions', req, res),
     'POST /v1/chat/completions': (req, res) => generateEndpoint(app, 'chat', req, res),
     'POST /v1/systemone': systemoneRoute(app),
@@ -189,6 +190,39 @@ function routesOf(app) {
       metrics.embeddingInputs += response.data.length;
       sendJson(res, 200, response, corsHeaders);
     },
+  };
+}
+
+/**
+ * What SGLang's model gateway (`sglang-router`) reads from a worker when it registers it: GET
+ * /server_info and /model_info (and the older /get_server_info and /get_model_info it falls back
+ * to on a 404). It labels the worker with the model's name from them; without them it registers
+ * the worker under "unknown". `model_path` is the served name, never a path of this machine.
+ */
+function workerInfoRoutes(app) {
+  const { modelCard, corsHeaders } = app;
+  const serverInfo = (req, res) =>
+    sendJson(
+      res,
+      200,
+      {
+        model_path: modelCard.id,
+        served_model_name: modelCard.id,
+        tp_size: 1,
+        dp_size: 1,
+        version: FINGERPRINT,
+        max_running_requests: app.parallel,
+        max_total_tokens: app.ctx.nCtx,
+      },
+      corsHeaders,
+    );
+  const modelInfo = (req, res) =>
+    sendJson(res, 200, { model_path: modelCard.id, tokenizer_path: null, is_generation: true }, corsHeaders);
+  return {
+    'GET /server_info': serverInfo,
+    'GET /get_server_info': serverInfo,
+    'GET /model_info': modelInfo,
+    'GET /get_model_info': modelInfo,
   };
 }
 
@@ -290,7 +324,7 @@ async function createServer(options, createContext) {
       options.modelName ||
       (options.modelPath ? path.basename(String(options.modelPath)).replace(/\.gguf$/i, '') : 'llama-branch');
     const feed = new EventFeed(scheduler, { model: modelName, ctx, traceFile: config.traceFile });
-    const app = createApp({ scheduler, ctx, modelName, metrics, embedder, feed, ...config });
+    const app = createApp({ scheduler, ctx, modelName, metrics, embedder, feed, parallel, ...config });
     return listening(http.createServer(app), { ctx, scheduler, modelName, owned, feed });
   } catch (e) {
     for (const c of owned) c.dispose();

@@ -43,21 +43,25 @@ function buildPackages() {
 }
 
 /**
- * The Python `systemone-client` that test/systemone.test.js drives the server with (a test
- * dependency from PyPI, a few seconds). Never fatal: offline or without pip that test says it is
- * skipped, and why.
+ * The Python test dependencies from PyPI, each pinned: `systemone-client`, which
+ * test/systemone.test.js drives the server with (a few seconds), and SGLang's model gateway
+ * `sglang-router` (a Rust binary in a wheel), which test/router.test.js puts in front of three
+ * replicas. Never fatal here: outside CI those tests say they are skipped, and why; in CI (CI
+ * set) test/router.test.js fails without the router.
  */
 function pythonClient() {
-  console.log('\n==> python systemone-client (for test/systemone.test.js)');
+  console.log('\n==> python test dependencies (test/systemone.test.js, test/router.test.js)');
   const python = ['python3', 'python'].find((py) => which(py));
-  const args = ['-m', 'pip', 'install', '--disable-pip-version-check', '--no-input', 'systemone-client==0.1.0'];
-  if (!python || run(python, args) !== 0)
+  const pip = (pkg) =>
+    python && run(python, ['-m', 'pip', 'install', '--disable-pip-version-check', '--no-input', pkg]) === 0;
+  if (!pip('systemone-client==0.1.0'))
     log('systemone-client not installed: test/systemone.test.js skips its Python client case');
+  if (!pip('sglang-router==0.3.2')) log('sglang-router not installed: test/router.test.js cannot run');
 }
 
 console.log('\n==> system packages');
 buildPackages();
-// Also with --system (.ci/run's step), so that CI runs the test's Python client case.
+// Also with --system (.ci/run's step), so that CI runs the tests that need them.
 pythonClient();
 // On their own, so that a failure leaves the build tools alone: the browser of `npm run test:ui`
 // and a font for its screenshots.
