@@ -449,7 +449,8 @@ class PrefixCache {
    * of prefill over the `have` tokens the KV cells already hold, or null.
    */
   stored(tokens, have) {
-    const { prefix } = this._tree.match(tokens, (e) => e.ram !== null || e.writing !== null || e.file !== null);
+    if (!this._tiers) return null;
+    const prefix = this._tree.longestPrefix(tokens, (e) => e.ram !== null || e.writing !== null || e.file !== null);
     return prefix && prefix.length >= have + MIN_GAIN ? prefix.value : null;
   }
 

@@ -131,16 +131,22 @@ class RadixTree {
    */
   match(tokens, accept = () => true) {
     const { node, matched, below } = this._walk(tokens);
-    let prefix = null;
-    for (let n = node; n; n = n.parent) {
-      if (n.value !== null && accept(n.value)) {
-        prefix = { value: n.value, length: n.depth };
-        break;
-      }
-    }
+    const prefix = this.longestPrefix(tokens, accept, node);
     const holder = matched > 0 ? firstValueIn(below || node, accept) : null;
     const shared = holder ? { value: holder, length: matched } : prefix;
     return { prefix, shared };
+  }
+
+  /**
+   * The value `accept` takes under the longest sequence that is a prefix of `tokens` (`tokens`
+   * itself included), with its `length`; null when none. `from`: where `tokens` leads (a walk done).
+   * @param {number[]} tokens
+   * @param {(value: any) => boolean} [accept]
+   */
+  longestPrefix(tokens, accept = () => true, from = this._walk(tokens).node) {
+    for (let n = from; n; n = n.parent)
+      if (n.value !== null && accept(n.value)) return { value: n.value, length: n.depth };
+    return null;
   }
 
   /** Every stored value. */
