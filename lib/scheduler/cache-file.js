@@ -3,9 +3,11 @@
 /**
  * The prefix cache's files: the bytes of one stored prefix (its tokens and sequence state) and
  * the folder they live in. This is the whole boundary between the cache's policy
- * (./cache-tiers.js) and its saved-state format: `fingerprintOf`, `entryName`, `writeEntryFile`,
- * `readEntryFile`, `listEntryFiles`, `removeEntryFile`. Keep it that narrow: the format behind it
- * may change (a saved-state container written on the context's worker) without the cache knowing.
+ * (./prefix-cache.js) and its saved-state format: `fingerprintOf` (./cache-tiers.js),
+ * `makeFolder`, `entrySize`, `writeEntryFile`, `readEntryFile`, `listEntryFiles`,
+ * `removeEntryFile` (and `entryName`, for tests and tools). Files are named by `name` strings the
+ * cache only passes back. Keep it that narrow: the format behind it may change (a saved-state
+ * container written on the context's worker) without the cache knowing.
  *
  * Nothing stored is trusted:
  * - every state carries a fingerprint of what produced it (the model's size, parameter count
@@ -148,14 +150,14 @@ async function syncFolder(dir) {
 
 /**
  * Writes the prefix `tokens` with its `state` to `dir`/`entryName(...)` durably: a temporary
- * file, fsynced, renamed into place, the folder fsynced. Resolves the file's size in bytes;
+ * file, fsynced, renamed into place, the folder fsynced. Resolves the file's name and size in bytes;
  * rejects with the file system's error (a disk filling up, a read-only or deleted folder), having
  * removed its temporary file.
  * @param {string} dir
  * @param {Buffer} fingerprint
  * @param {number[]} tokens
  * @param {Buffer} state
- * @returns {Promise<number>}
+ * @returns {Promise<{ name: string, size: number }>}
  */
 async function writeEntryFile(dir, fingerprint, tokens, state) {
   const bytes = fileBody(fingerprint, tokens, state);
@@ -182,7 +184,7 @@ async function writeEntryFile(dir, fingerprint, tokens, state) {
     await fs.promises.unlink(temp).catch(() => {}); // a partial file (disk full) goes too
     throw err;
   }
-  return bytes.length + sum.length;
+  return { name, size: bytes.length + sum.length };
 }
 
 /** Removes `dir`/`name` if it is there (another process may have removed it already). */

@@ -380,9 +380,9 @@ class PrefixCache {
       if (!this.diskOn || !writer() || writer().writing !== state) return;
       const size = files.entrySize(tokens, state);
       this.makeRoom('disk', () => this._used.disk + size <= this._budget.disk);
-      await files.writeEntryFile(this._dir, this._tiers.fingerprint, tokens, state);
+      const file = await files.writeEntryFile(this._dir, this._tiers.fingerprint, tokens, state);
       const e = writer();
-      if (e && e.writing === state) this._onDisk(e, files.entryName(this._tiers.fingerprint, tokens), size, false);
+      if (e && e.writing === state) this._onDisk(e, file.name, file.size, false);
       if (e && e.writing === state) this.counters.diskWrites++;
     } catch (err) {
       this._diskOff(`writing to ${this._dir} failed: ${/** @type {Error} */ (err).message}`);
