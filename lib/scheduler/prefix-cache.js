@@ -42,7 +42,7 @@ const RESCAN_MS = 1000;
  * @typedef {{ position: number, disposed?: boolean, prune(): Promise<void>, fork(): any, forkAt(position: number): any }} CachedBranch
  * @typedef {'kv' | 'ram' | 'disk'} Medium
  * @typedef {NonNullable<import('../types').SchedulerStats['cacheTiers']>} TierStats
- * @typedef {{ type: 'stored' | 'removed', tokens: number[], medium: Medium, remaining: Medium[] } | { type: 'cleared', medium: 'kv' }} CacheChange
+ * @typedef {{ type: 'stored' | 'removed', tokens: number[], medium: Medium, tiers: Medium[] } | { type: 'cleared', medium: 'kv' }} CacheChange
  * What the lower tiers are made of (./cache-tiers.js binds them to a context): budgets in bytes,
  * the folder (null: RAM only), `copyState(branch)` (its sequence state now, null when the context
  * is gone), `restoreState(state, keep)` (a root branch holding the state cut to `keep` positions).
@@ -148,8 +148,8 @@ class PrefixCache {
    * The hook a publisher of KV events (which prefixes this replica holds, for a router) listens
    * to: `listener(change)` is called when a prefix enters a tier (`stored`: 'kv' once filled or
    * restored, 'ram', 'disk' as its file is written or when found in the folder) or leaves one
-   * (`removed`; `remaining`: the tiers it is still in, empty when it left the cache), and with
-   * `{ type: 'cleared', medium: 'kv' }` when a closing scheduler frees every KV entry at once.
+   * (`removed`), each with `tiers`: those holding it after the change (empty: it left the
+   * cache); and `{ type: 'cleared', medium: 'kv' }` when a closing scheduler frees every KV entry.
    * Listeners run synchronously inside the step: keep them quick. Returns the unsubscribe.
    * @param {(change: CacheChange) => void} listener
    */
@@ -160,7 +160,7 @@ class PrefixCache {
 
   _emit(type, e, medium) {
     if (this._listeners.length === 0 || (this._clearing && medium === 'kv')) return;
-    const change = { type, tokens: e.tokens, medium, remaining: e.media };
+    const change = { type, tokens: e.tokens, medium, tiers: e.media };
     for (const listener of this._listeners) listener(change);
   }
 

@@ -224,7 +224,7 @@ describe('PrefixCache (no model)', () => {
       });
       assert.equal(cache.stored(a.tokens, 0), null, 'a left its last tier');
       assert.deepEqual(
-        changes.filter((x) => x.type === 'removed' && x.remaining.length === 0).map((x) => x.tokens[0]),
+        changes.filter((x) => x.type === 'removed' && x.tiers.length === 0).map((x) => x.tokens[0]),
         [0],
         'a prefix leaves its last tier once (its state on its way to a file is on disk)',
       );
@@ -283,6 +283,30 @@ describe('PrefixCache (no model)', () => {
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }
+  });
+
+  it('onChange: stored once filled, removed with the tiers left, cleared when a scheduler closes', () => {
+    const cache = new PrefixCache({ tiers: fakeTiers({ ramBytes: 1000 }) });
+    const changes = [];
+    cache.onChange((c) => changes.push([c.type, c.medium, c.tokens && c.tokens[0], c.tiers && c.tiers.join()]));
+    const unfilled = cache.open(range(50, 70), fakeBranch(20));
+    cache.forget(unfilled); // never filled: nobody was told it was there
+    const [a, b] = [0, 100].map((k) => cached(cache, range(k, k + 20)));
+    cache.evict(a);
+    const short = cached(cache, range(200, 205)); // too short to keep below the KV cells
+    cache.evict(short);
+    cache.clear();
+    assert.deepEqual(changes, [
+      ['stored', 'kv', 0, 'kv'],
+      ['stored', 'kv', 100, 'kv'],
+      ['stored', 'ram', 0, 'kv,ram'],
+      ['removed', 'kv', 0, 'ram'],
+      ['stored', 'kv', 200, 'kv'],
+      ['removed', 'kv', 200, ''],
+      ['stored', 'ram', 100, 'kv,ram'],
+      ['cleared', 'kv', undefined, undefined],
+    ]);
+    assert.equal(b.branch, null);
   });
 
   it('a failed write turns the disk tier off with a warning; the cache goes on in RAM', async () => {
