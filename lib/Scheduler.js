@@ -168,6 +168,31 @@ class Scheduler {
   }
 
   /**
+   * The prefixes the cache holds now, each with the tiers holding it (`'kv'`, `'ram'`, `'disk'`),
+   * and from then on each change to them: `listener` gets `{ type: 'stored' | 'removed', tokens,
+   * medium, tiers }` as a prefix enters or leaves a tier (`tiers`: those holding it after the
+   * change; empty: it left the cache) and `{ type: 'cleared', medium: 'kv' }` when `close()` frees
+   * the KV cells. For KV event publishers (lib/server/kv-events.js). Listeners run synchronously
+   * inside the step: keep them quick. Returns the prefixes held now and the unsubscribe.
+   * @param {(change: { type: string, tokens?: number[], medium: string, tiers?: string[] }) => void} listener
+   * @returns {{ held: { tokens: number[], tiers: string[] }[], unsubscribe: () => void }}
+   */
+  watchCache(listener) {
+    const held = this.cachedPrefixes();
+    return { held, unsubscribe: this._cache.onChange(listener) };
+  }
+
+  /**
+   * The prefixes the cache holds now (any tier), each with its tokens and the tiers holding it.
+   * @returns {{ tokens: number[], tiers: string[] }[]}
+   */
+  cachedPrefixes() {
+    const held = [];
+    for (const e of this._cache.held()) held.push({ tokens: e.tokens, tiers: e.media });
+    return held;
+  }
+
+  /**
    * Calls `listener(event)` for everything that happens from now on — requests and programs
    * admitted and done, their branches forked, growing token by token, finished and pruned, and
    * one `step` event per scheduler step with its gauges — in the trace format of docs/events.md

@@ -25,6 +25,7 @@ const { Embedder } = require('./server/embeddings');
 const { EventFeed } = require('./server/events');
 const { uiRoutes } = require('./server/ui');
 const { systemoneRoute } = require('./server/systemone');
+const { KvEventPublisher } = require('./server/kv-events');
 
 const defaults = require('./defaults');
 const { PoolingType } = require('./constants');
@@ -325,10 +326,30 @@ async function createServer(options, createContext) {
       (options.modelPath ? path.basename(String(options.modelPath)).replace(/\.gguf$/i, '') : 'llama-branch');
     const feed = new EventFeed(scheduler, { model: modelName, ctx, traceFile: config.traceFile });
     const app = createApp({ scheduler, ctx, modelName, metrics, embedder, feed, parallel, ...config });
-    return listening(http.createServer(app), { ctx, scheduler, modelName, owned, feed });
+    const kvEvents = await kvEventsOf(options.kvEvents, scheduler, modelName);
+    return listening(http.createServer(app), { ctx, scheduler, modelName, owned, feed, kvEvents });
   } catch (e) {
     for (const c of owned) c.dispose();
     throw e;
+  }
+}
+
+/**
+ * With `options.kvEvents` (`tcp://HOST:PORT`), the publisher of the prefix cache's KV events
+ * (lib/server/kv-events.js), bound; null without. A failed bind closes it (pushed to `owned` only
+ * once bound, so that createServer's cleanup disposes of contexts alone).
+ */
+async function kvEventsOf(endpoint, scheduler, modelName) {
+  if (endpoint === undefined || endpoint === null) return null;
+  if (typeof endpoint !== 'string' || !/^tcp:\/\/(\[[^\]]+\]|[^:/]+):\d+$/.test(endpoint))
+    throw makeError('ERR_INVALID_ARG', `options.kvEvents must be tcp://HOST:PORT (port 0 picks one), got ${endpoint}`);
+  const publisher = new KvEventPublisher(scheduler, { model: modelName });
+  try {
+    const address = await publisher.bind(endpoint);
+    return { publisher, address, topic: publisher.topic.toString() };
+  } catch (e) {
+    await publisher.close();
+    throw makeError('ERR_INVALID_ARG', `options.kvEvents: cannot listen on ${endpoint}: ${e.message}`);
   }
 }
 
@@ -452,12 +473,14 @@ function openContext(createContext, options, shape) {
 }
 
 /** The object createServer resolves with: listen, close, and what it serves. */
-function listening(server, { ctx, scheduler, modelName, owned, feed }) {
+function listening(server, { ctx, scheduler, modelName, owned, feed, kvEvents }) {
   return {
     ctx,
     scheduler,
     modelName,
     http: server,
+    /** With `kvEvents`: `{ address, topic, publisher }` of the KV event stream; null without. */
+    kvEvents,
     listen(port = defaults.server.port, host = defaults.server.host) {
       return new Promise((resolve, reject) => {
         server.once('error', reject);
@@ -474,6 +497,7 @@ function listening(server, { ctx, scheduler, modelName, owned, feed }) {
       server.closeAllConnections();
       await scheduler.close();
       await feed.close();
+      if (kvEvents) await kvEvents.publisher.close();
       await closed;
       for (const c of owned) c.dispose();
     },

@@ -46,17 +46,21 @@ function buildPackages() {
  * The Python test dependencies from PyPI, each pinned: `systemone-client`, which
  * test/systemone.test.js drives the server with (a few seconds), and SGLang's model gateway
  * `sglang-router` (a Rust binary in a wheel), which test/router.test.js puts in front of three
- * replicas. Never fatal here: outside CI those tests say they are skipped, and why; in CI (CI
- * set) test/router.test.js fails without the router.
+ * replicas; NVIDIA Dynamo's KV indexer (`ai-dynamo-runtime`, with `pyzmq` and `msgpack`), which
+ * test/kv-events.test.js reads the KV event stream with. Never fatal here: outside CI those
+ * tests say they are skipped, and why; in CI (CI set) the last two fail without them.
  */
 function pythonClient() {
-  console.log('\n==> python test dependencies (test/systemone.test.js, test/router.test.js)');
+  console.log('\n==> python test dependencies (test/systemone.test.js, router.test.js, kv-events.test.js)');
   const python = ['python3', 'python'].find((py) => which(py));
   const pip = (pkg) =>
     python && run(python, ['-m', 'pip', 'install', '--disable-pip-version-check', '--no-input', pkg]) === 0;
   if (!pip('systemone-client==0.1.0'))
     log('systemone-client not installed: test/systemone.test.js skips its Python client case');
   if (!pip('sglang-router==0.3.2')) log('sglang-router not installed: test/router.test.js cannot run');
+  // NVIDIA Dynamo's KV indexer (a 75 MB wheel) and the ZeroMQ and msgpack it reads the stream with.
+  if (!pip('ai-dynamo-runtime==1.6.1') || !pip('pyzmq==27.3.0') || !pip('msgpack==1.2.4'))
+    log('the KV event consumer is not installed: test/kv-events.test.js cannot run');
 }
 
 console.log('\n==> system packages');

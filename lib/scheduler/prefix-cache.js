@@ -139,6 +139,11 @@ class PrefixCache {
     return [...this.entries()].reduce((sum, e) => sum + e.tokens.length, 0);
   }
 
+  /** The entries in any tier (the KV cells, RAM, disk): what a KV event publisher starts from. */
+  *held() {
+    for (const e of this._tree.values()) if (e.media.length > 0) yield e;
+  }
+
   /** The entries in the KV cells. */
   *entries() {
     for (const e of this._tree.values()) if (e.branch) yield e;
