@@ -183,6 +183,19 @@ class Scheduler {
   }
 
   /**
+   * The prompt tokens `request` would be prefilled with (its chat template applied), without
+   * running it: what a KV-aware router matches against the KV event stream (the server's
+   * `POST /tokenize`). Rejects like `generate` for an invalid request.
+   * @param {import('./types').GenerateRequest} request
+   * @returns {Promise<number[]>}
+   */
+  async promptTokens(request) {
+    const p = new RequestProgram(request, this._env);
+    await p.prepare(this._ctx, this._systemPrompts);
+    return p.tokens;
+  }
+
+  /**
    * The prefixes the cache holds now (any tier), each with its tokens and the tiers holding it.
    * @returns {{ tokens: number[], tiers: string[] }[]}
    */

@@ -220,11 +220,27 @@ function workerInfoRoutes(app) {
   const modelInfo = (req, res) =>
     sendJson(res, 200, { model_path: modelCard.id, tokenizer_path: null, is_generation: true }, corsHeaders);
   return {
+    'POST /tokenize': (req, res) => tokenizeRoute(app, req, res),
     'GET /server_info': serverInfo,
     'GET /get_server_info': serverInfo,
     'GET /model_info': modelInfo,
     'GET /get_model_info': modelInfo,
   };
+}
+
+/**
+ * vLLM's `POST /tokenize` (`{ prompt }` or `{ messages }` → `{ count, max_model_len, tokens }`):
+ * the tokens the request would be prefilled with, chat template included. vllm-router's
+ * `kv_aware` policy asks a worker for them and matches them against the KV event stream.
+ */
+async function tokenizeRoute(app, req, res) {
+  const body = await readJsonBody(req, app.maxBodyBytes);
+  if (body === null || typeof body !== 'object' || Array.isArray(body))
+    throw new HttpError(400, 'the body must be a JSON object with prompt or messages');
+  const kind = body.messages !== undefined ? 'chat' : 'completions';
+  const request = generateRequest(kind, { ...body, max_tokens: 1, stream: false }, app.env);
+  const tokens = await app.scheduler.promptTokens(request);
+  sendJson(res, 200, { count: tokens.length, max_model_len: app.ctx.nCtx, tokens, token_strs: null }, app.corsHeaders);
 }
 
 /** CORS preflight: the origin given with --cors may send JSON with a bearer key. */

@@ -117,6 +117,26 @@ describe('router metrics on /metrics', function () {
     }
   });
 
+  it("POST /tokenize (vLLM's, which KV-aware routers ask) gives the tokens a chat request is prefilled with", async () => {
+    const messages = [{ role: 'user', content: 'Which berth is free tomorrow?' }];
+    const post = (route, body) =>
+      fetch(`${url}${route}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+    const tokenized = await (await post('/tokenize', { messages })).json();
+    assert.equal(tokenized.count, tokenized.tokens.length);
+    assert.equal(tokenized.max_model_len, 2048);
+    const reply = await (await post('/v1/chat/completions', { messages, max_tokens: 1 })).json();
+    assert.equal(tokenized.count, reply.usage.prompt_tokens, 'the chat template applied as for the request');
+    // The request's prompt is now a cached prefix: exactly these tokens.
+    const cached = server.scheduler.cachedPrefixes().map((p) => p.tokens.join(','));
+    assert.ok(cached.includes(tokenized.tokens.join(',')), 'the cache holds the tokenized prompt');
+    const bad = await post('/tokenize', { messages: 'no' });
+    assert.equal(bad.status, 400);
+  });
+
   it('match stats() when idle: nothing queued or running, the cached prefixes still hold cells', async () => {
     const scrape = await scrapeAtRest();
     assert.equal(scrape.stats.queued, 0);

@@ -67,6 +67,14 @@ export class Scheduler {
         unsubscribe: () => void;
     };
     /**
+     * The prompt tokens `request` would be prefilled with (its chat template applied), without
+     * running it: what a KV-aware router matches against the KV event stream (the server's
+     * `POST /tokenize`). Rejects like `generate` for an invalid request.
+     * @param {import('../lib/types').GenerateRequest} request
+     * @returns {Promise<number[]>}
+     */
+    promptTokens(request: import("../lib/types").GenerateRequest): Promise<number[]>;
+    /**
      * The prefixes the cache holds now (any tier), each with its tokens and the tiers holding it.
      * @returns {{ tokens: number[], tiers: string[] }[]}
      */
