@@ -411,8 +411,10 @@ class Scheduler {
       if (item.state !== 'ready' || item.kind !== 'request') continue;
       const request = /** @type {import('./scheduler/request').RequestProgram} */ (item);
       const beside = (/** @type {number} */ keep) => request.needsFrom(keep);
-      // Nothing running will give cells back: it never fits restored, admit it as it is.
-      const unfit = () => void (this._programs.size === 0 && (request.tierSkip = true));
+      const unfit = () => {
+        // Nothing running will give cells back: it never fits restored, admit it as it is.
+        if (this._programs.size === 0) request.tierSkip = true;
+      };
       yield { tokens: request.tokens, beside, hinted: Boolean(request.cacheKey), unfit };
     }
     for (const [, line] of this._programs.runningLines()) {
@@ -423,7 +425,7 @@ class Scheduler {
   }
 
   /**
-   * Evicts least-recently-used cached prefixes (never `keep`) until `cells` and `leases` are free
+   * Demotes least-recently-used cached prefixes (never `keep`) until `cells` and `leases` are free
    * beyond what running programs may still take; false if they never are.
    */
   _makeRoom(cells, leases, keep = null) {
