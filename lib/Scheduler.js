@@ -187,9 +187,10 @@ class Scheduler {
    * @returns {Promise<number[]>}
    */
   async promptTokens(request) {
-    const p = new RequestProgram(request, this._env);
-    await p.prepare(this._ctx, this._systemPrompts);
-    return p.tokens;
+    // A program prepared as admission would, never queued: its generation never settles.
+    const { program } = requestProgram(request, this._env);
+    await program.prepare(this._ctx, this._systemPrompts);
+    return program.budget.prompt.tokens.slice();
   }
 
   /**
