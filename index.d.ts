@@ -1388,6 +1388,11 @@ export interface ServerOptions {
   ui?: boolean;
   /** Record every scheduler event to this JSONL file (docs/events.md), replayable in the page. */
   traceFile?: string;
+  /**
+   * Publish the prefix cache as KV events in vLLM's format (ZeroMQ PUB on `tcp://HOST:PORT`, port 0
+   * picks one; topic `kv@<pod>@<model>`) for KV-aware routers; docs/serving.md.
+   */
+  kvEvents?: string;
 }
 
 /** An OpenAI-compatible HTTP server over a {@link Scheduler}; see docs/serving.md. */
@@ -1397,6 +1402,8 @@ export interface LlamaBranchServer {
   readonly modelName: string;
   /** The underlying node:http server. */
   readonly http: import('node:http').Server;
+  /** With `kvEvents`: the bound address and topic of the KV event stream; null without. */
+  readonly kvEvents: { address: string; topic: string; publisher: { readonly sequence: number } } | null;
   /** Starts listening (default port 8080 on 127.0.0.1; port 0 = any free port). */
   listen(port?: number, host?: string): Promise<{ host: string; port: number; url: string }>;
   /** Stops listening, ends running requests, closes the scheduler (and disposes a loaded context). */

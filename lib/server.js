@@ -36,6 +36,7 @@ const { EventFeed } = require('./server/events');
 const { uiRoutes } = require('./server/ui');
 const { systemoneRoute } = require('./server/systemone');
 const { decisionsRoute } = require('./server/decisions');
+const { KvEventPublisher } = require('./server/kv-events');
 
 const defaults = require('./defaults');
 const { PoolingType } = require('./constants');
@@ -187,6 +188,7 @@ function routesOf(app) {
       res.end(text);
     },
     'GET /v1/models': (req, res) => sendJson(res, 200, { object: 'list', data: [modelCard] }, corsHeaders),
+    ...workerInfoRoutes(app),
     'POST /v1/completions': (req, res) => generateEndpoint(app, 'completions', req, res),
     'POST /v1/chat/completions': (req, res) => generateEndpoint(app, 'chat', req, res),
     'POST /v1/systemone': systemoneRoute(app),
@@ -198,6 +200,55 @@ function routesOf(app) {
       sendJson(res, 200, response, corsHeaders);
     },
   };
+}
+
+/**
+ * What SGLang's model gateway (`sglang-router`) reads from a worker when it registers it: GET
+ * /server_info and /model_info (and the older /get_server_info and /get_model_info it falls back
+ * to on a 404). It labels the worker with the model's name from them; without them it registers
+ * the worker under "unknown". `model_path` is the served name, never a path of this machine.
+ */
+function workerInfoRoutes(app) {
+  const { modelCard, corsHeaders } = app;
+  const serverInfo = (req, res) =>
+    sendJson(
+      res,
+      200,
+      {
+        model_path: modelCard.id,
+        served_model_name: modelCard.id,
+        tp_size: 1,
+        dp_size: 1,
+        version: FINGERPRINT,
+        max_running_requests: app.parallel,
+        max_total_tokens: app.ctx.nCtx,
+      },
+      corsHeaders,
+    );
+  const modelInfo = (req, res) =>
+    sendJson(res, 200, { model_path: modelCard.id, tokenizer_path: null, is_generation: true }, corsHeaders);
+  return {
+    'POST /tokenize': (req, res) => tokenizeRoute(app, req, res),
+    'GET /server_info': serverInfo,
+    'GET /get_server_info': serverInfo,
+    'GET /model_info': modelInfo,
+    'GET /get_model_info': modelInfo,
+  };
+}
+
+/**
+ * vLLM's `POST /tokenize` (`{ prompt }` or `{ messages }` → `{ count, max_model_len, tokens }`):
+ * the tokens the request would be prefilled with, chat template included. vllm-router's
+ * `kv_aware` policy asks a worker for them and matches them against the KV event stream.
+ */
+async function tokenizeRoute(app, req, res) {
+  const body = await readJsonBody(req, app.maxBodyBytes);
+  if (body === null || typeof body !== 'object' || Array.isArray(body))
+    throw new HttpError(400, 'the body must be a JSON object with prompt or messages');
+  const kind = body.messages !== undefined ? 'chat' : 'completions';
+  const request = generateRequest(kind, { ...body, max_tokens: 1, stream: false }, app.env);
+  const tokens = await app.scheduler.promptTokens(request);
+  sendJson(res, 200, { count: tokens.length, max_model_len: app.ctx.nCtx, tokens, token_strs: null }, app.corsHeaders);
 }
 
 /** CORS preflight: the origin given with --cors may send JSON with a bearer key. */
@@ -296,11 +347,31 @@ async function createServer(options, createContext) {
       options.modelName ||
       (options.modelPath ? path.basename(String(options.modelPath)).replace(/\.gguf$/i, '') : 'llama-branch');
     const feed = new EventFeed(scheduler, { model: modelName, ctx, traceFile: config.traceFile });
-    const app = createApp({ scheduler, ctx, modelName, metrics, embedder, feed, ...config });
-    return listening(http.createServer(app), { ctx, scheduler, modelName, owned, feed });
+    const app = createApp({ scheduler, ctx, modelName, metrics, embedder, feed, parallel, ...config });
+    const kvEvents = await kvEventsOf(options.kvEvents, scheduler, modelName);
+    return listening(http.createServer(app), { ctx, scheduler, modelName, owned, feed, kvEvents });
   } catch (e) {
     for (const c of owned) c.dispose();
     throw e;
+  }
+}
+
+/**
+ * With `options.kvEvents` (`tcp://HOST:PORT`), the publisher of the prefix cache's KV events
+ * (lib/server/kv-events.js), bound; null without. A failed bind closes it (pushed to `owned` only
+ * once bound, so that createServer's cleanup disposes of contexts alone).
+ */
+async function kvEventsOf(endpoint, scheduler, modelName) {
+  if (endpoint === undefined || endpoint === null) return null;
+  if (typeof endpoint !== 'string' || !/^tcp:\/\/(\[[^\]]+\]|[^:/]+):\d+$/.test(endpoint))
+    throw makeError('ERR_INVALID_ARG', `options.kvEvents must be tcp://HOST:PORT (port 0 picks one), got ${endpoint}`);
+  const publisher = new KvEventPublisher(scheduler, { model: modelName });
+  try {
+    const address = await publisher.bind(endpoint);
+    return { publisher, address, topic: publisher.topic.toString() };
+  } catch (e) {
+    await publisher.close();
+    throw makeError('ERR_INVALID_ARG', `options.kvEvents: cannot listen on ${endpoint}: ${e.message}`);
   }
 }
 
@@ -424,12 +495,14 @@ function openContext(createContext, options, shape) {
 }
 
 /** The object createServer resolves with: listen, close, and what it serves. */
-function listening(server, { ctx, scheduler, modelName, owned, feed }) {
+function listening(server, { ctx, scheduler, modelName, owned, feed, kvEvents }) {
   return {
     ctx,
     scheduler,
     modelName,
     http: server,
+    /** With `kvEvents`: `{ address, topic, publisher }` of the KV event stream; null without. */
+    kvEvents,
     listen(port = defaults.server.port, host = defaults.server.host) {
       return new Promise((resolve, reject) => {
         server.once('error', reject);
@@ -446,6 +519,7 @@ function listening(server, { ctx, scheduler, modelName, owned, feed }) {
       server.closeAllConnections();
       await scheduler.close();
       await feed.close();
+      if (kvEvents) await kvEvents.publisher.close();
       await closed;
       for (const c of owned) c.dispose();
     },

@@ -43,23 +43,30 @@ function buildPackages() {
 }
 
 /**
- * The Python clients the server tests drive it with (test dependencies from PyPI, a few seconds):
- * `systemone-client` (test/systemone.test.js) and OpenAI's `openai` 3.5x, whose
- * `client.decisions.create` test/decisions.test.js calls. Never fatal: offline or without pip
- * those tests say their Python case is skipped, and why.
+ * The Python test dependencies from PyPI, each pinned: `systemone-client` (test/systemone.test.js)
+ * and OpenAI's `openai` 3.5x, whose `client.decisions.create` test/decisions.test.js calls (a few
+ * seconds); SGLang's model gateway `sglang-router` (a Rust binary in a wheel), which
+ * test/router.test.js puts in front of three replicas; NVIDIA Dynamo's KV indexer
+ * (`ai-dynamo-runtime`, with `pyzmq` and `msgpack`), which test/kv-events.test.js reads the KV
+ * event stream with. Never fatal here: outside CI those tests say they are skipped, and why; in CI
+ * (CI set) the router and KV event tests fail without them.
  */
 function pythonClient() {
-  console.log('\n==> python clients: systemone-client, openai (for test/systemone.test.js, test/decisions.test.js)');
+  console.log('\n==> python test dependencies (systemone, decisions, router, kv-events tests)');
   const python = ['python3', 'python'].find((py) => which(py));
-  const packages = ['systemone-client==0.1.0', 'openai>=3.57,<4'];
-  const args = ['-m', 'pip', 'install', '--disable-pip-version-check', '--no-input', ...packages];
-  if (!python || run(python, args) !== 0)
+  const pip = (...pkgs) =>
+    python && run(python, ['-m', 'pip', 'install', '--disable-pip-version-check', '--no-input', ...pkgs]) === 0;
+  if (!pip('systemone-client==0.1.0', 'openai>=3.57,<4'))
     log('python clients not installed: test/systemone.test.js and test/decisions.test.js skip their Python case');
+  if (!pip('sglang-router==0.3.2')) log('sglang-router not installed: test/router.test.js cannot run');
+  // NVIDIA Dynamo's KV indexer (a 75 MB wheel) and the ZeroMQ and msgpack it reads the stream with.
+  if (!pip('ai-dynamo-runtime==1.6.1', 'pyzmq==27.3.0', 'msgpack==1.2.4'))
+    log('the KV event consumer is not installed: test/kv-events.test.js cannot run');
 }
 
 console.log('\n==> system packages');
 buildPackages();
-// Also with --system (.ci/run's step), so that CI runs the test's Python client case.
+// Also with --system (.ci/run's step), so that CI runs the tests that need them.
 pythonClient();
 // On their own, so that a failure leaves the build tools alone: the browser of `npm run test:ui`
 // and a font for its screenshots.

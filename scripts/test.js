@@ -68,6 +68,15 @@ const steps = [
         killSignal: 'SIGKILL',
       }),
   },
+  {
+    // Three server processes and a router on 2 cores: its own step, with a hard limit like RPC's.
+    name: 'tier 2: three replicas behind a real sglang-router (test/router.test.js)',
+    run: () =>
+      mocha('--no-config', '--timeout', '300000', '--node-option', 'expose-gc', 'test/router.test.js', {
+        timeout: 600000,
+        killSignal: 'SIGKILL',
+      }),
+  },
   { name: 'tier 2: examples (node test/examples.js)', run: () => node('test/examples.js') },
   {
     name: 'tier 2: package (node test/install/pack.js)',

@@ -48,6 +48,44 @@ export class Scheduler {
      */
     decide<R extends import("../lib/types").DecideRequest | import("../lib/types").OpenAIDecideRequest>(request: R): Promise<R extends import("../lib/types").OpenAIDecideRequest ? import("../lib/types").OpenAIDecideResult : import("../lib/types").DecideResult>;
     /**
+     * The prefixes the cache holds now, each with the tiers holding it (`'kv'`, `'ram'`, `'disk'`),
+     * and from then on each change to them: `listener` gets `{ type: 'stored' | 'removed', tokens,
+     * medium, tiers }` as a prefix enters or leaves a tier (`tiers`: those holding it after the
+     * change; empty: it left the cache) and `{ type: 'cleared', medium: 'kv' }` when `close()` frees
+     * the KV cells. For KV event publishers (lib/server/kv-events.js). Listeners run synchronously
+     * inside the step: keep them quick. Returns the prefixes held now and the unsubscribe.
+     * @param {(change: { type: string, tokens?: number[], medium: string, tiers?: string[] }) => void} listener
+     * @returns {{ held: { tokens: number[], tiers: string[] }[], unsubscribe: () => void }}
+     */
+    watchCache(listener: (change: {
+        type: string;
+        tokens?: number[];
+        medium: string;
+        tiers?: string[];
+    }) => void): {
+        held: {
+            tokens: number[];
+            tiers: string[];
+        }[];
+        unsubscribe: () => void;
+    };
+    /**
+     * The prompt tokens `request` would be prefilled with (its chat template applied), without
+     * running it: what a KV-aware router matches against the KV event stream (the server's
+     * `POST /tokenize`). Rejects like `generate` for an invalid request.
+     * @param {import('../lib/types').GenerateRequest} request
+     * @returns {Promise<number[]>}
+     */
+    promptTokens(request: import("../lib/types").GenerateRequest): Promise<number[]>;
+    /**
+     * The prefixes the cache holds now (any tier), each with its tokens and the tiers holding it.
+     * @returns {{ tokens: number[], tiers: string[] }[]}
+     */
+    cachedPrefixes(): {
+        tokens: number[];
+        tiers: string[];
+    }[];
+    /**
      * Calls `listener(event)` for everything that happens from now on — requests and programs
      * admitted and done, their branches forked, growing token by token, finished and pruned, and
      * one `step` event per scheduler step with its gauges — in the trace format of docs/events.md

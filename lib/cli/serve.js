@@ -106,6 +106,10 @@ const options = {
     help: 'on a GPU, do not compile the pipelines of every batch size at start (the first request of each size then stalls)',
   },
   'no-ui': { type: 'boolean', help: 'do not serve the live page of the branch trees at / (GET /v1/events stays)' },
+  'kv-events': {
+    type: 'string',
+    help: 'publish the prefix cache as KV events (vLLM format, ZeroMQ PUB, topic kv@<pod>@<model>) on tcp://HOST:PORT, for KV-aware routers',
+  },
   trace: {
     type: 'string',
     help: 'record every scheduler event to this JSONL file (open it in the page to replay the run)',
@@ -230,6 +234,7 @@ async function run(values, { log }) {
     ui: !values['no-ui'],
     ...(values['no-warmup'] ? { warmup: false } : {}),
     traceFile: values.trace,
+    ...(values['kv-events'] ? { kvEvents: values['kv-events'] } : {}),
   }).catch((e) => {
     // createContext's ERR_DEVICE speaks of its options (`gpu`, `nGpuLayers`); on the command
     // line the flag is what the user typed, so name it.
@@ -241,6 +246,7 @@ async function run(values, { log }) {
   log(`listening on ${url}`);
   if (!values['no-ui']) log(`branch trees live at ${url}/`);
   if (values.trace) log(`recording events to ${values.trace}`);
+  if (server.kvEvents) log(`KV events on ${server.kvEvents.address} (topic ${server.kvEvents.topic})`);
   if (server.ctx.warmup.state === 'warming') {
     log(
       `warming up: compiling the GPU pipelines of ${server.ctx.warmup.total} batch sizes (/health says 503 until done)`,

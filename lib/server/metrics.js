@@ -9,6 +9,17 @@
 /** Upper bounds (seconds) of the step-time histogram's buckets. */
 const STEP_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5];
 
+/**
+ * The namespace of the gauges routers scrape. They follow the engines' convention (vLLM's
+ * `vllm:num_requests_waiting`, SGLang's `sglang:num_queue_reqs`): a colon after the engine's
+ * name, so that the endpoint picker's `*:cache_config_info` lookup and its metric flags read them
+ * like any engine's (docs/serving.md names the flags).
+ */
+const ROUTER_PREFIX = 'llamabranch';
+
+/** Tokens per block of the KV event stream and of `cache_config_info{block_size}`. */
+const BLOCK_SIZE = 16;
+
 class Metrics {
   constructor() {
     /** @type {Map<string, number>} `endpoint status` → requests answered */
@@ -97,6 +108,7 @@ class Metrics {
     metric('prefix_cache_entries', 'gauge', 'Cached prompt prefixes.', one(stats.cachedPrefixes));
     metric('prefix_cache_hit_ratio', 'gauge', 'Cached prompt tokens / prompt tokens.', one(stats.hitRate));
     if (stats.cacheTiers) this._renderTiers(metric, one, stats.cacheTiers);
+    this._renderRouterGauges(out, stats);
     let cumulative = 0;
     const buckets = STEP_BUCKETS.map((le, i) => {
       cumulative += this.stepCounts[i];
@@ -148,6 +160,31 @@ class Metrics {
     );
   }
 
+  /**
+   * The gauges a router balances on (the Gateway API Inference Extension's endpoint picker, llm-d):
+   * work waiting for admission, work in the batch (requests and branch programs: both take a
+   * step's rows and the KV cells), the KV cells' fill (0..1; cached prefixes count, as they hold
+   * cells until evicted) and the block size of the KV event stream.
+   */
+  _renderRouterGauges(out, stats) {
+    const gauge = (name, help, value, labels = '') => {
+      const full = `${ROUTER_PREFIX}:${name}`;
+      out.push(`# HELP ${full} ${help}`, `# TYPE ${full} gauge`, `${full}${labels} ${value}`);
+    };
+    gauge('num_requests_waiting', 'Requests and branch programs waiting for admission.', stats.queued);
+    gauge(
+      'num_requests_running',
+      'Requests and branch programs admitted (in the batch).',
+      stats.running + stats.programs,
+    );
+    gauge(
+      'kv_cache_usage_perc',
+      'Fraction of the KV cells in use, 0..1 (cached prefixes included).',
+      stats.nCtx > 0 ? stats.cellsUsed / stats.nCtx : 0,
+    );
+    gauge('cache_config_info', 'The KV cache block layout (value always 1).', 1, `{block_size="${BLOCK_SIZE}"}`);
+  }
+
   /** The /v1/systemone counters (`metric` and `one` as in render). */
   _renderDecisions(metric, one) {
     metric('decisions_total', 'counter', 'Decisions answered by /v1/systemone.', one(this.decisions));
@@ -161,4 +198,4 @@ class Metrics {
   }
 }
 
-module.exports = { Metrics };
+module.exports = { Metrics, ROUTER_PREFIX, BLOCK_SIZE };

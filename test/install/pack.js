@@ -7,8 +7,9 @@
  *
  *   1. `npm pack` into a temporary directory, and check the file list (sources and build files
  *      in; tests, models and build outputs out);
- *   2. create a scratch project there and `npm install <tarball>` (offline: the package has no
- *      runtime dependencies), which runs the package's install hook = the native build. The
+ *   2. create a scratch project there and `npm install <tarball>` (offline: its one runtime
+ *      dependency, the pure-JS @msgpack/msgpack of --kv-events, comes from npm's cache, where
+ *      `npm ci` put it), which runs the package's install hook = the native build. The
  *      cargo target directory is the shared one (CARGO_TARGET_DIR, else ~/.cache/llama-branch/
  *      target), so llama.cpp is not compiled again; only this crate is;
  *   3. in the scratch project, `require('llama-branch')` and generate a few tokens on the test
