@@ -15,7 +15,7 @@ const { ProgramLine } = require('./ProgramLine');
 const server = require('./server');
 const { PoolingType, ReasoningFormat } = require('./constants');
 const { GrammarTriggerType } = require('./scheduler/chat');
-const { readEntryFile, fingerprintOf } = require('./scheduler/cache-tiers');
+const { readEntryFile, fingerprintOf } = require('./scheduler/cache-file');
 
 const NUMBER_OPTIONS = ['nCtx', 'nBatch', 'nThreads', 'nSeqMax', 'nOutputs', 'poolingType', 'nGpuLayers', 'mainGpu'];
 

@@ -9,41 +9,23 @@
  * scheduler started again on it (or a second one beside it) finds the files and loads them on
  * demand.
  *
- * Nothing stored is trusted:
- * - every state carries a fingerprint of what produced it (the model's size, parameter count
- *   and GGUF metadata, llama.cpp's state format version, the KV element types and attention
- *   layout); a file with another fingerprint is never loaded (skipped with the reason as a
- *   warning; `readEntryFile` rejects with ERR_CACHE_MISMATCH);
- * - a file is written to a temporary name, fsynced, then renamed: a reader never sees half of
- *   one, and a writer killed mid-write leaves a temporary file that is cleaned up later;
- * - a SHA-256 over the file's bytes is its last 32 bytes, checked before a load: a truncated or
- *   corrupted file is skipped (and removed), never loaded (ERR_CACHE_CORRUPT);
- * - a failed write (disk full, a read-only or deleted folder) turns the disk tier off with a
- *   warning: the cache goes on in RAM.
- *
- * File layout (little-endian): 'LBKV', version u32, fingerprint (32 bytes), token count u32,
- * tokens (i32 each), state length (u32 low, u32 high), the state, SHA-256 of all before (32).
+ * The files' bytes and folder are ./cache-file.js's: a file with another fingerprint is never
+ * loaded (skipped with the reason as a warning), a truncated or corrupted one is skipped (and
+ * removed); a failed write (disk full, a read-only or deleted folder) turns the disk tier off
+ * with a warning: the cache goes on in RAM.
  */
 
-const fs = require('node:fs');
 const path = require('node:path');
-const crypto = require('node:crypto');
 const { RadixTree } = require('./radix');
 const { nativeOf } = require('../Context');
 const { makeError } = require('../errors');
 const { SchedulerErrorCode: Code } = require('./errors');
+const file = require('./cache-file');
 
-const MAGIC = 0x564b424c; // 'LBKV' read as a little-endian u32
-const VERSION = 1;
-const SUFFIX = '.lbkv';
-/** Fixed header bytes before the tokens. */
-const HEAD = 4 + 4 + 32 + 4;
 /** Prefixes shorter than this are not worth a state copy (the prefix cache's MIN_PARTIAL_REUSE). */
 const MIN_TOKENS = 16;
 /** A restore must save at least this many tokens of prefill over what the KV cells already hold. */
 const MIN_GAIN = 16;
-/** A temporary file older than this was left by a writer that died: removed at the next scan. */
-const STALE_TEMP_MS = 10 * 60 * 1000;
 /** How often (at most) the folder is listed again for files another process wrote. */
 const RESCAN_MS = 1000;
 
@@ -66,94 +48,6 @@ function parseBytes(value, name) {
       `${name} must be a size in bytes: a number or a string such as '2GiB' or '500MB'`,
     );
   return Math.floor(Number(m[1]) * unit);
-}
-
-/** SHA-256 of `data`, computed off the main thread (WebCrypto runs it in libuv's pool). */
-async function sha256(data) {
-  return Buffer.from(await crypto.webcrypto.subtle.digest('SHA-256', data));
-}
-
-/**
- * What identifies the states `ctx` writes: 32 bytes (see the file header). Two contexts with
- * the same fingerprint read each other's states.
- * @param {import('../Context').SessionContext} ctx
- */
-function fingerprintOf(ctx) {
-  // The fingerprint a saved branch tree carries (src/engine/fingerprint.rs): one definition.
-  const { model, stateFormat, kv } = nativeOf(ctx)._stateIdentity();
-  const fields = { format: `llama-branch-kv/${VERSION}`, model, stateFormat, kv };
-  return crypto.createHash('sha256').update(JSON.stringify(fields)).digest();
-}
-
-/** The bytes of a cache file (without its checksum) for `tokens` and `state`. */
-function fileBody(fingerprint, tokens, state) {
-  const head = Buffer.alloc(HEAD + 4 * tokens.length + 8);
-  head.writeUInt32LE(MAGIC, 0);
-  head.writeUInt32LE(VERSION, 4);
-  fingerprint.copy(head, 8);
-  head.writeUInt32LE(tokens.length, 40);
-  for (let i = 0; i < tokens.length; i++) head.writeInt32LE(tokens[i], HEAD + 4 * i);
-  const at = HEAD + 4 * tokens.length;
-  head.writeUInt32LE(state.length % 2 ** 32, at);
-  head.writeUInt32LE(Math.floor(state.length / 2 ** 32), at + 4);
-  return [head, state];
-}
-
-/**
- * Reads a header (magic, version, fingerprint, tokens) from the first bytes of a file; throws
- * ERR_CACHE_CORRUPT / ERR_CACHE_MISMATCH.
- */
-function parseHeader(bytes, fingerprint, file) {
-  const corrupt = (why) =>
-    makeError(Code.CACHE_CORRUPT, `${file} is not a usable prefix-cache file (${why}); it is skipped`);
-  if (bytes.length < HEAD) throw corrupt('shorter than its header');
-  if (bytes.readUInt32LE(0) !== MAGIC) throw corrupt('wrong magic number');
-  if (bytes.readUInt32LE(4) !== VERSION)
-    throw corrupt(`format version ${bytes.readUInt32LE(4)}, this build reads ${VERSION}`);
-  if (!bytes.subarray(8, 40).equals(fingerprint))
-    throw makeError(
-      Code.CACHE_MISMATCH,
-      `${file} holds a state from another model or KV layout (its fingerprint differs: other weights, llama.cpp state version, typeK/typeV or flash attention); it is not loaded. Use a separate cache folder per model and settings`,
-    );
-  const n = bytes.readUInt32LE(40);
-  if (bytes.length < HEAD + 4 * n + 8) throw corrupt('truncated in its tokens');
-  const tokens = new Array(n);
-  for (let i = 0; i < n; i++) tokens[i] = bytes.readInt32LE(HEAD + 4 * i);
-  const at = HEAD + 4 * n;
-  const stateLength = bytes.readUInt32LE(at) + bytes.readUInt32LE(at + 4) * 2 ** 32;
-  return { tokens, stateAt: at + 8, stateLength };
-}
-
-/**
- * Reads and checks a whole cache file: its checksum, header and fingerprint. Resolves
- * `{ tokens, state }`; rejects with ERR_CACHE_CORRUPT (truncated, corrupted, not a cache file)
- * or ERR_CACHE_MISMATCH (a state from another model or KV settings).
- * @param {string} file
- * @param {Buffer} fingerprint what the reading context writes (see fingerprintOf)
- */
-async function readEntryFile(file, fingerprint) {
-  const bytes = await fs.promises.readFile(file);
-  if (bytes.length < HEAD + 8 + 32) throw makeError(Code.CACHE_CORRUPT, `${file} is truncated; it is skipped`);
-  const body = bytes.subarray(0, bytes.length - 32);
-  if (!(await sha256(body)).equals(bytes.subarray(bytes.length - 32)))
-    throw makeError(Code.CACHE_CORRUPT, `${file} fails its checksum (truncated or corrupted); it is skipped`);
-  const { tokens, stateAt, stateLength } = parseHeader(body, fingerprint, file);
-  if (stateAt + stateLength !== body.length)
-    throw makeError(Code.CACHE_CORRUPT, `${file} has a state of the wrong length; it is skipped`);
-  return { tokens, state: body.subarray(stateAt) };
-}
-
-/** fsync of a folder (its entries), where the platform allows it (not on Windows). */
-async function syncFolder(dir) {
-  let fh;
-  try {
-    fh = await fs.promises.open(dir, 'r');
-    await fh.sync();
-  } catch {
-    // best effort: the file itself is synced
-  } finally {
-    if (fh) await fh.close().catch(() => {});
-  }
 }
 
 /** One stored prefix: its tokens and where its state is (RAM, a file, or both). */
@@ -187,7 +81,7 @@ class CacheTiers {
     this._diskBytes = dir ? diskBytes : 0;
     this._warn = warn;
     this._wrap = wrapBranch;
-    this._fingerprint = fingerprintOf(ctx);
+    this._fingerprint = file.fingerprintOf(ctx);
     this._tree = new RadixTree();
     /** @type {Map<string, TierEntry>} */
     this._byKey = new Map();
@@ -197,7 +91,8 @@ class CacheTiers {
     /** Writes run one at a time, in order. */
     this._writes = Promise.resolve();
     this._scannedAt = -Infinity;
-    this._dirMtime = -1;
+    /** The folder as of its last listing (see listEntryFiles). */
+    this._listed = -1;
     /** Files seen and refused (fingerprint, corruption): warned once each. */
     this._refused = new Set();
     this.diskOn = Boolean(dir);
@@ -212,7 +107,7 @@ class CacheTiers {
     };
     if (dir) {
       try {
-        fs.mkdirSync(dir, { recursive: true });
+        file.makeFolder(dir);
       } catch (e) {
         this._diskOff(`cannot create the cache folder ${dir}: ${/** @type {Error} */ (e).message}`);
       }
@@ -238,16 +133,7 @@ class CacheTiers {
   }
 
   _keyOf(tokens) {
-    return crypto
-      .createHash('sha256')
-      .update(this._fingerprint)
-      .update(Int32Array.from(tokens))
-      .digest('hex')
-      .slice(0, 40);
-  }
-
-  _fileOf(key) {
-    return path.join(/** @type {string} */ (this._dir), key + SUFFIX);
+    return file.entryName(this._fingerprint, tokens);
   }
 
   _entry(tokens) {
@@ -341,33 +227,8 @@ class CacheTiers {
   async _write(e, state) {
     try {
       if (!this.diskOn || this._byKey.get(e.key) !== e) return;
-      const [head, body] = fileBody(this._fingerprint, e.tokens, state);
-      const bytes = Buffer.concat([head, body]);
-      const sum = await sha256(bytes);
-      const size = bytes.length + sum.length;
-      this._fitDisk(size);
-      const file = this._fileOf(e.key);
-      const temp = path.join(
-        /** @type {string} */ (this._dir),
-        `.${e.key}.${process.pid}.${crypto.randomBytes(4).toString('hex')}.tmp`,
-      );
-      try {
-        const fh = await fs.promises.open(temp, 'w');
-        try {
-          // writeFile writes every byte or throws (a disk filling up mid-write: ENOSPC); writev
-          // returns a short count without an error, and that file was renamed into place truncated.
-          await fh.writeFile(bytes);
-          await fh.writeFile(sum);
-          await fh.sync();
-        } finally {
-          await fh.close();
-        }
-        await fs.promises.rename(temp, file);
-        await syncFolder(/** @type {string} */ (this._dir)); // the rename itself survives a crash
-      } catch (err) {
-        await fs.promises.unlink(temp).catch(() => {}); // a partial file (disk full) goes too
-        throw err;
-      }
+      this._fitDisk(file.entrySize(e.tokens, state));
+      const size = await file.writeEntryFile(/** @type {string} */ (this._dir), this._fingerprint, e.tokens, state);
       if (this._byKey.get(e.key) === e) {
         if (!e.disk) this._diskUsed += size;
         e.disk = size;
@@ -389,7 +250,7 @@ class CacheTiers {
       if (!victim) return;
       this._diskUsed -= victim.disk;
       victim.disk = 0;
-      fs.promises.unlink(this._fileOf(victim.key)).catch(() => {}); // another process may have removed it
+      file.removeEntryFile(/** @type {string} */ (this._dir), victim.key);
       if (!victim.ram && !victim.writing) this._forget(victim);
     }
   }
@@ -402,66 +263,32 @@ class CacheTiers {
     if (!this.diskOn || performance.now() - this._scannedAt < RESCAN_MS) return;
     this._scannedAt = performance.now();
     const dir = /** @type {string} */ (this._dir);
-    let names;
+    let listed;
     try {
-      const { mtimeMs } = await fs.promises.stat(dir);
-      if (mtimeMs === this._dirMtime) return;
-      this._dirMtime = mtimeMs;
-      names = await fs.promises.readdir(dir);
+      const skip = (/** @type {string} */ name) => this._refused.has(name) || this._byKey.has(name);
+      listed = await file.listEntryFiles(dir, this._fingerprint, {
+        maxTokens: this._ctx.nCtx,
+        skip,
+        stamp: this._listed,
+      });
     } catch (err) {
       this._diskOff(`the cache folder ${dir} cannot be read: ${/** @type {Error} */ (err).message}`);
       return;
     }
-    for (const name of names) {
-      const file = path.join(dir, name);
-      if (name.endsWith('.tmp')) {
-        await this._removeStale(file);
-        continue;
-      }
-      if (!name.endsWith(SUFFIX) || this._refused.has(name)) continue;
-      const key = name.slice(0, -SUFFIX.length);
-      if (this._byKey.has(key)) continue;
-      try {
-        const fh = await fs.promises.open(file, 'r');
-        let head;
-        let size;
-        try {
-          size = (await fh.stat()).size;
-          const first = Buffer.alloc(HEAD);
-          await fh.read(first, 0, HEAD, 0);
-          const n = first.readUInt32LE(40);
-          if (first.readUInt32LE(0) === MAGIC && n <= this._ctx.nCtx) {
-            head = Buffer.alloc(HEAD + 4 * n + 8);
-            await fh.read(head, 0, head.length, 0);
-          } else {
-            head = first;
-          }
-        } finally {
-          await fh.close();
-        }
-        const { tokens } = parseHeader(head, this._fingerprint, file);
-        if (tokens.length > this._ctx.nCtx || this._keyOf(tokens) !== key)
-          throw makeError(Code.CACHE_CORRUPT, `${file} does not match its name or this context's nCtx; it is skipped`);
-        const e = this._entry(tokens);
-        e.disk = size;
-        this._diskUsed += size;
-      } catch (err) {
-        if (/** @type {any} */ (err).code === 'ENOENT') continue; // removed by another process meanwhile
-        this._refused.add(name);
-        this.counters.skipped++;
-        this._warn(`prefix cache: ${/** @type {Error} */ (err).message}`);
-      }
+    if (!listed) return;
+    this._listed = listed.stamp;
+    for (const { name, tokens, size } of listed.found) {
+      if (this._byKey.has(name)) continue;
+      const e = this._entry(tokens);
+      e.disk = size;
+      this._diskUsed += size;
+    }
+    for (const { name, error } of listed.refused) {
+      this._refused.add(name);
+      this.counters.skipped++;
+      this._warn(`prefix cache: ${error.message}`);
     }
     this._fitDisk(0);
-  }
-
-  async _removeStale(file) {
-    try {
-      const { mtimeMs } = await fs.promises.stat(file);
-      if (Date.now() - mtimeMs > STALE_TEMP_MS) await fs.promises.unlink(file);
-    } catch {
-      // gone already, or not ours to remove
-    }
   }
 
   /**
@@ -487,11 +314,12 @@ class CacheTiers {
     let state = e.ram || e.writing;
     const tier = state ? 'ram' : 'disk';
     if (!state) {
-      const file = this._fileOf(e.key);
+      const dir = /** @type {string} */ (this._dir);
+      const where = path.join(dir, e.key);
       try {
-        const read = await readEntryFile(file, this._fingerprint);
+        const read = await file.readEntryFile(where, this._fingerprint);
         if (read.tokens.length !== e.tokens.length || read.tokens.some((t, i) => t !== e.tokens[i]))
-          throw makeError(Code.CACHE_CORRUPT, `${file} holds other tokens than its name says; it is skipped`);
+          throw makeError(Code.CACHE_CORRUPT, `${where} holds other tokens than its name says; it is skipped`);
         state = read.state;
       } catch (err) {
         const code = /** @type {any} */ (err).code;
@@ -499,8 +327,8 @@ class CacheTiers {
           this.counters.skipped++;
           this._warn(`prefix cache: ${/** @type {Error} */ (err).message}`);
         }
-        if (code === Code.CACHE_CORRUPT) fs.promises.unlink(file).catch(() => {});
-        this._refused.add(e.key + SUFFIX);
+        if (code === Code.CACHE_CORRUPT) file.removeEntryFile(dir, e.key);
+        this._refused.add(e.key);
         this._forget(e);
         return null;
       }
@@ -537,4 +365,4 @@ class CacheTiers {
   }
 }
 
-module.exports = { CacheTiers, parseBytes, fingerprintOf, readEntryFile, MIN_TOKENS };
+module.exports = { CacheTiers, parseBytes, MIN_TOKENS };
