@@ -19,7 +19,6 @@ const path = require('node:path');
 const { RadixTree } = require('./radix');
 const { nativeOf } = require('../Context');
 const { makeError } = require('../errors');
-const { SchedulerErrorCode: Code } = require('./errors');
 const file = require('./cache-file');
 
 /** Prefixes shorter than this are not worth a state copy (the prefix cache's MIN_PARTIAL_REUSE). */
@@ -319,7 +318,7 @@ class CacheTiers {
       try {
         const read = await file.readEntryFile(where, this._fingerprint);
         if (read.tokens.length !== e.tokens.length || read.tokens.some((t, i) => t !== e.tokens[i]))
-          throw makeError(Code.CACHE_CORRUPT, `${where} holds other tokens than its name says; it is skipped`);
+          throw makeError('ERR_STATE_CORRUPT', `${where} holds other tokens than its name says; it is skipped`);
         state = read.state;
       } catch (err) {
         const code = /** @type {any} */ (err).code;
@@ -327,7 +326,7 @@ class CacheTiers {
           this.counters.skipped++;
           this._warn(`prefix cache: ${/** @type {Error} */ (err).message}`);
         }
-        if (code === Code.CACHE_CORRUPT) file.removeEntryFile(dir, e.key);
+        if (code === 'ERR_STATE_CORRUPT') file.removeEntryFile(dir, e.key);
         this._refused.add(e.key);
         this._forget(e);
         return null;
