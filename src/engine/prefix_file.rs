@@ -29,14 +29,16 @@ pub struct PrefixLimits {
 }
 
 fn read_tokens(mut r: Reader, limits: &PrefixLimits) -> Result<Vec<Token>> {
-    if r.len() % 4 != 0 || r.len() / 4 > limits.n_ctx as usize {
+    if !r.remaining().is_multiple_of(4) || r.remaining() / 4 > limits.n_ctx as usize {
         return Err(r.bad(format!(
             "{} bytes of tokens, not whole tokens within nCtx = {}",
-            r.len(),
+            r.remaining(),
             limits.n_ctx
         )));
     }
-    (0..r.len() / 4).map(|_| r.token(limits.n_vocab)).collect()
+    (0..r.remaining() / 4)
+        .map(|_| r.token(limits.n_vocab))
+        .collect()
 }
 
 /// A whole entry file checked against the reading context: its tokens and state.
@@ -49,10 +51,10 @@ pub fn parse_prefix_file(
     let sections = parse_container(path, bytes, Payload::Prefix, here)?;
     let tokens = read_tokens(sections.reader("tokens")?, limits)?;
     let mut state = sections.reader("state")?;
-    if state.len() == 0 {
+    if state.remaining() == 0 {
         return Err(state.bad("an empty state"));
     }
-    let state = state.take(state.len())?.to_vec();
+    let state = state.take(state.remaining())?.to_vec();
     Ok((tokens, state))
 }
 

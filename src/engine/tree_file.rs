@@ -385,7 +385,7 @@ pub fn parse_tree_file(
 ) -> Result<TreeFile> {
     let sections = parse_container(path, bytes, Payload::Tree, here)?;
     let mut r = sections.reader("meta")?;
-    let meta = r.take(r.len())?;
+    let meta = r.take(r.remaining())?;
     let meta = String::from_utf8(meta.to_vec()).map_err(|_| r.bad("text that is not UTF-8"))?;
     let mut r = sections.reader("branches")?;
     let n = r.count(32)?;
@@ -525,7 +525,8 @@ mod tests {
 
     #[test]
     fn sampler_values_go_through_the_option_validators() {
-        let cases: [(fn(&mut SamplingConfig), &str); 4] = [
+        type Spoil = fn(&mut SamplingConfig);
+        let cases: [(Spoil, &str); 4] = [
             (|c| c.top_p = 1.5, "topP must be in (0, 1]"),
             (
                 |c| c.temperature = f32::NAN,

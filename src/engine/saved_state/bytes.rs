@@ -95,7 +95,7 @@ impl<'a> Reader<'a> {
         self.at
     }
     /// Bytes not read yet.
-    pub fn len(&self) -> usize {
+    pub fn remaining(&self) -> usize {
         self.bytes.len() - self.at
     }
     pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
