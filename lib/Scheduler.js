@@ -37,7 +37,7 @@ const { RunProgram } = require('./scheduler/run');
 const { Programs } = require('./scheduler/programs');
 const { SchedulerEvents } = require('./scheduler/events');
 const { decide } = require('./scheduler/decide');
-const { CacheTiers } = require('./scheduler/cache-tiers');
+const { tiersOn } = require('./scheduler/cache-tiers');
 
 /**
  * Continuous batching over one context, with a prefix cache and a request queue (`generate`, see
@@ -63,14 +63,10 @@ class Scheduler {
 
     /** @type {import('./scheduler/program').Program[]} queued and ready programs (requests too), in arrival order */
     this._queue = [];
-    const tiers = this._options.tiers;
-    /** The prefix cache's RAM and disk tiers (null: KV cells only). */
-    this._tiers =
-      tiers &&
-      new CacheTiers(ctx, { ...tiers, wrapBranch: (handle) => new /** @type {any} */ (Branch)(ctx, handle, 0) });
-    this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow, tiers: this._tiers });
-    /** Prompts that started from a prefix in the KV cells (restored ones are the tiers' hits). */
-    this._kvHits = 0;
+    const wrapBranch = (/** @type {number} */ handle) => new /** @type {any} */ (Branch)(ctx, handle, 0);
+    const tiers = this._options.tiers && tiersOn(ctx, this._options.tiers, wrapBranch);
+    /** The prefix cache: the KV cells and, with `cacheRam` / `cacheDir`, RAM and disk below them. */
+    this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow, tiers });
     /** Admitted programs (requests too), until their step of ending. */
     this._programs = new Programs({ cache: this._cache, store: this._store });
     /** The queue's head waits for a program to give room back: no step until something changes. */
@@ -193,6 +189,7 @@ class Scheduler {
   stats() {
     const c = this._counters;
     const p = this._programs;
+    const tiers = this._cache.tierStats();
     const requests = p.list.filter((program) => program.kind === 'request').length;
     return {
       running: requests,
@@ -211,7 +208,7 @@ class Scheduler {
       draftTokens: c.draftTokens,
       acceptedDraftTokens: c.acceptedDraftTokens,
       evictions: this._cache.evictions,
-      ...(this._tiers ? { cacheTiers: { kvHits: this._kvHits, ...this._tiers.stats() } } : {}),
+      ...(tiers ? { cacheTiers: tiers } : {}),
     };
   }
 
@@ -230,7 +227,7 @@ class Scheduler {
     this._cache.clear();
     // Every filled prefix went to the RAM tier as it was freed: with a folder, all of it is
     // written there now, for the next scheduler on the folder (a restart).
-    if (this._tiers) await this._tiers.flush();
+    await this._cache.flush();
     if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
   }
 
@@ -289,7 +286,10 @@ class Scheduler {
     const started = performance.now();
     for (const p of await this._programs.collect()) this._ended(p);
     await this._prepareQueued();
-    if (this._tiers) await this._restorePhase();
+    // A prompt (or a program's fresh line) that starts with a prefix stored in RAM or on disk
+    // gets it back into the KV cells first, when it fits.
+    if (!this._closed)
+      await this._cache.restoreOne(this._restorable(), (cells, leases) => this._makeRoom(cells, leases));
     this._admit();
     const prefillStart = performance.now();
     const prefillTokens = await this._prefillPhase();
@@ -349,8 +349,7 @@ class Scheduler {
       // A prompt the RAM or disk tier holds more of waits for its restore (one a step) rather
       // than being prefilled from a shorter start now.
       const request = /** @type {any} */ (item);
-      if (this._tiers && item.kind === 'request' && !request.tierSkip && this._tiers.lookup(request.tokens, need.start))
-        return;
+      if (item.kind === 'request' && !request.tierSkip && this._cache.stored(request.tokens, need.start)) return;
       const { cells, leases } = need;
       if (!this._makeRoom(cells, leases, need.entry)) {
         if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
@@ -359,44 +358,8 @@ class Scheduler {
         continue;
       }
       this._queue.shift();
-      if (need.entry && need.start > 0) {
-        if (need.entry.logits) this._kvHits++; // (a restored entry's hit was counted by its tier)
-        if (/** @type {any} */ (item).cacheKey) need.entry.hinted = true;
-      }
+      if (need.entry && need.start > 0) this._cache.startsFrom(need.entry, Boolean(/** @type {any} */ (item).cacheKey));
       this._programs.admit(item, need);
-    }
-  }
-
-  /**
-   * Before admission: a ready request whose prompt starts with a prefix the RAM or disk tier
-   * holds (longer than what the KV cells hold), or else a running program's fresh line waiting
-   * to start with such a text, gets it back into the KV cells as a cache entry,
-   * when the entry and the request fit (evicting least-recently-used entries, which go down a
-   * tier). The entry holds no logits: the request forks it and prefills the rest (at least its
-   * last token). A state that cannot be restored is skipped: the prompt is prefilled.
-   */
-  async _restorePhase() {
-    const tiers = /** @type {CacheTiers} */ (this._tiers);
-    await tiers.scan();
-    // One restore a step, for the first that gains from one: admission pins a request's entry
-    // right after, before another restore could evict it (a restored state shares no cells
-    // with the entries it extends, so two may not fit at once).
-    for (const start of this._restorable()) {
-      if (this._closed) return;
-      const { tokens } = start;
-      const found = tiers.lookup(tokens, this._cache.bestStart(tokens).length);
-      if (!found) continue;
-      const keep = found.tokens.length === tokens.length ? tokens.length - 1 : found.tokens.length;
-      const beside = start.beside(keep);
-      if (!this._makeRoom(keep + beside.cells, beside.leases + 1)) {
-        // Nothing running will give cells back: it never fits restored, admit it as it is.
-        if (start.request && this._programs.size === 0) start.request.tierSkip = true;
-        return;
-      }
-      const restored = await tiers.restore(found, keep);
-      if (!restored) return; // (the entry is gone from the tiers: the next lookup finds less)
-      this._cache.restored(tokens.slice(0, keep), restored.branch).hinted = start.hinted;
-      return;
     }
   }
 
@@ -410,12 +373,14 @@ class Scheduler {
       if (item.state !== 'ready' || item.kind !== 'request') continue;
       const request = /** @type {import('./scheduler/request').RequestProgram} */ (item);
       const beside = (/** @type {number} */ keep) => request.needsFrom(keep);
-      yield { tokens: request.tokens, beside, hinted: Boolean(request.cacheKey), request };
+      // Nothing running will give cells back: it never fits restored, admit it as it is.
+      const unfit = () => void (this._programs.size === 0 && (request.tierSkip = true));
+      yield { tokens: request.tokens, beside, hinted: Boolean(request.cacheKey), unfit };
     }
     for (const [, line] of this._programs.runningLines()) {
       if (line.state !== 'waiting' || line.parent || !line.needed) continue;
       const tokens = line.pending.slice(0, line.pending.length - line.scoring);
-      yield { tokens, beside: () => ({ cells: 0, leases: 0 }), hinted: false, request: null };
+      yield { tokens, beside: () => ({ cells: 0, leases: 0 }), hinted: false, unfit: () => {} };
     }
   }
 
@@ -424,8 +389,7 @@ class Scheduler {
    * beyond what running programs may still take; false if they never are.
    */
   _makeRoom(cells, leases, keep = null) {
-    while (!this._programs.fits(cells, leases)) if (!this._cache.evictOne(keep)) return false;
-    return true;
+    return this._cache.makeRoom('kv', () => this._programs.fits(cells, leases), keep);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -446,7 +410,7 @@ class Scheduler {
         'llama-branch Scheduler: a step needed KV cells that admission had not left free; evicting cached prefixes (please report this)',
       );
     }
-    while (this._store.kvPressure().remaining < cells) if (!this._cache.evictOne()) return;
+    this._cache.makeRoom('kv', () => this._store.kvPressure().remaining >= cells);
   }
 
   /** Prefills up to `prefillChunk` pending tokens of running lines in one batch; returns the count. */

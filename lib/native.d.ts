@@ -197,6 +197,11 @@ export declare class SessionContext {
   /** The identity of the states this context's sequences hold (see `StateIdentity`). */
   _stateIdentity(): StateIdentity
   /**
+   * The size in bytes of the entry file `_prefixFileWrite` writes for `nTokens` tokens and a
+   * state of `stateBytes` bytes (the prefix cache's disk budget counts it before writing).
+   */
+  _prefixFileSize(nTokens: number, stateBytes: number): number
+  /**
    * Writes the prefix `tokens` with its `state` (from `_branchStateSync`) to `path` as a
    * saved-state container, atomically; resolves the file's size. A failed write (a full,
    * read-only or missing folder) rejects with ERR_INVALID_ARG and the system's reason, and

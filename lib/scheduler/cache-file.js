@@ -2,9 +2,10 @@
 
 /**
  * The prefix cache's files: one stored prefix (its tokens and sequence state) per file, and the
- * folder they live in. This is the whole boundary between the cache's policy (./cache-tiers.js)
- * and its saved-state format: `fingerprintOf`, `entryName`, `entrySize`, `writeEntryFile`,
- * `readEntryFile`, `listEntryFiles`, `removeEntryFile`.
+ * folder they live in. This is the whole boundary between the cache's policy (./prefix-cache.js)
+ * and its saved-state format: `fingerprintOf` (./cache-tiers.js), `makeFolder`, `entrySize`,
+ * `writeEntryFile`, `readEntryFile`, `listEntryFiles`, `removeEntryFile` (and `entryName`, for
+ * tests and tools). Files are named by `name` strings the cache only passes back.
  *
  * The format is the one saved-state container that branch tree files use too, written and
  * checked in Rust (src/engine/saved_state/, the entry payload src/engine/prefix_file.rs) by jobs
@@ -32,13 +33,12 @@ const { makeError } = require('../errors');
 const SUFFIX = '.lbkv';
 /** A temporary file older than this was left by a writer that died: removed at the next listing. */
 const STALE_TEMP_MS = 10 * 60 * 1000;
-/** What a file holds besides its tokens and state, at most (its head: fingerprint, section table, checksum). */
-const HEAD_BYTES = 4096;
 
 /**
- * The states a context writes and reads: its native context, whose worker reads and writes the
- * files (checking each file's fingerprint against its own), and `id`, a hash of its
- * fingerprint that names the files. Two contexts with the same `id` read each other's files.
+ * The states a context writes and reads: `native`, its native context, whose worker jobs read
+ * and write the files (`_prefixFileWrite`, `_prefixFileRead`, `_prefixFileTokens`, checking each
+ * file's fingerprint against its own) and `_prefixFileSize`; and `id`, a hash of its fingerprint
+ * that names the files. Two contexts with the same `id` read each other's files.
  * @typedef {{ native: any, id: Buffer }} EntryFingerprint
  */
 
@@ -65,9 +65,14 @@ function entryName(fingerprint, tokens) {
   return hash.digest('hex').slice(0, 40) + SUFFIX;
 }
 
-/** The size in bytes of the file `writeEntryFile` writes for `tokens` and `state`, at most. */
-function entrySize(tokens, state) {
-  return HEAD_BYTES + 4 * tokens.length + state.length;
+/**
+ * The size in bytes of the file `writeEntryFile` writes for `tokens` and `state`.
+ * @param {EntryFingerprint} fingerprint
+ * @param {number[]} tokens
+ * @param {Buffer} state
+ */
+function entrySize(fingerprint, tokens, state) {
+  return fingerprint.native._prefixFileSize(tokens.length, state.length);
 }
 
 /** Creates the cache folder (and its parents) if it is not there; throws the file system's error. */
@@ -109,16 +114,18 @@ async function readEntryFile(file, fingerprint) {
 /**
  * Writes the prefix `tokens` with its `state` to `dir`/`entryName(...)` durably, on the
  * context's worker: a temporary file, fsynced, renamed into place, the folder fsynced. Resolves
- * the file's size in bytes; rejects with the file system's reason (a disk filling up, a
+ * the file's name and size in bytes; rejects with the file system's reason (a disk filling up, a
  * read-only or deleted folder), having removed its temporary file.
  * @param {string} dir
  * @param {EntryFingerprint} fingerprint
  * @param {number[]} tokens
  * @param {Buffer} state
- * @returns {Promise<number>}
+ * @returns {Promise<{ name: string, size: number }>}
  */
 async function writeEntryFile(dir, fingerprint, tokens, state) {
-  return fingerprint.native._prefixFileWrite(path.join(dir, entryName(fingerprint, tokens)), tokens, state);
+  const name = entryName(fingerprint, tokens);
+  const size = await fingerprint.native._prefixFileWrite(path.join(dir, name), tokens, state);
+  return { name, size };
 }
 
 /** Removes `dir`/`name` if it is there (another process may have removed it already). */

@@ -10,7 +10,28 @@ const defaults = require('../defaults');
 const { positiveInt, invalid } = require('./checks');
 const { DraftModel } = require('../speculative');
 const { checkSpeculative, StepCost } = require('./speculation');
-const { parseBytes } = require('./cache-tiers');
+const { makeError } = require('../errors');
+
+const UNITS = { b: 1, k: 1e3, kb: 1e3, kib: 1024, m: 1e6, mb: 1e6, mib: 1024 ** 2, g: 1e9, gb: 1e9, gib: 1024 ** 3 };
+Object.assign(UNITS, { t: 1e12, tb: 1e12, tib: 1024 ** 4 });
+
+/**
+ * A size in bytes from a number or a string such as '2GiB', '512MiB', '20GB', '1.5g'.
+ * @param {unknown} value
+ * @param {string} name the option, for the error
+ * @returns {number}
+ */
+function parseBytes(value, name) {
+  if (typeof value === 'number' && Number.isFinite(value) && value >= 0) return Math.floor(value);
+  const m = typeof value === 'string' ? /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/i.exec(value) : null;
+  const unit = m ? UNITS[(m[2] || 'b').toLowerCase()] : undefined;
+  if (!m || unit === undefined)
+    throw makeError(
+      'ERR_INVALID_ARG',
+      `${name} must be a size in bytes: a number or a string such as '2GiB' or '500MB'`,
+    );
+  return Math.floor(Number(m[1]) * unit);
+}
 
 /**
  * The checked options of a scheduler on `ctx` (`options` is an object; see SchedulerOptions).
@@ -56,4 +77,4 @@ function cacheTiers(o) {
   return { ramBytes, dir, diskBytes, warn };
 }
 
-module.exports = { schedulerOptions };
+module.exports = { schedulerOptions, parseBytes };

@@ -125,19 +125,28 @@ class RadixTree {
    * - `shared`: how many leading tokens of `tokens` some stored sequence has, and one value
    *   (under the deepest matched path) holding at least that many of them: the candidate for a
    *   partial fork (`forkAt`). It is at least as long as `prefix`.
+   * Only values `accept` takes count (the prefix cache's: entries of one tier).
+   * @param {number[]} tokens
+   * @param {(value: any) => boolean} [accept]
    */
-  match(tokens) {
+  match(tokens, accept = () => true) {
     const { node, matched, below } = this._walk(tokens);
-    let prefix = null;
-    for (let n = node; n; n = n.parent) {
-      if (n.value !== null) {
-        prefix = { value: n.value, length: n.depth };
-        break;
-      }
-    }
-    const holder = matched > 0 ? firstValueIn(below || node) : null;
+    const prefix = this.longestPrefix(tokens, accept, node);
+    const holder = matched > 0 ? firstValueIn(below || node, accept) : null;
     const shared = holder ? { value: holder, length: matched } : prefix;
     return { prefix, shared };
+  }
+
+  /**
+   * The value `accept` takes under the longest sequence that is a prefix of `tokens` (`tokens`
+   * itself included), with its `length`; null when none. `from`: where `tokens` leads (a walk done).
+   * @param {number[]} tokens
+   * @param {(value: any) => boolean} [accept]
+   */
+  longestPrefix(tokens, accept = () => true, from = this._walk(tokens).node) {
+    for (let n = from; n; n = n.parent)
+      if (n.value !== null && accept(n.value)) return { value: n.value, length: n.depth };
+    return null;
   }
 
   /** Every stored value. */
@@ -151,11 +160,11 @@ class RadixTree {
   }
 }
 
-/** A value stored at `node` or anywhere below it (the shallowest one found first). */
-function firstValueIn(node) {
+/** A value `accept` takes stored at `node` or anywhere below it (the shallowest one found first). */
+function firstValueIn(node, accept) {
   const queue = [node];
   for (let i = 0; i < queue.length; i++) {
-    if (queue[i].value !== null) return queue[i].value;
+    if (queue[i].value !== null && accept(queue[i].value)) return queue[i].value;
     for (const c of queue[i].children.values()) queue.push(c);
   }
   return null;

@@ -8,7 +8,9 @@
 //! ```
 
 use super::fingerprint::Fingerprint;
-use super::saved_state::{container_bytes, parse_container, read_section, Payload, Reader};
+use super::saved_state::{
+    container_bytes, container_size, parse_container, read_section, Payload, Reader,
+};
 use crate::error::Result;
 use crate::llama::Token;
 
@@ -19,6 +21,15 @@ pub fn prefix_file_bytes(fingerprint: &Fingerprint, tokens: &[Token], state: &[u
         Payload::Prefix,
         fingerprint,
         &[("tokens", &tokens), ("state", state)],
+    )
+}
+
+/// The size of the file `prefix_file_bytes` writes for `n_tokens` tokens and `state_len` bytes.
+pub fn prefix_file_size(fingerprint: &Fingerprint, n_tokens: usize, state_len: usize) -> usize {
+    container_size(
+        Payload::Prefix,
+        fingerprint,
+        &[("tokens", 4 * n_tokens), ("state", state_len)],
     )
 }
 
@@ -86,6 +97,7 @@ mod tests {
     #[test]
     fn an_entry_round_trips_and_its_tokens_are_checked() {
         let bytes = prefix_file_bytes(&fp(), &[5, 6, 7], b"state bytes");
+        assert_eq!(prefix_file_size(&fp(), 3, 11), bytes.len());
         let (tokens, state) = parse_prefix_file("f", &bytes, &LIMITS, &fp()).unwrap();
         assert_eq!((tokens, state), (vec![5, 6, 7], b"state bytes".to_vec()));
         let small = PrefixLimits {

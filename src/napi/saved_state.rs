@@ -12,7 +12,7 @@ use super::convert::{Arg, Result};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::kv_types::KvConfig;
 use crate::engine::prefix_file::{
-    parse_prefix_file, prefix_file_bytes, read_prefix_tokens, PrefixLimits,
+    parse_prefix_file, prefix_file_bytes, prefix_file_size, read_prefix_tokens, PrefixLimits,
 };
 use crate::engine::saved_state::{check_path, read_file, write_atomically};
 use crate::error::Error;
@@ -77,6 +77,18 @@ impl SessionContext {
             state_format: fingerprint.state_format,
             kv: fingerprint.kv,
         })
+    }
+
+    /// The size in bytes of the entry file `_prefixFileWrite` writes for `nTokens` tokens and a
+    /// state of `stateBytes` bytes (the prefix cache's disk budget counts it before writing).
+    #[napi(js_name = "_prefixFileSize")]
+    pub fn _prefix_file_size(&self, n_tokens: u32, state_bytes: f64) -> f64 {
+        let fingerprint = fingerprint_of(&self.model, &self.info.kv);
+        prefix_file_size(
+            &fingerprint,
+            n_tokens as usize,
+            state_bytes.max(0.0) as usize,
+        ) as f64
     }
 
     /// Writes the prefix `tokens` with its `state` (from `_branchStateSync`) to `path` as a

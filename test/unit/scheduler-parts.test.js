@@ -1,20 +1,19 @@
 'use strict';
 
-// The Scheduler's parts that need no model: the radix index, stop strings, the prefix cache's
-// policy (pins, LRU, eviction, part-way forks), the request life cycle and admission, the
-// Scheduler's options and its step events, the decode phase's rows.
+// The Scheduler's parts that need no model: the radix index, stop strings, the request life
+// cycle and admission, the Scheduler's options and its step events, the decode phase's rows (the
+// prefix cache: ./prefix-cache.test.js).
 
 const assert = require('node:assert/strict');
 const { RadixTree } = require('../../lib/scheduler/radix');
 const { StopMatcher } = require('../../lib/scheduler/stops');
-const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-cache');
+const { PrefixCache } = require('../../lib/scheduler/prefix-cache');
 const { RequestProgram } = require('../../lib/scheduler/request');
 const { SchedulerEvents } = require('../../lib/scheduler/events');
-const { schedulerOptions } = require('../../lib/scheduler/options');
+const { schedulerOptions, parseBytes } = require('../../lib/scheduler/options');
 const { StepCost, DraftLength } = require('../../lib/scheduler/speculation');
 const { produceAll, commitRows } = require('../../lib/scheduler/rows');
 const { Programs } = require('../../lib/scheduler/programs');
-const { parseBytes } = require('../../lib/scheduler/cache-tiers');
 
 /** A stand-in for a Branch: a position and a prune that records itself. */
 function fakeBranch(position, pruned) {
@@ -34,8 +33,6 @@ function fakeBranch(position, pruned) {
     },
   };
 }
-
-const range = (from, to) => Array.from({ length: to - from }, (_, i) => from + i);
 
 describe('Scheduler parts (no model)', () => {
   it('RadixTree: longest cached prefix, shared runs, splits and deletes', () => {
@@ -82,109 +79,6 @@ describe('Scheduler parts (no model)', () => {
     assert.equal(open.text, 'a ##');
     const none = new StopMatcher([]);
     assert.equal(none.push('abc'), 'abc');
-  });
-
-  describe('PrefixCache', () => {
-    it('bestStart: the longest whole entry, or a long enough shared run forked part-way', () => {
-      const pruned = [];
-      const cache = new PrefixCache();
-      const system = range(0, 40);
-      cache.filled(cache.open(system, fakeBranch(40, pruned)));
-      const long = [...system, ...range(100, 130)];
-      cache.filled(cache.open(long, fakeBranch(70, pruned)));
-      let start = cache.bestStart([...system, 7, 8]);
-      assert.deepEqual([start.entry.tokens, start.length, start.partial], [system, 40, false]);
-      start = cache.bestStart([...system, ...range(100, 120), 5]);
-      assert.deepEqual([start.entry.tokens, start.length, start.partial], [long, 60, true]);
-      // A prompt wholly inside an entry forks it one token short: a part-way fork has no logits.
-      start = cache.bestStart([...system, ...range(100, 120)]);
-      assert.deepEqual([start.entry.tokens, start.length, start.partial], [long, 59, true]);
-      // A shared run shorter than MIN_PARTIAL_REUSE is not worth pinning an unrelated entry.
-      const other = range(500, 540);
-      cache.filled(cache.open(other, fakeBranch(40, pruned)));
-      start = cache.bestStart([...range(500, 500 + MIN_PARTIAL_REUSE - 1), 9]);
-      assert.deepEqual([start.entry, start.length], [null, 0]);
-      start = cache.bestStart([...range(500, 500 + MIN_PARTIAL_REUSE), 9]);
-      assert.deepEqual([start.entry.tokens, start.length, start.partial], [other, MIN_PARTIAL_REUSE, true]);
-    });
-
-    it('bestStart: no part-way fork of a branch past the sliding window', () => {
-      const cache = new PrefixCache({ slidingWindow: 32 });
-      cache.filled(cache.open(range(0, 40), fakeBranch(40, [])));
-      const start = cache.bestStart([...range(0, 20), 999]);
-      assert.deepEqual([start.entry, start.length], [null, 0]);
-    });
-
-    it('a restored entry (no logits) is never used whole: its last token is decoded again', () => {
-      const cache = new PrefixCache({ slidingWindow: 64 });
-      const tokens = range(0, 40);
-      cache.restored(tokens, fakeBranch(40, []));
-      let start = cache.bestStart(tokens);
-      assert.deepEqual([start.entry.tokens, start.length, start.partial], [tokens, 39, true]);
-      start = cache.bestStart([...tokens, 5]); // a longer prompt forks it whole and prefills the rest
-      assert.deepEqual([start.length, start.partial], [40, false]);
-      // Past the sliding window it cannot be forked part-way: the prompt is prefilled.
-      const past = new PrefixCache({ slidingWindow: 32 });
-      past.restored(tokens, fakeBranch(40, []));
-      assert.equal(past.bestStart(tokens).entry, null);
-    });
-
-    it('evictUntil: entries a client asked to keep warm go after all others; evicted ones go down a tier', () => {
-      const pruned = [];
-      const kept = [];
-      const tiers = { keep: (tokens, branch, hinted) => kept.push([tokens[0], hinted]) };
-      const cache = new PrefixCache({ tiers });
-      const [a, b, c] = [1, 2, 3].map((k) => cache.open([k], fakeBranch(1, pruned)));
-      for (const e of [a, b, c]) cache.filled(e);
-      a.hinted = true;
-      for (const e of [a, b, c]) cache.unpin(cache.pin(e)); // a is the least recently used
-      assert.equal(cache.leastRecentlyUsed(), b);
-      cache.evictUntil(() => pruned.length >= 2);
-      assert.deepEqual(pruned, [b.branch, c.branch]);
-      assert.deepEqual(kept, [
-        [2, false],
-        [3, false],
-      ]);
-    });
-
-    it('evictUntil: least recently used first, never a pinned, unfilled or kept entry', () => {
-      const pruned = [];
-      const cache = new PrefixCache();
-      const [a, b, c, d] = [1, 2, 3, 4].map((k) => cache.open([k], fakeBranch(1, pruned)));
-      for (const e of [a, b, c]) cache.filled(e); // d is still being prefilled
-      cache.unpin(cache.pin(a)); // used first
-      cache.unpin(cache.pin(b)); // used after a
-      cache.pin(c); // in use
-      assert.equal(cache.leastRecentlyUsed(), a);
-      assert.equal(
-        cache.evictUntil(() => pruned.length >= 1),
-        true,
-      );
-      assert.deepEqual(pruned, [a.branch]);
-      assert.equal(
-        cache.evictUntil(() => pruned.length >= 3),
-        false,
-        'c is pinned and d unfilled: only b could go',
-      );
-      assert.deepEqual(pruned, [a.branch, b.branch]);
-      assert.deepEqual(
-        [...cache.entries()].sort((x, y) => x.tokens[0] - y.tokens[0]),
-        [c, d],
-      );
-      cache.unpin(c);
-      assert.equal(
-        cache.evictUntil(() => false, c),
-        false,
-        'the entry a request is about to fork is kept',
-      );
-      assert.equal(cache.size, 2);
-      assert.equal(c.pins, 0, 'keeping it does not leave a pin behind');
-      cache.evict(d, false); // an unfilled entry whose request ended: not an eviction
-      assert.equal(cache.evictions, 2);
-      cache.clear();
-      assert.equal(cache.size, 0);
-      assert.equal(pruned.length, 4);
-    });
   });
 
   describe('RequestProgram', () => {

@@ -107,6 +107,21 @@ pub fn container_bytes(
     w.0
 }
 
+/// The size of the file `container_bytes` makes for sections of these (name, length)s.
+pub fn container_size(
+    payload: Payload,
+    fingerprint: &Fingerprint,
+    sections: &[(&str, usize)],
+) -> usize {
+    let str_len = |s: &str| 4 + s.len();
+    let head = MAGIC.len() + 4 + str_len(payload.tag()) + 8 + str_len(&fingerprint.model_name) + 4;
+    let table: usize = sections
+        .iter()
+        .map(|(name, len)| str_len(name) + 8 + len)
+        .sum();
+    head + str_len(&fingerprint.kv) + 4 + table + 8
+}
+
 /// A container's head: its fingerprint and where each section lies in the file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Head {
@@ -380,6 +395,11 @@ mod tests {
     #[test]
     fn sections_round_trip() {
         let bytes = sample();
+        let sizes = [("tokens", 4), ("state", 100), ("empty", 0)];
+        assert_eq!(
+            container_size(Payload::Prefix, &fp("typeK=f16"), &sizes),
+            bytes.len()
+        );
         let s = parse(&bytes).unwrap();
         assert_eq!(s.reader("tokens").unwrap().take(4).unwrap(), &[1, 2, 3, 4]);
         let mut state = s.reader("state").unwrap();
