@@ -1,23 +1,14 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const {
-  nativeOf,
-  wrapFreed,
-  registerBranch,
-  subtreeOf,
-  isDisposed,
-  markDisposed,
-  setRootBranchFactory,
-  setBranchWrapperFactory,
-} = require('./Context');
+const { nativeOf, wrapFreed, registerBranch, subtreeOf, isDisposed, markDisposed } = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 const { traceOf, traced } = require('./trace');
-const { BranchStore } = require('./BranchStore');
-const { generate } = require('./scheduler/speculation');
+const { generate } = require('./decode/generate');
 
 /**
  * @typedef {import('./Context').SessionContext} SessionContext
+ * @typedef {import('./BranchStore').BranchStore} BranchStore
  * @typedef {import('./types').SamplingParams} SamplingParams
  * @typedef {import('./types').OperationOptions} OperationOptions
  * @typedef {import('./types').Produced} Produced
@@ -117,17 +108,6 @@ class Branch {
     const p = grammar ? { ...(params || {}), grammar } : params || undefined;
     const handle = native._branchCreate(position, p, nBatch == null ? undefined : nBatch, seqId);
     return new Branch(ctx, handle, 0);
-  }
-
-  /**
-   * The wrapper of a branch the native side made (a restored tree), for BranchStore.js.
-   * @param {SessionContext} ctx
-   * @param {number} handle
-   * @param {number} parent the parent's handle, 0 for a root
-   * @returns {Branch}
-   */
-  static _wrap(ctx, handle, parent) {
-    return new Branch(ctx, handle, parent);
   }
 
   /** The native context, or the coded error for a freed branch. */
@@ -516,7 +496,7 @@ class Branch {
    */
   async generate(options) {
     this._live();
-    return generate(this, this._ctx, new BranchStore(this._ctx), options);
+    return generate(this, this._ctx, options);
   }
 
   /**
@@ -534,7 +514,15 @@ class Branch {
   }
 }
 
-setRootBranchFactory((ctx, position, params) => Branch.create(ctx, position, params));
-setBranchWrapperFactory((ctx, handle, parent) => Branch._wrap(ctx, handle, parent));
+/**
+ * The wrapper of a branch the native side made (a restored tree: BranchStore.restoreTree).
+ * @param {SessionContext} ctx
+ * @param {number} handle
+ * @param {number} parent the parent's handle, 0 for a root
+ * @returns {Branch}
+ */
+function adoptBranch(ctx, handle, parent) {
+  return /** @type {Branch} */ (new /** @type {any} */ (Branch)(ctx, handle, parent)); // the constructor is private to users
+}
 
-module.exports = { Branch };
+module.exports = { Branch, adoptBranch };

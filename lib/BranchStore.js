@@ -1,9 +1,9 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const { nativeOf, wrapFreed, branchHandle, wrapBranch, wrapperOf } = require('./Context');
-const { runCancellable, signalOf } = require('./cancel');
-const { traced } = require('./trace');
+const { nativeOf, wrapFreed, branchHandle, wrapperOf } = require('./Context');
+const { adoptBranch } = require('./Branch');
+const batch = require('./decode/batch');
 
 /**
  * @typedef {import('./types').OperationOptions} OperationOptions
@@ -26,40 +26,6 @@ class BranchStore {
   }
 
   /**
-   * The branch's handle; the native side tells a foreign or freed branch apart.
-   * @param {unknown} b
-   * @param {string} where
-   */
-  _branch(b, where) {
-    return branchHandle(this._ctx, b, where);
-  }
-
-  /**
-   * @param {unknown} entries
-   * @param {string} where
-   * @param {boolean} [third] whether an entry may carry a third element (prefill's score start)
-   * @returns {{ handles: number[], values: any[], extras: any[] }}
-   */
-  _entries(entries, where, third = false) {
-    if (!Array.isArray(entries))
-      throw makeError('ERR_INVALID_ARG', `${where}: expected an array of [branch, value] pairs`);
-    const handles = [];
-    const values = [];
-    const extras = [];
-    for (const e of entries) {
-      if (!Array.isArray(e) || !(e.length === 2 || (third && e.length === 3)))
-        throw makeError(
-          'ERR_INVALID_ARG',
-          `${where}: each entry must be a [branch, value${third ? ', option?' : ''}] ${third ? 'tuple' : 'pair'}`,
-        );
-      handles.push(this._branch(e[0], where));
-      values.push(e[1]);
-      extras.push(e.length === 3 ? e[2] : undefined);
-    }
-    return { handles, values, extras };
-  }
-
-  /**
    * `[[branch, token], ...]`: accepts each token into its branch, then ONE decode for all of them.
    * All-or-nothing (also when `options.signal` aborts it). Each branch may appear once; at most
    * `ctx.nBatch` entries.
@@ -68,14 +34,7 @@ class BranchStore {
    * @returns {Promise<void>}
    */
   async commit(entries, options) {
-    const { handles, values } = this._entries(entries, 'BranchStore.commit');
-    const signal = signalOf(options, 'BranchStore.commit');
-    if (handles.length === 0) return runCancellable({ signal }, 'BranchStore.commit', () => Promise.resolve());
-    const native = nativeOf(this._ctx);
-    const done = runCancellable({ signal }, 'BranchStore.commit', (cancel) =>
-      native._storeCommit(handles, values, cancel),
-    );
-    return traced(this._ctx, done, (trace) => entries.forEach(([b, token]) => trace.grew(b, [token], true)));
+    return batch.commit(this._ctx, entries, options, 'BranchStore.commit');
   }
 
   /**
@@ -95,28 +54,7 @@ class BranchStore {
    * @returns {Promise<import('./types').VerifiedDraft[]>}
    */
   async commitDrafts(entries, options) {
-    const where = 'BranchStore.commitDrafts';
-    if (!Array.isArray(entries))
-      throw makeError('ERR_INVALID_ARG', `${where}: expected an array of [branch, token, draft] entries`);
-    const handles = [];
-    const tokens = [];
-    const drafts = [];
-    for (const e of entries) {
-      if (!Array.isArray(e) || e.length !== 3 || !Array.isArray(e[2]))
-        throw makeError('ERR_INVALID_ARG', `${where}: each entry must be [branch, token, draft], draft an array`);
-      handles.push(this._branch(e[0], where));
-      tokens.push(e[1]);
-      drafts.push(e[2]);
-    }
-    const signal = signalOf(options, where);
-    if (handles.length === 0) return runCancellable({ signal }, where, () => Promise.resolve([]));
-    const native = nativeOf(this._ctx);
-    const done = runCancellable({ signal }, where, (cancel) =>
-      native._storeCommitDrafts(handles, tokens, drafts, cancel),
-    );
-    return traced(this._ctx, done, (trace, verified) =>
-      entries.forEach(([b, token], i) => trace.grew(b, [token, ...verified[i].accepted.map((p) => p.token)], true)),
-    );
+    return batch.commitDrafts(this._ctx, entries, options, 'BranchStore.commitDrafts');
   }
 
   /**
@@ -134,7 +72,9 @@ class BranchStore {
    * @returns {Promise<Array<number | null>>}
    */
   async prefill(entries, options) {
-    return this._prefill(entries, options, 'BranchStore.prefill');
+    return /** @type {Promise<Array<number | null>>} */ (
+      batch.prefill(this._ctx, entries, options, 'BranchStore.prefill')
+    );
   }
 
   /**
@@ -151,7 +91,7 @@ class BranchStore {
     if (!Array.isArray(entries))
       throw makeError('ERR_INVALID_ARG', 'BranchStore.score: expected an array of [branch, tokens] pairs');
     const scored = entries.map((e) => (Array.isArray(e) && e.length === 2 ? [e[0], e[1], 0] : e));
-    return /** @type {Promise<number[]>} */ (this._prefill(scored, options, 'BranchStore.score'));
+    return /** @type {Promise<number[]>} */ (batch.prefill(this._ctx, scored, options, 'BranchStore.score'));
   }
 
   /**
@@ -164,29 +104,9 @@ class BranchStore {
    * @returns {Promise<Array<number[] | null>>}
    */
   async scorePerToken(entries, options) {
-    return this._prefill(entries, options, 'BranchStore.scorePerToken', true);
-  }
-
-  async _prefill(entries, options, where, perToken = false) {
-    const { handles, values, extras } = this._entries(entries, where, true);
-    for (const v of values) {
-      if (!Array.isArray(v)) throw makeError('ERR_INVALID_ARG', `${where}: each value must be an array of token ids`);
-    }
-    for (const [i, from] of extras.entries()) {
-      if (from !== undefined && !(Number.isInteger(from) && from >= 0 && from < values[i].length))
-        throw makeError(
-          'ERR_INVALID_ARG',
-          `${where}: a score start must be an index into the entry's ${values[i].length} tokens, got ${String(from)}`,
-        );
-    }
-    const signal = signalOf(options, where);
-    if (handles.length === 0) return runCancellable({ signal }, where, () => Promise.resolve([]));
-    const native = nativeOf(this._ctx);
-    const scoreFrom = extras.some((e) => e !== undefined) ? extras.map((e) => (e === undefined ? null : e)) : undefined;
-    const done = runCancellable({ signal }, where, (cancel) =>
-      native._storePrefill(handles, values, cancel, scoreFrom),
-    ).then((scores) => (perToken ? scores : scores.map((s) => (s === null ? null : s.reduce((a, b) => a + b, 0)))));
-    return traced(this._ctx, done, (trace) => entries.forEach(([b, tokens]) => trace.grew(b, tokens, false)));
+    return /** @type {Promise<Array<number[] | null>>} */ (
+      batch.prefill(this._ctx, entries, options, 'BranchStore.scorePerToken', true)
+    );
   }
 
   /**
@@ -195,10 +115,7 @@ class BranchStore {
    * @returns {import('./types').Produced[]}
    */
   produce(branches) {
-    if (!Array.isArray(branches))
-      throw makeError('ERR_INVALID_ARG', 'BranchStore.produce: expected an array of branches');
-    const handles = branches.map((b) => this._branch(b, 'BranchStore.produce'));
-    return nativeOf(this._ctx)._storeProduce(handles);
+    return batch.produce(this._ctx, branches, 'BranchStore.produce');
   }
 
   /**
@@ -208,7 +125,7 @@ class BranchStore {
    * @returns {Promise<void>}
    */
   async retainOnly(winner) {
-    const h = this._branch(winner, 'BranchStore.retainOnly');
+    const h = branchHandle(this._ctx, winner, 'BranchStore.retainOnly');
     wrapFreed(this._ctx, await nativeOf(this._ctx)._storeRetainOnly(h));
   }
 
@@ -231,7 +148,7 @@ class BranchStore {
    */
   async saveTree(root, path, options) {
     const where = 'BranchStore.saveTree';
-    const h = this._branch(root, where);
+    const h = branchHandle(this._ctx, root, where);
     if (typeof path !== 'string' || path === '')
       throw makeError('ERR_INVALID_ARG', `${where}(root, path, options?): path must be a non-empty file path`);
     if (options != null && typeof options !== 'object')
@@ -271,7 +188,7 @@ class BranchStore {
     const branches = [];
     restored.handles.forEach((handle, i) => {
       const parent = restored.parents[i] < 0 ? 0 : restored.handles[restored.parents[i]];
-      branches.push(wrapBranch(ctx, handle, parent));
+      branches.push(adoptBranch(ctx, handle, parent));
     });
     return { root: branches[0], branches, parents: restored.parents, meta: restored.meta, bytes: restored.bytes };
   }

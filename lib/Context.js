@@ -890,49 +890,6 @@ function subtreeOf(ctx, handle) {
 }
 
 /**
- * How modules below Branch.js make a root branch (the draft model's lines in lib/speculative.js,
- * which Branch.generate itself depends on): Branch.js registers `Branch.create` as it loads, so
- * those modules need not require it (that would be an import cycle).
- * @type {((ctx: SessionContext, position: number, params?: object) => any) | null}
- */
-let rootBranchFactory = null;
-
-/** @param {(ctx: SessionContext, position: number, params?: object) => any} factory */
-function setRootBranchFactory(factory) {
-  rootBranchFactory = factory;
-}
-
-/**
- * A root branch on a free sequence of `ctx` at `position` (see Branch.create).
- * @param {SessionContext} ctx @param {number} position @param {object} [params]
- */
-function createRootBranch(ctx, position, params) {
-  if (!rootBranchFactory) throw makeError('ERR_INTERNAL', 'lib/Branch.js was not loaded');
-  return rootBranchFactory(ctx, position, params);
-}
-
-/**
- * How BranchStore.js wraps branches the native side made (a restored tree): Branch.js registers
- * its constructor as it loads, so BranchStore.js need not require it (an import cycle).
- * @type {((ctx: SessionContext, handle: number, parent: number) => any) | null}
- */
-let wrapperFactory = null;
-
-/** @param {(ctx: SessionContext, handle: number, parent: number) => any} factory */
-function setBranchWrapperFactory(factory) {
-  wrapperFactory = factory;
-}
-
-/**
- * A Branch wrapper for native branch `handle` of `ctx`, a child of `parent` (0 for a root).
- * @param {SessionContext} ctx @param {number} handle @param {number} parent
- */
-function wrapBranch(ctx, handle, parent) {
-  if (!wrapperFactory) throw makeError('ERR_INTERNAL', 'lib/Branch.js was not loaded');
-  return wrapperFactory(ctx, handle, parent);
-}
-
-/**
  * The live wrapper of native branch `handle` on `ctx`, or null when it was garbage-collected
  * (its branch is being freed).
  * @param {SessionContext} ctx @param {number} handle
@@ -989,10 +946,6 @@ module.exports = {
   markDisposed,
   branchHandle,
   branchContext,
-  setRootBranchFactory,
-  createRootBranch,
-  setBranchWrapperFactory,
-  wrapBranch,
   wrapperOf,
   release,
 };

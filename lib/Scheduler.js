@@ -28,12 +28,12 @@ const { BranchStore } = require('./BranchStore');
 const { jsonSchemaToGrammar } = require('./schema');
 const { schedulerOptions } = require('./scheduler/options');
 const { PrefixCache } = require('./scheduler/prefix-cache');
-const { RequestProgram } = require('./scheduler/request');
+const { requestProgram } = require('./scheduler/request');
 const { invalid } = require('./scheduler/checks');
 const { SystemPrompts } = require('./scheduler/system-prompts');
 const { Generation } = require('./scheduler/generation');
 const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
-const { RunProgram } = require('./scheduler/run');
+const { runProgram } = require('./scheduler/run');
 const { Programs } = require('./scheduler/programs');
 const { SchedulerEvents } = require('./scheduler/events');
 const { decide } = require('./scheduler/decide');
@@ -105,9 +105,9 @@ class Scheduler {
    */
   generate(request) {
     try {
-      const p = new RequestProgram(request, this._env);
-      this._enqueue(p);
-      return p.generation;
+      const { program, generation } = requestProgram(request, this._env);
+      this._enqueue(program);
+      return generation;
     } catch (e) {
       return Generation.failed(e);
     }
@@ -126,9 +126,9 @@ class Scheduler {
    */
   run(program, options = {}) {
     try {
-      const p = new RunProgram(program, options, this._env);
+      const { program: p, promise } = runProgram(program, options, this._env);
       this._enqueue(p);
-      return p.promise;
+      return promise;
     } catch (e) {
       return Promise.reject(e);
     }
@@ -158,10 +158,7 @@ class Scheduler {
     } else if (this._queue.length >= this._options.maxQueue) {
       item.reject(queueFullError(this._options.maxQueue));
     } else {
-      if (item.signal) {
-        item.onAbort = () => this._abort(item);
-        item.signal.addEventListener('abort', item.onAbort, { once: true });
-      }
+      item.listen(() => this._abort(item));
       this._queue.push(item);
       this._kick();
     }
@@ -190,7 +187,7 @@ class Scheduler {
     const c = this._counters;
     const p = this._programs;
     const tiers = this._cache.tierStats();
-    const requests = p.list.filter((program) => program.kind === 'request').length;
+    const requests = p.list.filter((program) => program.countsAsRunning).length;
     return {
       running: requests,
       programs: p.size - requests,
@@ -248,7 +245,7 @@ class Scheduler {
 
   /** A program settled: a request that resolved counts as completed (`stats().completed`). */
   _ended(item) {
-    if (item.kind === 'request' && item.state === 'done') this._counters.completed++;
+    if (item.countsAsRunning && item.state === 'done') this._counters.completed++;
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -343,13 +340,12 @@ class Scheduler {
     while (this._queue.length > 0) {
       const item = this._queue[0];
       if (item.state !== 'ready') return;
-      const running = this._programs.list.filter((p) => p.kind === 'request').length;
-      if (item.kind === 'request' && running >= this._options.maxRunning) return;
+      const running = this._programs.list.filter((p) => p.countsAsRunning).length;
+      if (item.countsAsRunning && running >= this._options.maxRunning) return;
       const need = item.needs(this._cache);
       // A prompt the RAM or disk tier holds more of waits for its restore (one a step) rather
       // than being prefilled from a shorter start now.
-      const request = /** @type {any} */ (item);
-      if (item.kind === 'request' && !request.tierSkip && this._cache.stored(request.tokens, need.start)) return;
+      if (item.restoreKey && this._cache.stored(item.restoreKey, need.start)) return;
       const { cells, leases } = need;
       if (!this._makeRoom(cells, leases, need.entry)) {
         if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
@@ -358,7 +354,7 @@ class Scheduler {
         continue;
       }
       this._queue.shift();
-      if (need.entry && need.start > 0) this._cache.startsFrom(need.entry, Boolean(/** @type {any} */ (item).cacheKey));
+      if (need.entry && need.start > 0) this._cache.startsFrom(need.entry, item.hinted);
       this._programs.admit(item, need);
     }
   }
@@ -370,12 +366,13 @@ class Scheduler {
    */
   *_restorable() {
     for (const item of this._queue.slice()) {
-      if (item.state !== 'ready' || item.kind !== 'request') continue;
-      const request = /** @type {import('./scheduler/request').RequestProgram} */ (item);
-      const beside = (/** @type {number} */ keep) => request.needsFrom(keep);
-      // Nothing running will give cells back: it never fits restored, admit it as it is.
-      const unfit = () => void (this._programs.size === 0 && (request.tierSkip = true));
-      yield { tokens: request.tokens, beside, hinted: Boolean(request.cacheKey), unfit };
+      if (item.state !== 'ready' || !item.restoreKey) continue;
+      const beside = (/** @type {number} */ keep) => item.needsFrom(keep);
+      const unfit = () => {
+        // Nothing running will give cells back: it never fits restored, admit it as it is.
+        if (this._programs.size === 0) item.skipRestore();
+      };
+      yield { tokens: item.restoreKey, beside, hinted: item.hinted, unfit };
     }
     for (const [, line] of this._programs.runningLines()) {
       if (line.state !== 'waiting' || line.parent || !line.needed) continue;
@@ -385,7 +382,7 @@ class Scheduler {
   }
 
   /**
-   * Evicts least-recently-used cached prefixes (never `keep`) until `cells` and `leases` are free
+   * Demotes least-recently-used cached prefixes (never `keep`) until `cells` and `leases` are free
    * beyond what running programs may still take; false if they never are.
    */
   _makeRoom(cells, leases, keep = null) {

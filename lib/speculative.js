@@ -5,8 +5,12 @@
  * tokens that may follow a branch's sampled token; `BranchStore.commitDrafts` commits the token
  * and verifies the draft in ONE decode with a row per token, keeping the longest prefix the
  * branch's own sampler agrees with. This module holds the draft sources behind one small
- * interface; lib/scheduler/speculation.js holds the adaptive draft length and the loop
- * `Branch.generate` runs.
+ * interface; lib/decode/speculation.js holds the adaptive draft length and lib/decode/generate.js
+ * the loop `Branch.generate` runs.
+ *
+ * A draft model's lines are branches of the draft context that never reach a user, so they are
+ * native branch handles driven here directly (no Branch wrappers): this module sits below
+ * Branch.js, whose `generate` may be given `{ draft: ctx }`.
  *
  * A source's `open(history)` returns a drafter for one line of generation:
  * `{ draft(token, k) → number[] | Promise<number[]>, accept(tokens), close(), prepare?() }` —
@@ -18,8 +22,7 @@
  */
 
 const { makeError } = require('./errors');
-const { BranchStore } = require('./BranchStore');
-const { createRootBranch, release } = require('./Context');
+const { nativeOf } = require('./Context');
 
 /** The error code this module adds to the package's contract. */
 const SpeculativeErrorCode = Object.freeze({
@@ -120,6 +123,33 @@ class LookupDrafter {
   close() {}
 }
 
+/** The draft context's lines sample greedily. */
+const GREEDY = Object.freeze({ temperature: 0 });
+
+/**
+ * Frees native branch `handle` of `ctx` in call order, never surfacing a failure: the branch may
+ * be gone already (the context disposed, or freed by a `retainOnly` on the draft context).
+ * @param {any} ctx @param {number | null} handle
+ */
+function free(ctx, handle) {
+  if (handle === null || ctx.disposed) return;
+  try {
+    nativeOf(ctx)
+      ._branchPrune(handle)
+      .catch(() => {});
+  } catch {
+    // already unusable: nothing left to free
+  }
+}
+
+/** A drafter dropped without `close()` still frees its draft branches. */
+const unclosed = new FinalizationRegistry(
+  (/** @type {{ ctx: any, held: { base: number | null, scratch: number | null } }} */ { ctx, held }) => {
+    free(ctx, held.scratch);
+    free(ctx, held.base);
+  },
+);
+
 /**
  * A draft model: a second, smaller context on a model with the same vocabulary drafts greedily
  * (one decode per draft token, batched over every line that drafts in a step). Its context needs
@@ -127,15 +157,15 @@ class LookupDrafter {
  */
 class DraftModel {
   /**
+   * Throws `ERR_INVALID_ARG` for a non-context, `ERR_CONTEXT_DISPOSED` for a disposed one.
    * @param {import('./Context').SessionContext} draftCtx
    * @param {import('./Context').SessionContext} [targetCtx] checked for the same vocabulary now;
    *   otherwise checked by the first line that opens on a target
    */
   constructor(draftCtx, targetCtx) {
+    nativeOf(draftCtx); // checks draftCtx
     /** The draft model's context. */
     this.ctx = draftCtx;
-    /** A BranchStore over `ctx` (made now: throws for a non-context or a disposed one). */
-    this.store = new BranchStore(draftCtx);
     /** The source's kind, `'draft'`. */
     this.kind = 'draft';
     /** @type {WeakSet<object>} targets already checked */
@@ -188,18 +218,25 @@ class DraftModel {
     });
     const out = drafters.map(() => /** @type {number[]} */ ([]));
     if (lines.length === 0) return out;
+    const native = nativeOf(this.ctx);
     for (const line of lines) {
-      const d = line.d;
-      d._dropScratch();
-      if (!d._base) d._base = createRootBranch(this.ctx, 0, { temperature: 0 });
-      d._scratch = d._base.fork();
-      line.feed = [...d._pending, tokens[line.i]];
-      d._scratchStart = d._base.position + line.feed.length; // where its first draft token goes
+      const held = line.d._held;
+      line.d._dropScratch();
+      if (held.base === null) held.base = native._branchCreate(0, GREEDY);
+      held.scratch = native._branchFork(held.base);
+      line.feed = [...line.d._pending, tokens[line.i]];
+      line.d._scratchStart = native._branchPosition(held.base) + line.feed.length; // where its first draft token goes
     }
-    await this.store.prefill(lines.map((l) => [l.d._scratch, l.feed]));
+    const scratchOf = (/** @type {any} */ l) => /** @type {number} */ (l.d._held.scratch);
+    await native._storePrefill(
+      lines.map(scratchOf),
+      lines.map((l) => l.feed),
+      undefined,
+      undefined,
+    );
     let active = lines;
     while (active.length > 0) {
-      const produced = this.store.produce(active.map((l) => l.d._scratch));
+      const produced = native._storeProduce(active.map(scratchOf));
       const next = [];
       active.forEach((l, j) => {
         if (produced[j].isStop) return; // the target decides where a line ends
@@ -207,7 +244,11 @@ class DraftModel {
         if (l.draft.length < l.k) next.push(l);
       });
       if (next.length === 0) break;
-      await this.store.commit(next.map((l) => [l.d._scratch, l.draft[l.draft.length - 1]]));
+      await native._storeCommit(
+        next.map(scratchOf),
+        next.map((l) => l.draft[l.draft.length - 1]),
+        undefined,
+      );
       active = next;
     }
     for (const l of lines) out[l.i] = l.draft;
@@ -220,13 +261,17 @@ class ModelDrafter {
   /** @param {DraftModel} source @param {readonly number[]} history */
   constructor(source, history) {
     this._source = source;
-    /** @type {any} the line's committed history, less `_pending` */
-    this._base = null;
-    /** @type {number[]} committed tokens not in `_base`'s KV yet */
+    /**
+     * The draft context's branches this line holds: `base`, its committed history less
+     * `_pending`, and `scratch`, the fork the last draft was decoded in.
+     * @type {{ base: number | null, scratch: number | null }}
+     */
+    this._held = { base: null, scratch: null };
+    /** @type {number[]} committed tokens not in the base's KV yet */
     this._pending = [...history];
-    /** @type {any} the fork the last draft was decoded in, and where its first draft token went */
-    this._scratch = null;
+    /** Where the scratch branch's first draft token went. */
     this._scratchStart = 0;
+    unclosed.register(this, { ctx: source.ctx, held: this._held }, this);
   }
 
   /**
@@ -234,15 +279,17 @@ class ModelDrafter {
    * costs what every later one does (the step-cost fit must not see a prompt's prefill).
    */
   async prepare() {
-    if (this._base || this._pending.length === 0) return;
-    const base = createRootBranch(this._source.ctx, 0, { temperature: 0 });
+    if (this._held.base !== null || this._pending.length === 0) return;
+    const ctx = this._source.ctx;
+    const native = nativeOf(ctx);
+    const base = native._branchCreate(0, GREEDY);
     try {
-      await base.prefill(this._pending);
+      await native._branchPrefill(base, this._pending, undefined);
     } catch (e) {
-      release(base);
+      free(ctx, base);
       throw e;
     }
-    this._base = base;
+    this._held.base = base;
     this._pending = [];
   }
 
@@ -257,29 +304,33 @@ class ModelDrafter {
    * @param {readonly number[]} tokens
    */
   accept(tokens) {
-    const scratch = this._scratch;
-    if (!scratch || scratch.disposed) {
+    const ctx = this._source.ctx;
+    const scratch = this._held.scratch;
+    if (scratch === null || ctx.disposed) {
+      // Nothing drafted (or the draft context is gone: the next draft reports it).
       this._pending.push(...tokens);
       return;
     }
+    const native = nativeOf(ctx);
     // The scratch branch holds the draft tokens it decoded (the last one never is).
-    const decoded = Math.min(tokens.length - 1, scratch.position - this._scratchStart);
-    const base = scratch.forkAt(this._scratchStart + decoded);
+    const decoded = Math.min(tokens.length - 1, native._branchPosition(scratch) - this._scratchStart);
+    const base = native._branchFork(scratch, undefined, this._scratchStart + decoded);
     this._pending = tokens.slice(1 + decoded);
-    release(this._base);
-    this._base = base;
+    free(ctx, this._held.base);
+    this._held.base = base;
     this._dropScratch();
   }
 
   _dropScratch() {
-    release(this._scratch);
-    this._scratch = null;
+    free(this._source.ctx, this._held.scratch);
+    this._held.scratch = null;
   }
 
   close() {
     this._dropScratch();
-    release(this._base);
-    this._base = null;
+    free(this._source.ctx, this._held.base);
+    this._held.base = null;
+    unclosed.unregister(this);
   }
 }
 

@@ -10,7 +10,30 @@
  * Ids are the trace's own (`b1`, `b2`, ...): native handles are reused once freed.
  */
 
-const { TRACE_VERSION, clipped, perplexityOf } = require('./scheduler/events');
+/** The trace format's version, sent in every stream's first (`hello`) event. */
+const TRACE_VERSION = 1;
+
+/** How much prompt text an `append` event carries (the page shows the end of a branch's text). */
+const MAX_APPEND_CHARS = 2000;
+
+/** The last `MAX_APPEND_CHARS` of `text` (a long prompt's end is what a branch continues). */
+function clipped(text) {
+  return text.length > MAX_APPEND_CHARS ? `…${text.slice(-MAX_APPEND_CHARS)}` : text;
+}
+
+/** A perplexity as events carry it: three decimals, undefined when not finite (nothing accepted yet). */
+function roundedPerplexity(ppl) {
+  return Number.isFinite(ppl) ? Math.round(ppl * 1000) / 1000 : undefined;
+}
+
+/** A branch's perplexity so far, or undefined (busy, disposed, nothing accepted yet). */
+function perplexityOf(branch) {
+  try {
+    return roundedPerplexity(branch && !branch.disposed ? branch.perplexity : Infinity);
+  } catch {
+    return undefined;
+  }
+}
 
 /** @type {WeakMap<object, BranchTrace>} the active trace of each context */
 const traces = new WeakMap();
@@ -146,4 +169,14 @@ function traced(ctx, promise, after) {
   });
 }
 
-module.exports = { BranchTrace, startTrace, traceOf, traced, traceFreed };
+module.exports = {
+  BranchTrace,
+  startTrace,
+  traceOf,
+  traced,
+  traceFreed,
+  TRACE_VERSION,
+  clipped,
+  perplexityOf,
+  roundedPerplexity,
+};

@@ -569,20 +569,6 @@ export function markDisposed(branch: any): void;
 export function branchHandle(ctx: SessionContext, b: unknown, where: string): any;
 /** The context a branch wrapper belongs to. */
 export function branchContext(b: any): any;
-/** @param {(ctx: SessionContext, position: number, params?: object) => any} factory */
-export function setRootBranchFactory(factory: (ctx: SessionContext, position: number, params?: object) => any): void;
-/**
- * A root branch on a free sequence of `ctx` at `position` (see Branch.create).
- * @param {SessionContext} ctx @param {number} position @param {object} [params]
- */
-export function createRootBranch(ctx: SessionContext, position: number, params?: object): any;
-/** @param {(ctx: SessionContext, handle: number, parent: number) => any} factory */
-export function setBranchWrapperFactory(factory: (ctx: SessionContext, handle: number, parent: number) => any): void;
-/**
- * A Branch wrapper for native branch `handle` of `ctx`, a child of `parent` (0 for a root).
- * @param {SessionContext} ctx @param {number} handle @param {number} parent
- */
-export function wrapBranch(ctx: SessionContext, handle: number, parent: number): any;
 /**
  * The live wrapper of native branch `handle` on `ctx`, or null when it was garbage-collected
  * (its branch is being freed).

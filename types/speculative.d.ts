@@ -39,6 +39,7 @@ export class PromptLookup {
  */
 export class DraftModel {
     /**
+     * Throws `ERR_INVALID_ARG` for a non-context, `ERR_CONTEXT_DISPOSED` for a disposed one.
      * @param {import('./Context').SessionContext} draftCtx
      * @param {import('./Context').SessionContext} [targetCtx] checked for the same vocabulary now;
      *   otherwise checked by the first line that opens on a target
@@ -46,8 +47,6 @@ export class DraftModel {
     constructor(draftCtx: import("./Context").SessionContext, targetCtx?: import("./Context").SessionContext);
     /** The draft model's context. */
     ctx: import("./Context").SessionContext;
-    /** A BranchStore over `ctx` (made now: throws for a non-context or a disposed one). */
-    store: BranchStore;
     /** The source's kind, `'draft'`. */
     kind: string;
     /**
@@ -86,7 +85,6 @@ declare class LookupDrafter {
     accept(tokens: readonly number[]): void;
     close(): void;
 }
-import { BranchStore } from "./BranchStore";
 /** One line on the draft context: a branch holding the line's history (but `_pending`). */
 declare class ModelDrafter {
     /** @param {DraftModel} source @param {readonly number[]} history */

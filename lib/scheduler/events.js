@@ -7,13 +7,10 @@
  *
  * Emitting costs nothing while nobody listens: every caller asks `on` before it builds an event
  * (some fields, e.g. a branch's perplexity, are read from the context only for a listener).
+ * The format's shared pieces (version, clipped text, rounded perplexity) are lib/trace.js's.
  */
 
-/** The trace format's version, sent in every stream's first (`hello`) event. */
-const TRACE_VERSION = 1;
-
-/** How much prompt text an `append` event carries (the page shows the end of a branch's text). */
-const MAX_APPEND_CHARS = 2000;
+const { TRACE_VERSION, clipped, perplexityOf, roundedPerplexity } = require('../trace');
 
 class SchedulerEvents {
   constructor() {
@@ -103,25 +100,6 @@ class SchedulerEvents {
 function tierGauges(t) {
   const { kvHits, ramHits, diskHits, ramBytes, diskBytes, restoredTokens, diskOn } = t;
   return { kvHits, ramHits, diskHits, ramBytes, diskBytes, restoredTokens, diskOn };
-}
-
-/** The last `MAX_APPEND_CHARS` of `text` (a long prompt's end is what a branch continues). */
-function clipped(text) {
-  return text.length > MAX_APPEND_CHARS ? `…${text.slice(-MAX_APPEND_CHARS)}` : text;
-}
-
-/** A perplexity as events carry it: three decimals, undefined when not finite (nothing accepted yet). */
-function roundedPerplexity(ppl) {
-  return Number.isFinite(ppl) ? Math.round(ppl * 1000) / 1000 : undefined;
-}
-
-/** A branch's perplexity so far, or undefined (busy, disposed, nothing accepted yet). */
-function perplexityOf(branch) {
-  try {
-    return roundedPerplexity(branch && !branch.disposed ? branch.perplexity : Infinity);
-  } catch {
-    return undefined;
-  }
 }
 
 /** The `done` event's fields of an ending with `status` and, for a failure, its error. */

@@ -9,7 +9,7 @@
 const defaults = require('../defaults');
 const { positiveInt, invalid } = require('./checks');
 const { DraftModel } = require('../speculative');
-const { checkSpeculative, StepCost } = require('./speculation');
+const { checkSpeculative, StepCost } = require('../decode/speculation');
 const { makeError } = require('../errors');
 
 const UNITS = { b: 1, k: 1e3, kb: 1e3, kib: 1024, m: 1e6, mb: 1e6, mib: 1024 ** 2, g: 1e9, gb: 1e9, gib: 1024 ** 3 };
