@@ -46,8 +46,9 @@
  * | `ERR_GRAMMAR` | invalid GBNF grammar / JSON schema, or every candidate token is masked |
  * | `ERR_GRAMMAR_REJECTED` | the token is not allowed by the branch's grammar |
  * | `ERR_TOKENIZE` | tokenization failed |
- * | `ERR_STATE` | llama.cpp refused a state change (e.g. partial KV removal), or a saved KV state is corrupt, truncated or incompatible |
- * | `ERR_STATE_MISMATCH` | a saved state (a branch tree file) comes from another model, llama.cpp state format or KV configuration (`typeK`, `typeV`, flash attention) |
+ * | `ERR_STATE` | llama.cpp refused a state change (e.g. partial KV removal), or a raw KV state (`kvCacheLoad`, `kvCacheReadFile`) is corrupt, truncated or incompatible |
+ * | `ERR_STATE_MISMATCH` | a saved-state file (a branch tree, a prefix-cache file) comes from another model, llama.cpp state format or KV configuration (`typeK`, `typeV`, flash attention) |
+ * | `ERR_STATE_CORRUPT` | a saved-state file (a branch tree, a prefix-cache file) is truncated, fails its checksum, is not such a file or holds values this context refuses |
  * | `ERR_UNSUPPORTED` | the model or context lacks a feature (no EOS/EOT token, embeddings not enabled) |
  * | `ERR_INTERNAL` | a bug in llama-branch (please report it) |
  * | `ERR_CHAT_TEMPLATE` | the chat template failed to parse or render (the message has the template's own error) |
@@ -61,8 +62,6 @@
  * | `ERR_TOO_MANY_BRANCHES` | {@link ProgramLine.fork} past the program's `maxBranches` |
  * | `ERR_PROGRAM_STATE` | a program line used while a gen runs on it, after `release()`, or after its program ended |
  * | `ERR_VOCAB_MISMATCH` | a {@link DraftModel}'s vocabulary differs from the target model's |
- * | `ERR_CACHE_CORRUPT` | {@link readPrefixCacheFile}: the file is truncated, fails its checksum or is not a prefix-cache file |
- * | `ERR_CACHE_MISMATCH` | {@link readPrefixCacheFile}: the file holds a state from another model or KV settings |
  */
 export type ErrorCode =
   | 'ERR_INVALID_ARG'
@@ -84,6 +83,7 @@ export type ErrorCode =
   | 'ERR_TOKENIZE'
   | 'ERR_STATE'
   | 'ERR_STATE_MISMATCH'
+  | 'ERR_STATE_CORRUPT'
   | 'ERR_UNSUPPORTED'
   | 'ERR_INTERNAL'
   | 'ERR_CHAT_TEMPLATE'
@@ -96,9 +96,7 @@ export type ErrorCode =
   | 'ERR_SCHEDULER_CLOSED'
   | 'ERR_TOO_MANY_BRANCHES'
   | 'ERR_PROGRAM_STATE'
-  | 'ERR_VOCAB_MISMATCH'
-  | 'ERR_CACHE_CORRUPT'
-  | 'ERR_CACHE_MISMATCH';
+  | 'ERR_VOCAB_MISMATCH';
 
 /**
  * The shape of every error this package throws or rejects with. Narrow a caught value with
@@ -462,7 +460,7 @@ export interface ParseChatOutputResult {
 /**
  * Reads and checks one file of a Scheduler's `cacheDir` against `ctx` (its checksum and its
  * fingerprint: model, llama.cpp state version, KV types and layout). Rejects with
- * `ERR_CACHE_CORRUPT` (truncated, corrupted, not such a file) or `ERR_CACHE_MISMATCH` (a state
+ * `ERR_STATE_CORRUPT` (truncated, corrupted, not such a file) or `ERR_STATE_MISMATCH` (a state
  * from another model or KV settings, which `ctx` must never load).
  */
 export declare function readPrefixCacheFile(

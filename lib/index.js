@@ -257,8 +257,9 @@ function withLogits(ctx, fn) {
 
 /**
  * Reads and checks one file of a Scheduler's `cacheDir` against `ctx`: resolves its tokens and
- * size; rejects with ERR_CACHE_CORRUPT (truncated, corrupted, not such a file) or
- * ERR_CACHE_MISMATCH (a state from another model or KV settings, which `ctx` must never load).
+ * size, read and checked on `ctx`'s worker; rejects with ERR_STATE_CORRUPT (truncated, corrupted,
+ * not such a file) or ERR_STATE_MISMATCH (a state from another model or KV settings, which `ctx`
+ * must never load).
  * @param {SessionContext} ctx
  * @param {string} file
  * @returns {Promise<{ tokens: number[], stateBytes: number }>}

@@ -194,6 +194,31 @@ export declare class SessionContext {
   cloneSampler(handle: number): number
   /** Frees a grammar sampler. An unknown or already freed handle is an error. */
   freeSamplerHandle(handle: number): void
+  /** The identity of the states this context's sequences hold (see `StateIdentity`). */
+  _stateIdentity(): StateIdentity
+  /**
+   * The size in bytes of the entry file `_prefixFileWrite` writes for `nTokens` tokens and a
+   * state of `stateBytes` bytes (the prefix cache's disk budget counts it before writing).
+   */
+  _prefixFileSize(nTokens: number, stateBytes: number): number
+  /**
+   * Writes the prefix `tokens` with its `state` (from `_branchStateSync`) to `path` as a
+   * saved-state container, atomically; resolves the file's size. A failed write (a full,
+   * read-only or missing folder) rejects with ERR_INVALID_ARG and the system's reason, and
+   * leaves no temporary file.
+   */
+  _prefixFileWrite(path: string, tokens: number[], state: Buffer): Promise<number>
+  /**
+   * Reads and checks a whole entry file: ERR_STATE_CORRUPT (truncated, corrupt, not such a
+   * file), ERR_STATE_MISMATCH (saved by a context with another fingerprint), ERR_INVALID_ARG
+   * (it cannot be opened; the message has the system's reason).
+   */
+  _prefixFileRead(path: string): Promise<PrefixFile>
+  /**
+   * An entry file's tokens from its head (a folder's listing), its fingerprint checked; the
+   * checksum is verified by `_prefixFileRead`. Errors as `_prefixFileRead`.
+   */
+  _prefixFileTokens(path: string): Promise<PrefixFileHead>
   /** The state of one sequence (its KV cells) as a Buffer for `kvCacheLoad`. */
   kvCacheSave(seqId?: number): Promise<Buffer>
   /** Replaces sequence `seqId`'s cells with a state from `kvCacheSave`. */
@@ -202,8 +227,6 @@ export declare class SessionContext {
   kvCacheWriteFile(seqId: number, path: string, tokens: number[]): Promise<number>
   /** Loads a `kvCacheWriteFile` file into sequence `seqId`; resolves `{tokens, bytesRead}`. */
   kvCacheReadFile(seqId: number, path: string): Promise<KvFileContents>
-  /** The identity of the states this context's sequences hold (see `StateIdentity`). */
-  _stateIdentity(): StateIdentity
   /**
    * The state of a branch's sequence (its KV cells) as a Buffer, on the calling thread: the
    * prefix cache copies an entry it evicts while the scheduler decides what fits, where an
@@ -509,6 +532,22 @@ export interface PenaltyParams {
   lastN?: number
 }
 
+/** A prefix-cache entry file read whole (`_prefixFileRead`). */
+export interface PrefixFile {
+  tokens: Array<number>
+  /** The sequence state, for `_branchRestore`. */
+  state: Buffer
+  /** Size of the file. */
+  bytes: number
+}
+
+/** A prefix-cache entry file's head (`_prefixFileTokens`). */
+export interface PrefixFileHead {
+  tokens: Array<number>
+  /** Size of the file. */
+  bytes: number
+}
+
 /** A sampled token, not yet committed. */
 export interface Produced {
   token: number
@@ -575,9 +614,8 @@ export interface ServeRpcOptions {
 export declare function setLogLevel(level: string): void
 
 /**
- * What identifies the states this context writes: the same fingerprint a saved branch tree
- * carries (`engine::fingerprint`), for the prefix cache's files (lib/scheduler/cache-tiers.js),
- * so both refuse a state from other weights or another KV layout by one definition.
+ * What identifies the states this context writes (its fingerprint), for the prefix cache's file
+ * names: two contexts with equal identities read each other's files.
  */
 export interface StateIdentity {
   /** The model's hash (size, parameters, every GGUF metadata pair), 16 hex digits. */

@@ -83,6 +83,10 @@ pub enum Error {
     #[error("{0}")]
     StateMismatch(String),
 
+    /// A saved-state file (engine/saved_state.rs) that is truncated, corrupt or not such a file.
+    #[error("{0}")]
+    StateCorrupt(String),
+
     #[error("{0}")]
     Unsupported(String),
 
@@ -154,6 +158,7 @@ codes! {
     Tokenize => "ERR_TOKENIZE",
     State => "ERR_STATE",
     StateMismatch => "ERR_STATE_MISMATCH",
+    StateCorrupt => "ERR_STATE_CORRUPT",
     Unsupported => "ERR_UNSUPPORTED",
     Internal => "ERR_INTERNAL",
     RpcUnreachable => "ERR_RPC_UNREACHABLE",

@@ -179,8 +179,13 @@ describe('prefix cache tiers (RAM and disk)', function () {
     fs.writeFileSync(files[0], bytes);
     fs.truncateSync(files[1], Math.floor(fs.statSync(files[1]).size / 3));
     fs.writeFileSync(path.join(dir, `${'0'.repeat(40)}.lbkv`), 'not a cache file at all');
-    await rejects(() => readPrefixCacheFile(ctx, files[0]), 'ERR_CACHE_CORRUPT', /checksum/);
-    await rejects(() => readPrefixCacheFile(ctx, files[1]), 'ERR_CACHE_CORRUPT');
+    // A file of the format before the saved-state container ('LBKV', version 1): foreign now.
+    const old = Buffer.alloc(200);
+    old.write('LBKV');
+    old.writeUInt32LE(1, 4);
+    fs.writeFileSync(path.join(dir, `${'1'.repeat(40)}.lbkv`), old);
+    await rejects(() => readPrefixCacheFile(ctx, files[0]), 'ERR_STATE_CORRUPT', /checksum/);
+    await rejects(() => readPrefixCacheFile(ctx, files[1]), 'ERR_STATE_CORRUPT');
 
     const again = scheduler(ctx, { cacheDir: dir, onCacheWarning });
     for (let i = 0; i < 3; i++) {
@@ -188,7 +193,11 @@ describe('prefix cache tiers (RAM and disk)', function () {
       assert.ok(cold[i].top.includes(r.first), `prompt ${i} answered from a bad file?`);
     }
     const t = /** @type {any} */ (again.stats().cacheTiers);
-    assert.ok(t.skipped >= 2, `skipped ${t.skipped}; warnings: ${warnings.join(' | ')}`);
+    assert.ok(t.skipped >= 3, `skipped ${t.skipped}; warnings: ${warnings.join(' | ')}`);
+    assert.ok(
+      warnings.some((w) => w.includes('1'.repeat(40)) && /older version/.test(w)),
+      warnings.join(' | '),
+    );
     assert.ok(t.diskHits <= 1, 'only the intact file can be a hit');
     assert.ok(
       warnings.some((w) => /checksum|truncated|not a usable/.test(w)),
@@ -201,13 +210,13 @@ describe('prefix cache tiers (RAM and disk)', function () {
     // A context with other KV settings (typeK q8_0) shares no state with these files.
     const other = await open({ nCtx: N_CTX, nSeqMax: 8, typeK: 'q8_0' });
     try {
-      await rejects(() => readPrefixCacheFile(other, files[2]), 'ERR_CACHE_MISMATCH', /another model or KV layout/);
+      await rejects(() => readPrefixCacheFile(other, files[2]), 'ERR_STATE_MISMATCH', /typeK=q8_0/);
       const foreign = scheduler(other, { cacheDir: dir, onCacheWarning });
       warnings.length = 0;
       const r = await foreign.generate({ prompt: PROMPTS[2], maxTokens: 2, params: { temperature: 0 } });
       assert.equal(r.usage.cachedPromptTokens, 0, 'a foreign state is never loaded');
       assert.ok(
-        warnings.some((w) => /another model or KV layout/.test(w)),
+        warnings.some((w) => /typeK=q8_0/.test(w)),
         warnings.join(' | '),
       );
       await foreign.close();
@@ -294,10 +303,11 @@ describe('prefix cache tiers (RAM and disk)', function () {
     }
   });
 
-  it('a writer killed with SIGKILL mid-spill leaves the folder usable', async () => {
+  it('a writer killed with SIGKILL mid-spill leaves the folder usable and its finished files restorable', async () => {
     const dir = tempDir();
-    // A child process spills every evicted prefix straight to disk, and is killed once the
-    // first temporary file or cache file appears.
+    // A child process spills every evicted prefix straight to disk, and is killed once its first
+    // cache file is complete, while it writes the next one if we catch it (a temporary file).
+    const temporary = () => fs.readdirSync(dir).some((f) => f.endsWith('.tmp'));
     const script = `
       const { createContext, Scheduler } = require(${JSON.stringify(path.join(__dirname, '..'))});
       (async () => {
@@ -309,18 +319,27 @@ describe('prefix cache tiers (RAM and disk)', function () {
       })();`;
     const child = spawn(process.execPath, ['-e', script], { stdio: 'ignore' });
     const deadline = Date.now() + 120000;
-    while (fs.readdirSync(dir).length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 5));
+    while (cacheFiles(dir).length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 5));
+    const midWrite = Date.now() + 3000;
+    while (!temporary() && Date.now() < midWrite) await new Promise((r) => setImmediate(r));
     child.kill('SIGKILL');
     await new Promise((r) => child.once('exit', r));
-    assert.ok(fs.readdirSync(dir).length > 0, 'the child wrote nothing before the deadline');
+    const finished = cacheFiles(dir);
+    assert.ok(finished.length > 0, 'the child finished no cache file before the deadline');
 
+    // Whatever the child left is a complete file (a rename is atomic) or an ignored temp file.
+    const entries = [];
+    for (const f of finished) entries.push(await readPrefixCacheFile(ctx, path.join(dir, f)));
+    // A prefix the killed process finished writing is restored from its file, not prefilled
+    // (asked first, while no KV cells hold any of it).
     const s = scheduler(ctx, { cacheDir: dir, onCacheWarning });
+    const r = await s.generate({ tokens: entries[0].tokens, maxTokens: 1, params: { temperature: 0 } });
+    assert.equal(/** @type {any} */ (s.stats().cacheTiers).diskHits, 1, `warnings: ${warnings.join(' | ')}`);
+    assert.ok(r.usage.cachedPromptTokens >= entries[0].tokens.length - 1, JSON.stringify(r.usage));
     for (let i = 0; i < PROMPTS.length; i++) {
       const r = await ask(s, PROMPTS[i]);
       assert.ok(cold[i].top.includes(r.first));
     }
-    // Whatever the child left is a complete file (a rename is atomic) or an ignored temp file.
-    for (const f of cacheFiles(dir)) await readPrefixCacheFile(ctx, path.join(dir, f));
     await s.close();
     fs.rmSync(dir, { recursive: true, force: true });
   });

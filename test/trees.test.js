@@ -193,7 +193,7 @@ describe('branch trees: saveTree / restoreTree', function () {
     }
   });
 
-  it('rejects a corrupted or truncated file with ERR_STATE and restores nothing', async () => {
+  it('rejects a corrupted or truncated file with ERR_STATE_CORRUPT and restores nothing', async () => {
     const bytes = fs.readFileSync(file);
     const store = new BranchStore(ctx);
     const before = { available: store.available, cells: store.kvPressure().cellsUsed };
@@ -206,7 +206,7 @@ describe('branch trees: saveTree / restoreTree', function () {
     for (const [name, data] of Object.entries(cases)) {
       const bad = path.join(tmp, `${name}.lbt`);
       fs.writeFileSync(bad, data);
-      await rejects(() => BranchStore.restoreTree(ctx, bad), 'ERR_STATE', /branch tree file/);
+      await rejects(() => BranchStore.restoreTree(ctx, bad), 'ERR_STATE_CORRUPT', /branch tree file/);
     }
     assert.deepEqual({ available: store.available, cells: store.kvPressure().cellsUsed }, before);
     await rejects(() => BranchStore.restoreTree(ctx, path.join(tmp, 'missing.lbt')), 'ERR_INVALID_ARG');

@@ -16,7 +16,7 @@ export class BranchStore {
      * Rebuilds a tree saved by {@link BranchStore.saveTree} on free sequences of `ctx`: one
      * sequence per branch, the shared prefixes shared again. The file must come from the same
      * model, llama.cpp state format and KV settings (`typeK`, `typeV`, `flashAttention`), else
-     * `ERR_STATE_MISMATCH`; a truncated or corrupted file is `ERR_STATE` (a checksum covers the
+     * `ERR_STATE_MISMATCH`; a truncated or corrupted file is `ERR_STATE_CORRUPT` (a checksum covers the
      * whole file); too few free sequences is `ERR_NO_FREE_SEQUENCE` and too few free cells
      * `ERR_KV_FULL`, both checked before anything changes. All or nothing: on any failure no
      * branch is left behind. Runs on the context's worker, never on the event loop.

@@ -17,10 +17,6 @@ const SchedulerErrorCode = Object.freeze({
   TOO_MANY_BRANCHES: 'ERR_TOO_MANY_BRANCHES',
   /** A program line used while busy with a gen, after `release()`, or after its program ended. */
   PROGRAM_STATE: 'ERR_PROGRAM_STATE',
-  /** A prefix-cache file is truncated, fails its checksum or is not such a file (./cache-tiers.js). */
-  CACHE_CORRUPT: 'ERR_CACHE_CORRUPT',
-  /** A prefix-cache file holds a state from another model or KV settings (its fingerprint differs). */
-  CACHE_MISMATCH: 'ERR_CACHE_MISMATCH',
 });
 
 /** An Error with one of the codes above (or an existing package code) and a message saying what to do. */

@@ -24,7 +24,6 @@ const path = require('node:path');
 const { RadixTree } = require('./radix');
 const { release } = require('../Context');
 const { makeError } = require('../errors');
-const { SchedulerErrorCode: Code } = require('./errors');
 const files = require('./cache-file');
 
 /**
@@ -47,7 +46,8 @@ const RESCAN_MS = 1000;
  * the folder (null: RAM only), `copyState(branch)` (its sequence state now, null when the context
  * is gone), `restoreState(state, keep)` (a root branch holding the state cut to `keep` positions).
  * @typedef {{ ramBytes: number, dir: string | null, diskBytes: number, warn: (message: string) => void,
- *   fingerprint: Buffer, maxTokens: number, copyState(branch: any): Buffer | null,
+ *   fingerprint: import('./cache-file').EntryFingerprint, maxTokens: number,
+ *   copyState(branch: any): Buffer | null,
  *   restoreState(state: Buffer, keep: number): Promise<CachedBranch> }} Tiers
  */
 
@@ -383,7 +383,7 @@ class PrefixCache {
     const writer = () => this._tree.get(tokens);
     try {
       if (!this.diskOn || !writer() || writer().writing !== state) return;
-      const size = files.entrySize(tokens, state);
+      const size = files.entrySize(this._tiers.fingerprint, tokens, state);
       this.makeRoom('disk', () => this._used.disk + size <= this._budget.disk);
       const file = await files.writeEntryFile(this._dir, this._tiers.fingerprint, tokens, state);
       const e = writer();
@@ -525,10 +525,10 @@ class PrefixCache {
     try {
       const read = await files.readEntryFile(path.join(this._dir, name), this._tiers.fingerprint);
       if (read.tokens.length !== e.tokens.length || read.tokens.some((t, i) => t !== e.tokens[i]))
-        throw makeError(Code.CACHE_CORRUPT, `${name} holds other tokens than its name says; it is skipped`);
+        throw makeError('ERR_STATE_CORRUPT', `${name} holds other tokens than its name says; it is skipped`);
       return read.state;
     } catch (err) {
-      if (/** @type {any} */ (err).code === Code.CACHE_CORRUPT) await files.removeEntryFile(this._dir, name);
+      if (/** @type {any} */ (err).code === 'ERR_STATE_CORRUPT') await files.removeEntryFile(this._dir, name);
       this._refused.add(name);
       throw err;
     }

@@ -338,7 +338,8 @@ fn saved_sampling(s: &BranchSampling) -> SavedSampling {
 
 /// A branch's sampling state as it was saved: the chain rebuilt and replayed, the grammar
 /// rebuilt from its source and given the tokens it had accepted. `model` is needed for DRY and
-/// grammars. A token the rebuilt grammar refuses is `ERR_STATE` (the file does not match).
+/// grammars. A token the rebuilt grammar refuses is `ERR_STATE_CORRUPT` (the file does not
+/// match).
 pub fn restore_sampling(
     saved: &SavedSampling,
     model: Option<&Model>,
@@ -365,7 +366,7 @@ pub fn restore_sampling(
                 if !super::sampling::pick::grammar_allows(&mut sampler, t, 0.0)
                     || sampler.accept(t).is_err()
                 {
-                    return Err(Error::State(format!(
+                    return Err(Error::StateCorrupt(format!(
                         "the saved grammar refuses token {t} it had accepted: the tree file does not match this build"
                     )));
                 }

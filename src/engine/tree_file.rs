@@ -1,26 +1,22 @@
-//! Branch tree files (`store.saveTree` / `BranchStore.restoreTree`): the bytes, written and
-//! parsed here without llama.cpp. Pure: unit-tested on bytes.
+//! Branch tree files (`store.saveTree` / `BranchStore.restoreTree`): the payload of a
+//! saved-state container (engine/saved_state.rs: header, fingerprint, checksum, atomic write),
+//! written and parsed here without llama.cpp. Pure: unit-tested on bytes.
 //!
-//! Layout (little-endian):
+//! Sections (little-endian, primitives of `saved_state::{Writer, Reader}`):
 //! ```text
-//! "LBTREE\0\0"  u32 version  u32 flags (0)
-//! fingerprint: u64 model, str model name, u32 state format, str kv settings
-//! str meta (the caller's own text)
-//! u32 branch count, then each branch (parents before children, see `SavedBranch`)
-//! u64 checksum of every byte before it
+//! meta      the caller's own text (UTF-8)
+//! branches  u32 count, then each branch (parents before children, see `SavedBranch`)
 //! ```
-//! `str` is a u32 length and UTF-8 bytes; vectors are a u32 count and their items. Every read
-//! is bounds-checked: a truncated or corrupt file is `ERR_STATE`, never a panic, and the
-//! checksum is verified before anything else is parsed.
+//! Every read is bounds-checked and every sampler value goes through the validator that checks
+//! it when a user sets it (sampling/config.rs): a bad file is `ERR_STATE_CORRUPT`, never a panic.
 
 use super::fingerprint::Fingerprint;
-use super::sampling::config::{Dry, Mirostat, Penalties, Xtc};
+use super::sampling::config::{self, Dry, Mirostat, Penalties, Xtc};
 use super::sampling::SamplingConfig;
-use crate::error::{Error, Result};
+use super::saved_state::{container_bytes, parse_container, Payload, Reader, Writer};
+use crate::error::Result;
 use crate::llama::Token;
 
-const MAGIC: &[u8; 8] = b"LBTREE\0\0";
-pub const VERSION: u32 = 1;
 const NO_PARENT: u32 = u32::MAX;
 
 /// How a saved branch's logits snapshot is stored.
@@ -80,85 +76,10 @@ pub struct TreeFile {
     pub branches: Vec<SavedBranch>,
 }
 
-/// A fast checksum for corruption (not an adversary): four independent 64-bit lanes over 8-byte
-/// words, so it runs at memory speed on files of hundreds of MiB.
-pub fn checksum(bytes: &[u8]) -> u64 {
-    const P: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut lanes = [
-        0x243f_6a88_85a3_08d3u64,
-        0x1319_8a2e_0370_7344,
-        0xa409_3822_299f_31d0,
-        0x082e_fa98_ec4e_6c89,
-    ];
-    let mut blocks = bytes.chunks_exact(32);
-    for block in &mut blocks {
-        for (i, lane) in lanes.iter_mut().enumerate() {
-            let w = u64::from_le_bytes(block[i * 8..i * 8 + 8].try_into().unwrap());
-            *lane = (*lane ^ w).wrapping_mul(P).rotate_left(29);
-        }
-    }
-    let mut h = bytes.len() as u64;
-    for lane in lanes {
-        h = (h ^ lane).wrapping_mul(P).rotate_left(31);
-    }
-    super::fingerprint::fnv1a64(blocks.remainder()) ^ h
-}
-
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-struct W(Vec<u8>);
-
-impl W {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn i32(&mut self, v: i32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn f32(&mut self, v: f32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn f64(&mut self, v: f64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn bytes(&mut self, b: &[u8]) {
-        self.u32(b.len() as u32);
-        self.0.extend_from_slice(b);
-    }
-    fn str(&mut self, s: &str) {
-        self.bytes(s.as_bytes());
-    }
-    fn tokens(&mut self, t: &[Token]) {
-        self.u32(t.len() as u32);
-        for &x in t {
-            self.i32(x);
-        }
-    }
-    fn strs(&mut self, v: &[String]) {
-        self.u32(v.len() as u32);
-        for s in v {
-            self.str(s);
-        }
-    }
-    fn opt<T>(&mut self, v: &Option<T>, f: impl FnOnce(&mut W, &T)) {
-        match v {
-            None => self.u8(0),
-            Some(x) => {
-                self.u8(1);
-                f(self, x);
-            }
-        }
-    }
-}
-
-fn write_config(w: &mut W, c: &SamplingConfig) {
+fn write_config(w: &mut Writer, c: &SamplingConfig) {
     w.f32(c.temperature);
     w.i32(c.top_k);
     w.f32(c.top_p);
@@ -199,16 +120,7 @@ fn write_config(w: &mut W, c: &SamplingConfig) {
 /// The whole file, checksum included.
 pub fn tree_file_bytes(tree: &TreeFile) -> Vec<u8> {
     let kv: usize = tree.branches.iter().map(|b| b.kv.len()).sum();
-    let mut w = W(Vec::with_capacity(kv + 4096 * (tree.branches.len() + 1)));
-    w.0.extend_from_slice(MAGIC);
-    w.u32(VERSION);
-    w.u32(0);
-    let f = &tree.fingerprint;
-    w.u64(f.model);
-    w.str(&f.model_name);
-    w.u32(f.state_format);
-    w.str(&f.kv);
-    w.str(&tree.meta);
+    let mut w = Writer(Vec::with_capacity(kv + 4096 * (tree.branches.len() + 1)));
     w.u32(tree.branches.len() as u32);
     for b in &tree.branches {
         w.u32(b.parent.unwrap_or(NO_PARENT));
@@ -250,9 +162,11 @@ pub fn tree_file_bytes(tree: &TreeFile) -> Vec<u8> {
         });
         w.bytes(&b.kv);
     }
-    let sum = checksum(&w.0);
-    w.u64(sum);
-    w.0
+    container_bytes(
+        Payload::Tree,
+        &tree.fingerprint,
+        &[("meta", tree.meta.as_bytes()), ("branches", &w.0)],
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -264,171 +178,96 @@ pub struct Limits {
     pub n_vocab: i32,
 }
 
-struct R<'a> {
-    bytes: &'a [u8],
-    at: usize,
-    path: &'a str,
+/// A float the validator `check` accepts (the same one a user's option goes through).
+fn checked(r: &mut Reader, check: impl FnOnce(f64) -> Result<f32>) -> Result<f32> {
+    let v = r.f32()?;
+    r.valid(check(v as f64))
 }
 
-impl<'a> R<'a> {
-    fn bad(&self, why: impl std::fmt::Display) -> Error {
-        Error::State(format!(
-            "{} is not a usable branch tree file ({why}, at byte {})",
-            self.path, self.at
+/// (token, bias) pairs, each through the validators of `what`'s token and bias.
+fn biases(r: &mut Reader, l: &Limits, what: &str) -> Result<Vec<(Token, f32)>> {
+    let n = r.count(8)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (t, b) = (r.i32()?, r.f32()?);
+        let t = r.valid(config::token(t as f64, l.n_vocab, &format!("{what} token")))?;
+        out.push((t, r.valid(config::bias(&format!("{what} bias"), b as f64))?));
+    }
+    Ok(out)
+}
+
+/// A sampler saved as on whose values its validator turns off is as corrupt as a refused one.
+fn on<T>(r: &Reader, what: &str, v: Option<T>) -> Result<T> {
+    v.ok_or_else(|| {
+        r.bad(format!(
+            "{what} is saved as on with values that turn it off"
         ))
-    }
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        if self.bytes.len() - self.at < n {
-            return Err(self.bad("truncated"));
-        }
-        let out = &self.bytes[self.at..self.at + n];
-        self.at += n;
-        Ok(out)
-    }
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-    fn i32(&mut self) -> Result<i32> {
-        Ok(i32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
-    }
-    fn f32(&mut self) -> Result<f32> {
-        Ok(f32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-    fn f64(&mut self) -> Result<f64> {
-        Ok(f64::from_le_bytes(self.take(8)?.try_into().unwrap()))
-    }
-    /// A count of items of at least `item` bytes each, checked against what is left (so a
-    /// corrupt count never allocates more than the file holds).
-    fn count(&mut self, item: usize) -> Result<usize> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(item.max(1)) > self.bytes.len() - self.at {
-            return Err(self.bad(format!("a count of {n} runs past the end")));
-        }
-        Ok(n)
-    }
-    fn bytes(&mut self) -> Result<&'a [u8]> {
-        let n = self.count(1)?;
-        self.take(n)
-    }
-    fn str(&mut self) -> Result<String> {
-        let b = self.bytes()?;
-        String::from_utf8(b.to_vec()).map_err(|_| self.bad("text that is not UTF-8"))
-    }
-    fn strs(&mut self) -> Result<Vec<String>> {
-        let n = self.count(4)?;
-        (0..n).map(|_| self.str()).collect()
-    }
-    fn token(&mut self, n_vocab: i32) -> Result<Token> {
-        let t = self.i32()?;
-        if t < 0 || t >= n_vocab {
-            return Err(self.bad(format!("token {t} is outside this model's vocabulary")));
-        }
-        Ok(t)
-    }
-    fn tokens(&mut self, n_vocab: i32) -> Result<Vec<Token>> {
-        let n = self.count(4)?;
-        (0..n).map(|_| self.token(n_vocab)).collect()
-    }
-    fn flag(&mut self) -> Result<bool> {
-        match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            x => Err(self.bad(format!("flag {x}"))),
-        }
-    }
-    fn finite(&mut self, what: &str) -> Result<f32> {
-        let v = self.f32()?;
-        if !v.is_finite() {
-            return Err(self.bad(format!("{what} is {v}")));
-        }
-        Ok(v)
-    }
-    /// A window: -1 (the whole context) or a length (what the option validators allow).
-    fn window(&mut self, what: &str) -> Result<i32> {
-        let v = self.i32()?;
-        if v < -1 {
-            return Err(self.bad(format!("{what} is {v}")));
-        }
-        Ok(v)
-    }
+    })
 }
 
-fn read_config(r: &mut R, l: &Limits) -> Result<SamplingConfig> {
-    let temperature = r.finite("temperature")?;
+fn read_config(r: &mut Reader, l: &Limits) -> Result<SamplingConfig> {
+    let temperature = checked(r, |v| config::finite("temperature", v))?;
     let top_k = r.i32()?;
-    if top_k < 0 {
-        return Err(r.bad(format!("topK is {top_k}")));
-    }
-    let unit = |r: &mut R, what: &str| -> Result<f32> {
-        let v = r.finite(what)?;
-        if !(0.0..=1.0).contains(&v) {
-            return Err(r.bad(format!("{what} is {v}")));
-        }
-        Ok(v)
-    };
-    let top_p = unit(r, "topP")?;
-    let min_p = unit(r, "minP")?;
-    let typical_p = unit(r, "typicalP")?;
+    let top_k = r.valid(config::integer("topK", top_k as f64, 0))?;
+    let top_p = checked(r, |v| config::probability("topP", v, false))?;
+    let min_p = checked(r, |v| config::probability("minP", v, true))?;
+    let typical_p = checked(r, |v| config::probability("advanced.typicalP", v, false))?;
+    // Every u32 is a seed (RANDOM_SEED included).
     let seed = r.u32()?;
     let penalties = if r.flag()? {
-        Some(Penalties {
-            repeat: r.finite("penalties.repeat")?,
-            frequency: r.finite("penalties.frequency")?,
-            presence: r.finite("penalties.presence")?,
-            last_n: r.window("penalties.lastN")?,
-        })
+        let (repeat, frequency, presence) = (r.f32()?, r.f32()?, r.f32()?);
+        let last_n = r.i32()?;
+        Some(r.valid(Penalties::from_options(
+            Some(repeat as f64),
+            Some(frequency as f64),
+            Some(presence as f64),
+            Some(last_n as f64),
+        ))?)
     } else {
         None
     };
     let mirostat = if r.flag()? {
-        Some(Mirostat {
-            mode: r.u8()?,
-            tau: r.finite("mirostat.tau")?,
-            eta: r.finite("mirostat.eta")?,
-        })
+        let (mode, tau, eta) = (r.u8()?, r.f32()?, r.f32()?);
+        let m = r.valid(Mirostat::from_options(
+            Some(mode as f64),
+            Some(tau as f64),
+            Some(eta as f64),
+        ))?;
+        Some(on(r, "advanced.mirostat", m)?)
     } else {
         None
     };
     let dry = if r.flag()? {
-        Some(Dry {
-            multiplier: r.finite("dry.multiplier")?,
-            base: r.finite("dry.base")?,
-            allowed_length: r.window("dry.allowedLength")?,
-            penalty_last_n: r.window("dry.penaltyLastN")?,
-            sequence_breakers: r.strs()?,
-        })
+        let (multiplier, base) = (r.f32()?, r.f32()?);
+        let (allowed_length, penalty_last_n) = (r.i32()?, r.i32()?);
+        let breakers = r.strs()?;
+        let d = r.valid(Dry::from_options(
+            Some(multiplier as f64),
+            Some(base as f64),
+            Some(allowed_length as f64),
+            Some(penalty_last_n as f64),
+            Some(breakers),
+        ))?;
+        Some(on(r, "advanced.dry", d)?)
     } else {
         None
     };
     let xtc = if r.flag()? {
-        Some(Xtc {
-            probability: r.finite("xtc.probability")?,
-            threshold: r.finite("xtc.threshold")?,
-        })
+        let (probability, threshold) = (r.f32()?, r.f32()?);
+        let x = r.valid(Xtc::from_options(
+            Some(probability as f64),
+            Some(threshold as f64),
+        ))?;
+        Some(on(r, "advanced.xtc", x)?)
     } else {
         None
     };
     let top_n_sigma = if r.flag()? {
-        Some(r.finite("topNSigma")?)
+        Some(checked(r, config::top_n_sigma)?)
     } else {
         None
     };
-    let n = r.count(8)?;
-    let mut logit_bias = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = r.token(l.n_vocab)?;
-        let b = r.f32()?;
-        if b.is_nan() || b == f32::INFINITY {
-            return Err(r.bad(format!("logit bias {b}")));
-        }
-        logit_bias.push((t, b));
-    }
+    let logit_bias = biases(r, l, "logitBias")?;
     let grammar = if r.flag()? { Some(r.str()?) } else { None };
     Ok(SamplingConfig {
         temperature,
@@ -447,7 +286,7 @@ fn read_config(r: &mut R, l: &Limits) -> Result<SamplingConfig> {
     })
 }
 
-fn read_branch(r: &mut R, l: &Limits, index: usize) -> Result<SavedBranch> {
+fn read_branch(r: &mut Reader, l: &Limits, index: usize) -> Result<SavedBranch> {
     let parent = match r.u32()? {
         NO_PARENT if index == 0 => None,
         p if (p as usize) < index => Some(p),
@@ -498,16 +337,7 @@ fn read_branch(r: &mut R, l: &Limits, index: usize) -> Result<SavedBranch> {
     };
     let model_ppl = (r.f64()?, r.u32()?);
     let sampling_ppl = (r.f64()?, r.u32()?);
-    let n = r.count(8)?;
-    let mut steer = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = r.token(l.n_vocab)?;
-        let b = r.f32()?;
-        if b.is_nan() || b == f32::INFINITY {
-            return Err(r.bad(format!("steer bias {b}")));
-        }
-        steer.push((t, b));
-    }
+    let steer = biases(r, l, "steer")?;
     let config = read_config(r, l)?;
     let seed = r.u32()?;
     let draws = r.u64()?;
@@ -545,38 +375,19 @@ fn read_branch(r: &mut R, l: &Limits, index: usize) -> Result<SavedBranch> {
     })
 }
 
-/// Reads the fingerprint only (after the checksum): what a caller compares before parsing the
-/// rest against its own limits.
-pub fn parse_tree_file(path: &str, bytes: &[u8], limits: &Limits) -> Result<TreeFile> {
-    let mut r = R { bytes, at: 0, path };
-    if bytes.len() < MAGIC.len() + 8 + 8 || &bytes[..8] != MAGIC {
-        return Err(r.bad("no branch tree header"));
-    }
-    r.at = 8;
-    let version = r.u32()?;
-    if version != VERSION {
-        return Err(r.bad(format!(
-            "format version {version}, this build reads version {VERSION}"
-        )));
-    }
-    let body = bytes.len() - 8;
-    let stored = u64::from_le_bytes(bytes[body..].try_into().unwrap());
-    if checksum(&bytes[..body]) != stored {
-        return Err(r.bad("its checksum does not match: the file is truncated or corrupt"));
-    }
-    let mut r = R {
-        bytes: &bytes[..body],
-        at: r.at,
-        path,
-    };
-    let _flags = r.u32()?;
-    let fingerprint = Fingerprint {
-        model: r.u64()?,
-        model_name: r.str()?,
-        state_format: r.u32()?,
-        kv: r.str()?,
-    };
-    let meta = r.str()?;
+/// Parses a tree file saved by a context with fingerprint `here` (else `ERR_STATE_MISMATCH`),
+/// checking everything against the restoring context's `limits`.
+pub fn parse_tree_file(
+    path: &str,
+    bytes: &[u8],
+    limits: &Limits,
+    here: &Fingerprint,
+) -> Result<TreeFile> {
+    let sections = parse_container(path, bytes, Payload::Tree, here)?;
+    let mut r = sections.reader("meta")?;
+    let meta = r.take(r.remaining())?;
+    let meta = String::from_utf8(meta.to_vec()).map_err(|_| r.bad("text that is not UTF-8"))?;
+    let mut r = sections.reader("branches")?;
     let n = r.count(32)?;
     if n == 0 {
         return Err(r.bad("no branches"));
@@ -584,11 +395,11 @@ pub fn parse_tree_file(path: &str, bytes: &[u8], limits: &Limits) -> Result<Tree
     let branches = (0..n)
         .map(|i| read_branch(&mut r, limits, i))
         .collect::<Result<Vec<_>>>()?;
-    if r.at != body {
+    if !r.done() {
         return Err(r.bad("trailing bytes after the last branch"));
     }
     Ok(TreeFile {
-        fingerprint,
+        fingerprint: sections.fingerprint().clone(),
         meta,
         branches,
     })
@@ -661,25 +472,29 @@ mod tests {
         n_vocab: 16,
     };
 
+    fn parse(bytes: &[u8], limits: &Limits) -> Result<TreeFile> {
+        parse_tree_file("t", bytes, limits, &sample_tree().fingerprint)
+    }
+
     #[test]
     fn a_tree_round_trips() {
         let tree = sample_tree();
         let bytes = tree_file_bytes(&tree);
-        assert_eq!(parse_tree_file("t", &bytes, &LIMITS).unwrap(), tree);
+        assert_eq!(parse(&bytes, &LIMITS).unwrap(), tree);
     }
 
     #[test]
-    fn every_truncation_and_every_flipped_byte_is_a_state_error() {
+    fn every_truncation_and_every_flipped_byte_is_corrupt() {
         let bytes = tree_file_bytes(&sample_tree());
         for n in 0..bytes.len() {
-            let e = parse_tree_file("t", &bytes[..n], &LIMITS).unwrap_err();
-            assert_eq!(e.code(), "ERR_STATE", "truncated to {n}: {e}");
+            let e = parse(&bytes[..n], &LIMITS).unwrap_err();
+            assert_eq!(e.code(), "ERR_STATE_CORRUPT", "truncated to {n}: {e}");
         }
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x40;
-            let e = parse_tree_file("t", &bad, &LIMITS).unwrap_err();
-            assert_eq!(e.code(), "ERR_STATE", "byte {i} flipped: {e}");
+            let e = parse(&bad, &LIMITS).unwrap_err();
+            assert_eq!(e.code(), "ERR_STATE_CORRUPT", "byte {i} flipped: {e}");
         }
     }
 
@@ -690,13 +505,13 @@ mod tests {
             n_ctx: 64,
             n_vocab: 8,
         };
-        let e = parse_tree_file("t", &bytes, &small_vocab).unwrap_err();
+        let e = parse(&bytes, &small_vocab).unwrap_err();
         assert!(e.to_string().contains("vocabulary"), "{e}");
         let small_ctx = Limits {
             n_ctx: 11,
             n_vocab: 16,
         };
-        let e = parse_tree_file("t", &bytes, &small_ctx).unwrap_err();
+        let e = parse(&bytes, &small_ctx).unwrap_err();
         assert!(e.to_string().contains("position 12"), "{e}");
     }
 
@@ -704,7 +519,42 @@ mod tests {
     fn a_parent_must_come_first() {
         let mut tree = sample_tree();
         tree.branches[1].parent = Some(1);
-        let e = parse_tree_file("t", &tree_file_bytes(&tree), &LIMITS).unwrap_err();
+        let e = parse(&tree_file_bytes(&tree), &LIMITS).unwrap_err();
         assert!(e.to_string().contains("not an earlier branch"), "{e}");
+    }
+
+    #[test]
+    fn sampler_values_go_through_the_option_validators() {
+        type Spoil = fn(&mut SamplingConfig);
+        let cases: [(Spoil, &str); 4] = [
+            (|c| c.top_p = 1.5, "topP must be in (0, 1]"),
+            (
+                |c| c.temperature = f32::NAN,
+                "temperature must be a finite number",
+            ),
+            (
+                |c| c.logit_bias[0].1 = f32::INFINITY,
+                "logitBias bias must be",
+            ),
+            (
+                |c| c.penalties.as_mut().unwrap().last_n = -2,
+                "penalties.lastN must be an integer",
+            ),
+        ];
+        for (spoil, why) in cases {
+            let mut tree = sample_tree();
+            spoil(&mut tree.branches[1].sampling.config);
+            let e = parse(&tree_file_bytes(&tree), &LIMITS).unwrap_err();
+            assert_eq!(e.code(), "ERR_STATE_CORRUPT");
+            assert!(e.to_string().contains(why), "{e} should say {why}");
+        }
+    }
+
+    #[test]
+    fn a_tree_from_another_context_is_a_mismatch() {
+        let bytes = tree_file_bytes(&sample_tree());
+        let other = Fingerprint::new(1, 2, &[], "test model", 4, "typeK=q8_0".into());
+        let e = parse_tree_file("t", &bytes, &LIMITS, &other).unwrap_err();
+        assert_eq!(e.code(), "ERR_STATE_MISMATCH");
     }
 }

@@ -16,6 +16,7 @@ pub mod logits_view;
 pub mod metrics;
 pub mod raw;
 pub mod sampling;
+pub mod saved_state;
 pub mod state;
 pub mod store;
 pub mod tokenizer;

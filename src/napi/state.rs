@@ -10,6 +10,7 @@ use napi_derive::napi;
 use super::context::{Engine, SessionContext};
 use super::convert::{js, seq_from, Arg, Result};
 use super::raw::ensure_unleased;
+use crate::engine::saved_state::check_path;
 use crate::engine::state_file::{parse_state_file, state_file_bytes};
 use crate::error::Error;
 use crate::llama::{self, SeqId};
@@ -51,13 +52,6 @@ fn ensure_not_empty(engine: &Engine, seq: SeqId) -> crate::error::Result<()> {
         return Err(Error::invalid(format!(
             "sequence {seq} is empty: there is no state to save; decode into it first"
         )));
-    }
-    Ok(())
-}
-
-fn check_path(path: &str) -> crate::error::Result<()> {
-    if path.is_empty() {
-        return Err(Error::invalid("path must be a non-empty file path"));
     }
     Ok(())
 }
@@ -172,7 +166,7 @@ impl SessionContext {
                 self.info.n_seq_max,
             )?;
             let path = path.get("kvCacheWriteFile: path", "a file path")?;
-            check_path(&path)?;
+            check_path("kvCacheWriteFile", &path)?;
             let tokens =
                 self.tokens(&tokens.get("kvCacheWriteFile: tokens", "an array of token ids")?)?;
             if tokens.len() > self.info.n_ctx as usize {
@@ -208,7 +202,7 @@ impl SessionContext {
                 self.info.n_seq_max,
             )?;
             let path = path.get("kvCacheReadFile: path", "a file path")?;
-            check_path(&path)?;
+            check_path("kvCacheReadFile", &path)?;
             Ok(move |e: &mut Engine| {
                 ensure_unleased(e, seq, "kvCacheReadFile")?;
                 let bytes = read_file(&path)?;
@@ -225,32 +219,8 @@ impl SessionContext {
     }
 }
 
-/// What identifies the states this context writes: the same fingerprint a saved branch tree
-/// carries (`engine::fingerprint`), for the prefix cache's files (lib/scheduler/cache-tiers.js),
-/// so both refuse a state from other weights or another KV layout by one definition.
-#[napi(object)]
-pub struct StateIdentity {
-    /// The model's hash (size, parameters, every GGUF metadata pair), 16 hex digits.
-    pub model: String,
-    /// llama.cpp's sequence state format version.
-    pub state_format: u32,
-    /// The KV settings that change a state's bytes (`typeK=… typeV=… flashAttention=…`).
-    pub kv: String,
-}
-
 #[napi]
 impl SessionContext {
-    /// The identity of the states this context's sequences hold (see `StateIdentity`).
-    #[napi(js_name = "_stateIdentity")]
-    pub fn _state_identity(&self) -> Result<StateIdentity> {
-        let fingerprint = super::tree::fingerprint_of(&self.model, &self.info.kv);
-        Ok(StateIdentity {
-            model: format!("{:016x}", fingerprint.model),
-            state_format: fingerprint.state_format,
-            kv: fingerprint.kv,
-        })
-    }
-
     /// The state of a branch's sequence (its KV cells) as a Buffer, on the calling thread: the
     /// prefix cache copies an entry it evicts while the scheduler decides what fits, where an
     /// awaited job would leave the context busy for the synchronous calls around it.

@@ -1,9 +1,8 @@
 //! Branch trees in files, behind lib/BranchStore.js `saveTree` / `BranchStore.restoreTree`:
-//! the fingerprint of this context, the atomic write, and the jobs on the worker (serialising
-//! and parsing hundreds of MiB never runs on the JS thread). The tree logic is
-//! engine/tree.rs, the bytes engine/tree_file.rs.
+//! the jobs on the worker (serialising and parsing hundreds of MiB never runs on the JS thread).
+//! The tree logic is engine/tree.rs, the payload engine/tree_file.rs, the container (header,
+//! fingerprint, checksum, atomic write) engine/saved_state/.
 
-use std::io::Write;
 use std::sync::Arc;
 
 use napi::bindgen_prelude::*;
@@ -12,11 +11,10 @@ use napi_derive::napi;
 
 use super::context::{Engine, SessionContext};
 use super::convert::{Arg, Result};
-use crate::engine::fingerprint::Fingerprint;
+use super::saved_state::fingerprint_of;
+use crate::engine::saved_state::{check_path, read_file, write_atomically};
 use crate::engine::tree::restore_sampling;
 use crate::engine::tree_file::{parse_tree_file, tree_file_bytes, Limits, SavedLogits, TreeFile};
-use crate::error::Error;
-use crate::llama::{Model, SEQ_FILE_VERSION};
 
 /// What `store.saveTree` resolves (sizes in bytes).
 #[napi(object)]
@@ -44,71 +42,6 @@ pub struct TreeRestored {
     pub meta: String,
     /// Size of the file.
     pub bytes: f64,
-}
-
-/// This context's fingerprint: the model (size, parameters, GGUF metadata), llama.cpp's
-/// sequence-state format and the KV settings that change a state's bytes.
-pub(super) fn fingerprint_of(model: &Model, kv: &crate::engine::kv_types::KvConfig) -> Fingerprint {
-    Fingerprint::new(
-        model.size_bytes(),
-        model.n_params(),
-        &model.metadata(),
-        &model.description(),
-        SEQ_FILE_VERSION,
-        format!(
-            "typeK={} typeV={} flashAttention={}",
-            kv.type_k.name(),
-            kv.type_v.name(),
-            kv.flash_attention.name()
-        ),
-    )
-}
-
-/// Writes `bytes` to `path` so that `path` is either its old self or the whole new file: a
-/// temporary file beside it, fsync, rename over it, fsync of the folder (best effort).
-fn write_atomically(path: &str, bytes: &[u8]) -> crate::error::Result<()> {
-    let fail =
-        |e: std::io::Error| Error::invalid(format!("cannot write the tree file {path}: {e}"));
-    let target = std::path::Path::new(path);
-    let name = target
-        .file_name()
-        .ok_or_else(|| Error::invalid(format!("{path} names no file")))?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let tmp = target.with_file_name(format!(
-        ".{}.{}-{nanos}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, target)
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(fail(e));
-    }
-    let dir = match target.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
-
-fn check_path(where_: &str, path: &str) -> crate::error::Result<()> {
-    if path.is_empty() {
-        return Err(Error::invalid(format!(
-            "{where_}: path must be a non-empty file path"
-        )));
-    }
-    Ok(())
 }
 
 #[napi]
@@ -180,20 +113,10 @@ impl SessionContext {
             let path = path.get("restoreTree: path", "a file path")?;
             check_path("restoreTree", &path)?;
             Ok(move |e: &mut Engine| {
-                let cannot = |err: std::io::Error| {
-                    Error::invalid(format!("cannot open the tree file {path}: {err}"))
-                };
-                if !std::fs::metadata(&path).map_err(cannot)?.is_file() {
-                    return Err(Error::invalid(format!(
-                        "cannot open the tree file {path}: not a regular file"
-                    )));
-                }
-                let bytes = std::fs::read(&path).map_err(cannot)?;
-                let tree = parse_tree_file(&path, &bytes, &Limits { n_ctx, n_vocab })?;
-                tree.fingerprint.check_matches(
-                    &fingerprint_of(&model, &kv),
-                    &format!("restoreTree({path})"),
-                )?;
+                let bytes = read_file(&path)?;
+                let limits = Limits { n_ctx, n_vocab };
+                let here = fingerprint_of(&model, &kv);
+                let tree = parse_tree_file(&path, &bytes, &limits, &here)?;
                 let samplings = tree
                     .branches
                     .iter()

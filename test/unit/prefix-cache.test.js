@@ -7,11 +7,13 @@
 // processes, and the change events a KV-event publisher listens to.
 
 const assert = require('node:assert/strict');
+const crypto = require('node:crypto');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-cache');
 const { entryName, writeEntryFile } = require('../../lib/scheduler/cache-file');
+const { makeError } = require('../../lib/errors');
 
 /** A stand-in for a Branch: a position and a prune that records itself. */
 function fakeBranch(position, pruned = []) {
@@ -33,7 +35,53 @@ function fakeBranch(position, pruned = []) {
 }
 
 const range = (from, to) => Array.from({ length: to - from }, (_, i) => from + i);
-const FINGERPRINT = Buffer.alloc(32, 7);
+
+/**
+ * A stand-in for a context's saved-state file jobs (src/napi/saved_state.rs, whose container the
+ * Rust tests cover): a file is the fingerprint's id, the token count, the tokens, the state and a
+ * SHA-256 of all of it, refused with the native codes (ERR_STATE_MISMATCH, ERR_STATE_CORRUPT).
+ * @returns {import('../../lib/scheduler/cache-file').EntryFingerprint}
+ */
+function fakeFingerprint(fill) {
+  const id = Buffer.alloc(32, fill);
+  const HEAD = 32 + 4;
+  const digest = (/** @type {Buffer} */ b) => crypto.createHash('sha256').update(b).digest();
+  const parse = (/** @type {string} */ file, /** @type {Buffer} */ bytes) => {
+    if (bytes.length < HEAD) throw makeError('ERR_STATE_CORRUPT', `${file} is truncated`);
+    if (!bytes.subarray(0, 32).equals(id))
+      throw makeError('ERR_STATE_MISMATCH', `${file} holds a state from another model or KV layout`);
+    const n = bytes.readUInt32LE(32);
+    return { tokens: Array.from({ length: n }, (_, i) => bytes.readInt32LE(HEAD + 4 * i)), stateAt: HEAD + 4 * n };
+  };
+  const native = {
+    _prefixFileSize: (/** @type {number} */ n, /** @type {number} */ stateBytes) => HEAD + 4 * n + stateBytes + 32,
+    async _prefixFileWrite(/** @type {string} */ file, /** @type {number[]} */ tokens, /** @type {Buffer} */ state) {
+      const head = Buffer.alloc(HEAD + 4 * tokens.length);
+      id.copy(head);
+      head.writeUInt32LE(tokens.length, 32);
+      tokens.forEach((t, i) => head.writeInt32LE(t, HEAD + 4 * i));
+      const body = Buffer.concat([head, state]);
+      const bytes = Buffer.concat([body, digest(body)]);
+      await fs.promises.writeFile(file, bytes);
+      return bytes.length;
+    },
+    async _prefixFileRead(/** @type {string} */ file) {
+      const bytes = await fs.promises.readFile(file);
+      const body = bytes.subarray(0, bytes.length - 32);
+      if (bytes.length < HEAD + 32 || !digest(body).equals(bytes.subarray(bytes.length - 32)))
+        throw makeError('ERR_STATE_CORRUPT', `${file} fails its checksum`);
+      const { tokens, stateAt } = parse(file, body);
+      return { tokens, state: body.subarray(stateAt), bytes: bytes.length };
+    },
+    async _prefixFileTokens(/** @type {string} */ file) {
+      const bytes = await fs.promises.readFile(file);
+      return { tokens: parse(file, bytes).tokens, bytes: bytes.length };
+    },
+  };
+  return { id, native };
+}
+
+const FINGERPRINT = fakeFingerprint(7);
 
 /**
  * Fake tiers: a branch's "state" is 100 bytes naming its first token and position; a restore
@@ -188,7 +236,7 @@ describe('PrefixCache (no model)', () => {
   it('demotes KV → RAM → disk → gone and promotes from disk, files in a real folder', async () => {
     const dir = tempDir();
     try {
-      const size = 4 + 4 + 32 + 4 + 4 * 20 + 8 + 100 + 32;
+      const size = FINGERPRINT.native._prefixFileSize(20, 100);
       const tiers = fakeTiers({ ramBytes: 100, dir, diskBytes: 2 * size });
       const cache = new PrefixCache({ tiers });
       const changes = [];
@@ -255,7 +303,7 @@ describe('PrefixCache (no model)', () => {
     try {
       const tokens = range(0, 30);
       await writeEntryFile(dir, FINGERPRINT, tokens, Buffer.alloc(64, 1));
-      await writeEntryFile(dir, Buffer.alloc(32, 9), range(50, 80), Buffer.alloc(64, 2)); // other settings
+      await writeEntryFile(dir, fakeFingerprint(9), range(50, 80), Buffer.alloc(64, 2)); // other settings
       const corrupt = range(100, 130);
       await writeEntryFile(dir, FINGERPRINT, corrupt, Buffer.alloc(64, 3));
       const file = path.join(dir, entryName(FINGERPRINT, corrupt));
