@@ -22,7 +22,7 @@ const { firstTurn, laterTurn } = require('./scheduler/chat');
 class ProgramLine {
   /** @type {import('./scheduler/line').Line} */
   #line;
-  /** @type {import('./scheduler/run').RunProgram} */
+  /** @type {import('./scheduler/program').Program} */
   #program;
 
   /** Made by `Scheduler.run` (the root) and `fork`, never directly. */
@@ -64,26 +64,28 @@ class ProgramLine {
   append(input) {
     const line = this.#checkIdle('append');
     const ctx = this.#program.ctx;
-    let tokens, text;
     if (Array.isArray(input) && input.length > 0 && input.every((m) => m !== null && typeof m === 'object')) {
       if (line.tokens.length === 0) {
-        ({ tokens, text, stops: line.stops } = firstTurn(ctx, input));
-      } else {
-        if (line.chat === null)
-          throw invalid('append(messages): this line did not start with chat messages; append text or tokens to it');
-        if (line.chat === 'open')
-          throw invalid('append(messages): the assistant turn is open; gen its reply (or append its text) first');
-        ({ tokens, text } = laterTurn(ctx, line.tokens, input));
+        const { tokens, text, stops } = firstTurn(ctx, input);
+        line.pushTurn(tokens, text, stops);
+        return this;
       }
-      line.chat = 'open';
-    } else if (typeof input === 'string') {
+      if (line.chat === null)
+        throw invalid('append(messages): this line did not start with chat messages; append text or tokens to it');
+      if (line.chat === 'open')
+        throw invalid('append(messages): the assistant turn is open; gen its reply (or append its text) first');
+      const { tokens, text } = laterTurn(ctx, line.tokens, input);
+      line.pushTurn(tokens, text);
+      return this;
+    }
+    // Text or tokens after an open turn are the assistant's reply (Line.push).
+    let tokens, text;
+    if (typeof input === 'string') {
       tokens = input === '' ? [] : ctx.tokenizeSync(input, line.tokens.length === 0);
       text = input;
-      if (line.chat === 'open' && input !== '') line.chat = 'replied'; // the assistant's text
     } else if (isTokenIds(input, ctx.vocabSize)) {
       tokens = input.slice();
       text = tokens.map((t) => ctx.tokenToText(t)).join('');
-      if (line.chat === 'open' && tokens.length > 0) line.chat = 'replied';
     } else {
       throw invalid(`append(input): input must be a string or an array of token ids in [0, ${ctx.vocabSize})`);
     }
@@ -109,22 +111,24 @@ class ProgramLine {
     if (options.regex !== undefined && (typeof options.regex !== 'string' || options.regex === ''))
       throw invalid('gen: regex must be a non-empty string (a JavaScript-style regular expression source)');
     const job = new GenJob({
-      maxTokens: positiveInt(options.maxTokens, 'options.maxTokens', program.defaultMaxTokens),
+      maxTokens: positiveInt(options.maxTokens, 'options.maxTokens', program.env.defaultMaxTokens),
       stops: [...checkStops(options.stop), ...line.stops],
       params: { ...params, seed: seed === undefined || seed === -1 ? program.nextSeed() : seed },
       grammar: grammar || choices,
       logprobs: checkLogprobs(options.logprobs, 'options.logprobs'),
     });
-    line.job = job; // the line is busy from now on, even while a JSON schema converts
+    const done = line.start(job); // the line is busy from now on, even while a JSON schema converts
     try {
-      if (options.jsonSchema !== undefined) job.grammar = await program.jsonSchemaToGrammar(options.jsonSchema);
-      if (options.regex !== undefined) job.grammar = await regexGrammar(options.regex, program.jsonSchemaToGrammar);
+      const { jsonSchemaToGrammar } = program.env;
+      if (options.jsonSchema !== undefined) job.setGrammar(await jsonSchemaToGrammar(options.jsonSchema));
+      if (options.regex !== undefined) job.setGrammar(await regexGrammar(options.regex, jsonSchemaToGrammar));
     } catch (e) {
-      line.job = null;
+      line.cancel(job);
       throw e;
     }
     if (line.job !== job) throw program.endedError(); // the program ended meanwhile
-    return this.#start(job);
+    program.wake(); // the Scheduler serves it from its next step
+    return done;
   }
 
   /**
@@ -178,7 +182,7 @@ class ProgramLine {
       const index = scores.reduce((best, s, i) => (s > scores[best] ? i : best), 0);
       const adopted = line.adopt(leafOf(index));
       this.append(options[index]);
-      if (adopted) line.pending = []; // in the KV already: the branch came from the winner's fork
+      if (adopted) line.pendingDecoded(); // the branch came from the winner's fork
       return { choice: options[index], index, scores };
     });
   }

@@ -29,12 +29,12 @@ const { jsonSchemaToGrammar } = require('./schema');
 const { makeError } = require('./errors');
 const { schedulerOptions } = require('./scheduler/options');
 const { PrefixCache } = require('./scheduler/prefix-cache');
-const { RequestProgram } = require('./scheduler/request');
+const { requestProgram } = require('./scheduler/request');
 const { invalid } = require('./scheduler/checks');
 const { SystemPrompts } = require('./scheduler/system-prompts');
 const { Generation } = require('./scheduler/generation');
 const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
-const { RunProgram } = require('./scheduler/run');
+const { runProgram } = require('./scheduler/run');
 const { Programs } = require('./scheduler/programs');
 const { SchedulerEvents } = require('./scheduler/events');
 const { decide } = require('./scheduler/decide');
@@ -110,9 +110,9 @@ class Scheduler {
    */
   generate(request) {
     try {
-      const p = new RequestProgram(request, this._env);
-      this._enqueue(p);
-      return p.generation;
+      const { program, generation } = requestProgram(request, this._env);
+      this._enqueue(program);
+      return generation;
     } catch (e) {
       return Generation.failed(e);
     }
@@ -131,9 +131,9 @@ class Scheduler {
    */
   run(program, options = {}) {
     try {
-      const p = new RunProgram(program, options, this._env);
+      const { program: p, promise } = runProgram(program, options, this._env);
       this._enqueue(p);
-      return p.promise;
+      return promise;
     } catch (e) {
       return Promise.reject(e);
     }
@@ -163,10 +163,7 @@ class Scheduler {
     } else if (this._queue.length >= this._options.maxQueue) {
       item.reject(queueFullError(this._options.maxQueue));
     } else {
-      if (item.signal) {
-        item.onAbort = () => this._abort(item);
-        item.signal.addEventListener('abort', item.onAbort, { once: true });
-      }
+      item.listen(() => this._abort(item));
       this._queue.push(item);
       this._kick();
     }
@@ -194,7 +191,7 @@ class Scheduler {
   stats() {
     const c = this._counters;
     const p = this._programs;
-    const requests = p.list.filter((program) => program.kind === 'request').length;
+    const requests = p.list.filter((program) => program.countsAsRunning).length;
     return {
       running: requests,
       programs: p.size - requests,
@@ -252,7 +249,7 @@ class Scheduler {
 
   /** A program settled: a request that resolved counts as completed (`stats().completed`). */
   _ended(item) {
-    if (item.kind === 'request' && item.state === 'done') this._counters.completed++;
+    if (item.countsAsRunning && item.state === 'done') this._counters.completed++;
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -344,14 +341,12 @@ class Scheduler {
     while (this._queue.length > 0) {
       const item = this._queue[0];
       if (item.state !== 'ready') return;
-      const running = this._programs.list.filter((p) => p.kind === 'request').length;
-      if (item.kind === 'request' && running >= this._options.maxRunning) return;
+      const running = this._programs.list.filter((p) => p.countsAsRunning).length;
+      if (item.countsAsRunning && running >= this._options.maxRunning) return;
       const need = item.needs(this._cache);
       // A prompt the RAM or disk tier holds more of waits for its restore (one a step) rather
       // than being prefilled from a shorter start now.
-      const request = /** @type {any} */ (item);
-      if (this._tiers && item.kind === 'request' && !request.tierSkip && this._tiers.lookup(request.tokens, need.start))
-        return;
+      if (this._tiers && item.restoreKey && this._tiers.lookup(item.restoreKey, need.start)) return;
       const { cells, leases } = need;
       if (!this._makeRoom(cells, leases, need.entry)) {
         if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
@@ -362,7 +357,7 @@ class Scheduler {
       this._queue.shift();
       if (need.entry && need.start > 0) {
         if (need.entry.logits) this._kvHits++; // (a restored entry's hit was counted by its tier)
-        if (/** @type {any} */ (item).cacheKey) need.entry.hinted = true;
+        if (item.hinted) need.entry.hinted = true;
       }
       this._programs.admit(item, need);
     }
@@ -391,7 +386,7 @@ class Scheduler {
       const beside = start.beside(keep);
       if (!this._makeRoom(keep + beside.cells, beside.leases + 1)) {
         // Nothing running will give cells back: it never fits restored, admit it as it is.
-        if (start.request && this._programs.size === 0) start.request.tierSkip = true;
+        if (start.program && this._programs.size === 0) start.program.skipRestore();
         return;
       }
       const restored = await tiers.restore(found, keep);
@@ -408,15 +403,14 @@ class Scheduler {
    */
   *_restorable() {
     for (const item of this._queue.slice()) {
-      if (item.state !== 'ready' || item.kind !== 'request') continue;
-      const request = /** @type {import('./scheduler/request').RequestProgram} */ (item);
-      const beside = (/** @type {number} */ keep) => request.needsFrom(keep);
-      yield { tokens: request.tokens, beside, hinted: Boolean(request.cacheKey), request };
+      if (item.state !== 'ready' || !item.restoreKey) continue;
+      const beside = (/** @type {number} */ keep) => item.needsFrom(keep);
+      yield { tokens: item.restoreKey, beside, hinted: item.hinted, program: item };
     }
     for (const [, line] of this._programs.runningLines()) {
       if (line.state !== 'waiting' || line.parent || !line.needed) continue;
       const tokens = line.pending.slice(0, line.pending.length - line.scoring);
-      yield { tokens, beside: () => ({ cells: 0, leases: 0 }), hinted: false, request: null };
+      yield { tokens, beside: () => ({ cells: 0, leases: 0 }), hinted: false, program: null };
     }
   }
 

@@ -230,9 +230,7 @@ function createApp(config) {
       if (route) await route(req, res);
       else unrouted(req.method, pathname, routes, res, app.modelCard);
     } catch (e) {
-      const err = toHttpError(e);
-      err.headers = { ...app.corsHeaders, ...err.headers };
-      sendError(res, err);
+      sendError(res, e, app.corsHeaders);
     }
   };
 }

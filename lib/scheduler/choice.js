@@ -20,8 +20,6 @@ class Choice {
     this.chat = chat;
     /** Tokens generated so far (what the choice may still write is maxTokens minus these). */
     this.generated = 0;
-    /** The choice's perplexity, set by its line when it ends (Infinity: none). */
-    this.perplexity = Infinity;
     /** @type {any} the result's choice, once ended */
     this.result = null;
   }
@@ -41,9 +39,10 @@ class Choice {
 
   /**
    * The gen ended with `gen` (its text, tokens, finishReason, logprobs); `rest`: the text its stop
-   * matcher held back until now. A chat reply is parsed whole (a call's end: 'tool_calls').
+   * matcher held back until now; `perplexity`: its line's (Infinity: none). A chat reply is parsed
+   * whole (a call's end: 'tool_calls').
    */
-  end(gen, rest) {
+  end(gen, rest, perplexity = Infinity) {
     const { text, tokens, logprobs } = gen;
     let { finishReason } = gen;
     const chat = this.chat;
@@ -56,14 +55,15 @@ class Choice {
     }
     const ending = { choice: this.index, token: null, text: rest, finishReason };
     this.push(chat ? { ...ending, delta, message: chat.message } : ending);
-    const perplexity = this.perplexity;
     this.result = { text, tokens, finishReason, perplexity, ...(logprobs ? { logprobs } : {}), ...message };
     this.state = 'ended';
   }
 
-  /** Ends a choice that never started (its request was aborted before admission). */
-  abortUnstarted() {
-    this.end({ text: '', tokens: [], finishReason: 'abort' }, '');
+  /** A choice that never started, ended 'abort' (its request was aborted before admission). */
+  static unstarted(index, push) {
+    const choice = new Choice(index, push, null);
+    choice.end({ text: '', tokens: [], finishReason: 'abort' }, '');
+    return choice;
   }
 }
 

@@ -68,7 +68,19 @@ function cellsExceeded(used, more, maxCells) {
   );
 }
 
+/** A program's AbortSignal fired (a request's resolves instead: its choices end 'abort'). */
+function abortedProgram(signal) {
+  const err = makeError(
+    'ERR_ABORTED',
+    'the program was aborted by its AbortSignal; every line it held was released and no result is coming',
+  );
+  err.name = 'AbortError';
+  if (signal && signal.reason !== undefined) err.cause = signal.reason;
+  return err;
+}
+
 module.exports = {
+  abortedProgram,
   SchedulerErrorCode,
   schedulerError,
   closedError,

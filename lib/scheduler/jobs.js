@@ -99,11 +99,16 @@ class GenJob {
     this.next = next || undefined;
   }
 
+  /** A grammar converted after the gen was made (a JSON schema, a regex): before it is armed. */
+  setGrammar(grammar) {
+    this.grammar = grammar;
+  }
+
   /**
    * Ends the gen with `reason` and returns its result (a request's choice's: its own, e.g. a chat
-   * reply's calls ending 'tool_calls'), or rejects it with `error`.
+   * reply's calls ending 'tool_calls', with the line's `perplexity`), or rejects it with `error`.
    */
-  finish(reason, error) {
+  finish(reason, error, perplexity = Infinity) {
     this.state = 'ended';
     if (this.drafter) this.drafter.close();
     this.drafter = null;
@@ -114,7 +119,7 @@ class GenJob {
     if (this.logprobs !== undefined) result.logprobs = this.tokenLogprobs;
     this.done.resolve(result);
     if (!this.choice) return result;
-    this.choice.end(result, rest);
+    this.choice.end(result, rest, perplexity);
     return this.choice.result;
   }
 }

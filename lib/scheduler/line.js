@@ -8,52 +8,63 @@
  * decode as everything else. The user's `ProgramLine` (lib/ProgramLine.js) holds one privately.
  *
  * `state`: 'waiting' (no branch yet) → 'live' → 'freed'. A line never calls its program: it is
- * given a `LineEnv`, and what its program counts (`written`, `cached`, `starts`) is the line's own
+ * given a `LineEnv`, and what its program counts (its `tally`, `cached`, `starts`) is the line's own
  * state, read by the program and by ./programs.js, which also decide whose failure a line's is.
  */
 
 const { makeError } = require('../errors');
-const { Branch } = require('../Branch');
 const { MIN_PARTIAL_REUSE } = require('./prefix-cache');
 const { clipped, perplexityOf } = require('./events');
 const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
+const { ScoreJob } = require('./jobs');
 
 /**
- * `program`: its id in the events; `hinted`: the cache entries its lines fill are kept warm (a request's cacheKey).
- * @typedef {{ ctx: any, cache: any, events: import('./events').SchedulerEvents, program: string, hinted: boolean }} LineEnv
+ * What a program's lines wrote, for its leases, usage and maxCells (each line counts its own in,
+ * and a freed line's stay): leases taken (a line's branch, a fork of each cache entry it filled),
+ * KV cells committed, tokens taken by gens, draft tokens drafted and accepted.
+ */
+class Tally {
+  constructor() {
+    this.leases = 0;
+    this.cells = 0;
+    this.completionTokens = 0;
+    this.draftTokens = 0;
+    this.acceptedDraftTokens = 0;
+  }
+}
+
+/**
+ * `program`: its id in the events; `hinted`: the cache entries its lines fill are kept warm (a
+ * request's cacheKey); `tally`: its program's, which the line counts what it writes into.
+ * @typedef {{ ctx: any, cache: any, events: import('./events').SchedulerEvents, program: string, hinted: boolean, tally: Tally }} LineEnv
  */
 
 class Line {
   /**
    * @param {LineEnv} env
    * @param {string} id the line's id in the events (`p1.0`, `p1.1`, ...)
-   * @param {Line | null} parent the line it forks (null: a fresh line)
+   * @param {import('./line-start').LineStart} start how it gets its KV (./line-start.js): a fork of its parent, fresh, or a prompt
    * @param {number[]} tokens its tokens so far (a fork: a copy of the parent's at the fork point)
    */
-  constructor(env, id, parent, tokens) {
+  constructor(env, id, start, tokens) {
+    const parent = start.parent;
     this.env = env;
     this.id = id;
+    this.kv = start;
+    /** @type {Line | null} the line it forks until it took its branch (null: a fresh line) */
     this.parent = parent;
     this.tokens = tokens;
     this.pending = parent ? [] : tokens.slice();
     /** The parent's token count at the fork: this line's branch forks the parent there. */
     this.anchor = tokens.length - this.pending.length;
-    this.text = '';
+    /** @type {string} what was appended as text and what its gens produced (a fork starts with its parent's) */
+    this.text = parent ? parent.text : '';
     this.state = 'waiting';
     this.branch = null;
     /** @type {Line[]} forks of this line that have not taken their branch from it yet */
     this.waitingForks = [];
     /** @type {import('./jobs').GenJob | import('./jobs').ScoreJob | import('./jobs').PeekJob | null} */
     this.job = null;
-    /** The cache entry this line's branch is filling (its prompt, for others to fork), if any. */
-    this.segment = null;
-    /** Where a request's prompt is cut into cache entries, leases reserved at admission (null: a program's line). */
-    this.cachePoints = null;
-    /** @type {any[]} cache entries pinned until the line is freed */
-    this.pins = [];
-    /** A request's prompt never grows: once filled, it may use its cache entry's branch as is (`borrowed`). */
-    this.sealed = false;
-    this.borrowed = false;
     /** Stop strings every gen adds (the chat template's end of turn). */
     this.stops = parent ? parent.stops : [];
     /** null (the line did not start with messages), 'open' (the assistant's turn is open) or 'replied'. */
@@ -64,8 +75,6 @@ class Line {
     /** Prompt tokens its start took from the prefix cache, and how often it started (again after a failed branch). */
     this.cached = 0;
     this.starts = 0;
-    /** For its program's leases, usage and maxCells: leases taken (its branch, a fork of each entry it filled). */
-    this.written = { leases: 0, cells: 0, completionTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 };
     if (parent) parent.waitingForks.push(this);
     this.emit('fork', { branch: this.id, parent: parent ? parent.id : null, at: parent ? this.anchor : 0 });
   }
@@ -92,18 +101,51 @@ class Line {
       throw schedulerError(Code.PROGRAM_STATE, `${op}(): a gen or select is running on this line; await it first`);
   }
 
-  /** Appends `tokens` (and the `text` they stand for), decoded when the line next needs its KV. */
+  /**
+   * Appends `tokens` (and the `text` they stand for), decoded when the line next needs its KV;
+   * after an open chat turn, they are the assistant's reply.
+   */
   push(tokens, text) {
     this.tokens.push(...tokens);
     this.pending.push(...tokens);
     this.text += text;
+    if (this.chat === 'open' && (tokens.length > 0 || text !== '')) this.chat = 'replied';
     if (this.env.events.on) this.emit('append', { branch: this.id, text: clipped(text), n: this.tokens.length });
+  }
+
+  /** Appends a chat turn up to the assistant's, whose reply is open then (`stops`: a first turn's end-of-turn strings). */
+  pushTurn(tokens, text, stops = this.stops) {
+    this.stops = stops;
+    this.push(tokens, text);
+    this.chat = 'open';
+  }
+
+  /** Appends `tokens` to score and starts scoring them (a logits row each); resolves with their log-probabilities. */
+  score(tokens) {
+    this.tokens.push(...tokens);
+    this.pending.push(...tokens);
+    return this.start(new ScoreJob(tokens.length));
+  }
+
+  /** A select or multi-token logprob scores its options in forks of the line (`on`), or is done. */
+  setSelecting(on) {
+    this.selecting = on;
+  }
+
+  /** The tokens just appended are in the branch already (adopted from the scorer that decoded them). */
+  pendingDecoded() {
+    this.pending = [];
   }
 
   /** Starts `job` on the line (served from the next step on); resolves with its result. */
   start(job) {
     this.job = job;
     return job.done.promise;
+  }
+
+  /** `job` will not run after all (its grammar failed to convert): the line is idle again. */
+  cancel(job) {
+    if (this.job === job) this.job = null;
   }
 
   /**
@@ -161,7 +203,12 @@ class Line {
 
   /** Whether the line holds a lease of its program's: a branch of its own (not a cache entry's). */
   get holdsLease() {
-    return this.state === 'live' && !this.borrowed;
+    return this.state === 'live' && !this.kv.borrowed;
+  }
+
+  /** Cells the gen running on the line may still write (0: none runs). */
+  get genCellsLeft() {
+    return this.job !== null && this.job.kind === 'gen' ? this.job.maxTokens - this.job.tokens.length : 0;
   }
 
   /** Pending tokens a score job still scores (the last ones). */
@@ -208,25 +255,13 @@ class Line {
    */
   forkFromCache() {
     const wanted = this.tokens.length - this.scoring; // tokens to score are decoded by the line
-    if (wanted - this.anchor < MIN_PARTIAL_REUSE) return false;
-    const { entry, length, fork } = this.cachedStart(this.tokens.slice(0, wanted));
-    if (!entry || !entry.ready || length <= this.anchor) return false;
-    this.env.cache.unpin(this.env.cache.pin(entry)); // refreshes its place in the LRU order
-    this.took(fork());
-    this.pending = this.tokens.slice(length);
-    this.started(length - this.anchor);
+    const cached = this.kv.fromCache(this.env.cache, this.tokens.slice(0, wanted), this.anchor);
+    if (!cached) return false;
+    this.took(cached.branch);
+    this.pending = this.tokens.slice(cached.length);
+    this.started(cached.length - this.anchor);
     this.leaveParent();
     return true;
-  }
-
-  /**
-   * The longest cached start of `tokens`: its entry (null: none), its length (a part-way fork
-   * never takes them all: it would lack the logits after the last) and `fork()`, which takes it.
-   */
-  cachedStart(tokens) {
-    const { entry, partial, length } = this.env.cache.bestStart(tokens);
-    const fork = () => (partial ? entry.branch.forkAt(length) : entry.branch.fork());
-    return { entry: length > 0 ? entry : null, length, fork };
   }
 
   started(cached) {
@@ -238,104 +273,62 @@ class Line {
   took(branch) {
     this.branch = branch;
     this.state = 'live';
-    this.written.leases++;
+    this.env.tally.leases++;
   }
 
   /**
-   * A fresh line's start: a fork of the longest cached prefix of its tokens, the entry's branch
-   * itself when a sealed prompt is cached whole, or a new branch. Its prompt then becomes a cache
-   * entry (see openSegment; a program's only if a lease is spare: the returned true asks). Nothing
-   * happens while the prefix it wants is still being filled by someone else.
+   * A fresh line's start (./line-start.js `fresh`): its prompt then becomes a cache entry (see
+   * openSegment; a program's only if a lease is spare: the returned true asks). Nothing happens
+   * while the prefix it wants is still being filled by someone else.
    */
   startFresh() {
-    const cache = this.env.cache;
     // Tokens to score must be decoded by the line itself (their logits rows are the score); the
     // first of them is scored from the logits at the fork point, which a partial fork lacks.
     const wanted = this.pending.length - this.scoring;
-    const { entry, length, fork } = this.cachedStart(this.pending.slice(0, wanted));
-    if (entry && !entry.ready && entry.branch.position < length) return false;
-    if (entry && this.cachePoints) this.pins.push(cache.pin(entry));
-    else if (entry) cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
-    this.started(entry ? length : 0);
-    if (entry && this.sealed && length === this.pending.length) {
+    const start = this.kv.fresh(this.env, this.pending.slice(0, wanted), this.pending.length);
+    if (!start) return false;
+    this.started(start.length);
+    if (this.kv.borrowed) {
+      this.branch = start.take(); // the whole prompt is cached, logits included
+      this.state = 'live';
       this.pending = [];
-      this.useCached(entry); // the whole prompt is cached, logits included
       return false;
     }
-    this.took(entry ? fork() : Branch.create(this.env.ctx, 0, { temperature: 0 })); // a prompt is never sampled
-    this.pending = this.pending.slice(length);
-    if (this.cachePoints) this.openSegment();
-    return !this.cachePoints && !entry && this.pending.length >= MIN_PARTIAL_REUSE;
+    this.took(start.take());
+    this.pending = this.pending.slice(start.length);
+    const prompt = this.kv.cachePoints !== null;
+    if (prompt) this.openSegment();
+    return !prompt && start.length === 0 && this.pending.length >= MIN_PARTIAL_REUSE;
   }
 
-  /**
-   * The line's branch fills a new cache entry up to its next cache point (a program's line: all
-   * its prompt), so that programs and requests starting with the same text fork it instead of
-   * prefilling it again. A prompt to score is nobody's.
-   */
+  /** The line's branch fills a cache entry from now on (./line-start.js `open`); a prompt to score is nobody's. */
   openSegment() {
-    const cache = this.env.cache;
-    if (this.scoring > 0) return;
-    const end = this.cachePoints ? this.cachePoints.find((p) => p > this.filled) : this.tokens.length;
-    if (end === undefined) return;
-    this.segment = cache.open(this.tokens.slice(0, end), this.branch);
-    if (this.env.hinted) this.segment.hinted = true;
-    if (this.cachePoints) this.pins.push(cache.pin(this.segment));
-    else cache.pin(this.segment);
+    if (this.scoring === 0) this.kv.open(this.env, this.tokens, this.filled, this.branch);
   }
 
-  /** A sealed prompt's branch is the cache entry's own: nothing to fork or free. */
-  useCached(entry) {
-    this.branch = entry.branch;
-    this.state = 'live';
-    this.borrowed = true;
+  /** Where the cache entry being filled ends (null: none): a prefill stops there first. */
+  get segmentEnd() {
+    return this.kv.segmentEnd;
   }
 
   /** Whether prefilling `take` more tokens fills a cache entry no lease was reserved for (a program's line). */
   fillsUnreservedEntry(take) {
-    return this.segment !== null && !this.cachePoints && this.filled + take === this.segment.tokens.length;
+    return this.kv.fillsUnreserved(this.filled + take);
   }
 
-  /**
-   * The cache entry is filled: the cache keeps that branch and the line goes on in a fork of it
-   * (a sealed prompt filled to its end uses the entry's branch as is), its next segment open.
-   * `spare`: a lease is spare now (asked when `fillsUnreservedEntry`).
-   */
+  /** The cache entry is filled (`spare`: a lease is spare now, asked when `fillsUnreservedEntry`). */
   cacheFilled(spare) {
-    const cache = this.env.cache;
-    const entry = this.segment;
-    this.segment = null;
-    if (!this.cachePoints) cache.unpin(entry);
-    if (this.sealed && this.pending.length === 0) {
-      cache.filled(entry);
-      this.useCached(entry);
-      return;
-    }
-    // Without a reserved lease the entry is kept only if one is still spare now (a program
-    // admitted since may count on it; several lines may have opened entries at once).
-    if (!this.cachePoints && !spare) {
-      cache.forget(entry);
-      return;
-    }
-    try {
-      this.branch = entry.branch.fork();
-      cache.filled(entry);
-    } catch (e) {
-      if (this.cachePoints) throw e; // its lease was reserved: a failure is the request's
-      cache.forget(entry); // no lease after all: the line keeps the branch, nothing is cached
-      return;
-    }
-    this.written.leases++; // the fork: the filled branch is the cache's now
+    const next = this.kv.filled(this.env.cache, this.pending.length === 0, spare);
+    if (!next) return;
+    this.branch = next.branch;
+    if (!next.lease) return;
+    this.env.tally.leases++; // the fork: the filled branch is the cache's now
     if (this.pending.length > 0) this.openSegment();
   }
 
   /** An unfilled cache entry of this line leaves the cache (the line frees its branch itself). */
   dropSegment() {
-    const cache = this.env.cache;
-    if (!this.segment) return;
-    if (!this.cachePoints) cache.unpin(this.segment);
-    cache.forget(this.segment);
-    this.segment = null;
+    this.kv.drop(this.env.cache);
   }
 
   /**
@@ -357,7 +350,7 @@ class Line {
     const from = this.scoreFrom(count);
     const scored = from === undefined ? null : this.pending.slice(from, count);
     this.pending = this.pending.slice(count);
-    if (this.segment && this.filled === this.segment.tokens.length) this.cacheFilled(spare);
+    if (this.segmentEnd === this.filled) this.cacheFilled(spare);
     if (!scored) return;
     if (this.env.events.on)
       this.emitToken(scored.map((t) => this.env.ctx.tokenToText(t)).join(''), this.filled, 'forced');
@@ -371,7 +364,7 @@ class Line {
       return false;
     }
     if (committed) this.committed(produced.token);
-    this.written.completionTokens++;
+    this.env.tally.completionTokens++;
     const reason = /** @type {import('./jobs').GenJob} */ (this.job).take(produced, this.branch);
     this.emitToken(produced.text, this.tokens.length + (committed ? 0 : 1), committed ? 'draft' : null);
     if (!reason) return true;
@@ -383,8 +376,8 @@ class Line {
   /** A speculative step's outcome: accepted draft tokens are taken, the token sampled next kept for the next step. */
   verified({ token, accepted, next, drafted }) {
     const gen = /** @type {import('./jobs').GenJob} */ (this.job);
-    this.written.draftTokens += drafted;
-    this.written.acceptedDraftTokens += accepted.length;
+    this.env.tally.draftTokens += drafted;
+    this.env.tally.acceptedDraftTokens += accepted.length;
     for (const produced of accepted) {
       if (this.job !== gen) return;
       this.take(produced, true);
@@ -419,7 +412,7 @@ class Line {
   /** The token `take` kept is in the KV now. */
   committed(token) {
     this.tokens.push(token);
-    this.written.cells++;
+    this.env.tally.cells++;
   }
 
   /**
@@ -439,12 +432,11 @@ class Line {
     if (!job) return;
     this.job = null;
     // A prompt nobody will finish filling must not keep others waiting to fork it.
-    if (this.segment && !this.needed) this.dropSegment();
+    if (!this.needed) this.dropSegment();
     if (error) return void job.finish(null, error);
     const gen = /** @type {import('./jobs').GenJob} */ (job);
     const ppl = perplexityOf(this.branch);
-    if (gen.choice) gen.choice.perplexity = this.perplexity();
-    const result = gen.finish(reason);
+    const result = gen.finish(reason, null, gen.choice ? this.perplexity() : Infinity);
     this.text += result.text;
     this.emit('finish', { branch: this.id, reason: result.finishReason, n: this.tokens.length, ppl });
     if (this.chat === 'open') this.chat = 'replied';
@@ -470,15 +462,13 @@ class Line {
    */
   free(force, prunes, error) {
     if (this.state === 'freed' || (!force && this.waitingForks.length > 0)) return;
-    this.dropSegment();
+    this.kv.free(this.env.cache);
     if (this.job) this.endJob(null, error);
     if (this.holdsLease && !this.branch.disposed) prunes.push(this.branch.prune().catch(() => {}));
     this.state = 'freed';
     this.branch = null;
-    for (const entry of this.pins) this.env.cache.unpin(entry);
-    this.pins = [];
     this.parent = null;
   }
 }
 
-module.exports = { Line };
+module.exports = { Line, Tally };

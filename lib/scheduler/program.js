@@ -1,11 +1,12 @@
 'use strict';
 
 /**
- * The Scheduler's one kind of work item: a program of lines (./line.js). A branch program
- * (`scheduler.run`, ./run.js) is a JavaScript function driving its lines through `ProgramLine`;
- * a request (`scheduler.generate`, ./request.js) is a built-in one: a prompt line forked n times,
- * each fork running a gen. The Scheduler serves what their lines need in its own steps, in ONE
- * `store.prefill` and ONE `store.commit`. A program's life cycle is one explicit `state`:
+ * The Scheduler's one kind of work item: a program of lines (./line.js). Each front door builds
+ * this one class from values it computes (`ProgramConfig`), and nothing here asks which door a
+ * program came through: `scheduler.run` (./run.js) a JavaScript function driving its lines through
+ * `ProgramLine`, `scheduler.generate` (./request.js) a prompt line forked n times, each fork running
+ * a gen. The Scheduler serves what their lines need in its own steps, in ONE `store.prefill` and
+ * ONE `store.commit`. A program's life cycle is one explicit `state`:
  *
  *   queued ──▶ ready ──▶ running ──▶ ending ──▶ done
  *     │          │                     │
@@ -13,19 +14,26 @@
  *
  * queued: its preparation (a request's tokenization) waits; ready: it waits for its leases and
  * cells; ending: it returned or threw, its signal fired or the scheduler closed: the next step
- * frees what it holds and settles it (a request aborted before it ran goes straight to done).
+ * frees what it holds and settles it (one aborted before it ran settles at once).
  *
- * A program is admitted only when the `maxBranches` leases it declares are free beyond what
- * running programs may still take, and a `fork` past them throws ERR_TOO_MANY_BRANCHES at once:
- * two programs never wait on each other's leases. A gen or prefill past its `maxCells` (KV cells
- * it writes, a shared prefix counted once) rejects with ERR_KV_FULL.
+ * A program is admitted only when the leases it needs are free beyond what running programs may
+ * still take, and a `fork` past them throws ERR_TOO_MANY_BRANCHES at once: two programs never
+ * wait on each other's leases. A gen or prefill past its `maxCells` (KV cells it writes, a shared
+ * prefix counted once) rejects with ERR_KV_FULL.
  */
 
 const { makeError } = require('../errors');
-const { signalOf } = require('../cancel');
-const { Line } = require('./line');
-const { SchedulerErrorCode: Code, schedulerError, cellsExceeded } = require('./errors');
+const { Line, Tally } = require('./line');
+const { LineStart } = require('./line-start');
+const {
+  SchedulerErrorCode: Code,
+  schedulerError,
+  cellsExceeded,
+  tooManyBranches,
+  abortedProgram,
+} = require('./errors');
 const { doneFields } = require('./events');
+const { SEED_SPACE } = require('./checks');
 
 const TRANSITIONS = {
   queued: ['ready', 'done', 'failed'],
@@ -37,48 +45,71 @@ const TRANSITIONS = {
 };
 
 /**
- * What every program has: its lines, what it holds and may hold, its events and usage, and where
- * its outcome goes (`sink`). The kinds (./run.js, ./request.js) differ in how they start, end
- * and answer an abort (the methods marked so below).
+ * What admitting a program takes: `cells` and `leases` it may write and hold, on top of its
+ * `prompt` if it has one (a line made at admission, cut into cache entries at its `cachePoints`:
+ * its cached start is planned then, its other cells and a lease per cache point beyond that start
+ * are added; its tokens are the key the cache's RAM and disk tiers may restore a prefix of).
+ * `planned`: its lines are all made at admission (a request), so it reserves only what they may
+ * still take and ends when none has a job left; else (a run) it reserves all it declared until
+ * its function ends. `admit`: the `admit` event's fields (a prompt's `cachedTokens` is added).
+ * @typedef {{ prompt: { tokens: number[], cachePoints: number[], text: string } | null, cells: number,
+ *   leases: number, planned: boolean, admit: object }} Budget
  */
+
+/**
+ * What a front door computes for its program: its `budget`, or `prepare` (run between steps, in
+ * order) resolving with it; `countsAsRunning`: a request (`maxRunning`, `stats().running` and
+ * `completed`); `hinted`: the cache entries it starts from or fills are kept warm longer (a
+ * cacheKey); `failsWhole`: a line's failure is the whole program's (else the line's job rejects);
+ * `endsOpen`: at an abort or close, open gens end 'abort' and it resolves, or ('reject') every
+ * open job and the program reject; `begin(program, prompt)`: its lines start; `result(outcome, usage)`:
+ * what it resolves with; `doneUsage(usage)`: the `done` event's usage (null: none); `seed`: where
+ * `nextSeed` counts on from.
+ * @typedef {{ id: string, signal: any, sink: { finish: (result: any) => void, fail: (error: any) => void },
+ *   budget?: Budget, prepare?: (ctx: any, systemPrompts: any) => Promise<Budget>, countsAsRunning: boolean,
+ *   hinted?: boolean, failsWhole: boolean, endsOpen: 'abort' | 'reject', begin: (program: Program, prompt: Line | null) => void,
+ *   result: (outcome: any, usage: any) => any, doneUsage: (usage: any) => any, seed?: number }} ProgramConfig
+ */
+
 class Program {
   /**
    * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, spec: any }} env
-   * @param {'program' | 'request'} kind a branch program (`run`), or a request (counted by `maxRunning`)
-   * @param {any} signal
-   * @param {{ finish: (result: any) => void, fail: (error: any) => void }} sink what settles its promise or Generation
+   * @param {ProgramConfig} config
    */
-  constructor(env, kind, signal, sink) {
-    this.kind = kind;
-    this.sink = sink;
+  constructor(env, config) {
+    this.env = env;
+    this.config = config;
+    this.id = config.id;
     this.ctx = env.ctx;
-    this.state = kind === 'request' ? 'queued' : 'ready';
-    this.signal = signalOf({ signal }, kind === 'request' ? 'generate' : 'run');
-    this.onAbort = null;
-    this.defaultMaxTokens = env.defaultMaxTokens;
-    this.jsonSchemaToGrammar = env.jsonSchemaToGrammar;
     this.wake = env.wake;
-    /** The scheduler's speculation (null: none). */
-    this.spec = env.spec;
-    this.events = env.events;
-    this.id = env.events.nextId(kind);
+    this.signal = config.signal;
+    this.onAbort = null;
+    this.state = config.budget ? 'ready' : 'queued';
+    /** @type {Budget} (a request's once prepared) */
+    this.budget = config.budget || /** @type {any} */ (null);
+    /** What the tiers may restore a prefix of before admission: a prepared prompt's tokens (null: none). */
+    this.restoreKey = null;
+    this.hinted = Boolean(config.hinted);
+    this.countsAsRunning = config.countsAsRunning;
+    this.seed = config.seed || 0;
     /** Lines made so far (for their ids). */
     this.lineCount = 0;
-    this.cache = env.cache;
-    /** A request's cache key (./request.js). */
-    this.cacheKey = null;
     /** @type {Line[]} every line made, released ones until they are freed */
     this.lines = [];
+    /** What its lines wrote, freed ones included (each line counts its own into it). */
+    this.tally = new Tally();
     /** What its lines are given (./line.js `LineEnv`), from its admission on. */
     this.lineEnv = null;
+    /** Once admitted: its prompt line (if its budget has one), the cached start planned for it and its entry. */
+    this.promptLine = null;
+    this.plannedStart = 0;
+    this.plannedEntry = null;
     this.maxBranches = 0;
     this.maxCells = 0;
     this.promptTokens = 0;
     this.cachedPromptTokens = 0;
     this.prefilledCells = 0;
-    /** What the lines freed so far wrote (a line's own count goes with it). */
-    this.retired = { leases: 0, cells: 0, completionTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 };
-    /** Why the program ends: its value, or an error (set once, when it moves to `ending`). */
+    /** Why the program ends: `{ value }`, `{ error }` or `{ abort: true }` (set once, when it moves to `ending`). */
     this.outcome = null;
   }
 
@@ -92,66 +123,64 @@ class Program {
     this.state = state;
   }
 
-  lineId() {
-    return `${this.id}.${this.lineCount++}`;
+  emit(type, fields) {
+    if (this.env.events.on) this.env.events.emit(type, { request: this.id, ...fields });
   }
 
-  emit(type, fields) {
-    if (this.events.on) this.events.emit(type, { request: this.id, ...fields });
+  /** Runs its preparation (if any) when its turn comes; then it waits for admission. */
+  async prepare(ctx, systemPrompts) {
+    if (!this.config.prepare) return;
+    const budget = await this.config.prepare(ctx, systemPrompts);
+    this.budget = budget;
+    this.restoreKey = budget.prompt ? budget.prompt.tokens : null;
+  }
+
+  /** The Scheduler's tiers could not make room for its restore: it is admitted as it is. */
+  skipRestore() {
+    this.restoreKey = null;
+  }
+
+  /**
+   * What admitting it takes now: the best cached start of its prompt (`entry`, `start`; none
+   * without a prompt), and the KV cells and leases it needs beyond it.
+   * @param {import('./prefix-cache').PrefixCache} cache
+   */
+  needs(cache) {
+    const { prompt } = this.budget;
+    const { entry, length } = prompt ? cache.bestStart(prompt.tokens) : { entry: null, length: 0 };
+    return { entry, ...this.needsFrom(length) };
+  }
+
+  /** The KV cells and leases it needs beyond a cached start of `start` prompt tokens. */
+  needsFrom(start) {
+    const { prompt, cells, leases } = this.budget;
+    if (!prompt) return { start, cells, leases };
+    const points = prompt.cachePoints.filter((p) => p > start).length;
+    return { start, cells: prompt.tokens.length - start + cells, leases: leases + points };
   }
 
   /** Whose rows a line's are in the decode phase (a failure stays its owner's). */
   ownerOf(line) {
-    return line;
+    return this.config.failsWhole ? this : line;
   }
 
-  /** `line`'s work failed (its caller, ./programs.js, says so): its job rejects. */
+  /** `line`'s work failed (its caller, ./programs.js, says so): the program ends, or the line's job rejects. */
   lineFailed(line, error) {
-    line.endJob(null, error);
+    if (this.config.failsWhole) this.end({ error });
+    else line.endJob(null, error);
   }
 
-  /** Whether the program did all it was to do, and ends at the next step (a request: every choice ended). */
-  get complete() {
-    return false;
-  }
-
-  // What each kind writes: its preparation (a request's), its admission (`needs`: what admitting
-  // it takes now; `admitted`: the `admit` event's fields; `begin`), its `abort` and `close`, how
-  // it ends (`ending`: the `done` event's status and usage) and what it resolves with (`result`).
-
-  async prepare(_ctx, _systemPrompts) {}
-
-  /** @returns {{ entry: any, start: number, cells: number, leases: number }} */
-  needs(_cache) {
-    throw makeError('ERR_INTERNAL', 'Program.needs is written by each kind of program');
-  }
-
-  admitted(_need) {
-    return {};
-  }
-
-  begin(_need) {}
-
-  abort() {}
-
-  close(_error) {}
-
-  /** @returns {{ status: string, usage: any }} */
-  ending(_outcome) {
-    return { status: 'ok', usage: null };
-  }
-
-  result(_outcome) {}
-
-  /** A line started with `line.cached` of its tokens from the prefix cache. */
+  /** A line started with `line.cached` of its tokens from the prefix cache; true: its prompt line (the hit rate counts it). */
   started(line) {
+    this.unpinPlanned();
     this.cachedPromptTokens += line.cached;
+    return line === this.promptLine;
   }
 
-  /** `count` pending tokens of a line were prefilled (counted before the line hears it). */
-  prefilled(count) {
+  /** `count` pending tokens of `line` were prefilled (a prompt line's count from admission on). */
+  prefilled(line, count) {
     this.prefilledCells += count;
-    this.promptTokens += count;
+    if (line !== this.promptLine) this.promptTokens += count;
   }
 
   /** Leases its lines hold now (a line released this step holds its lease until the next frees it). */
@@ -159,43 +188,61 @@ class Program {
     return this.lines.filter((line) => line.holdsLease).length;
   }
 
-  /** `field` of what its lines wrote (./line.js `written`), freed ones included. */
-  written(field) {
-    return this.lines.reduce((sum, line) => sum + line.written[field], this.retired[field]);
-  }
-
   /** KV cells the program wrote: prompt tokens prefilled and tokens committed. */
   get cellsUsed() {
-    return this.prefilledCells + this.written('cells');
+    return this.prefilledCells + this.tally.cells;
   }
 
   get usage() {
-    return {
-      promptTokens: this.promptTokens,
-      cachedPromptTokens: this.cachedPromptTokens,
-      completionTokens: this.written('completionTokens'),
-      draftTokens: this.written('draftTokens'),
-      acceptedDraftTokens: this.written('acceptedDraftTokens'),
-    };
+    const { completionTokens, draftTokens, acceptedDraftTokens } = this.tally;
+    const { promptTokens, cachedPromptTokens } = this;
+    return { promptTokens, cachedPromptTokens, completionTokens, draftTokens, acceptedDraftTokens };
   }
 
+  /** Leases it may still take: a planned program's are taken once each (a filled prompt's goes to the cache). */
   get leasesToCome() {
-    return this.state === 'running' ? Math.max(0, this.maxBranches - this.leasesHeld) : 0;
+    if (this.state !== 'running') return 0;
+    const taken = this.budget.planned ? this.tally.leases : this.leasesHeld;
+    return Math.max(0, this.maxBranches - taken);
   }
 
+  /** Cells it may still write: a planned program's unfilled prompt and each open gen's rest. */
   cellsToCome() {
-    return this.state === 'running' ? Math.max(0, this.maxCells - this.cellsUsed) : 0;
+    if (this.state !== 'running') return 0;
+    if (!this.budget.planned) return Math.max(0, this.maxCells - this.cellsUsed);
+    const prompt = this.promptLine;
+    let cells = prompt ? prompt.tokens.length - (prompt.state === 'waiting' ? this.plannedStart : prompt.filled) : 0;
+    for (const line of this.lines) cells += line.genCellsLeft;
+    return cells;
   }
 
-  makeLine(parent, tokens) {
-    const line = new Line(/** @type {import('./line').LineEnv} */ (this.lineEnv), this.lineId(), parent, tokens);
+  /** Whether a planned program did all it was to do: no line has a job left. */
+  get complete() {
+    return this.budget.planned && this.lines.every((line) => !line.job);
+  }
+
+  /** The next seed for a gen that gives none. */
+  nextSeed() {
+    this.seed = (this.seed + 1) % SEED_SPACE;
+    return this.seed;
+  }
+
+  /** Throws ERR_TOO_MANY_BRANCHES unless `n` more lines fit in `maxBranches`. */
+  reserveLines(n) {
+    const live = this.lines.filter((l) => l.state !== 'freed' && !l.collectable).length;
+    if (live + n > this.maxBranches) throw tooManyBranches(this.maxBranches, live, n);
+  }
+
+  /** A new line getting its KV as `start` says (./line-start.js), holding `tokens` so far. */
+  makeLine(start, tokens, id = `${this.id}.${this.lineCount++}`) {
+    const line = new Line(/** @type {import('./line').LineEnv} */ (this.lineEnv), id, start, tokens);
     this.lines.push(line);
     return line;
   }
 
   /** A new line holding only `tokens` (decoded when it first needs its KV). */
   freshLine(tokens) {
-    return this.makeLine(null, tokens.slice());
+    return this.makeLine(LineStart.fresh(), tokens.slice());
   }
 
   /**
@@ -203,11 +250,8 @@ class Program {
    * when they fork the line further on than it is now (a `select` path, where its options part).
    */
   spawn(line, n, at = line.tokens) {
-    return Array.from({ length: n }, () => {
-      const child = this.makeLine(line.tokens.length === 0 ? null : line, at.slice());
-      child.text = line.text;
-      return child;
-    });
+    const start = () => (line.tokens.length === 0 ? LineStart.fresh() : LineStart.fork(line));
+    return Array.from({ length: n }, () => this.makeLine(start(), at.slice()));
   }
 
   endedError() {
@@ -215,13 +259,29 @@ class Program {
     return schedulerError(Code.PROGRAM_STATE, 'the program has ended; its lines can no longer be used');
   }
 
-  /** Admitted with what `needs` found: its lines start (kind-specific: `begin`). */
-  start(need) {
+  /**
+   * Admitted with what `needs` found: its prompt line (named by the program's own id) and the
+   * front door's lines start. The entry admission counted on stays pinned until a line starts
+   * (`started`): admitting the next program could otherwise evict it first, and this one would
+   * prefill more of its prompt than it reserved cells for (ERR_KV_FULL from llama.cpp mid-step).
+   */
+  start({ entry, start, leases }) {
     this.to('running');
-    const { ctx, cache, events, id } = this;
-    this.lineEnv = { ctx, cache, events, program: id, hinted: Boolean(this.cacheKey) };
-    this.emit('admit', this.admitted(need));
-    this.begin(need);
+    const { ctx, cache, events } = this.env;
+    const { prompt, cells, admit } = this.budget;
+    this.lineEnv = { ctx, cache, events, program: this.id, hinted: this.hinted, tally: this.tally };
+    this.maxBranches = leases;
+    this.maxCells = (prompt ? prompt.tokens.length : 0) + cells;
+    this.emit('admit', prompt ? { ...admit, cachedTokens: start } : admit);
+    if (prompt) {
+      this.plannedStart = start;
+      this.plannedEntry = entry && start > 0 ? cache.pin(entry) : null;
+      this.promptTokens = prompt.tokens.length;
+      const line = this.makeLine(LineStart.prompt(prompt.cachePoints), [], this.id);
+      line.push(prompt.tokens, prompt.text);
+      this.promptLine = line;
+    }
+    this.config.begin(this, this.promptLine);
   }
 
   /**
@@ -232,12 +292,20 @@ class Program {
     if (this.state !== 'running') return;
     this.outcome = outcome;
     this.to('ending');
-    this.endJobs();
+    const abort = this.config.endsOpen === 'abort';
+    for (const line of this.lines) if (line.job) line.endJob(abort ? 'abort' : null, abort ? null : this.endedError());
   }
 
-  /** At its end, each job still running rejects (a request's choices end 'abort' instead). */
-  endJobs() {
-    for (const line of this.lines) if (line.job) line.endJob(null, this.endedError());
+  /** Its signal fired: a running program ends at the next step; a queued one settles now. */
+  abort() {
+    const outcome = this.config.endsOpen === 'abort' ? { abort: true } : { error: abortedProgram(this.signal) };
+    if (this.state === 'running') this.end(outcome);
+    else if (this.state === 'queued' || this.state === 'ready') this.settle(outcome);
+  }
+
+  /** The scheduler closes: open gens end 'abort', or the program rejects with `error`. */
+  close(error) {
+    this.end(this.config.endsOpen === 'abort' ? { abort: true } : { error });
   }
 
   hasWork() {
@@ -251,38 +319,48 @@ class Program {
     const ending = this.state === 'ending';
     for (const line of this.lines)
       if (ending || line.released) line.free(ending, prunes, line.job && this.endedError());
-    const freed = this.lines.filter((l) => l.state === 'freed');
-    for (const line of freed) for (const field of Object.keys(this.retired)) this.retired[field] += line.written[field];
-    if (freed.length > 0) this.lines = this.lines.filter((l) => l.state !== 'freed');
+    this.lines = this.lines.filter((l) => l.state !== 'freed');
     return ending;
   }
 
-  /** Settles the program with its outcome (its branches are back). */
-  settle() {
-    this.detach();
-    const { error } = this.outcome;
+  /**
+   * Settles the program with `outcome`: once its branches are back (then a `done` event), or
+   * before it started (rejected, or aborted by its signal).
+   */
+  settle(outcome = this.outcome) {
+    const started = this.state === 'ending';
+    const { error, abort } = (this.outcome = outcome);
     this.to(error ? 'failed' : 'done');
-    if (this.events.on) {
-      const { status, usage } = this.ending(this.outcome);
-      this.emit('done', doneFields(status, error, usage));
+    if (this.signal && this.onAbort) this.signal.removeEventListener('abort', this.onAbort);
+    this.unpinPlanned();
+    const usage = this.usage;
+    if (started && this.env.events.on) {
+      const status = error ? (error.code === 'ERR_ABORTED' ? 'abort' : 'error') : abort ? 'abort' : 'ok';
+      this.emit('done', doneFields(status, error, this.config.doneUsage(usage)));
     }
-    if (error) return this.sink.fail(error);
-    this.sink.finish(this.result(this.outcome));
+    if (error) this.config.sink.fail(error);
+    else this.config.sink.finish(this.config.result(outcome, usage));
+  }
+
+  /** A queued program that will never start (closed scheduler, never fits, a failed preparation). */
+  reject(error) {
+    this.settle({ error });
   }
 
   cellsExceeded(more) {
     return cellsExceeded(this.cellsUsed, more, this.maxCells);
   }
 
-  /** A queued program that will never start (closed scheduler, never fits, a failed preparation). */
-  reject(error) {
-    this.to('failed');
-    this.detach();
-    this.sink.fail(error);
+  /** Queued: its signal's abort calls `onAbort` from now until it settles. */
+  listen(onAbort) {
+    if (!this.signal) return;
+    this.onAbort = onAbort;
+    this.signal.addEventListener('abort', onAbort, { once: true });
   }
 
-  detach() {
-    if (this.signal && this.onAbort) this.signal.removeEventListener('abort', this.onAbort);
+  unpinPlanned() {
+    if (this.plannedEntry) this.env.cache.unpin(this.plannedEntry);
+    this.plannedEntry = null;
   }
 }
 

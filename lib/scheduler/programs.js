@@ -54,14 +54,14 @@ class Programs {
 
   /** Tokens taken by every gen so far (the Scheduler's `generatedTokens`). */
   get completionTokens() {
-    return this.list.reduce((sum, p) => sum + p.written('completionTokens'), this.settledCompletionTokens);
+    return this.list.reduce((sum, p) => sum + p.tally.completionTokens, this.settledCompletionTokens);
   }
 
   /** At the start of a step: frees what programs released; settles the ones that ended and returns them. */
   async collect() {
     const prunes = [];
     const ended = this.list.filter((p) => p.collect(prunes));
-    for (const p of ended) this.settledCompletionTokens += p.written('completionTokens');
+    for (const p of ended) this.settledCompletionTokens += p.tally.completionTokens;
     if (ended.length > 0) this.list = this.list.filter((p) => !ended.includes(p));
     await Promise.all(prunes);
     for (const p of ended) p.settle();
@@ -99,8 +99,7 @@ class Programs {
 
   /** `line` started (even if its branch then failed): its program counts it; a request's prompt counts in the hit rate. */
   started(program, line) {
-    program.started(line);
-    if (program.kind !== 'request') return;
+    if (!program.started(line)) return;
     this.promptTokens += line.tokens.length;
     this.cachedPromptTokens += line.cached;
   }
@@ -113,7 +112,8 @@ class Programs {
       if (budget === 0 || !line.wantsPrefill) continue;
       let take = Math.min(line.pending.length, budget);
       // A cache entry being filled ends where the next one starts: it is filled first.
-      if (line.segment) take = Math.min(take, line.segment.tokens.length - line.filled);
+      const end = line.segmentEnd;
+      if (end !== null) take = Math.min(take, end - line.filled);
       // A scored entry has a logits row per token and must fit one decode; a longer text to
       // score goes on in the next step (its first token scored from the logits left then).
       if (line.scoreFrom(take) !== undefined) {
@@ -155,7 +155,7 @@ class Programs {
     let tokens = 0;
     lines.forEach(({ program, line, take }, i) => {
       tokens += take;
-      program.prefilled(take);
+      program.prefilled(line, take);
       try {
         line.prefilled(take, scores[i], line.fillsUnreservedEntry(take) && this.fits(0, 1));
       } catch (e) {
@@ -192,7 +192,7 @@ class Programs {
         continue;
       }
       try {
-        job.arm(line.branch, line.tokens, program.spec);
+        job.arm(line.branch, line.tokens, program.env.spec);
       } catch (e) {
         program.lineFailed(line, e);
         continue;

@@ -6,8 +6,6 @@
  * token several texts share is scored once.
  */
 
-const { ScoreJob } = require('./jobs');
-
 /**
  * How `select` scores `options` (token arrays) so that a token several options share is scored
  * once: a trie of the options, cut into paths. A path starts at a token where options diverge
@@ -54,7 +52,7 @@ function scoringPaths(options) {
  * from `line` (or, with `bos`, from a fresh line holding only it) or from its parent path's line
  * where the texts part. Returns the lines, the texts' sums (a promise) and `leafOf(text)`: the
  * line whose KV ends exactly after that text, if one does.
- * @param {import('./run').RunProgram} program the line's program, which makes the scoring lines
+ * @param {import('./program').Program} program the line's program, which makes the scoring lines
  * @param {import('./line').Line} line
  * @param {ReturnType<typeof scoringPaths>} paths
  * @param {number[][]} tokens
@@ -72,7 +70,9 @@ function scorePaths(program, line, paths, tokens, bos) {
     const [option] = path.ends[0];
     lines.push(program.spawn(lines[path.parent], 1, [...base, ...tokens[option].slice(0, path.depth)])[0]);
   }
-  const scored = Promise.all(lines.map((l, i) => score(l, paths[i].tokens)));
+  // Each line's path is prefilled as a scored entry (a logits row per token), in the same decode as
+  // every other line's and request's prefill of the step.
+  const scored = Promise.all(lines.map((l, i) => l.score(paths[i].tokens)));
   const sums = scored.then((perPath) => {
     const logprobAt = (p, depth) =>
       depth >= paths[p].depth ? perPath[p][depth - paths[p].depth] : logprobAt(paths[p].parent, depth);
@@ -92,24 +92,12 @@ function scorePaths(program, line, paths, tokens, bos) {
 }
 
 /**
- * Appends `tokens` to `line` and resolves with their log-probabilities, one per token: they are
- * prefilled as a scored entry (a logits row per token), in the same decode as every other
- * line's and request's prefill of the step.
- * @returns {Promise<number[]>}
- */
-function score(line, tokens) {
-  line.tokens.push(...tokens);
-  line.pending.push(...tokens);
-  return line.start(new ScoreJob(tokens.length));
-}
-
-/**
  * Scores `texts` (token arrays) as `line`'s continuation, each path of their trie in a fork (see
  * scorePaths); with `bos`, each also after only the BOS (`base`). The forks count against the
  * program's maxBranches, and the line takes no other work while they score. `use(sums, base,
  * leafOf)` runs before the forks are released (a select's winner takes its fork's branch then).
  * @template T
- * @param {import('./run').RunProgram} program
+ * @param {import('./program').Program} program
  * @param {import('./line').Line} line
  * @param {number[][]} texts
  * @param {number[] | null} bos
@@ -119,16 +107,16 @@ function score(line, tokens) {
 async function scoreTexts(program, line, texts, bos, use) {
   const paths = scoringPaths(texts);
   program.reserveLines(paths.length * (bos ? 2 : 1));
-  line.selecting = true;
+  line.setSelecting(true);
   const scorers = scorePaths(program, line, paths, texts, null);
   const unconditional = bos ? scorePaths(program, line, paths, texts, bos) : null;
   program.wake(); // the Scheduler serves the scoring lines from its next step
   try {
     const [sums, base] = await Promise.all([scorers.sums, unconditional && unconditional.sums]);
-    line.selecting = false;
+    line.setSelecting(false);
     return use(sums, base, scorers.leafOf);
   } finally {
-    line.selecting = false;
+    line.setSelecting(false);
     for (const scorer of [...scorers.lines, ...(unconditional ? unconditional.lines : [])]) scorer.release();
     program.wake(); // the next step frees them
   }

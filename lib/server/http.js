@@ -52,9 +52,10 @@ function errorBody(err) {
   return { error: { message: err.message, type: err.type, param: err.param, code: err.errorCode } };
 }
 
-function sendError(res, e) {
+/** Answers with `e` as an HttpError, `headers` (e.g. CORS) beside its own. */
+function sendError(res, e, headers = {}) {
   const err = toHttpError(e);
-  sendJson(res, err.status, errorBody(err), err.headers);
+  sendJson(res, err.status, errorBody(err), { ...headers, ...err.headers });
 }
 
 /** The JSON object body, or an HttpError (413 too large, 400 not a JSON object). */

@@ -8,7 +8,7 @@ const assert = require('node:assert/strict');
 const { RadixTree } = require('../../lib/scheduler/radix');
 const { StopMatcher } = require('../../lib/scheduler/stops');
 const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-cache');
-const { RequestProgram } = require('../../lib/scheduler/request');
+const { requestProgram } = require('../../lib/scheduler/request');
 const { SchedulerEvents } = require('../../lib/scheduler/events');
 const { schedulerOptions } = require('../../lib/scheduler/options');
 const { StepCost, DraftLength } = require('../../lib/decode/speculation');
@@ -187,7 +187,7 @@ describe('Scheduler parts (no model)', () => {
     });
   });
 
-  describe('RequestProgram', () => {
+  describe("a request's Program", () => {
     const env = () => ({
       ctx: {},
       vocabSize: 100,
@@ -198,7 +198,7 @@ describe('Scheduler parts (no model)', () => {
       spec: null,
       wake: () => {},
     });
-    const make = (request, e = env()) => new RequestProgram(request, e);
+    const make = (request, e = env()) => requestProgram(request, e).program;
 
     it('starts queued and moves only along its life cycle', () => {
       const req = make({ prompt: 'hi' });
@@ -212,7 +212,7 @@ describe('Scheduler parts (no model)', () => {
         () => req.to('failed'),
         (e) => e.code === 'ERR_INTERNAL',
       );
-      assert.equal(req.kind, 'request');
+      assert.equal(req.countsAsRunning, true);
     });
 
     it('checks its inputs with coded errors that name the field', () => {
@@ -231,23 +231,28 @@ describe('Scheduler parts (no model)', () => {
           (e) => e.code === 'ERR_INVALID_ARG' && message.test(e.message),
           JSON.stringify(request),
         );
-      const ok = make({ prompt: 'a', stop: ['', 'x'], params: { seed: 5, temperature: 0 } });
-      assert.deepEqual([ok.stops, ok.seedBase, ok.params, ok.maxTokens], [['x'], 5, { temperature: 0 }, 8]);
+      assert.equal(make({ prompt: 'a', stop: ['', 'x'], params: { seed: 5, temperature: 0 } }).state, 'queued');
     });
 
-    it('needs: its cached start, and the cells and leases beyond it; begin makes its lines', () => {
+    it('needs: its cached start, and the cells and leases beyond it; begin makes its lines', async () => {
       const e = env();
       const cached = e.cache.open([1, 2, 3], fakeBranch(3, []));
       e.cache.filled(cached);
-      const req = make({ tokens: [1, 2, 3, 4, 5], n: 2, maxTokens: 5, logprobs: true }, e);
-      req.tokens = [1, 2, 3, 4, 5];
-      req.cachePoints = [2, 5]; // a system prompt's end below the cached start needs no branch
+      const req = make({ tokens: [1, 2, 3, 4, 5], n: 2, maxTokens: 5, logprobs: true, params: { seed: 5 } }, e);
+      const ctx = { nCtx: 64, nSeqMax: 8 };
+      await req.prepare(ctx, null);
+      assert.deepEqual(req.restoreKey, [1, 2, 3, 4, 5], 'the tiers may restore its prompt');
+      req.budget.prompt.cachePoints.unshift(2); // a system prompt's end below the cached start needs no branch
       req.to('ready');
       const need = req.needs(e.cache);
       assert.deepEqual(need, { entry: cached, start: 3, cells: 2 + 2 * 5, leases: 2 + 1 });
       req.start(need);
       assert.equal(req.state, 'running');
       assert.deepEqual([req.plannedStart, req.leasesToCome, req.usage.promptTokens], [3, 3, 5]);
+      assert.deepEqual(
+        req.lines.slice(1).map((l) => l.job.params.seed),
+        [5, 6],
+      );
       assert.deepEqual(
         req.lines.map((l) => [l.id, l.parent && l.parent.id, l.tokens.length]),
         [
@@ -258,13 +263,13 @@ describe('Scheduler parts (no model)', () => {
       );
       // The unfilled prompt (from the planned start) and every token left to generate.
       assert.equal(req.cellsToCome(), 2 + 2 * 5);
-      req.choices[0].generated = 2;
-      req.choices[1].state = 'ended';
+      req.lines[1].job.tokens.push(7, 8); // two tokens taken
+      req.lines[2].endJob('length'); // its choice ended: it writes no more
       assert.equal(req.cellsToCome(), 2 + 3);
       // Log-probabilities need every token sampled, not drafted: arming with a spec opens no drafter.
       const branch = { setSamplerParams: () => {}, setGrammar: () => {} };
       const gen = req.lines[1].job;
-      assert.equal(gen.choice, req.choices[0]);
+      assert.equal(gen.choice.index, 0);
       gen.arm(branch, [], { source: { open: () => assert.fail('drafted') }, maxDraft: 4 });
       assert.deepEqual([gen.state, gen.drafter], ['sampling', null]);
     });
