@@ -15,6 +15,7 @@ const { StepCost, DraftLength } = require('../../lib/decode/speculation');
 const { produceAll, commitRows } = require('../../lib/decode/rows');
 const { Programs } = require('../../lib/scheduler/programs');
 const { parseBytes } = require('../../lib/scheduler/cache-tiers');
+const { LineStart } = require('../../lib/scheduler/line-start');
 
 /** A stand-in for a Branch: a position and a prune that records itself. */
 function fakeBranch(position, pruned) {
@@ -272,6 +273,64 @@ describe('Scheduler parts (no model)', () => {
       assert.equal(gen.choice.index, 0);
       gen.arm(branch, [], { source: { open: () => assert.fail('drafted') }, maxDraft: 4 });
       assert.deepEqual([gen.state, gen.drafter], ['sampling', null]);
+    });
+  });
+
+  describe('LineStart: how a line gets its KV, and the cache entries it fills', () => {
+    const env = (cache) => ({ cache, ctx: {}, hinted: true });
+
+    it("a request's prompt cached whole uses the entry's branch as is; filled to its end, it borrows its last entry", () => {
+      const cache = new PrefixCache();
+      const pruned = [];
+      const prompt = range(0, 30);
+      const whole = cache.open(prompt, fakeBranch(30, pruned));
+      cache.filled(whole);
+      const start = LineStart.prompt([30]);
+      const got = start.fresh(env(cache), prompt, prompt.length);
+      assert.deepEqual([got.length, got.take(), start.borrowed], [30, whole.branch, true]);
+      assert.equal(whole.pins, 1, 'pinned until the line is freed');
+      start.free(cache);
+      assert.equal(whole.pins, 0);
+      // A new prompt: its segment is opened (hinted, pinned), and once filled the line borrows it.
+      const other = LineStart.prompt([10, 20]);
+      const branch = fakeBranch(0, pruned);
+      other.open(env(cache), range(100, 120), 0, branch);
+      assert.equal(other.segmentEnd, 10);
+      assert.equal(other.fillsUnreserved(10), false, "a request's leases were reserved");
+      const next = other.filled(cache, false, false);
+      assert.equal(next.lease, true, 'it goes on in a fork of the filled entry');
+      other.open(env(cache), range(100, 120), 10, next.branch);
+      assert.equal(other.segmentEnd, 20);
+      assert.equal(other.filled(cache, true, false).lease, false);
+      assert.equal(other.borrowed, true);
+      const opened = [...cache.entries()].filter((e) => e.tokens[0] === 100);
+      assert.deepEqual(
+        opened.map((e) => [e.tokens.length, e.ready, e.hinted]),
+        [
+          [10, true, true],
+          [20, true, true],
+        ],
+      );
+    });
+
+    it("a program's line keeps its entry only with a spare lease; a fork starts from an entry holding its own text", () => {
+      const cache = new PrefixCache();
+      const pruned = [];
+      const tokens = range(0, MIN_PARTIAL_REUSE + 4);
+      const line = LineStart.fresh();
+      const got = line.fresh(env(cache), tokens, tokens.length);
+      assert.equal(got.length, 0, 'nothing cached yet');
+      line.open(env(cache), tokens, 0, fakeBranch(0, pruned));
+      assert.equal(line.fillsUnreserved(tokens.length), true);
+      assert.equal(line.filled(cache, true, false), null, 'no spare lease: nothing is cached');
+      assert.equal(cache.size, 0);
+      line.open(env(cache), tokens, 0, fakeBranch(0, pruned));
+      assert.equal(line.filled(cache, true, true).lease, true);
+      assert.equal(cache.size, 1);
+      const fork = LineStart.fork({ id: 'parent' });
+      assert.equal(fork.fromCache(cache, tokens.slice(0, 3), 2), null, 'too little of its own text');
+      const from = fork.fromCache(cache, [...tokens, 99], 2);
+      assert.equal(from.length, tokens.length);
     });
   });
 
