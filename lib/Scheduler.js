@@ -26,6 +26,7 @@
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { jsonSchemaToGrammar } = require('./schema');
+const { makeError } = require('./errors');
 const { schedulerOptions } = require('./scheduler/options');
 const { PrefixCache } = require('./scheduler/prefix-cache');
 const { requestProgram } = require('./scheduler/request');
@@ -456,6 +457,9 @@ class Scheduler {
    */
   _cellsFor(cells) {
     if (this._store.kvPressure().remaining >= cells) return;
+    // Under the test suites (test/helpers.js sets LLAMA_BRANCH_STRICT_KV) a plan that fell short fails loudly.
+    if (process.env.LLAMA_BRANCH_STRICT_KV === '1')
+      throw makeError('ERR_INTERNAL', `a step needed ${cells} KV cells that admission had not left free`);
     if (!this._cellsWarned) {
       // Admission should have made this room: say so once, so an accounting bug does not hide.
       this._cellsWarned = true;

@@ -21,18 +21,33 @@ function node(file, ...args) {
   return 1;
 }
 
-const mocha = (...args) => node('node_modules/mocha/bin/mocha.js', ...args);
+// A test marked `.only` or left pending (`it.skip`, `this.skip()`) fails the run: a test that
+// should run never passes by not running (.mocharc.json says the same for plain `mocha`).
+const mocha = (...args) => node('node_modules/mocha/bin/mocha.js', '--forbid-only', '--forbid-pending', ...args);
 const tsc = (project) => node('node_modules/typescript/bin/tsc', '-p', path.join(repoRoot, project));
+// The Scheduler's KV safety net throws instead of warning in every step below (examples and
+// spawned servers too): a plan that fell short is a failure, not a line in the log.
+process.env.LLAMA_BRANCH_STRICT_KV ??= '1';
+
 const skipIf = (name) => () => (process.env[name] === '1' ? `${name}=1` : null);
 
 const steps = [
   {
-    name: 'lint: prettier --check, eslint (npm run lint adds rustfmt and clippy)',
+    name: 'lint: prettier --check, eslint (rustfmt and clippy after the build, in CI)',
     run: () =>
       node('node_modules/prettier/bin/prettier.cjs', '--check', '--log-level', 'warn', '.') ||
       node('node_modules/eslint/bin/eslint.js', '.'),
   },
   { name: 'build native addon', run: () => node('scripts/build.js') },
+  {
+    // `npm run lint`'s Rust half, where CI runs it (locally `npm run lint` does): after the build,
+    // whose llama.cpp build script run clippy shares.
+    name: 'lint (CI): cargo fmt --check, clippy --release --all-targets -D warnings',
+    skip: () => (process.env.CI ? null : 'CI unset: `npm run lint` runs them'),
+    run: () =>
+      node('scripts/cargo.js', 'fmt', '--check') ||
+      node('scripts/cargo.js', 'clippy', '--release', '--all-targets', '--', '-D', 'warnings'),
+  },
   {
     name: 'tier 1: rust unit tests (cargo test --release --lib)',
     run: () => node('scripts/cargo.js', 'test', '--release', '--lib'),

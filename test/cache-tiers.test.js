@@ -28,6 +28,27 @@ function tempDir() {
   return fs.mkdtempSync(path.join(os.tmpdir(), 'lb-tiers-'));
 }
 
+const mount = (...args) => spawnSync('mount', args, { encoding: 'utf8' });
+
+/**
+ * Why this process may not mount a tmpfs (not root, or a container without mount rights), or null
+ * when it may: the tests that need a mount say in their titles why they do not run.
+ */
+function mountRefusal() {
+  const dir = tempDir();
+  try {
+    const r = mount('-t', 'tmpfs', '-o', 'size=4k', 'tmpfs', dir);
+    if (r.status === 0) return spawnSync('umount', [dir]).status === 0 ? null : 'umount failed';
+    return `mount refused: ${(r.stderr || (r.error && r.error.message) || `exit ${r.status}`).trim().split('\n')[0]}`;
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+const MOUNT_REFUSED = mountRefusal();
+const IS_ROOT = Boolean(process.getuid && process.getuid() === 0);
+/** How the tests make a folder that cannot be written (as root, permissions do not bind). */
+const READ_ONLY = MOUNT_REFUSED === null ? 'mount' : IS_ROOT ? 'file' : 'chmod';
+
 function cacheFiles(dir) {
   return fs.readdirSync(dir).filter((f) => f.endsWith('.lbkv'));
 }
@@ -226,28 +247,41 @@ describe('prefix cache tiers (RAM and disk)', function () {
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
-  it('turns the disk tier off with a warning when the folder cannot be written or disappears', async () => {
-    // Not writable: a read-only folder (as root, where permissions do not bind, a file in the
-    // folder's place).
+  const readOnlyHow = {
+    mount: 'a tmpfs mounted read-only',
+    chmod: 'a folder without write permission',
+    file: `a file in the folder's place: as root, permissions do not bind, and ${MOUNT_REFUSED}`,
+  }[READ_ONLY];
+  it(`turns the disk tier off with a warning when the folder cannot be written (${readOnlyHow}) or disappears`, async () => {
     const base = tempDir();
     let dir = path.join(base, 'ro');
-    if (process.getuid && process.getuid() === 0) {
+    if (READ_ONLY === 'file') {
       fs.writeFileSync(dir, 'a file where the folder should be');
       dir = path.join(dir, 'cache');
     } else {
       fs.mkdirSync(dir);
-      fs.chmodSync(dir, 0o555);
+      if (READ_ONLY === 'mount') assert.equal(mount('-t', 'tmpfs', '-o', 'ro,size=1m', 'tmpfs', dir).status, 0);
+      else fs.chmodSync(dir, 0o555);
     }
-    const s = scheduler(ctx, { cacheRam: '1MB', cacheDir: dir, onCacheWarning });
-    for (const p of PROMPTS.slice(0, 3)) await ask(s, p); // the third evicts the first
-    const r = await ask(s, PROMPTS[0]);
-    assert.ok(cold[0].top.includes(r.first));
-    assert.equal(/** @type {any} */ (s.stats().cacheTiers).diskOn, false);
-    assert.ok(
-      warnings.some((w) => /disk tier is off/.test(w)),
-      warnings.join(' | '),
-    );
-    await s.close();
+    try {
+      const s = scheduler(ctx, { cacheRam: '1MB', cacheDir: dir, onCacheWarning });
+      for (const p of PROMPTS.slice(0, 3)) await ask(s, p); // the third evicts the first
+      const r = await ask(s, PROMPTS[0]);
+      assert.ok(cold[0].top.includes(r.first));
+      assert.equal(/** @type {any} */ (s.stats().cacheTiers).diskOn, false);
+      assert.ok(
+        warnings.some((w) => /disk tier is off/.test(w)),
+        warnings.join(' | '),
+      );
+      if (READ_ONLY === 'mount')
+        assert.ok(
+          warnings.some((w) => /EROFS|read-only/i.test(w)),
+          warnings.join(' | '),
+        );
+      await s.close();
+    } finally {
+      if (READ_ONLY === 'mount') spawnSync('umount', [dir]);
+    }
 
     // Deleted while serving: the writes after it fail, RAM goes on.
     warnings.length = 0;
@@ -267,13 +301,19 @@ describe('prefix cache tiers (RAM and disk)', function () {
     fs.rmSync(base, { recursive: true, force: true });
   });
 
-  it('a full disk and a read-only mount turn the disk tier off (a 1 MiB tmpfs; needs mount rights)', async function () {
+  /**
+   * `it` for a test that needs mount rights. Where mounting is refused (not root, or a container
+   * without mount rights: the cases above still ran) a test whose title says so, checking that it
+   * is, so that a machine that may mount runs the real test.
+   */
+  const itMounting = (title, fn) =>
+    MOUNT_REFUSED === null
+      ? it(title, fn)
+      : it(`${title}: not run here, ${MOUNT_REFUSED}`, () => assert.notEqual(mountRefusal(), null));
+
+  itMounting('a full disk and a read-only mount turn the disk tier off (a 1 MiB tmpfs)', async function () {
     const mnt = tempDir();
-    const mount = (...a) => spawnSync('mount', a, { encoding: 'utf8' });
-    if (mount('-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', mnt).status !== 0) {
-      fs.rmSync(mnt, { recursive: true, force: true });
-      this.skip(); // not root, or a container without mount rights: the cases above still ran
-    }
+    assert.equal(mount('-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', mnt).status, 0);
     try {
       // Full: a state (about 2 MB) does not fit in 1 MiB.
       const full = scheduler(ctx, { cacheRam: '1MB', cacheDir: mnt, onCacheWarning });

@@ -3,6 +3,11 @@
 const assert = require('node:assert/strict');
 const path = require('node:path');
 const { ensureModel } = require('../scripts/fetch-model');
+
+// The Scheduler's KV safety net (evicting cached prefixes when a step needs cells admission did
+// not leave free) throws under the tests instead of warning: a planning bug fails a test. Servers
+// the tests spawn inherit it.
+process.env.LLAMA_BRANCH_STRICT_KV ??= '1';
 const { Branch, createContext } = require('..');
 
 /** The real GGUF every test runs on (LLAMA_TEST_MODEL overrides the default Gemma 3 270M). */

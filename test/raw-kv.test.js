@@ -243,7 +243,7 @@ describe('raw decode, logits view, KV and state', function () {
     });
 
     it('a reachable view keeps its context alive through garbage collection', async function () {
-      if (typeof global.gc !== 'function') this.skip(); // needs node --expose-gc (set in .mocharc)
+      assert.equal(typeof global.gc, 'function', 'run mocha with --node-option expose-gc (.mocharc.json does)');
       const view = await (async () => {
         const own = await open();
         await own.decode(await own.tokenize('Hi there'), 0);

@@ -143,18 +143,30 @@ function main() {
     console.error(`GGML_VK_VISIBLE_DEVICES=${env.GGML_VK_VISIBLE_DEVICES}`);
     const mocha = path.join(repoRoot, 'node_modules', 'mocha', 'bin', 'mocha.js');
     step('GPU tests (test/gpu/*.test.js) on the installed prebuilt', () =>
-      run(node, [mocha, '--no-config', '--timeout', '600000', path.join(repoRoot, 'test', 'gpu', '*.test.js')], {
-        env: {
-          ...env,
-          // An empty shader cache: the warm-up test compares first and warm steps, and Mesa's
-          // cache of an earlier run would hide every compile.
-          MESA_SHADER_CACHE_DIR: fs.mkdtempSync(path.join(dir, 'mesa-cache-')),
-          LLAMA_BRANCH_PACKAGE: path.join(project, 'node_modules', 'llama-branch'),
-          LLAMA_TEST_MODEL: modelPath,
+      run(
+        node,
+        [
+          mocha,
+          '--no-config',
+          '--forbid-only',
+          '--forbid-pending',
+          '--timeout',
+          '600000',
+          path.join(repoRoot, 'test', 'gpu', '*.test.js'),
+        ],
+        {
+          env: {
+            ...env,
+            // An empty shader cache: the warm-up test compares first and warm steps, and Mesa's
+            // cache of an earlier run would hide every compile.
+            MESA_SHADER_CACHE_DIR: fs.mkdtempSync(path.join(dir, 'mesa-cache-')),
+            LLAMA_BRANCH_PACKAGE: path.join(project, 'node_modules', 'llama-branch'),
+            LLAMA_TEST_MODEL: modelPath,
+          },
+          // lavapipe is slow; a hang still fails instead of sticking.
+          timeout: 40 * 60 * 1000,
         },
-        // lavapipe is slow; a hang still fails instead of sticking.
-        timeout: 40 * 60 * 1000,
-      }),
+      ),
     );
     step('fallback to the CPU, with the reason', () => fallbacks(dir, project, userEnv, modelPath));
   } finally {
