@@ -71,7 +71,8 @@ describe('a server agents can use', function () {
     const values = new Map();
     for (const line of text.split('\n')) {
       if (line === '' || line.startsWith('#')) continue;
-      const m = /^([a-z_]+(?:\{[^}]*\})?) (\S+)$/.exec(line);
+      // Metric names may hold colons (the router gauges `llamabranch:…`, as vLLM's `vllm:…`).
+      const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$/.exec(line);
       assert.ok(m, `a Prometheus sample line: ${line}`);
       values.set(m[1], Number(m[2]));
     }
