@@ -128,6 +128,12 @@ describe('loader: resolution order (scratch package in a child process)', functi
     fs.cpSync(path.join(ROOT, 'lib'), path.join(p, 'lib'), { recursive: true });
     fs.cpSync(path.join(ROOT, 'scripts'), path.join(p, 'scripts'), { recursive: true });
     fs.copyFileSync(path.join(ROOT, 'package.json'), path.join(p, 'package.json'));
+    // An installed package has its runtime dependencies beside it: link the repository's.
+    for (const dep of Object.keys(require(path.join(ROOT, 'package.json')).dependencies || {})) {
+      const link = path.join(p, 'node_modules', dep);
+      fs.mkdirSync(path.dirname(link), { recursive: true });
+      fs.symlinkSync(path.join(ROOT, 'node_modules', dep), link, 'dir');
+    }
     return p;
   }
 
