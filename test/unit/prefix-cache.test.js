@@ -15,26 +15,7 @@ const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-c
 const { entryName, writeEntryFile } = require('../../lib/scheduler/cache-file');
 const { makeError } = require('../../lib/errors');
 
-/** A stand-in for a Branch: a position and a prune that records itself. */
-function fakeBranch(position, pruned = []) {
-  return {
-    position,
-    disposed: false,
-    prune() {
-      this.disposed = true;
-      pruned.push(this);
-      return Promise.resolve();
-    },
-    fork() {
-      return fakeBranch(this.position, pruned);
-    },
-    forkAt(p) {
-      return fakeBranch(p, pruned);
-    },
-  };
-}
-
-const range = (from, to) => Array.from({ length: to - from }, (_, i) => from + i);
+const { fakeBranch, range } = require('./fakes');
 
 /**
  * A stand-in for a context's saved-state file jobs (src/napi/saved_state.rs, whose container the

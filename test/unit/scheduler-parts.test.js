@@ -16,26 +16,7 @@ const { produceAll, commitRows } = require('../../lib/decode/rows');
 const { Programs } = require('../../lib/scheduler/programs');
 const { LineStart } = require('../../lib/scheduler/line-start');
 
-/** A stand-in for a Branch: a position and a prune that records itself. */
-function fakeBranch(position, pruned) {
-  return {
-    position,
-    disposed: false,
-    prune() {
-      this.disposed = true;
-      pruned.push(this);
-      return Promise.resolve();
-    },
-    fork() {
-      return fakeBranch(this.position, pruned);
-    },
-    forkAt(p) {
-      return fakeBranch(p, pruned);
-    },
-  };
-}
-
-const range = (from, to) => Array.from({ length: to - from }, (_, i) => from + i);
+const { fakeBranch, range } = require('./fakes');
 
 describe('Scheduler parts (no model)', () => {
   it('RadixTree: longest cached prefix, shared runs, splits and deletes', () => {
