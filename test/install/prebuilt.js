@@ -158,6 +158,32 @@ function npmCliOrDie() {
   return npmCli() || die('cannot find npm-cli.js (run this through npm, or put npm on PATH)');
 }
 
+/**
+ * Tarballs of the package's runtime dependencies (pure JS, e.g. @msgpack/msgpack), packed from
+ * this repository's node_modules into `dir`: the registry is unreachable in the scratch install,
+ * where a user's install would fetch them, so they are installed beside the two tarballs.
+ */
+function dependencyTarballs(dir) {
+  const deps = Object.keys(JSON.parse(fs.readFileSync(path.join(repoRoot, 'package.json'), 'utf8')).dependencies || {});
+  return deps.map((dep) => {
+    const packed = spawnSync(
+      process.execPath,
+      [
+        npmCliOrDie(),
+        'pack',
+        '--ignore-scripts',
+        '--json',
+        '--pack-destination',
+        dir,
+        path.join(repoRoot, 'node_modules', dep),
+      ],
+      { encoding: 'utf8' },
+    );
+    if (packed.status !== 0) die(`npm pack of the dependency ${dep} failed:\n${packed.stdout}\n${packed.stderr}`);
+    return path.join(dir, JSON.parse(packed.stdout)[0].filename);
+  });
+}
+
 /** The program run in the scratch project: load, report, generate greedily. */
 const CONSUMER = `
   const llama = require('llama-branch');
@@ -210,7 +236,16 @@ function main() {
     const installStarted = Date.now();
     const installed = spawnSync(
       path.join(dir, 'bin', 'npm'),
-      ['install', '--offline', '--no-audit', '--no-fund', '--foreground-scripts', tarballs.main, tarballs.platform],
+      [
+        'install',
+        '--offline',
+        '--no-audit',
+        '--no-fund',
+        '--foreground-scripts',
+        tarballs.main,
+        tarballs.platform,
+        ...dependencyTarballs(dir),
+      ],
       { cwd: project, env, encoding: 'utf8' },
     );
     const installMs = Date.now() - installStarted;
