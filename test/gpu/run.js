@@ -34,7 +34,7 @@ const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const { repoRoot, run, formatDuration } = require('../../scripts/env');
 const { ensureVulkanDriver, installVulkanBuild } = require('../../scripts/vulkan');
-const { ensureTarballs, noCompilerEnv, COMPILERS } = require('../install/prebuilt');
+const { ensureTarballs, dependencyTarballs, noCompilerEnv, COMPILERS } = require('../install/prebuilt');
 const { platformPackageName } = require('../../lib/loader');
 
 const node = process.execPath;
@@ -125,7 +125,16 @@ function main() {
       const started = Date.now();
       const res = spawnSync(
         path.join(dir, 'bin', 'npm'),
-        ['install', '--offline', '--no-audit', '--no-fund', tarballs.main, tarballs.platform, tarballs.vulkan],
+        [
+          'install',
+          '--offline',
+          '--no-audit',
+          '--no-fund',
+          tarballs.main,
+          tarballs.platform,
+          tarballs.vulkan,
+          ...dependencyTarballs(dir),
+        ],
         { cwd: project, env: scratch, encoding: 'utf8' },
       );
       if (res.status !== 0) throw new Error(`npm install exited with ${res.status}: ${res.stdout}\n${res.stderr}`);

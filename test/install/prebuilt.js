@@ -386,4 +386,4 @@ function main() {
 
 if (require.main === module) main();
 
-module.exports = { ensureTarballs, noCompilerEnv, COMPILERS, INSTALL_LIMIT_MS };
+module.exports = { ensureTarballs, dependencyTarballs, noCompilerEnv, COMPILERS, INSTALL_LIMIT_MS };
