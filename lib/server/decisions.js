@@ -9,7 +9,7 @@
  * the state this request left in it). Errors are OpenAI's envelope, as on every other route.
  */
 
-const { HttpError, badRequest, sendJson, readJsonBody, abortOnDisconnect } = require('./http');
+const { checkDecisionBody, badRequest, sendJson, readJsonBody, abortOnDisconnect } = require('./http');
 
 const FIELDS = ['model', 'input', 'questions', 'prompt_cache_key', 'prompt_cache_options', 'safety_identifier'];
 
@@ -41,18 +41,7 @@ function checkCacheOptions(value) {
 function decisionsRoute(app) {
   return async (req, res) => {
     const body = await readJsonBody(req, app.maxBodyBytes);
-    for (const key of Object.keys(body)) {
-      if (!FIELDS.includes(key))
-        throw badRequest(`unknown field ${JSON.stringify(key)}; a request has ${FIELDS.join(', ')}`, key);
-    }
-    if (body.model !== undefined && body.model !== app.modelName) {
-      if (typeof body.model !== 'string' || body.model === '')
-        throw badRequest('model must be a non-empty string', 'model');
-      throw new HttpError(404, `The model \`${body.model}\` does not exist; this server has ${app.modelName}`, {
-        param: 'model',
-        code: 'model_not_found',
-      });
-    }
+    checkDecisionBody(body, FIELDS, FIELDS.join(', '), app.modelName);
     if (body.input === undefined) throw badRequest('input is required: a string or an array of input items', 'input');
     if (body.questions === undefined)
       throw badRequest('questions is required: an array of 1-400 questions', 'questions');

@@ -116,8 +116,27 @@ function readJsonBody(req, maxBytes) {
   });
 }
 
+/**
+ * A decision route's first checks of a request `body`: no field outside `fields` (`hint` lists
+ * them in the 400), and `model`, when given, is the one this server has (else the 404).
+ */
+function checkDecisionBody(body, fields, hint, modelName) {
+  for (const key of Object.keys(body)) {
+    if (!fields.includes(key)) throw badRequest(`unknown field ${JSON.stringify(key)}; a request has ${hint}`, key);
+  }
+  if (body.model !== undefined && body.model !== modelName) {
+    if (typeof body.model !== 'string' || body.model === '')
+      throw badRequest('model must be a non-empty string', 'model');
+    throw new HttpError(404, `The model \`${body.model}\` does not exist; this server has ${modelName}`, {
+      param: 'model',
+      code: 'model_not_found',
+    });
+  }
+}
+
 module.exports = {
   HttpError,
+  checkDecisionBody,
   badRequest,
   toHttpError,
   errorBody,

@@ -10,7 +10,7 @@
  * whose `type` is one of its six.
  */
 
-const { HttpError, badRequest, sendJson, readJsonBody, toHttpError, abortOnDisconnect } = require('./http');
+const { checkDecisionBody, badRequest, sendJson, readJsonBody, toHttpError, abortOnDisconnect } = require('./http');
 
 const FIELDS = ['model', 'state', 'questions'];
 
@@ -53,18 +53,7 @@ function systemoneRoute(app) {
     try {
       app.checkKey(req);
       const body = await readJsonBody(req, app.maxBodyBytes);
-      for (const key of Object.keys(body)) {
-        if (!FIELDS.includes(key))
-          throw badRequest(`unknown field ${JSON.stringify(key)}; a request has model, state and questions`, key);
-      }
-      if (body.model !== undefined && body.model !== app.modelName) {
-        if (typeof body.model !== 'string' || body.model === '')
-          throw badRequest('model must be a non-empty string', 'model');
-        throw new HttpError(404, `The model \`${body.model}\` does not exist; this server has ${app.modelName}`, {
-          param: 'model',
-          code: 'model_not_found',
-        });
-      }
+      checkDecisionBody(body, FIELDS, 'model, state and questions', app.modelName);
       if (body.state === undefined || body.questions === undefined)
         throw badRequest(
           'a request needs state (a string or a JSON object) and questions',
