@@ -344,8 +344,8 @@ describe('POST /v1/decisions (llama-branch serve, OpenAI clients)', function () 
 
   describe("OpenAI's Python client", function () {
     const python = ['python3', 'python'].find((py) => spawnSync(py, ['--version'], { stdio: 'ignore' }).status === 0);
-    const hasClient =
-      python &&
+    const clientImports = () =>
+      Boolean(python) &&
       spawnSync(
         python,
         ['-c', 'import openai, sys; sys.exit(0 if hasattr(openai.OpenAI(api_key="x"), "decisions") else 1)'],
@@ -353,11 +353,20 @@ describe('POST /v1/decisions (llama-branch serve, OpenAI clients)', function () 
           stdio: 'ignore',
         },
       ).status === 0;
-    const title = hasClient
-      ? 'client.decisions.create with messages, a function call and all three types'
-      : `SKIPPED: ${python ? "the Python openai package (3.5x) is not installed (pip install 'openai>=3.57,<4')" : 'no python3'}`;
-    it(title, async function () {
-      if (!hasClient) this.skip();
+    const hasClient = clientImports();
+    const missing = python
+      ? "the Python openai package (3.5x) is not installed (pip install 'openai>=3.57,<4')"
+      : 'no python3';
+    // CI installs the client (scripts/setup.js --system), so there it must run. Elsewhere the title
+    // says why it does not run, and the test checks that reason (as test/systemone.test.js does).
+    if (!hasClient && process.env.CI !== 'true') {
+      it(`not run here: ${missing}`, function () {
+        assert.ok(!clientImports());
+      });
+      return;
+    }
+    it('client.decisions.create with messages, a function call and all three types', async function () {
+      assert.ok(hasClient, `${missing}: CI installs it with node scripts/setup.js --system`);
       const child = spawn(python, [path.join(__dirname, 'decisions', 'client.py'), server.url, KEY, MODEL], {
         stdio: ['ignore', 'pipe', 'pipe'],
       });

@@ -61,15 +61,17 @@ describe('KV events (serve --kv-events) read by Dynamo’s indexer', function ()
   const missing = consumerMissing();
   const servers = [];
   let consumer;
+  // CI installs the consumer (scripts/setup.js --system), so there it must run. Elsewhere the
+  // title says why it does not run, and the test checks that reason (as test/systemone.test.js does).
+  if (missing && !process.env.CI) {
+    it(`not run here: ${missing.split('\n').pop()} (npm run setup installs ai-dynamo-runtime, pyzmq, msgpack)`, function () {
+      assert.ok(consumerMissing());
+    });
+    return;
+  }
 
   before(async function () {
-    if (missing) {
-      if (process.env.CI) throw new Error(`the KV event consumer cannot run (npm run setup installs it): ${missing}`);
-      console.log(
-        `    (skipped: ${missing.split('\n').pop()}; npm run setup installs ai-dynamo-runtime, pyzmq, msgpack)`,
-      );
-      this.skip();
-    }
+    if (missing) throw new Error(`the KV event consumer cannot run (npm run setup installs it): ${missing}`);
     for (let i = 0; i < 2; i++) {
       // A small context: the workload below makes the cache evict.
       const server = await createServer({
