@@ -36,6 +36,7 @@ fn find_shared_llama_next_to_addon() {
 /// itself is already linked by llama-cpp-sys-2 (its `common` feature).
 fn build_chat_shim() {
     println!("cargo:rerun-if-changed=src/llama/chat_shim.cpp");
+    println!("cargo:rerun-if-changed=src/llama/determinism_shim.cpp");
     println!("cargo:rerun-if-env-changed=DEP_LLAMA_ROOT");
     let root =
         PathBuf::from(env::var("DEP_LLAMA_ROOT").expect(
@@ -58,6 +59,21 @@ fn build_chat_shim() {
          `cargo clean --release -p llama-cpp-sys-2` once.",
         root.display()
     );
+    // Deterministic contexts need the patched reference flash attention (.cargo/config.toml,
+    // patches/ggml/deterministic.cmake). A llama.cpp configured without the patch would build,
+    // but their logits would depend on where the KV cells sit: refuse it, saying how to fix it.
+    println!("cargo:rerun-if-changed=patches/ggml/deterministic.cmake");
+    println!("cargo:rerun-if-changed=patches/ggml/flash-attn-order-independent.inc");
+    assert!(
+        cache
+            .lines()
+            .any(|l| l.starts_with("CMAKE_PROJECT_ggml_INCLUDE")
+                && l.ends_with("deterministic.cmake")),
+        "llama.cpp in {} was configured without llama-branch's ggml patch \
+         (CMAKE_PROJECT_ggml_INCLUDE, .cargo/config.toml). With plain cargo run \
+         `cargo clean --release -p llama-cpp-sys-2` once.",
+        root.display()
+    );
     let src = cache
         .lines()
         .find_map(|l| l.strip_prefix("CMAKE_HOME_DIRECTORY:INTERNAL="))
@@ -69,11 +85,16 @@ fn build_chat_shim() {
         src.display()
     );
     let mut build = cc::Build::new();
-    build.cpp(true).file("src/llama/chat_shim.cpp");
+    build
+        .cpp(true)
+        .file("src/llama/chat_shim.cpp")
+        .file("src/llama/determinism_shim.cpp");
     // -isystem: the shim's own warnings stay visible, llama.cpp's headers' do not.
     for dir in [
         src.clone(),
         src.join("common"),
+        // llama-context.h, for determinism_shim.cpp
+        src.join("src"),
         src.join("include"),
         src.join("ggml").join("include"),
         src.join("vendor"),

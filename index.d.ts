@@ -1342,6 +1342,11 @@ export interface ServerOptions {
   /** Flash attention ({@link ContextOptions.flashAttention}). The CLI's `--flash-attn`. */
   flashAttention?: ContextOptions['flashAttention'];
   /**
+   * Bitwise-reproducible logits in every context the server loads
+   * ({@link ContextOptions.deterministic}; docs/determinism.md). The CLI's `--deterministic`.
+   */
+  deterministic?: boolean;
+  /**
    * Warm-up of the contexts the server loads ({@link ContextOptions.warmup}); `/health` answers 503
    * `"warming up"` until it is over. The CLI's `--no-warmup` sets `false`.
    */

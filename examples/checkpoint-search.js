@@ -8,7 +8,11 @@
 // state (seeds, RNG draws), logits snapshots — with the search's own bookkeeping as `meta`.
 // A child process (this script with `--resume FILE`) restores it with
 // `BranchStore.restoreTree` and finishes the search; this process finishes it too, from its
-// live tree, and both must find the same best continuation, token for token.
+// live tree, and both must find the same best continuation, token for token. That needs
+// `deterministic: true` (on by default here; `--deterministic=false` turns it off): the live
+// tree's branches decode beside siblings that the restored tree no longer has, in other batch
+// shapes and with their cells elsewhere in the KV buffer, and only a deterministic context
+// gives a branch the same logits either way (docs/determinism.md).
 
 const { execFileSync } = require('node:child_process');
 const fs = require('node:fs');
@@ -19,7 +23,8 @@ const { parseFlags, contextOptions, output, run, oneLine, round } = require('./_
 
 const USAGE = `usage: node examples/checkpoint-search.js [--jsonl] [--model path] [--depth 3] [--branching 3]
                                    [--keep 2] [--segment 6] [--seed 11] [--checkpoint-after 2]
-                                   [--prompt text] [--resume file] [--file path]`;
+                                   [--prompt text] [--resume file] [--file path]
+                                   [--deterministic=false]`;
 
 /** Levels `from`..`depth` of the search over `nodes` (id → { branch, parent, text, tokens }). */
 async function search(store, state, flags, out) {
@@ -108,12 +113,13 @@ run(async () => {
     prompt: 'A good name for a coffee shop next to a library would be',
     resume: '',
     file: '',
+    deterministic: true,
   });
   const out = output(flags);
   const started = Date.now();
   const { depth: D, branching: B, keep: M } = flags;
   const nSeqMax = 2 + M * D + M * B; // every kept node, the widest level, and saveTree's scratch
-  const ctx = await createContext(contextOptions(flags, { nCtx: 4096, nSeqMax }));
+  const ctx = await createContext(contextOptions(flags, { nCtx: 4096, nSeqMax, deterministic: flags.deterministic }));
   const store = new BranchStore(ctx);
 
   if (flags.resume) {
@@ -139,7 +145,14 @@ run(async () => {
     frontier: [0],
     nodes: new Map([[0, { id: 0, parent: null, branch: root, text: '', tokens: [] }]]),
   };
-  out.emit('start', { depth: D, branching: B, keep: M, checkpointAfter: flags.checkpointAfter, nSeqMax });
+  out.emit('start', {
+    depth: D,
+    branching: B,
+    keep: M,
+    checkpointAfter: flags.checkpointAfter,
+    nSeqMax,
+    deterministic: ctx.deterministic,
+  });
   out.say(`tree search: depth ${D}, ${B} children per node, keep ${M}: ${oneLine(flags.prompt)}`);
   await search(store, state, { ...flags, depth: flags.checkpointAfter }, out);
 
@@ -167,6 +180,7 @@ run(async () => {
   // Another process resumes from the file ...
   t0 = Date.now();
   const childArgs = [__filename, '--jsonl', '--resume', file, '--model', flags.model];
+  childArgs.push(`--deterministic=${flags.deterministic}`);
   for (const k of ['depth', 'branching', 'keep', 'segment', 'seed', 'threads'])
     childArgs.push(`--${k}`, String(flags[k]));
   const child = execFileSync(process.execPath, childArgs, { encoding: 'utf8' });

@@ -136,6 +136,14 @@ class SessionContext {
   get flashAttention() {
     return this.#native.flashAttention;
   }
+  /**
+   * Whether the context was created with `deterministic: true`: bitwise-reproducible logits
+   * whatever the batch, the fork, the cache or the restart (docs/determinism.md).
+   * @returns {boolean}
+   */
+  get deterministic() {
+    return this.#native.deterministic;
+  }
   /** True after {@link dispose}. Never throws. */
   get disposed() {
     return this.#native.disposed;

@@ -109,7 +109,7 @@ async function createContextOn(binding, options) {
     if (options[k] !== undefined && typeof options[k] !== 'number')
       throw makeError('ERR_INVALID_ARG', `options.${k} must be a number, got ${typeof options[k]}`);
   }
-  for (const k of ['embeddings', 'useMmap']) {
+  for (const k of ['embeddings', 'useMmap', 'deterministic']) {
     if (options[k] !== undefined && typeof options[k] !== 'boolean')
       throw makeError('ERR_INVALID_ARG', `options.${k} must be a boolean`);
   }

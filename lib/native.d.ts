@@ -75,6 +75,8 @@ export declare class SessionContext {
   get typeK(): 'f16' | 'q8_0' | 'q4_0'
   get typeV(): 'f16' | 'q8_0' | 'q4_0'
   get flashAttention(): 'auto' | 'on' | 'off'
+  /** Whether the context was created with `deterministic: true` (docs/determinism.md). */
+  get deterministic(): boolean
   /**
    * Where the model's layers went: `{ layers, totalLayers, devices }` (layers on non-CPU
    * devices, out of the model's layers plus its output layer).
@@ -417,6 +419,17 @@ export interface ContextOptions {
    * `ctx.flashAttention` (what was asked, or `'on'` when a quantized V cache forces it).
    */
   flashAttention?: 'auto' | 'on' | 'off'
+  /**
+   * Bitwise-reproducible logits: a sequence's logits at a position are the same bits whatever
+   * else its decodes hold (1 to 64 rows, prefill and decode rows, any order), whether its
+   * prefix came from a prefill in any chunking, a fork, the prefix cache, the RAM or disk tier
+   * or a restored tree, for a given model, context settings and `nThreads`. Default false.
+   * It turns off the CPU backend's repacked weight layouts (the model is then loaded apart
+   * from contexts that keep them) and its batch-shaped kernels, and needs flash attention
+   * (`'auto'` becomes `'on'`; `'off'` is `ERR_INVALID_ARG`). Costs and measurements:
+   * docs/determinism.md. Read back from `ctx.deterministic`.
+   */
+  deterministic?: boolean
 }
 
 /**

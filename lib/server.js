@@ -473,11 +473,11 @@ async function speculativeOf(createContext, options, ctx, parallel, owned) {
 
 /**
  * The options of createContext the server passes to every context it loads (those given): where
- * they run and how their KV cache is stored.
+ * they run, how their KV cache is stored and whether their logits are batch-invariant.
  */
 function contextOptions(options) {
   const picked = {};
-  for (const k of ['gpu', 'nGpuLayers', 'typeK', 'typeV', 'flashAttention', 'warmup'])
+  for (const k of ['gpu', 'nGpuLayers', 'typeK', 'typeV', 'flashAttention', 'deterministic', 'warmup'])
     if (options[k] !== undefined) picked[k] = options[k];
   return picked;
 }

@@ -18,6 +18,7 @@ const {
   repoRoot,
   targetDir,
   targetCpuArgs,
+  dropUnpatchedLlama,
   findCargo,
   formatDuration,
   spawnWithHeartbeat,
@@ -235,6 +236,7 @@ async function main() {
   const args = ['build', '--release', '--features', features, ...targetCpuArgs(target.cpuBaseline)];
   log(`cargo ${args.join(' ')}  (CARGO_TARGET_DIR=${env.CARGO_TARGET_DIR}; a cold build takes ~20 min on 2 cores)`);
   removeDanglingLibLinks(env.CARGO_TARGET_DIR);
+  dropUnpatchedLlama(env.CARGO_TARGET_DIR, env);
   const built = await cargoBuild(args, env);
   const buildTime = formatDuration(Date.now() - started);
   if (built.code !== 0) die(`cargo build failed (exit code ${built.code}) after ${buildTime}`);

@@ -7,7 +7,7 @@
  * which must match the build's or llama.cpp is compiled again.
  */
 
-const { featureArgs, cpuArgs, cargoEnv, findCargo, run } = require('./env');
+const { featureArgs, cpuArgs, cargoEnv, dropUnpatchedLlama, findCargo, run } = require('./env');
 
 const args = process.argv.slice(2);
 if (args.length === 0) {
@@ -22,4 +22,6 @@ const COMPILING = ['build', 'b', 'check', 'c', 'test', 't', 'bench', 'run', 'r',
 const extra = COMPILING.includes(args[0]) ? [...featureArgs(), ...cpuArgs()] : [];
 // Cargo's own options go before a `--` (what follows it is for the test binary).
 const sep = args.includes('--') ? args.indexOf('--') : args.length;
-process.exitCode = run('cargo', [...args.slice(0, sep), ...extra, ...args.slice(sep)], { env: cargoEnv() });
+const env = cargoEnv();
+if (extra.length) dropUnpatchedLlama(env.CARGO_TARGET_DIR, env);
+process.exitCode = run('cargo', [...args.slice(0, sep), ...extra, ...args.slice(sep)], { env });

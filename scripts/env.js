@@ -97,6 +97,32 @@ function nativeCpuFile(target) {
   }
 }
 
+/**
+ * Removes llama.cpp's build from the cargo target dir `target` when it was configured without
+ * llama-branch's ggml patch (.cargo/config.toml: CMAKE_PROJECT_ggml_INCLUDE, docs/determinism.md).
+ * The sys crate reruns its build script only when a GGML_* variable that its last run saw
+ * changes, so a target dir built before the patch existed keeps the unpatched llama.cpp (and
+ * build.rs then refuses it). Reads the CMake caches only: nothing happens on a current build.
+ */
+function dropUnpatchedLlama(target, env) {
+  const buildDir = path.join(target, 'release', 'build');
+  let stale = false;
+  try {
+    for (const name of fs.readdirSync(buildDir)) {
+      if (!name.startsWith('llama-cpp-sys-2-')) continue;
+      const cache = path.join(buildDir, name, 'out', 'build', 'CMakeCache.txt');
+      if (!fs.existsSync(cache)) continue;
+      const text = fs.readFileSync(cache, 'utf8');
+      if (!/^CMAKE_PROJECT_ggml_INCLUDE\b.*deterministic\.cmake$/m.test(text)) stale = true;
+    }
+  } catch {
+    return; // no build yet
+  }
+  if (!stale) return;
+  console.error(`[llama-branch] ${target} holds a llama.cpp built without the ggml patch: cleaning it (rebuilt next)`);
+  run('cargo', ['clean', '--release', '-p', 'llama-cpp-sys-2'], { env: { ...env, CARGO_TARGET_DIR: target } });
+}
+
 /** File name cargo gives the cdylib on this platform. */
 function cdylibName() {
   return { win32: 'llama_branch.dll', darwin: 'libllama_branch.dylib' }[process.platform] || 'libllama_branch.so';
@@ -288,6 +314,7 @@ module.exports = {
   cpuArgs,
   typeDefFolder,
   cargoEnv,
+  dropUnpatchedLlama,
   cdylibName,
   which,
   isRoot,

@@ -72,6 +72,12 @@ export class SessionContext {
      * @returns {'auto' | 'on' | 'off'}
      */
     get flashAttention(): "auto" | "on" | "off";
+    /**
+     * Whether the context was created with `deterministic: true`: bitwise-reproducible logits
+     * whatever the batch, the fork, the cache or the restart (docs/determinism.md).
+     * @returns {boolean}
+     */
+    get deterministic(): boolean;
     /** True after {@link dispose}. Never throws. */
     get disposed(): boolean;
     /**

@@ -51,6 +51,10 @@ const options = {
     default: 'auto',
     help: 'flash attention: auto (where the backend has it), on or off',
   },
+  deterministic: {
+    type: 'boolean',
+    help: 'bitwise-reproducible logits whatever the load, batch or cache (slower; docs/determinism.md)',
+  },
   'model-name': { type: 'string', help: 'model id in /v1/models (default: the file name)' },
   'prefill-chunk': {
     type: 'string',
@@ -154,7 +158,10 @@ function placement(values) {
 const KV_TYPES = ['f16', 'q8_0', 'q4_0'];
 const FLASH_ATTN = ['auto', 'on', 'off'];
 
-/** --cache-type-k/-v and --flash-attn as createContext's `typeK`, `typeV` and `flashAttention`. */
+/**
+ * --cache-type-k/-v, --flash-attn and --deterministic as createContext's `typeK`, `typeV`,
+ * `flashAttention` and `deterministic`.
+ */
 function kvCache(values) {
   const pick = (flag, choices, fallback) => {
     const v = values[flag] === undefined ? fallback : values[flag];
@@ -171,7 +178,10 @@ function kvCache(values) {
     throw new UsageError(
       `--cache-type-v ${typeV} needs flash attention: use --flash-attn auto or on, or --cache-type-v f16`,
     );
-  return { typeK, typeV, flashAttention };
+  // Deterministic contexts need flash attention (createContext's `deterministic`).
+  if (values.deterministic && flashAttention === 'off')
+    throw new UsageError('--deterministic needs flash attention: use --flash-attn auto or on');
+  return { typeK, typeV, flashAttention, ...(values.deterministic ? { deterministic: true } : {}) };
 }
 
 /** --cache-ram, --cache-dir, --cache-disk as the Scheduler's options; its warnings go to the log. */

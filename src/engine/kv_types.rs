@@ -86,6 +86,9 @@ pub struct KvConfig {
     pub type_k: KvType,
     pub type_v: KvType,
     pub flash_attention: FlashAttention,
+    /// Computed by the deterministic kernels (`deterministic: true`): the cells hold other
+    /// numbers than the default kernels write, so a state records it (engine/fingerprint.rs).
+    pub deterministic: bool,
 }
 
 impl KvConfig {
@@ -113,6 +116,26 @@ impl KvConfig {
             type_k,
             type_v,
             flash_attention,
+            deterministic: false,
+        })
+    }
+
+    /// The settings of a `deterministic: true` context. Flash attention is required: its
+    /// one-row kernel adds a sequence's cells in buffer order and skips every other cell, while
+    /// the plain path's softmax and KQ·V sums group cells by their absolute buffer index into
+    /// SIMD lanes, so a branch's numbers would depend on where its cells sit
+    /// (docs/determinism.md). 'auto' becomes 'on'.
+    pub fn deterministic(self) -> Result<KvConfig> {
+        if self.flash_attention == FlashAttention::Off {
+            return Err(Error::invalid(
+                "options.deterministic needs flash attention, but flashAttention is 'off': use \
+                 flashAttention 'auto' or 'on' with deterministic: true",
+            ));
+        }
+        Ok(KvConfig {
+            flash_attention: FlashAttention::On,
+            deterministic: true,
+            ..self
         })
     }
 
@@ -192,5 +215,20 @@ mod tests {
             .unwrap()
             .check_heads(80, 80)
             .is_ok());
+    }
+
+    #[test]
+    fn deterministic_turns_flash_attention_on_and_refuses_off() {
+        let d = KvConfig::resolve(None, None, None)
+            .unwrap()
+            .deterministic()
+            .unwrap();
+        assert!(d.deterministic && d.flash_attention == FlashAttention::On);
+        let e = KvConfig::resolve(None, None, Some("off"))
+            .unwrap()
+            .deterministic()
+            .unwrap_err();
+        assert_eq!(e.code(), "ERR_INVALID_ARG");
+        assert!(e.to_string().contains("deterministic"), "{e}");
     }
 }

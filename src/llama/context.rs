@@ -22,6 +22,13 @@ pub struct ContextConfig {
     pub n_outputs_max: u32,
     /// KV element types and flash attention, already checked together (engine/kv_types.rs).
     pub kv: KvConfig,
+    /// Run the CPU backend's reference kernels: one kernel per row whatever the batch
+    /// (determinism_shim.cpp, docs/determinism.md).
+    pub reference_kernels: bool,
+}
+
+extern "C" {
+    fn lb_set_cpu_reference_kernels(ctx: *mut sys::llama_context, on: bool) -> std::ffi::c_int;
 }
 
 fn ggml_type(t: KvType) -> sys::ggml_type {
@@ -117,13 +124,27 @@ impl Context {
                 "llama_init_from_model returned null (out of memory, or nCtx/nBatch too large for this model{kv})"
             ))
         })?;
-        Ok(Context {
+        let ctx = Context {
             ptr,
             model,
             abort_slot,
             cancel_flag: None,
             n_outputs_max: cfg.n_outputs_max,
-        })
+        };
+        if cfg.reference_kernels {
+            // SAFETY: the context is live; the shim only reads its scheduler's backend list and
+            // sets a flag on its CPU backend, which the next graph computation reads.
+            let status = unsafe { lb_set_cpu_reference_kernels(ctx.raw(), true) };
+            if status != 0 {
+                // Every llama_context has a CPU backend and every ggml-cpu of this vendored
+                // version exports the setter, so this is a build that does not match.
+                return Err(Error::ContextCreate(format!(
+                    "deterministic: cannot switch the CPU backend to its reference kernels \
+                     (status {status}: 1 no CPU backend, 2 no ggml_backend_cpu_set_use_ref)"
+                )));
+            }
+        }
+        Ok(ctx)
     }
 
     fn raw(&self) -> *mut sys::llama_context {

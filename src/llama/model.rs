@@ -37,6 +37,10 @@ pub struct ModelParams {
     pub main_gpu: i32,
     /// Fraction of the offloaded layers per device (same length as the device list), or empty.
     pub tensor_split: Vec<f32>,
+    /// Let the CPU backend repack weights into its interleaved layouts (llama.cpp's
+    /// `use_extra_bufts`). Off for deterministic contexts: the repacked kernels take rows in
+    /// groups of 4 and the rest one by one, which round differently (docs/determinism.md).
+    pub repack_weights: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +69,7 @@ impl Model {
             SplitMode::Row => sys::LLAMA_SPLIT_MODE_ROW,
         };
         p.main_gpu = params.main_gpu;
+        p.use_extra_bufts = params.repack_weights;
         // NULL-terminated, as llama_model_params.devices requires; lives until the load returns.
         let mut devices: Vec<sys::ggml_backend_dev_t> = Vec::new();
         if let Some(list) = &params.devices {

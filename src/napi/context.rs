@@ -322,6 +322,13 @@ impl SessionContext {
         Ok(self.info.kv.flash_attention.name())
     }
 
+    /// Whether the context was created with `deterministic: true` (docs/determinism.md).
+    #[napi(getter)]
+    pub fn deterministic(&self) -> Result<bool> {
+        self.live().map_err(js)?;
+        Ok(self.info.kv.deterministic)
+    }
+
     /// Where the model's layers went: `{ layers, totalLayers, devices }` (layers on non-CPU
     /// devices, out of the model's layers plus its output layer).
     #[napi(getter)]

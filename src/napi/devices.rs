@@ -366,6 +366,7 @@ impl Placement {
     pub fn model_params(
         &self,
         use_mmap: bool,
+        repack_weights: bool,
         block_count: u32,
     ) -> crate::error::Result<(ModelParams, OffloadInfo)> {
         let remote = connect(&self.endpoints)?;
@@ -383,6 +384,7 @@ impl Placement {
                 split_mode: self.split_mode,
                 main_gpu: self.request.main_gpu as i32,
                 tensor_split: self.request.tensor_split.clone(),
+                repack_weights,
             },
             offload,
         ))

@@ -99,16 +99,26 @@ pub struct ContextOptions {
     /// `ctx.flashAttention` (what was asked, or `'on'` when a quantized V cache forces it).
     #[napi(ts_type = "'auto' | 'on' | 'off'")]
     pub flash_attention: Option<String>,
+    /// Bitwise-reproducible logits: a sequence's logits at a position are the same bits whatever
+    /// else its decodes hold (1 to 64 rows, prefill and decode rows, any order), whether its
+    /// prefix came from a prefill in any chunking, a fork, the prefix cache, the RAM or disk tier
+    /// or a restored tree, for a given model, context settings and `nThreads`. Default false.
+    /// It turns off the CPU backend's repacked weight layouts (the model is then loaded apart
+    /// from contexts that keep them) and its batch-shaped kernels, and needs flash attention
+    /// (`'auto'` becomes `'on'`; `'off'` is `ERR_INVALID_ARG`). Costs and measurements:
+    /// docs/determinism.md. Read back from `ctx.deterministic`.
+    pub deterministic: Option<bool>,
 }
 
 // ---------------------------------------------------------------------------------------------
 // Model sharing: contexts on the same file and load settings share one llama_model.
 
-type ModelKey = (String, bool, String);
+type ModelKey = (String, bool, bool, String);
 
 fn acquire_model(
     path: &str,
     use_mmap: bool,
+    repack_weights: bool,
     placement: &Placement,
 ) -> crate::error::Result<(Arc<Model>, OffloadInfo)> {
     type Cache = HashMap<ModelKey, (Weak<Model>, OffloadInfo)>;
@@ -122,7 +132,7 @@ fn acquire_model(
         // Models on RPC servers are neither shared nor loaded under the cache lock: a server that
         // dies during the load leaves this thread parked for good (see napi/devices.rs), and
         // every later load must not wait for it.
-        let (params, offload) = placement.model_params(use_mmap, block_count()?)?;
+        let (params, offload) = placement.model_params(use_mmap, repack_weights, block_count()?)?;
         let mut model = Model::load(path, &params)?;
         let endpoints = placement.endpoints.clone();
         model.set_free_check(move || devices::servers_answer(&endpoints));
@@ -133,14 +143,14 @@ fn acquire_model(
         .get_or_init(Default::default)
         .lock()
         .map_err(|_| Error::Internal("model cache lock poisoned".into()))?;
-    let key = (path.to_string(), use_mmap, placement.key());
+    let key = (path.to_string(), use_mmap, repack_weights, placement.key());
     if let Some((model, offload)) = cache
         .get(&key)
         .and_then(|(w, o)| w.upgrade().map(|m| (m, o.clone())))
     {
         return Ok((model, offload));
     }
-    let (params, offload) = placement.model_params(use_mmap, block_count()?)?;
+    let (params, offload) = placement.model_params(use_mmap, repack_weights, block_count()?)?;
     let model = Arc::new(Model::load(path, &params)?);
     cache.retain(|_, (w, _)| w.strong_count() > 0);
     cache.insert(key, (Arc::downgrade(&model), offload.clone()));
@@ -169,6 +179,8 @@ fn check_model_file(path: &str) -> crate::error::Result<()> {
 struct Resolved {
     path: String,
     use_mmap: bool,
+    /// Whether the CPU backend may repack the weights (off for deterministic contexts).
+    repack_weights: bool,
     config: ContextConfig,
     log_level: Option<i32>,
     placement: Placement,
@@ -207,6 +219,17 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
         o.type_v.as_deref(),
         o.flash_attention.as_deref(),
     )?;
+    let deterministic = o.deterministic.unwrap_or(false);
+    let kv = if deterministic {
+        kv.deterministic()?
+    } else {
+        kv
+    };
+    let (repack_weights, reference_kernels) = if deterministic {
+        (false, true)
+    } else {
+        diagnostic_kernels()
+    };
     let placement = resolve_placement(&PlacementInput {
         n_gpu_layers: o.n_gpu_layers,
         main_gpu: o.main_gpu,
@@ -236,6 +259,7 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
     Ok(Resolved {
         path,
         use_mmap: o.use_mmap.unwrap_or(true),
+        repack_weights,
         config: ContextConfig {
             n_ctx,
             n_batch,
@@ -245,11 +269,22 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
             pooling_type,
             n_outputs_max,
             kv,
+            reference_kernels,
         },
         log_level,
         placement,
         chat_template: o.chat_template.clone().filter(|t| !t.is_empty()),
     })
+}
+
+/// For bench/determinism.js, which measures each source of batch-variance apart: with
+/// `LLAMA_BRANCH_DIAG_KERNELS` holding `norepack` and/or `ref` (comma-separated), a context that
+/// is not deterministic turns off only the repacked weights, or only the batch-shaped kernels.
+/// Returns (repack weights, reference kernels); unset: the defaults (true, false).
+fn diagnostic_kernels() -> (bool, bool) {
+    let parts = std::env::var("LLAMA_BRANCH_DIAG_KERNELS").unwrap_or_default();
+    let has = |p: &str| parts.split(',').any(|x| x.trim() == p);
+    (!has("norepack"), has("ref"))
 }
 
 fn log_level_from(level: &str) -> crate::error::Result<i32> {
@@ -266,7 +301,11 @@ fn measure_pair_plan(ctx: &mut Context, r: &Resolved) -> crate::error::Result<bo
     if r.config.n_seq_max < 2 || r.config.embeddings {
         return Ok(false);
     }
-    let key = format!("{}|{}|{}", r.path, r.use_mmap, r.config.n_threads);
+    // The kernels a context runs change which plan is faster, so they are part of the key.
+    let key = format!(
+        "{}|{}|{}|{}|{}",
+        r.path, r.use_mmap, r.config.n_threads, r.repack_weights, r.config.reference_kernels
+    );
     let token = ctx.model.bos_token().unwrap_or(0);
     calibrate::cached(&key, || calibrate::pair_split_is_faster(ctx, token))
 }
@@ -287,7 +326,12 @@ fn load_context(
             ))
         })?;
     }
-    let (model, offload) = acquire_model(&resolved.path, resolved.use_mmap, &resolved.placement)?;
+    let (model, offload) = acquire_model(
+        &resolved.path,
+        resolved.use_mmap,
+        resolved.repack_weights,
+        &resolved.placement,
+    )?;
     let mut ctx = Context::new(model.clone(), &resolved.config)?;
     let split_pairs = measure_pair_plan(&mut ctx, &resolved)?;
     let info = ContextInfo {

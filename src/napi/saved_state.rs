@@ -28,10 +28,17 @@ pub(super) fn fingerprint_of(model: &Model, kv: &KvConfig) -> Fingerprint {
         &model.description(),
         SEQ_FILE_VERSION,
         format!(
-            "typeK={} typeV={} flashAttention={}",
+            "typeK={} typeV={} flashAttention={}{}",
             kv.type_k.name(),
             kv.type_v.name(),
-            kv.flash_attention.name()
+            kv.flash_attention.name(),
+            // Only deterministic contexts say so, so every file written before the option
+            // existed keeps its fingerprint.
+            if kv.deterministic {
+                " deterministic"
+            } else {
+                ""
+            }
         ),
     )
 }
