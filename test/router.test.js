@@ -12,12 +12,12 @@
 
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
-const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const OpenAI = require('openai');
 const { startServer, stopServer, waitFor } = require('./serve-helpers');
+const { freePort } = require('../bench/common');
 
 const REPLICA_ARGS = ['--ctx-size', '2048', '--threads', '1', '--parallel', '2', '--no-ui'];
 
@@ -25,16 +25,6 @@ const REPLICA_ARGS = ['--ctx-size', '2048', '--threads', '1', '--parallel', '2',
 function routerCommand() {
   const found = spawnSync('sglang-router', ['--help'], { encoding: 'utf8' });
   return found.status === 0 ? 'sglang-router' : null;
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = /** @type {net.AddressInfo} */ (s.address());
-      s.close(() => resolve(port));
-    });
-    s.on('error', reject);
-  });
 }
 
 /**
