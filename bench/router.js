@@ -17,12 +17,12 @@
  */
 
 const fs = require('node:fs');
-const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
 const { parseArgs } = require('node:util');
 const { systemPrompt, userMessage } = require('./agent-sessions');
+const { freePort } = require('./common');
 
 const MODEL = process.env.LLAMA_TEST_MODEL || path.join(__dirname, '..', 'models', 'gemma-3-270m-q4_k_m.gguf');
 const BIN = path.join(__dirname, '..', 'bin', 'llama-branch.js');
@@ -39,16 +39,6 @@ const { values: args } = parseArgs({
     policies: { type: 'string', default: 'cache_aware,round_robin' },
   },
 });
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = /** @type {net.AddressInfo} */ (s.address());
-      s.close(() => resolve(port));
-    });
-    s.on('error', reject);
-  });
-}
 
 /** Spawns `command args`, resolving the child once `ready()` says so (polled every 200 ms). */
 async function startProcess(command, argv, ready, what) {

@@ -6,14 +6,18 @@
 // client streams through it, `round_robin` spreads requests over the three and `cache_aware`
 // keeps one prefix on one replica; a replica killed mid-run fails its in-flight requests cleanly
 // (or the router retries them), later requests succeed, nothing hangs, and the replica restarted
-// on its port rejoins. Run by scripts/test.js as its own step (a few replicas on 2 cores).
+// on its port rejoins; two replicas on one --cache-dir restore, not prefill, a prefix the other
+// computed and evicted. Run by scripts/test.js as its own step (a few replicas on 2 cores).
 // Outside CI a machine without sglang-router skips with the reason; in CI (CI set) it fails.
 
 const assert = require('node:assert/strict');
-const net = require('node:net');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const OpenAI = require('openai');
 const { startServer, stopServer, waitFor } = require('./serve-helpers');
+const { freePort } = require('../bench/common');
 
 const REPLICA_ARGS = ['--ctx-size', '2048', '--threads', '1', '--parallel', '2', '--no-ui'];
 
@@ -21,16 +25,6 @@ const REPLICA_ARGS = ['--ctx-size', '2048', '--threads', '1', '--parallel', '2',
 function routerCommand() {
   const found = spawnSync('sglang-router', ['--help'], { encoding: 'utf8' });
   return found.status === 0 ? 'sglang-router' : null;
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = /** @type {net.AddressInfo} */ (s.address());
-      s.close(() => resolve(port));
-    });
-    s.on('error', reject);
-  });
 }
 
 /**
@@ -237,5 +231,71 @@ describe('replicas behind sglang-router', function () {
     for (let i = 0; i < 3; i++) await complete(`After the restart ${i}:`);
     const { completed } = await (await fetch(`${restarted.url}/health`)).json();
     assert.ok(completed >= 1, 'the restarted replica served requests again');
+  });
+
+  it('replicas on one --cache-dir: a prefix one replica computed and evicted is restored, not prefilled, by the other', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-router-cache-'));
+    // No RAM tier: a prefix evicted from a replica's KV cells goes straight to a file in the shared
+    // folder. 1,024 cells: the long third prompt cannot sit beside the first one's prefix.
+    const args = [
+      '--ctx-size',
+      '1024',
+      '--threads',
+      '1',
+      '--parallel',
+      '1',
+      '--no-ui',
+      '--cache-ram',
+      '0',
+      '--cache-dir',
+      dir,
+    ];
+    const pair = await Promise.all([0, 1].map(() => startServer(args)));
+    try {
+      const router = await startRouter(
+        command,
+        pair.map((r) => r.url),
+        'round_robin',
+      );
+      routers.push(router);
+      const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+      const complete = (prompt) =>
+        client.completions.create({ model: 'gemma-3-270m-q4_k_m', prompt, max_tokens: 1, temperature: 0 });
+      /** The replica that served the request `send` makes (the one whose completed count moved). */
+      const servedBy = async (send) => {
+        const before = await completedBy(pair);
+        const res = await send();
+        const after = await completedBy(pair);
+        const moved = pair.filter((r) => after[r.url] - before[r.url] === 1);
+        assert.equal(moved.length, 1, 'exactly one replica served the request');
+        return { res, replica: moved[0] };
+      };
+      const shared = `Contract between the parties, section one. ${'Each clause binds both parties equally. '.repeat(40)}`;
+      const other = `An unrelated log of a ship's voyage, day by day. ${'The wind held from the west all day. '.repeat(80)}`;
+
+      const first = await servedBy(() => complete(shared + 'Summary:'));
+      assert.equal(first.res.usage.prompt_tokens_details?.cached_tokens ?? 0, 0, 'a cold prefill');
+      const second = await servedBy(() => complete('Hello'));
+      assert.notEqual(second.replica, first.replica, 'round_robin alternates');
+      // The first replica needs its cells for a long unrelated prompt: the shared prefix leaves its
+      // KV cells for a file in the shared folder.
+      const third = await servedBy(() => complete(other));
+      assert.equal(third.replica, first.replica);
+      await waitFor(async () => fs.readdirSync(dir).some((f) => !f.startsWith('.')), 'the evicted prefix file', 30000);
+      await new Promise((r) => setTimeout(r, 1100)); // the other replica lists the folder at most once a second
+
+      const fourth = await servedBy(() => complete(shared + 'Summary:'));
+      assert.equal(fourth.replica, second.replica, 'the same prefix now goes to the replica that never saw it');
+      const cached = fourth.res.usage.prompt_tokens_details?.cached_tokens ?? 0;
+      assert.ok(
+        cached >= first.res.usage.prompt_tokens - 16,
+        `restored ${cached} of ${fourth.res.usage.prompt_tokens} prompt tokens`,
+      );
+      const metrics = await (await fetch(`${fourth.replica.url}/metrics`)).text();
+      assert.match(metrics, /llamabranch_prefix_cache_hits_total\{tier="disk"\} 1\b/);
+    } finally {
+      for (const r of pair) await stopServer(r.child);
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
