@@ -146,6 +146,11 @@ impl KvBackend for FakeKv {
     fn clear(&self) {
         self.cells.borrow_mut().clear();
     }
+    fn decode_embd(&mut self, batch: &mut Batch, _non_causal: bool) -> Result<()> {
+        // Each embedding row stands in for a token (id 0) at its position.
+        self.decode(batch)
+    }
+
     fn decode(&mut self, batch: &mut Batch) -> Result<()> {
         assert!(batch.len() <= self.n_batch as usize, "batch over n_batch");
         assert!(
