@@ -1,7 +1,15 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const { nativeOf, nativeOfPrompt, wrapFreed, registerBranch, subtreeOf, isDisposed, markDisposed } = require('./Context');
+const {
+  nativeOf,
+  nativeOfPrompt,
+  wrapFreed,
+  registerBranch,
+  subtreeOf,
+  isDisposed,
+  markDisposed,
+} = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 const { traceOf, traced } = require('./trace');
 const { generate } = require('./decode/generate');
@@ -251,7 +259,8 @@ class Branch {
   async prefill(tokens, options) {
     const native = this._live();
     const prompt = nativeOfPrompt(tokens);
-    if (prompt) return runCancellable(options, 'prefill', (cancel) => native._branchPrefillMedia(this._handle, prompt, cancel));
+    if (prompt)
+      return runCancellable(options, 'prefill', (cancel) => native._branchPrefillMedia(this._handle, prompt, cancel));
     if (!Array.isArray(tokens))
       throw makeError('ERR_INVALID_ARG', 'prefill(tokens): tokens must be an array of token ids or a MediaPrompt');
     if (tokens.length === 0) {

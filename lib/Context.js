@@ -225,12 +225,18 @@ class SessionContext {
         const part = /** @type {any} */ (p);
         if (part.image !== undefined && !(part.image instanceof Uint8Array))
           return Promise.reject(
-            makeError('ERR_INVALID_ARG', `tokenizeParts: part ${i}'s image must be a Uint8Array or Buffer of file bytes`),
+            makeError(
+              'ERR_INVALID_ARG',
+              `tokenizeParts: part ${i}'s image must be a Uint8Array or Buffer of file bytes`,
+            ),
           );
         input.push({ text: part.text, image: part.image, imagePath: part.imagePath });
       } else
         return Promise.reject(
-          makeError('ERR_INVALID_ARG', `tokenizeParts: part ${i} must be a string, { text }, { image } or { imagePath }`),
+          makeError(
+            'ERR_INVALID_ARG',
+            `tokenizeParts: part ${i} must be a string, { text }, { image } or { imagePath }`,
+          ),
         );
     }
     return this.#native._tokenizeParts(input, addSpecial).then((inner) => makePrompt(inner));

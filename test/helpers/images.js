@@ -62,8 +62,7 @@ function chunk(type, data) {
  */
 function png(width, height, { seed = 1, pixel } = {}) {
   const at =
-    pixel ||
-    ((x, y) => [(x * 7 + y * 3 + seed * 41) & 255, (x * y + seed * 97) & 255, (x * 13 + y * 29 + seed) & 255]);
+    pixel || ((x, y) => [(x * 7 + y * 3 + seed * 41) & 255, (x * y + seed * 97) & 255, (x * 13 + y * 29 + seed) & 255]);
   const raw = Buffer.alloc((width * 3 + 1) * height);
   for (let y = 0; y < height; y++) {
     const row = y * (width * 3 + 1);
