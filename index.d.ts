@@ -1234,6 +1234,11 @@ export interface SchedulerStats {
   acceptedDraftTokens: number;
   /** The RAM and disk tiers of the prefix cache; absent when it has none. */
   cacheTiers?: CacheTierStats;
+  /**
+   * Image encoder runs of the context (`ctx.imageStats().encodes`), present when it loaded a
+   * projector (`mmprojPath`): one per image prefilled, none for a fork after it.
+   */
+  imageEncodes?: number;
 }
 
 /**

@@ -252,7 +252,7 @@ class Branch {
    * embeddings decoded as one batch taking the image's `nPos` positions. A fork after it shares
    * those cells and encodes nothing. Checked before anything is written: `ERR_IMAGE_POSITIONS`
    * when the prompt passes nCtx or an image has more tokens than nBatch.
-   * @param {number[] | MediaPrompt} tokens
+   * @param {number[] | Pick<MediaPrompt, 'pieces' | 'nPos' | 'nImages'>} tokens a MediaPrompt of this context's `tokenizeParts`
    * @param {OperationOptions} [options]
    * @returns {Promise<void>}
    */

@@ -10,7 +10,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
-const { Branch, BranchStore } = require('..');
+const { Branch, BranchStore, Scheduler } = require('..');
 const { open, rejects, throwsSync, argmax, topK } = require('./helpers');
 const { projectorPath, png } = require('./helpers/images');
 
@@ -134,6 +134,9 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
       assert.ok(maxDelta < 1.5, `question ${i}: max |Δlogit| over the top 50: ${maxDelta}`);
     }
     assert.equal(ctx.imageStats().encodes, encodes0 + 1 + questions.length, 'each fresh branch encoded once');
+    const scheduler = new Scheduler(ctx);
+    assert.equal(scheduler.stats().imageEncodes, ctx.imageStats().encodes, 'the Scheduler (and /metrics) report it');
+    await scheduler.close();
     await Promise.all([...forks, root].map((b) => b.prune()));
   });
 

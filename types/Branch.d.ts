@@ -144,11 +144,11 @@ export class Branch implements AsyncIterable<BranchToken> {
      * embeddings decoded as one batch taking the image's `nPos` positions. A fork after it shares
      * those cells and encodes nothing. Checked before anything is written: `ERR_IMAGE_POSITIONS`
      * when the prompt passes nCtx or an image has more tokens than nBatch.
-     * @param {number[] | MediaPrompt} tokens
+     * @param {number[] | Pick<MediaPrompt, 'pieces' | 'nPos' | 'nImages'>} tokens a MediaPrompt of this context's `tokenizeParts`
      * @param {OperationOptions} [options]
      * @returns {Promise<void>}
      */
-    prefill(tokens: number[] | MediaPrompt, options?: OperationOptions): Promise<void>;
+    prefill(tokens: number[] | Pick<MediaPrompt, "pieces" | "nPos" | "nImages">, options?: OperationOptions): Promise<void>;
     /**
      * Decodes one token without accepting it, and captures its logits. Cancellable.
      * @param {number} token

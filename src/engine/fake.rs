@@ -19,7 +19,7 @@ pub struct FakeKv {
     n_ctx: u32,
     n_seq_max: u32,
     n_vocab: i32,
-    n_batch: u32,
+    pub n_batch: u32,
     n_outputs_max: u32,
     /// Sliding window the fake reports (it keeps every cell regardless).
     pub n_swa: u32,

@@ -238,6 +238,120 @@ impl BranchStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::fake::FakeKv;
+    use crate::engine::store::ForkOptions;
+    use crate::engine::store_tests::root;
+
+    /// Embeddings of width 4; fails on the pieces listed in `fail`.
+    struct Fake {
+        encodes: usize,
+        fail: Vec<usize>,
+    }
+
+    impl ImageSource for Fake {
+        fn n_embd(&self) -> usize {
+            4
+        }
+        fn encode(&mut self, i: usize) -> Result<Vec<f32>> {
+            if self.fail.contains(&i) {
+                return Err(Error::ImageDecode("broken".into()));
+            }
+            self.encodes += 1;
+            Ok(vec![0.5; 3 * 4])
+        }
+        fn non_causal(&self, _: usize) -> bool {
+            true
+        }
+    }
+
+    const IMAGE: MediaPiece = MediaPiece::Image {
+        n_tokens: 3,
+        n_pos: 3,
+        id: "x",
+    };
+
+    #[test]
+    fn a_prompt_with_images_advances_by_its_positions_and_forks_share_them() {
+        let mut kv = FakeKv::new(64, 4);
+        let mut store = BranchStore::new(4, false);
+        let h = root(&mut kv, &mut store, &[1, 2]);
+        let mut src = Fake {
+            encodes: 0,
+            fail: vec![],
+        };
+        let pieces = [MediaPiece::Text(&[3]), IMAGE, MediaPiece::Text(&[4, 5])];
+        store
+            .prefill_media(&mut kv, h, &pieces, &mut src, &|| false)
+            .unwrap();
+        let b = store.get(h).unwrap();
+        assert_eq!(b.position, 2 + 1 + 3 + 2);
+        assert_eq!(kv.seq_pos_max(b.seq), 7);
+        assert_eq!(b.images, vec![span(3, 3)]);
+        assert_eq!(src.encodes, 1);
+        assert_eq!(store.kv_pressure(&kv).cells_used, 8);
+        let child = store.fork(&kv, h, ForkOptions::default()).unwrap();
+        assert_eq!(store.get(child).unwrap().images, vec![span(3, 3)]);
+        assert_eq!(store.kv_pressure(&kv).cells_used, 8, "shared, not copied");
+        let at = |p| ForkOptions {
+            position: Some(p),
+            ..ForkOptions::default()
+        };
+        assert_eq!(
+            store.fork(&kv, h, at(4)).unwrap_err().code(),
+            "ERR_IMAGE_POSITIONS"
+        );
+        let before = store.fork(&kv, h, at(3)).unwrap();
+        assert_eq!(store.get(before).unwrap().images, vec![]);
+        assert_eq!(src.encodes, 1);
+    }
+
+    #[test]
+    fn a_failed_or_refused_media_prefill_changes_nothing() {
+        let mut kv = FakeKv::new(16, 2);
+        let mut store = BranchStore::new(2, false);
+        let h = root(&mut kv, &mut store, &[1, 2]);
+        let cells = kv.snapshot();
+        let mut src = Fake {
+            encodes: 0,
+            fail: vec![2],
+        };
+        let pieces = [MediaPiece::Text(&[3]), IMAGE, IMAGE];
+        let err = store
+            .prefill_media(&mut kv, h, &pieces, &mut src, &|| false)
+            .unwrap_err();
+        assert_eq!(err.code(), "ERR_IMAGE_DECODE");
+        assert_eq!(
+            kv.snapshot(),
+            cells,
+            "the text and first image are removed again"
+        );
+        let b = store.get(h).unwrap();
+        assert_eq!((b.position, b.images.len()), (2, 0));
+        // Past nCtx, or an image larger than one decode: refused before anything runs.
+        let long = [IMAGE; 5];
+        let code = |store: &mut BranchStore, kv: &mut FakeKv, p: &[MediaPiece]| {
+            let mut src = Fake {
+                encodes: 0,
+                fail: vec![],
+            };
+            let e = store
+                .prefill_media(kv, h, p, &mut src, &|| false)
+                .unwrap_err();
+            assert_eq!(src.encodes, 0);
+            e.code()
+        };
+        assert_eq!(code(&mut store, &mut kv, &long), "ERR_IMAGE_POSITIONS");
+        kv.n_batch = 2;
+        assert_eq!(code(&mut store, &mut kv, &[IMAGE]), "ERR_IMAGE_POSITIONS");
+        let mrope = MediaPiece::Image {
+            n_tokens: 2,
+            n_pos: 1,
+            id: "m",
+        };
+        assert_eq!(code(&mut store, &mut kv, &[mrope]), "ERR_IMAGE_UNSUPPORTED");
+        assert_eq!(kv.snapshot(), cells);
+        assert_eq!(store.get(h).unwrap().position, 2);
+    }
 
     fn span(start: Pos, n_pos: Pos) -> ImageSpan {
         ImageSpan {

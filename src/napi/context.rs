@@ -151,7 +151,6 @@ impl SessionContext {
         model: Arc<Model>,
         offload: OffloadInfo,
         chat_template: Option<String>,
-        image_counters: Option<Arc<super::images::Counters>>,
     ) -> SessionContext {
         SessionContext {
             shared,
@@ -165,7 +164,7 @@ impl SessionContext {
             trackers: Trackers::default(),
             released,
             offload,
-            image_counters,
+            image_counters: None,
             model,
         }
     }

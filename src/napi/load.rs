@@ -357,7 +357,7 @@ fn load_context(
         Some(Engine::new(ctx, store, pool, released.clone(), images));
     let weak: Weak<dyn Losable> = Arc::downgrade(&shared) as Weak<dyn Losable>;
     devices::watch(&endpoints, weak);
-    Ok(SessionContext::new(
+    let mut session = SessionContext::new(
         shared,
         worker,
         info,
@@ -365,8 +365,9 @@ fn load_context(
         model,
         offload,
         resolved.chat_template,
-        image_counters,
-    ))
+    );
+    session.image_counters = image_counters;
+    Ok(session)
 }
 
 /// Loads the model (shared with contexts on the same file) and creates a context, off the
