@@ -324,16 +324,17 @@ impl SessionContext {
         &self,
         env: &'env Env,
         #[napi(ts_arg_type = "number")] handle: Arg<f64>,
-        prompt: &MediaPrompt,
+        #[napi(ts_arg_type = "MediaPrompt")] prompt: Arg<ClassInstance<'env, MediaPrompt>>,
         #[napi(ts_arg_type = "CancelToken | undefined")] cancel: CancelArg,
     ) -> Result<Object<'env>> {
         let owner = self.image_counters.clone();
-        let chunks = prompt.chunks.clone();
-        let pieces = prompt.pieces.clone();
-        let foreign = owner
-            .as_ref()
-            .is_none_or(|o| !Arc::ptr_eq(o, &prompt.owner));
         self.spawn(env, || {
+            let prompt = prompt.get("prefill: prompt", "a MediaPrompt")?;
+            let chunks = prompt.chunks.clone();
+            let pieces = prompt.pieces.clone();
+            let foreign = owner
+                .as_ref()
+                .is_none_or(|o| !Arc::ptr_eq(o, &prompt.owner));
             let flag = cancel.get("_branchPrefillMedia")?;
             let h = self
                 .ids
