@@ -285,12 +285,14 @@ impl SessionContext {
                         PartData::Text(t) => Loaded::Text(t),
                         image => {
                             let bytes = image_bytes(image, &limits)?;
-                            let (_, w, h) = image_header::check(&bytes, &limits)?;
+                            image_header::check(&bytes, &limits)?;
                             let bitmap = projector.decode_image(&bytes)?;
                             let (nx, ny) = bitmap.size();
-                            if u64::from(nx) * u64::from(ny) > limits.max_pixels || (nx, ny) != (w, h) {
-                                return Err(Error::ImageDecode(format!(
-                                    "the image header says {w}×{h} and the decoder read {nx}×{ny}; send an intact file"
+                            // The header was checked; the decoder's own size is checked too.
+                            if u64::from(nx) * u64::from(ny) > limits.max_pixels {
+                                return Err(Error::ImageTooLarge(format!(
+                                    "the image decodes to {nx}×{ny} pixels, over the limit of {} (option imageMaxPixels); scale it down first",
+                                    limits.max_pixels
                                 )));
                             }
                             Loaded::Image(bitmap)
