@@ -264,6 +264,29 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
   });
 });
 
+describe('images through the server: refused with a clear 400 for now', function () {
+  const { generateRequest } = require('../lib/server/openai');
+  const env = { modelName: 'm', limits: { maxN: 8, maxTokens: 64 }, reasoningFormat: 'none' };
+  const ask = (part) =>
+    generateRequest(
+      'chat',
+      { messages: [{ role: 'user', content: [{ type: 'text', text: 'What is it?' }, part] }] },
+      env,
+    );
+
+  it('an http(s) image URL is never fetched; a data URL is not served yet; both name the part', async () => {
+    const remote = await rejects(
+      () => ask({ type: 'image_url', image_url: { url: 'https://example.com/a.png' } }),
+      'ERR_INVALID_ARG',
+    );
+    assert.match(remote.message, /messages\[0\]\.content\[1\]: image URLs are never fetched/);
+    assert.equal(remote.param, 'messages');
+    const inline = `data:image/png;base64,${png(8, 8).toString('base64')}`;
+    const data = await rejects(() => ask({ type: 'image_url', image_url: { url: inline } }), 'ERR_INVALID_ARG');
+    assert.match(data.message, /not served yet.*mmprojPath/);
+  });
+});
+
 /** The default pattern of `png` for `seed`, as a pixel function. */
 function patternOf(seed) {
   return (x, y) => [(x * 7 + y * 3 + seed * 41) & 255, (x * y + seed * 97) & 255, (x * 13 + y * 29 + seed) & 255];
