@@ -12,7 +12,7 @@ const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const { Branch, BranchStore, Scheduler } = require('..');
 const { open, rejects, throwsSync, argmax, topK } = require('./helpers');
-const { projectorPath, png } = require('./helpers/images');
+const { projectorPath, png, bmp } = require('./helpers/images');
 
 /** Image tokens (and positions) of the test projector: (128 / 8 / 4)². */
 const IMAGE_TOKENS = 16;
@@ -91,12 +91,15 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
     assert.equal(new BranchStore(ctx).kvPressure().cellsUsed, 0);
   });
 
-  it('the same image gives the same logits (bitwise), a different one (or one changed pixel) others', async () => {
+  it('the same image gives the same logits (bitwise, also as a file or a BMP), a different one (or one changed pixel) others', async () => {
     const first = await logitsAfter(ctx, await ctx.tokenizeParts(['Look: ', image]));
     const again = await logitsAfter(ctx, await ctx.tokenizeParts(['Look: ', { imagePath: writeTemp(image) }]));
     assert.equal(maxAbsDiff(first, again), 0, 'the same bytes (as bytes and as a file): the same logits');
     const different = await logitsAfter(ctx, await ctx.tokenizeParts(['Look: ', other]));
     assert.ok(maxAbsDiff(first, different) > 1e-3, `another image moved the logits by ${maxAbsDiff(first, different)}`);
+
+    const asBmp = await logitsAfter(ctx, await ctx.tokenizeParts(['Look: ', bmp(64, 48, { seed: 1 })]));
+    assert.equal(maxAbsDiff(first, asBmp), 0, 'the same pixels as a BMP: the same logits');
 
     const pixel = png(64, 48, { seed: 1, pixel: (x, y) => (x === 5 && y === 7 ? [0, 0, 0] : patternOf(1)(x, y)) });
     const [a, b] = await Promise.all([ctx.tokenizeParts([image]), ctx.tokenizeParts([pixel])]);

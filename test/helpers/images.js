@@ -81,4 +81,29 @@ function png(width, height, { seed = 1, pixel } = {}) {
   ]);
 }
 
-module.exports = { projectorPath, png };
+/** The same image as `png(width, height, options)`, as a 24-bit BMP (bottom-up rows, BGR). */
+function bmp(width, height, { seed = 1, pixel } = {}) {
+  const at =
+    pixel || ((x, y) => [(x * 7 + y * 3 + seed * 41) & 255, (x * y + seed * 97) & 255, (x * 13 + y * 29 + seed) & 255]);
+  const stride = (width * 3 + 3) & ~3;
+  const out = Buffer.alloc(54 + stride * height);
+  out.write('BM', 0, 'ascii');
+  out.writeUInt32LE(out.length, 2);
+  out.writeUInt32LE(54, 10);
+  out.writeUInt32LE(40, 14);
+  out.writeInt32LE(width, 18);
+  out.writeInt32LE(height, 22);
+  out.writeUInt16LE(1, 26);
+  out.writeUInt16LE(24, 28);
+  out.writeUInt32LE(stride * height, 34);
+  for (let y = 0; y < height; y++) {
+    const row = 54 + (height - 1 - y) * stride;
+    for (let x = 0; x < width; x++) {
+      const [r, g, b] = at(x, y);
+      out.set([b, g, r], row + x * 3);
+    }
+  }
+  return out;
+}
+
+module.exports = { projectorPath, png, bmp };
