@@ -1,7 +1,15 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const { nativeOf, wrapFreed, registerBranch, subtreeOf, isDisposed, markDisposed } = require('./Context');
+const {
+  nativeOf,
+  nativeOfPrompt,
+  wrapFreed,
+  registerBranch,
+  subtreeOf,
+  isDisposed,
+  markDisposed,
+} = require('./Context');
 const { runCancellable, signalOf } = require('./cancel');
 const { traceOf, traced } = require('./trace');
 const { generate } = require('./decode/generate');
@@ -13,6 +21,7 @@ const { generate } = require('./decode/generate');
  * @typedef {import('./types').OperationOptions} OperationOptions
  * @typedef {import('./types').Produced} Produced
  * @typedef {import('./types').BranchToken} BranchToken
+ * @typedef {import('./Context').MediaPrompt} MediaPrompt
  */
 
 /** @param {unknown} v @returns {v is number} */
@@ -237,14 +246,23 @@ class Branch {
    * Decodes tokens the model did not sample (prompt, user turn, tool output), in chunks of this
    * branch's `nBatch`, without accepting them. An empty array is a no-op. All-or-nothing: an
    * abort (`options.signal`) or failure after some chunks removes all of them again.
-   * @param {number[]} tokens
+   *
+   * A {@link MediaPrompt} (`ctx.tokenizeParts`, text and images) is prefilled piece by piece:
+   * each image is encoded by the projector (one encoder run; `ctx.imageStats()`) and its
+   * embeddings decoded as one batch taking the image's `nPos` positions. A fork after it shares
+   * those cells and encodes nothing. Checked before anything is written: `ERR_IMAGE_POSITIONS`
+   * when the prompt passes nCtx or an image has more tokens than nBatch.
+   * @param {number[] | Pick<MediaPrompt, 'pieces' | 'nPos' | 'nImages'>} tokens a MediaPrompt of this context's `tokenizeParts`
    * @param {OperationOptions} [options]
    * @returns {Promise<void>}
    */
   async prefill(tokens, options) {
     const native = this._live();
+    const prompt = nativeOfPrompt(tokens);
+    if (prompt)
+      return runCancellable(options, 'prefill', (cancel) => native._branchPrefillMedia(this._handle, prompt, cancel));
     if (!Array.isArray(tokens))
-      throw makeError('ERR_INVALID_ARG', 'prefill(tokens): tokens must be an array of token ids');
+      throw makeError('ERR_INVALID_ARG', 'prefill(tokens): tokens must be an array of token ids or a MediaPrompt');
     if (tokens.length === 0) {
       const signal = signalOf(options, 'prefill');
       return runCancellable({ signal }, 'prefill', () => Promise.resolve());

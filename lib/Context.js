@@ -210,6 +210,58 @@ class SessionContext {
     return this.#native.tokenize(text, addSpecial);
   }
   /**
+   * Tokenizes a prompt of text and images on the worker thread, with the image projector loaded
+   * by `createContext({ mmprojPath })`: each image is read (bytes, or a file path; never a URL),
+   * checked against `imageMaxBytes` / `imageMaxPixels`, decoded and preprocessed, and wrapped in
+   * the markers the model expects (Gemma 3: `<start_of_image>` … `<end_of_image>`). Images are
+   * encoded later, when the prompt is prefilled (`branch.prefill(prompt)`). Special tokens in the
+   * text are parsed. Rejects with `ERR_NO_PROJECTOR` without a projector, `ERR_IMAGE_FORMAT`,
+   * `ERR_IMAGE_DECODE` or `ERR_IMAGE_TOO_LARGE` for a bad image.
+   * @param {import('./types').PromptPart[]} parts strings, `{ text }`, `{ image: Uint8Array }` or `{ imagePath }`
+   * @param {boolean} [addSpecial] add the model's BOS. Default true.
+   * @returns {Promise<MediaPrompt>}
+   */
+  tokenizeParts(parts, addSpecial) {
+    if (!Array.isArray(parts))
+      return Promise.reject(makeError('ERR_INVALID_ARG', 'tokenizeParts(parts): parts must be an array'));
+    /** @type {import('./native').PromptPartInput[]} */
+    const input = [];
+    for (const [i, p] of parts.entries()) {
+      if (typeof p === 'string') input.push({ text: p });
+      else if (p instanceof Uint8Array) input.push({ image: p });
+      else if (p !== null && typeof p === 'object') {
+        const part = /** @type {any} */ (p);
+        if (part.image !== undefined && !(part.image instanceof Uint8Array))
+          return Promise.reject(
+            makeError(
+              'ERR_INVALID_ARG',
+              `tokenizeParts: part ${i}'s image must be a Uint8Array or Buffer of file bytes`,
+            ),
+          );
+        input.push({ text: part.text, image: part.image, imagePath: part.imagePath });
+      } else
+        return Promise.reject(
+          makeError(
+            'ERR_INVALID_ARG',
+            `tokenizeParts: part ${i} must be a string, { text }, { image } or { imagePath }`,
+          ),
+        );
+    }
+    return this.#native._tokenizeParts(input, addSpecial).then((inner) => makePrompt(inner));
+  }
+  /** Whether the context loaded an image projector (option `mmprojPath`). */
+  get hasProjector() {
+    return this.#native.hasProjector;
+  }
+  /**
+   * The image encoder's counters: images tokenized, encoder runs (one per image prefilled; a
+   * fork after an image runs none) and their total time. Never waits.
+   * @returns {import('./types').ImageStats}
+   */
+  imageStats() {
+    return this.#native.imageStats();
+  }
+  /**
    * Synchronous {@link tokenize}. Never waits.
    * @param {string} text
    * @param {boolean} [addSpecial]
@@ -755,6 +807,55 @@ class SessionContext {
   }
 }
 
+/** Only `makePrompt` may construct a MediaPrompt. */
+const CONSTRUCT_PROMPT = Symbol('MediaPrompt.construct');
+/** @type {(inner: import('./native').MediaPrompt) => MediaPrompt} */
+let makePrompt;
+/** @type {(prompt: any) => import('./native').MediaPrompt | null} */
+let nativeOfPrompt;
+
+/**
+ * A prompt of text and images tokenized by a context's projector ({@link SessionContext.tokenizeParts}):
+ * text runs as token ids and images as chunks encoded when the prompt is prefilled into a branch
+ * (`branch.prefill(prompt)`). An image takes `nPos` positions of the branch's sequence; it has no
+ * token ids (its piece carries the SHA-256 of its file bytes instead).
+ */
+class MediaPrompt {
+  /** @type {import('./native').MediaPrompt} */
+  #native;
+
+  /**
+   * @private
+   * @param {symbol} token
+   * @param {import('./native').MediaPrompt} inner
+   */
+  constructor(token, inner) {
+    if (token !== CONSTRUCT_PROMPT)
+      throw makeError('ERR_INVALID_ARG', 'MediaPrompt cannot be constructed directly; use ctx.tokenizeParts(parts)');
+    this.#native = inner;
+  }
+  /**
+   * The pieces in order: `{ type: 'text', tokens, nPos }` and `{ type: 'image', nTokens, nPos, id }`.
+   * @returns {import('./native').PromptPiece[]}
+   */
+  get pieces() {
+    return this.#native.pieces;
+  }
+  /** Positions the whole prompt takes in a sequence (text tokens plus each image's positions). */
+  get nPos() {
+    return this.#native.nPos;
+  }
+  /** Images in the prompt. */
+  get nImages() {
+    return this.#native.nImages;
+  }
+
+  static {
+    makePrompt = (inner) => new MediaPrompt(CONSTRUCT_PROMPT, inner);
+    nativeOfPrompt = (p) => (p !== null && typeof p === 'object' && #native in p ? p.#native : null);
+  }
+}
+
 /**
  * The facade over a native context that `createContext` made, its warm-up started.
  * @param {NativeContext} inner
@@ -945,6 +1046,8 @@ function branchContext(b) {
 
 module.exports = {
   SessionContext,
+  MediaPrompt,
+  nativeOfPrompt,
   wrapContext,
   nativeOf,
   registerBranch,

@@ -263,6 +263,7 @@ class Scheduler {
       acceptedDraftTokens: c.acceptedDraftTokens,
       evictions: this._cache.evictions,
       ...(tiers ? { cacheTiers: tiers } : {}),
+      ...(this._ctx.hasProjector ? { imageEncodes: this._ctx.imageStats().encodes } : {}),
     };
   }
 

@@ -6,7 +6,7 @@ const loader = require('./loader');
 const { makeError, guardedView } = require('./errors');
 const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
-const { SessionContext, wrapContext } = require('./Context');
+const { SessionContext, MediaPrompt, wrapContext } = require('./Context');
 const { checkWarmupOption } = require('./warmup');
 const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
 const { PromptLookup, DraftModel } = require('./speculative');
@@ -298,6 +298,7 @@ module.exports = {
   createServer: (options) => server.createServer(options, createContext),
   withLogits,
   SessionContext,
+  MediaPrompt,
   jsonSchemaToGrammar,
   jsonSchemaToGrammarSync,
   setLogLevel: native.setLogLevel,

@@ -9,6 +9,19 @@ export declare class CancelToken {
   get cancelled(): boolean
 }
 
+/**
+ * A prompt of text and images, tokenized by the context's projector: text runs as token ids
+ * and images as chunks the projector encodes when the prompt is prefilled.
+ */
+export declare class MediaPrompt {
+  /** The pieces in order: text runs (their tokens) and images (positions, id). */
+  get pieces(): Array<PromptPiece>
+  /** Positions the whole prompt takes in a sequence. */
+  get nPos(): number
+  /** Images in the prompt. */
+  get nImages(): number
+}
+
 export declare class SessionContext {
   _branchCreate(position: number, params?: SamplingParams | undefined | null, nBatch?: number | undefined | null, seqId?: number | undefined | null): number
   /**
@@ -135,6 +148,20 @@ export declare class SessionContext {
   getEmbeddingDimension(): number
   /** True when the context pools token embeddings into one vector per sequence. */
   hasPooling(): boolean
+  /** Whether the context loaded an image projector (`mmprojPath`). */
+  get hasProjector(): boolean
+  /** Encoder counters; zeros without a projector. Never waits. */
+  imageStats(): ImageStats
+  /**
+   * Tokenizes a prompt of text and images on the worker (images decoded, checked against the
+   * limits and preprocessed; not encoded yet).
+   */
+  _tokenizeParts(parts: PromptPartInput[], addSpecial?: boolean): Promise<MediaPrompt>
+  /**
+   * Prefill of a `MediaPrompt` into one branch: text runs decoded as a prefill, each image
+   * encoded then decoded as one batch of embedding rows. All or nothing.
+   */
+  _branchPrefillMedia(handle: number, prompt: MediaPrompt, cancel: CancelToken | undefined): Promise<void>
   /** Argmax of the context's last logits row. */
   greedySample(): number
   modelEntropy(base?: string | undefined | null, logits?: Float32Array | undefined | null): number
@@ -430,6 +457,21 @@ export interface ContextOptions {
    * docs/determinism.md. Read back from `ctx.deterministic`.
    */
   deterministic?: boolean
+  /**
+   * Path of the model's image projector (an mmproj `.gguf`, llama.cpp's tools/mtmd), loaded
+   * beside the model so prompts may hold images (`ctx.tokenizeParts`, `branch.prefill`). One
+   * whose output width is not the model's: `ERR_PROJECTOR_MISMATCH`; any other file llama.cpp
+   * refuses: `ERR_PROJECTOR_LOAD`. Models whose images use M-RoPE positions (Qwen-VL):
+   * `ERR_IMAGE_UNSUPPORTED`.
+   */
+  mmprojPath?: string
+  /** Largest image file accepted, in bytes (default 20 MiB): larger is `ERR_IMAGE_TOO_LARGE`. */
+  imageMaxBytes?: number
+  /**
+   * Most pixels (width × height, read from the file's header before decoding) an image may
+   * have (default 4096 × 4096): more is `ERR_IMAGE_TOO_LARGE`.
+   */
+  imageMaxPixels?: number
 }
 
 /**
@@ -466,6 +508,16 @@ export interface DryParams {
 
 /** Every error `code` the addon can produce (for tooling and the typings test). */
 export declare function errorCodes(): Array<string>
+
+/** Encoder counters of a context (`ctx.imageStats()`). */
+export interface ImageStats {
+  /** Images tokenized (decoded from their files). */
+  images: number
+  /** Vision encoder runs: one per image prefilled, none for a fork after it. */
+  encodes: number
+  /** Milliseconds spent in the encoder, in total. */
+  encodeMs: number
+}
 
 /** Converts a JSON schema (JSON text) to GBNF off the main thread. Rejects with a coded error. */
 export declare function jsonSchemaToGrammar(schema: string): Promise<string>
@@ -568,6 +620,29 @@ export interface Produced {
   text: string
   /** True for end-of-generation tokens. */
   isStop: boolean
+}
+
+/** One part of a prompt, as JS gives it (lib/ turns a string into `{ text }`). */
+export interface PromptPartInput {
+  text?: string
+  /** An image file's bytes (PNG, JPEG, GIF or BMP). */
+  image?: Uint8Array
+  /** A path to an image file, read on the worker. */
+  imagePath?: string
+}
+
+/** One piece of a tokenized prompt. */
+export interface PromptPiece {
+  /** `'text'` or `'image'`. */
+  type: 'text' | 'image'
+  /** A text piece's token ids. */
+  tokens?: Array<number>
+  /** Positions the piece takes in a sequence (a text piece: its token count). */
+  nPos: number
+  /** An image's embedding rows (equal to `nPos` for the models supported). */
+  nTokens?: number
+  /** An image's SHA-256 (hex) of its file bytes. */
+  id?: string
 }
 
 export interface RpcServerInfo {

@@ -19,6 +19,8 @@ export type {
   FormattedChatResult,
   GenerateRequest,
   Generation,
+  ImageStats,
+  PromptPart,
   KvFileContents,
   KvPressure,
   LazyGrammarTriggers,

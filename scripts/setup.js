@@ -59,6 +59,8 @@ function pythonClient() {
   if (!pip('systemone-client==0.1.0', 'openai>=3.57,<4'))
     log('python clients not installed: test/systemone.test.js and test/decisions.test.js skip their Python case');
   if (!pip('sglang-router==0.3.2')) log('sglang-router not installed: test/router.test.js cannot run');
+  // The writer of test/images.test.js's random-weight projector (test/helpers/make-mmproj.py).
+  if (!pip('gguf==0.19.0')) log('gguf not installed: test/images.test.js cannot write its test projector');
   // NVIDIA Dynamo's KV indexer (a 75 MB wheel) and the ZeroMQ and msgpack it reads the stream with.
   if (!pip('ai-dynamo-runtime==1.6.1', 'pyzmq==27.3.0', 'msgpack==1.2.4'))
     log('the KV event consumer is not installed: test/kv-events.test.js cannot run');

@@ -107,6 +107,35 @@ pub enum Error {
 
     #[error("Chat output does not match its format: {0}")]
     ChatParse(String),
+
+    #[error("This context has no image projector; create it with createContext({{ modelPath, mmprojPath }}) (the model's mmproj .gguf) to send images")]
+    NoProjector,
+
+    #[error("Cannot load the image projector: {0}")]
+    ProjectorLoad(String),
+
+    #[error("The image projector does not match the model: {0}")]
+    ProjectorMismatch(String),
+
+    /// Bytes that are not a complete, decodable image.
+    #[error("{0}")]
+    ImageDecode(String),
+
+    /// An image format this build does not decode.
+    #[error("{0}")]
+    ImageFormat(String),
+
+    /// Over `imageMaxBytes` or `imageMaxPixels`.
+    #[error("{0}")]
+    ImageTooLarge(String),
+
+    /// An image whose positions do not fit the context (nCtx, nBatch), or a fork inside one.
+    #[error("{0}")]
+    ImagePositions(String),
+
+    /// What images cannot do yet (M-RoPE models, saving a branch that holds an image).
+    #[error("{0}")]
+    ImageUnsupported(String),
 }
 
 /// Defines `Error::code` and `Error::codes` from one table, so the list JS checks its typings
@@ -166,6 +195,14 @@ codes! {
     ContextLost => "ERR_CONTEXT_LOST",
     ChatTemplate => "ERR_CHAT_TEMPLATE",
     ChatParse => "ERR_CHAT_PARSE",
+    NoProjector => "ERR_NO_PROJECTOR",
+    ProjectorLoad => "ERR_PROJECTOR_LOAD",
+    ProjectorMismatch => "ERR_PROJECTOR_MISMATCH",
+    ImageDecode => "ERR_IMAGE_DECODE",
+    ImageFormat => "ERR_IMAGE_FORMAT",
+    ImageTooLarge => "ERR_IMAGE_TOO_LARGE",
+    ImagePositions => "ERR_IMAGE_POSITIONS",
+    ImageUnsupported => "ERR_IMAGE_UNSUPPORTED",
 }
 
 impl Error {

@@ -6,6 +6,7 @@ export type SamplingParams = import("../lib/types").SamplingParams;
 export type OperationOptions = import("../lib/types").OperationOptions;
 export type Produced = import("../lib/types").Produced;
 export type BranchToken = import("../lib/types").BranchToken;
+export type MediaPrompt = import("./Context").MediaPrompt;
 /**
  * One line of generation: a leased KV sequence plus its own sampler chain, grammar, logits
  * snapshot and perplexity trackers. Create roots with {@link Branch.create}, children with
@@ -137,11 +138,17 @@ export class Branch implements AsyncIterable<BranchToken> {
      * Decodes tokens the model did not sample (prompt, user turn, tool output), in chunks of this
      * branch's `nBatch`, without accepting them. An empty array is a no-op. All-or-nothing: an
      * abort (`options.signal`) or failure after some chunks removes all of them again.
-     * @param {number[]} tokens
+     *
+     * A {@link MediaPrompt} (`ctx.tokenizeParts`, text and images) is prefilled piece by piece:
+     * each image is encoded by the projector (one encoder run; `ctx.imageStats()`) and its
+     * embeddings decoded as one batch taking the image's `nPos` positions. A fork after it shares
+     * those cells and encodes nothing. Checked before anything is written: `ERR_IMAGE_POSITIONS`
+     * when the prompt passes nCtx or an image has more tokens than nBatch.
+     * @param {number[] | Pick<MediaPrompt, 'pieces' | 'nPos' | 'nImages'>} tokens a MediaPrompt of this context's `tokenizeParts`
      * @param {OperationOptions} [options]
      * @returns {Promise<void>}
      */
-    prefill(tokens: number[], options?: OperationOptions): Promise<void>;
+    prefill(tokens: number[] | Pick<MediaPrompt, "pieces" | "nPos" | "nImages">, options?: OperationOptions): Promise<void>;
     /**
      * Decodes one token without accepting it, and captures its logits. Cancellable.
      * @param {number} token

@@ -120,6 +120,27 @@ export class SessionContext {
      */
     tokenize(text: string, addSpecial?: boolean): Promise<number[]>;
     /**
+     * Tokenizes a prompt of text and images on the worker thread, with the image projector loaded
+     * by `createContext({ mmprojPath })`: each image is read (bytes, or a file path; never a URL),
+     * checked against `imageMaxBytes` / `imageMaxPixels`, decoded and preprocessed, and wrapped in
+     * the markers the model expects (Gemma 3: `<start_of_image>` … `<end_of_image>`). Images are
+     * encoded later, when the prompt is prefilled (`branch.prefill(prompt)`). Special tokens in the
+     * text are parsed. Rejects with `ERR_NO_PROJECTOR` without a projector, `ERR_IMAGE_FORMAT`,
+     * `ERR_IMAGE_DECODE` or `ERR_IMAGE_TOO_LARGE` for a bad image.
+     * @param {import('../lib/types').PromptPart[]} parts strings, `{ text }`, `{ image: Uint8Array }` or `{ imagePath }`
+     * @param {boolean} [addSpecial] add the model's BOS. Default true.
+     * @returns {Promise<MediaPrompt>}
+     */
+    tokenizeParts(parts: import("../lib/types").PromptPart[], addSpecial?: boolean): Promise<MediaPrompt>;
+    /** Whether the context loaded an image projector (option `mmprojPath`). */
+    get hasProjector(): boolean;
+    /**
+     * The image encoder's counters: images tokenized, encoder runs (one per image prefilled; a
+     * fork after an image runs none) and their total time. Never waits.
+     * @returns {import('../lib/types').ImageStats}
+     */
+    imageStats(): import("../lib/types").ImageStats;
+    /**
      * Synchronous {@link tokenize}. Never waits.
      * @param {string} text
      * @param {boolean} [addSpecial]
@@ -523,6 +544,32 @@ export class SessionContext {
     hasPooling(): boolean;
     #private;
 }
+/**
+ * A prompt of text and images tokenized by a context's projector ({@link SessionContext.tokenizeParts}):
+ * text runs as token ids and images as chunks encoded when the prompt is prefilled into a branch
+ * (`branch.prefill(prompt)`). An image takes `nPos` positions of the branch's sequence; it has no
+ * token ids (its piece carries the SHA-256 of its file bytes instead).
+ */
+export class MediaPrompt {
+    /**
+     * @private
+     * @param {symbol} token
+     * @param {import('../lib/native').MediaPrompt} inner
+     */
+    private constructor();
+    /**
+     * The pieces in order: `{ type: 'text', tokens, nPos }` and `{ type: 'image', nTokens, nPos, id }`.
+     * @returns {import('../lib/native').PromptPiece[]}
+     */
+    get pieces(): import("../lib/native").PromptPiece[];
+    /** Positions the whole prompt takes in a sequence (text tokens plus each image's positions). */
+    get nPos(): number;
+    /** Images in the prompt. */
+    get nImages(): number;
+    #private;
+}
+/** @type {(prompt: any) => import('../lib/native').MediaPrompt | null} */
+export let nativeOfPrompt: (prompt: any) => import("../lib/native").MediaPrompt | null;
 /**
  * The facade over a native context that `createContext` made, its warm-up started.
  * @param {NativeContext} inner

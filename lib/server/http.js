@@ -34,6 +34,11 @@ const CLIENT_ERRORS = {
   ERR_TOKENIZE: [400, 'invalid_request_error'],
   ERR_TOKEN_OUT_OF_RANGE: [400, 'invalid_request_error'],
   ERR_KV_FULL: [400, 'invalid_request_error'],
+  ERR_NO_PROJECTOR: [400, 'invalid_request_error'],
+  ERR_IMAGE_FORMAT: [400, 'invalid_request_error'],
+  ERR_IMAGE_DECODE: [400, 'invalid_request_error'],
+  ERR_IMAGE_TOO_LARGE: [400, 'invalid_request_error'],
+  ERR_IMAGE_POSITIONS: [400, 'invalid_request_error'],
   ERR_QUEUE_FULL: [429, 'rate_limit_error'],
   ERR_SCHEDULER_CLOSED: [503, 'server_error'],
 };

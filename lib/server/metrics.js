@@ -93,6 +93,7 @@ class Metrics {
       one(stats.acceptedDraftTokens),
     );
     metric('embedding_inputs_total', 'counter', 'Inputs embedded by /v1/embeddings.', one(this.embeddingInputs));
+    this._renderImages(metric, one, stats);
     this._renderDecisions(metric, one);
     metric('steps_total', 'counter', 'Scheduler steps (one batched decode each, at most).', one(stats.steps));
     metric(
@@ -117,6 +118,12 @@ class Metrics {
     buckets.push(['_bucket{le="+Inf"}', this.steps], ['_sum', this.stepSeconds], ['_count', this.steps]);
     metric('step_seconds', 'histogram', 'Wall time of scheduler steps.', buckets);
     return `${out.join('\n')}\n`;
+  }
+
+  /** The image encoder's runs, for a context with a projector (`mmprojPath`). */
+  _renderImages(metric, one, stats) {
+    if (stats.imageEncodes === undefined) return;
+    metric('image_encodes_total', 'counter', 'Image encoder runs (one per image prefilled).', one(stats.imageEncodes));
   }
 
   /** The prefix cache's tiers: hits and bytes per tier, tokens restored instead of prefilled. */

@@ -102,10 +102,29 @@ function completionsPrompt(body, bosToken) {
   throw badRequest('prompt must be a non-empty string (or an array of token ids); one prompt per request', 'prompt');
 }
 
+/**
+ * Why an `image_url` part is refused: the server never fetches a URL, and does not take images
+ * yet (the library does: createContext({ mmprojPath }), ctx.tokenizeParts; docs/images.md).
+ */
+function imagePartError(part, where) {
+  const url = typeof part.image_url === 'string' ? part.image_url : part.image_url?.url;
+  if (typeof url === 'string' && /^https?:/i.test(url))
+    return badRequest(
+      `${where}: image URLs are never fetched by this server; send the image inline as a data: URL`,
+      'messages',
+    );
+  return badRequest(
+    `${where}: images in chat requests are not served yet (llama-branch takes them through the library: createContext({ mmprojPath }) and ctx.tokenizeParts); send text parts`,
+    'messages',
+  );
+}
+
 /** A message's content as text: text parts are joined; other parts are refused. */
 function contentText(m, i) {
   let content = m.content;
   if (Array.isArray(content)) {
+    const image = content.findIndex((p) => p && (p.type === 'image_url' || p.type === 'input_image'));
+    if (image !== -1) throw imagePartError(content[image], `messages[${i}].content[${image}]`);
     if (!content.every((p) => p && p.type === 'text' && typeof p.text === 'string'))
       throw badRequest(`messages[${i}].content: only text parts are supported`, 'messages');
     content = content.map((p) => p.text).join('');

@@ -88,6 +88,8 @@ pub struct BranchState {
     /// Created at `position` on an empty sequence whose prefix the caller copies in later
     /// (`ctx.kvSeqCopy(src, seq)`); nothing may decode or fork from it until then.
     pub(super) awaits_prefix: bool,
+    /// The images whose positions this branch's cells hold, in order (engine/media.rs).
+    pub images: Vec<super::media::ImageSpan>,
 }
 
 impl BranchState {
@@ -119,6 +121,7 @@ impl BranchState {
             last_sampled: None,
             runs,
             awaits_prefix: false,
+            images: Vec::new(),
         }
     }
 
@@ -149,6 +152,7 @@ impl BranchState {
         let mut child = BranchState::new(seq, position, self.n_batch, sampling, 0, runs);
         child.fork_head = position;
         child.parent = Some(parent);
+        child.images = super::media::images_below(&self.images, position);
         if at_end {
             child.logits = self.logits.clone();
             child.has_logits = self.has_logits;

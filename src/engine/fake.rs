@@ -19,7 +19,7 @@ pub struct FakeKv {
     n_ctx: u32,
     n_seq_max: u32,
     n_vocab: i32,
-    n_batch: u32,
+    pub n_batch: u32,
     n_outputs_max: u32,
     /// Sliding window the fake reports (it keeps every cell regardless).
     pub n_swa: u32,
@@ -146,6 +146,11 @@ impl KvBackend for FakeKv {
     fn clear(&self) {
         self.cells.borrow_mut().clear();
     }
+    fn decode_embd(&mut self, batch: &mut Batch, _non_causal: bool) -> Result<()> {
+        // Each embedding row stands in for a token (id 0) at its position.
+        self.decode(batch)
+    }
+
     fn decode(&mut self, batch: &mut Batch) -> Result<()> {
         assert!(batch.len() <= self.n_batch as usize, "batch over n_batch");
         assert!(

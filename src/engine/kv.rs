@@ -32,6 +32,9 @@ pub trait KvBackend {
     fn clear(&self);
     /// One decode of an already validated batch.
     fn decode(&mut self, batch: &mut Batch) -> Result<()>;
+    /// One decode of a batch of embedding rows (an image's), with non-causal attention when the
+    /// projector asks for it; the batch fits one ubatch.
+    fn decode_embd(&mut self, batch: &mut Batch, non_causal: bool) -> Result<()>;
     /// The logits of batch row `i` of the last decode (`-1` = the last output).
     fn logits_row(&self, i: i32) -> Result<&[f32]>;
 
@@ -87,6 +90,9 @@ impl KvBackend for Context {
     }
     fn decode(&mut self, batch: &mut Batch) -> Result<()> {
         Context::decode(self, batch)
+    }
+    fn decode_embd(&mut self, batch: &mut Batch, non_causal: bool) -> Result<()> {
+        Context::decode_embd(self, batch, non_causal)
     }
     fn logits_row(&self, i: i32) -> Result<&[f32]> {
         Context::logits_row(self, i)

@@ -291,6 +291,7 @@ impl BranchStore {
                 p.position
             )));
         }
+        super::media::check_not_inside(&p.images, position)?;
         let n_swa = kv.n_swa();
         if position < p.position && n_swa > 0 && p.position as u32 >= n_swa {
             return Err(Error::Unsupported(format!(

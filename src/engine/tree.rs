@@ -104,6 +104,7 @@ impl BranchStore {
         let mut out = Vec::with_capacity(order.len());
         for (i, &h) in order.iter().enumerate() {
             let b = self.get(h)?;
+            super::media::refuse_images(&b.images, "saving a branch tree")?;
             let parent = if i == 0 {
                 None
             } else {

@@ -13,7 +13,7 @@ static LOG_THRESHOLD: AtomicI32 = AtomicI32::new(i32::MAX);
 /// Level of the previous message, for llama.cpp's CONT (continuation) level.
 static LAST_LEVEL: AtomicI32 = AtomicI32::new(0);
 static INIT: Once = Once::new();
-/// While `load_module` runs: the error and warning lines ggml logs (why a module did not register).
+/// While `capture_logs` runs: the error and warning lines llama.cpp logs (why a load failed).
 static CAPTURED: Mutex<Option<String>> = Mutex::new(None);
 
 /// The ggml log level named `name` (`i32::MAX` for "none"), or `None` for an unknown name.
@@ -73,6 +73,31 @@ unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_cha
         // SAFETY: llama.cpp passes a NUL-terminated message that lives for this call.
         eprint!("{}", unsafe { CStr::from_ptr(text) }.to_string_lossy());
     }
+}
+
+/// Runs `f` and returns what llama.cpp logged at warning level or above meanwhile (lines joined
+/// by "; "), to say why a load failed. Captures are process-wide: one running at the same time on
+/// another thread may add its lines too.
+pub(super) fn capture_logs<T>(f: impl FnOnce() -> T) -> (T, String) {
+    *CAPTURED.lock().unwrap_or_else(|e| e.into_inner()) = Some(String::new());
+    let value = f();
+    let logged = CAPTURED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .unwrap_or_default();
+    (value, logged.trim().replace('\n', "; "))
+}
+
+/// Routes the multimodal library's log (tools/mtmd keeps its own logger) through the same filter
+/// as llama.cpp's, once.
+pub(super) fn init_mtmd_log() {
+    static MTMD_LOG: Once = Once::new();
+    MTMD_LOG.call_once(|| {
+        // SAFETY: installs a plain function that only reads atomics, the capture buffer and the
+        // message it is given; once per process, before the first projector is loaded.
+        unsafe { sys::mtmd_helper_log_set(Some(log_callback), std::ptr::null_mut()) }
+    });
 }
 
 /// Installs the log filter (before anything can log) and initialises the backend, once.
@@ -179,17 +204,10 @@ fn load_module_once(path: &str) -> std::result::Result<usize, String> {
                 .into_owned()
         });
     }
-    *CAPTURED.lock().unwrap_or_else(|e| e.into_inner()) = Some(String::new());
     // SAFETY: registers the module's backend in ggml's registry, once per path (`LOADED`, whose
     // lock is held); the loader calls this right after the addon loads, before a context exists
     // in this realm (a worker thread's realm finds the path in `LOADED` and registers nothing).
-    let reg = unsafe { sys::ggml_backend_load(file.as_ptr()) };
-    let logged = CAPTURED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-        .unwrap_or_default();
-    let logged = logged.trim().replace('\n', "; ");
+    let (reg, logged) = capture_logs(|| unsafe { sys::ggml_backend_load(file.as_ptr()) });
     if reg.is_null() {
         return Err(if logged.is_empty() {
             "it loaded, but its backend did not initialise (no driver? LLAMA_BRANCH_LOG=debug shows more)".to_string()

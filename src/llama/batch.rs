@@ -1,4 +1,6 @@
 //! `Batch`: owned arrays behind a `llama_batch` view. Each token belongs to exactly one sequence.
+//! A batch holds token ids, or (`push_embd`) embedding rows fed to the model in their place
+//! (an image's, from a projector); never both.
 
 use llama_cpp_sys_2 as sys;
 
@@ -12,6 +14,8 @@ pub struct Batch {
     seq_ids: Vec<SeqId>,
     seq_id_ptrs: Vec<*mut SeqId>,
     logits: Vec<i8>,
+    /// Embedding rows (`n_embd` floats each) instead of token ids; empty for a token batch.
+    embd: Vec<f32>,
 }
 
 // SAFETY: the only raw pointers are `seq_id_ptrs`, which point into `seq_ids` of the same value
@@ -25,6 +29,7 @@ impl Batch {
         self.n_seq_id.clear();
         self.seq_ids.clear();
         self.logits.clear();
+        self.embd.clear();
     }
 
     pub fn push(&mut self, token: Token, pos: Pos, seq: SeqId, want_logits: bool) {
@@ -33,6 +38,18 @@ impl Batch {
         self.n_seq_id.push(1);
         self.seq_ids.push(seq);
         self.logits.push(want_logits as i8);
+    }
+
+    /// One embedding row in place of a token (the row's width must be the model's input
+    /// embedding width, which `Context::decode_embd` checks). Not mixed with `push`.
+    pub fn push_embd(&mut self, row: &[f32], pos: Pos, seq: SeqId, want_logits: bool) {
+        self.embd.extend_from_slice(row);
+        self.push(0, pos, seq, want_logits);
+    }
+
+    /// Floats of embedding rows held (0 for a token batch).
+    pub fn embd_len(&self) -> usize {
+        self.embd.len()
     }
 
     pub fn len(&self) -> usize {
@@ -69,8 +86,17 @@ impl Batch {
             .extend((0..self.seq_ids.len()).map(|i| unsafe { base.add(i) }));
         sys::llama_batch {
             n_tokens: self.tokens.len() as i32,
-            token: self.tokens.as_mut_ptr(),
-            embd: std::ptr::null_mut(),
+            // llama.cpp reads `embd` when it is set and `token` otherwise.
+            token: if self.embd.is_empty() {
+                self.tokens.as_mut_ptr()
+            } else {
+                std::ptr::null_mut()
+            },
+            embd: if self.embd.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                self.embd.as_mut_ptr()
+            },
             pos: self.positions.as_mut_ptr(),
             n_seq_id: self.n_seq_id.as_mut_ptr(),
             seq_id: self.seq_id_ptrs.as_mut_ptr(),

@@ -1,4 +1,5 @@
-//! `Context`: an owned `llama_context` — its KV memory, the one `llama_decode` call, logits and
+//! `Context`: an owned `llama_context` — its KV memory, the one `llama_decode` call (token and
+//! embedding batches both go through `decode`), logits and
 //! embeddings rows, per-sequence state and the abort hook that cancellation uses.
 
 use std::ffi::c_void;
@@ -283,6 +284,40 @@ impl Context {
                 what: "fatal error inside llama.cpp".into(),
             }),
         }
+    }
+
+    /// Decodes a batch of embedding rows (an image's, from `Projector::encode`) through
+    /// [`Context::decode`]. With `non_causal` (what the projector asks for its model, e.g. Gemma
+    /// 3's image tokens attend to each other both ways) attention is non-causal for this decode
+    /// only; llama.cpp aborts the process when such a batch is larger than one ubatch, so that is
+    /// refused here (the engine checks it earlier, with the option to change).
+    pub fn decode_embd(&mut self, batch: &mut Batch, non_causal: bool) -> Result<()> {
+        let n_embd = self.model.n_embd_inp();
+        if batch.embd_len() != batch.len() * n_embd {
+            return Err(Error::Internal(format!(
+                "embedding batch of {} floats for {} rows of width {n_embd}",
+                batch.embd_len(),
+                batch.len()
+            )));
+        }
+        // SAFETY: reads a field of the live context.
+        let n_ubatch = unsafe { sys::llama_n_ubatch(self.raw()) } as usize;
+        if non_causal && batch.len() > n_ubatch {
+            return Err(Error::Internal(format!(
+                "{} non-causal embedding rows exceed n_ubatch {n_ubatch}",
+                batch.len()
+            )));
+        }
+        if non_causal {
+            // SAFETY: a flag of the live context, read by the next decode; set back below.
+            unsafe { sys::llama_set_causal_attn(self.raw(), false) };
+        }
+        let result = self.decode(batch);
+        if non_causal {
+            // SAFETY: as above; every other decode of the addon is causal.
+            unsafe { sys::llama_set_causal_attn(self.raw(), true) };
+        }
+        result
     }
 
     /// The logits row for batch index `i` of the last decode (`-1` = the last output), or

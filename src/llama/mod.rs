@@ -9,6 +9,7 @@ pub mod chat;
 mod context;
 mod devices;
 mod model;
+mod mtmd;
 mod sampler;
 
 pub use backend::{
@@ -25,6 +26,7 @@ pub use devices::{
     rpc_start_server, Device, DeviceInfo, DeviceKind,
 };
 pub use model::{Model, ModelParams, SplitMode};
+pub use mtmd::{Bitmap, Chunks, Part, Piece, Projector};
 pub use sampler::{json_schema_to_grammar, Candidates, Sampler, TokenData};
 
 /// A token id (`llama_token`).

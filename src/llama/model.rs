@@ -239,6 +239,12 @@ impl Model {
         unsafe { sys::llama_model_n_embd(self.as_ptr()) }
     }
 
+    /// Width of the embedding rows a batch may feed in place of tokens (an image's).
+    pub fn n_embd_inp(&self) -> usize {
+        // SAFETY: reads the model's metadata.
+        unsafe { sys::llama_model_n_embd_inp(self.as_ptr()) }.max(0) as usize
+    }
+
     /// Width of the embeddings llama.cpp returns (usually `n_embd`).
     pub fn n_embd_out(&self) -> i32 {
         // SAFETY: reads the model's metadata.

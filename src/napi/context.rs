@@ -34,6 +34,8 @@ pub struct Engine {
     batch: Batch,
     /// Branches whose JS objects were garbage-collected while the context was busy.
     released: Released,
+    /// The image projector loaded beside the model (`mmprojPath`), and its size limits.
+    pub images: super::images::Images,
 }
 
 /// Handles of garbage-collected branches waiting to be freed: the JS finalizer may run at any
@@ -42,13 +44,20 @@ pub struct Engine {
 pub type Released = Arc<Mutex<Vec<crate::engine::handles::Handle>>>;
 
 impl Engine {
-    pub(super) fn new(ctx: Context, store: BranchStore, pool: Pool, released: Released) -> Engine {
+    pub(super) fn new(
+        ctx: Context,
+        store: BranchStore,
+        pool: Pool,
+        released: Released,
+        images: super::images::Images,
+    ) -> Engine {
         Engine {
             ctx,
             store,
             pool,
             batch: Batch::default(),
             released,
+            images,
         }
     }
 
@@ -127,6 +136,8 @@ pub struct SessionContext {
     pub(super) released: Released,
     /// Where the model's layers were placed (`ctx.offload`).
     pub(super) offload: OffloadInfo,
+    /// Whether a projector was loaded, and its encoder counters (read without the engine).
+    pub(super) image_counters: Option<Arc<super::images::Counters>>,
     /// Declared last so the weights outlive every sampler above when the object is collected.
     pub(super) model: Arc<Model>,
 }
@@ -153,6 +164,7 @@ impl SessionContext {
             trackers: Trackers::default(),
             released,
             offload,
+            image_counters: None,
             model,
         }
     }

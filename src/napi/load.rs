@@ -13,8 +13,10 @@ use napi_derive::napi;
 use super::context::{ContextInfo, Engine, Released, SessionContext};
 use super::convert::{js, opt_int, Arg, Result};
 use super::devices::{self, resolve_placement, OffloadInfo, Placement, PlacementInput};
+use super::images::Images;
 use super::worker::{self, rejected, Losable, Shared, Worker};
 use crate::engine::calibrate;
+use crate::engine::image_header::ImageLimits;
 use crate::engine::kv_types::KvConfig;
 use crate::engine::pool::Pool;
 use crate::engine::store::BranchStore;
@@ -108,6 +110,17 @@ pub struct ContextOptions {
     /// (`'auto'` becomes `'on'`; `'off'` is `ERR_INVALID_ARG`). Costs and measurements:
     /// docs/determinism.md. Read back from `ctx.deterministic`.
     pub deterministic: Option<bool>,
+    /// Path of the model's image projector (an mmproj `.gguf`, llama.cpp's tools/mtmd), loaded
+    /// beside the model so prompts may hold images (`ctx.tokenizeParts`, `branch.prefill`). One
+    /// whose output width is not the model's: `ERR_PROJECTOR_MISMATCH`; any other file llama.cpp
+    /// refuses: `ERR_PROJECTOR_LOAD`. Models whose images use M-RoPE positions (Qwen-VL):
+    /// `ERR_IMAGE_UNSUPPORTED`.
+    pub mmproj_path: Option<String>,
+    /// Largest image file accepted, in bytes (default 20 MiB): larger is `ERR_IMAGE_TOO_LARGE`.
+    pub image_max_bytes: Option<f64>,
+    /// Most pixels (width × height, read from the file's header before decoding) an image may
+    /// have (default 4096 × 4096): more is `ERR_IMAGE_TOO_LARGE`.
+    pub image_max_pixels: Option<f64>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -185,6 +198,8 @@ struct Resolved {
     log_level: Option<i32>,
     placement: Placement,
     chat_template: Option<String>,
+    mmproj: Option<String>,
+    image_limits: ImageLimits,
 }
 
 fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
@@ -274,6 +289,27 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
         log_level,
         placement,
         chat_template: o.chat_template.clone().filter(|t| !t.is_empty()),
+        mmproj: o
+            .mmproj_path
+            .as_deref()
+            .map(|p| p.strip_prefix("file://").unwrap_or(p).to_string())
+            .filter(|p| !p.is_empty()),
+        image_limits: ImageLimits {
+            max_bytes: opt_int(
+                "imageMaxBytes",
+                o.image_max_bytes,
+                ImageLimits::default().max_bytes as i64,
+                1,
+                1 << 40,
+            )? as u64,
+            max_pixels: opt_int(
+                "imageMaxPixels",
+                o.image_max_pixels,
+                ImageLimits::default().max_pixels as i64,
+                1,
+                1 << 40,
+            )? as u64,
+        },
     })
 }
 
@@ -344,6 +380,16 @@ fn load_context(
         pooling: ctx.pooling_type(),
         kv: resolved.config.kv,
     };
+    let images = match &resolved.mmproj {
+        Some(path) => Images::load(
+            path,
+            model.clone(),
+            resolved.config.n_threads,
+            resolved.image_limits,
+        )?,
+        None => Images::none(resolved.image_limits),
+    };
+    let image_counters = images.counters();
     let endpoints = resolved.placement.endpoints.clone();
     let pool = Pool::new(ctx.n_threads());
     let store = BranchStore::new(info.n_seq_max, split_pairs);
@@ -352,10 +398,10 @@ fn load_context(
         .engine
         .lock()
         .map_err(|_| Error::Internal("lock poisoned".into()))? =
-        Some(Engine::new(ctx, store, pool, released.clone()));
+        Some(Engine::new(ctx, store, pool, released.clone(), images));
     let weak: Weak<dyn Losable> = Arc::downgrade(&shared) as Weak<dyn Losable>;
     devices::watch(&endpoints, weak);
-    Ok(SessionContext::new(
+    let mut session = SessionContext::new(
         shared,
         worker,
         info,
@@ -363,7 +409,9 @@ fn load_context(
         model,
         offload,
         resolved.chat_template,
-    ))
+    );
+    session.image_counters = image_counters;
+    Ok(session)
 }
 
 /// Loads the model (shared with contexts on the same file) and creates a context, off the

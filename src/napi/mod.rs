@@ -11,6 +11,7 @@ pub mod context;
 pub mod convert;
 pub mod devices;
 pub mod embeddings;
+pub mod images;
 pub mod load;
 pub mod logits_view;
 pub mod metrics;

@@ -228,7 +228,9 @@ impl SessionContext {
     pub fn _branch_state_sync(&self, handle: f64) -> Result<Buffer> {
         let h = self.ids.from_js(handle).map_err(js)?;
         let state = self.sync("branch state", |e| {
-            let seq = e.store.get(h)?.seq;
+            let b = e.store.get(h)?;
+            crate::engine::media::refuse_images(&b.images, "copying a branch's state")?;
+            let seq = b.seq;
             ensure_not_empty(e, seq)?;
             e.ctx.seq_state(seq)
         })?;

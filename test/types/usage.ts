@@ -19,6 +19,7 @@ import {
   Scheduler,
   ProgramLine,
   createServer,
+  MediaPrompt,
 } from '../../index';
 import type {
   ContextOptions,
@@ -54,6 +55,9 @@ import type {
   ProgramGenResult,
   ServerOptions,
   LlamaBranchServer,
+  PromptPart,
+  PromptPiece,
+  ImageStats,
 } from '../../index';
 import llama = require('../../index');
 
@@ -521,3 +525,23 @@ async function servingUsage(ctx: SessionContext): Promise<void> {
 }
 
 void servingUsage;
+
+// Images: a projector beside the model, prompts of text and images, a branch prefilled with one.
+async function imageUsage(): Promise<void> {
+  const ctx = await createContext({ modelPath: '/models/gemma-3-4b.gguf', mmprojPath: '/models/mmproj.gguf', imageMaxPixels: 1 << 22 });
+  const parts: PromptPart[] = ['Look: ', new Uint8Array(8), { imagePath: 'page.png' }, { text: 'What is it?' }];
+  const prompt: MediaPrompt = await ctx.tokenizeParts(parts, true);
+  const pieces: PromptPiece[] = prompt.pieces;
+  const positions: number = prompt.nPos + prompt.nImages + (pieces[0].tokens?.length ?? 0);
+  const branch = Branch.create(ctx, 0, { temperature: 0 });
+  await branch.prefill(prompt);
+  await branch.prefill([1, 2, 3]);
+  const stats: ImageStats = ctx.imageStats();
+  const has: boolean = ctx.hasProjector;
+  const code: ErrorCode = 'ERR_IMAGE_POSITIONS';
+  // @ts-expect-error: a URL is not a prompt part
+  await ctx.tokenizeParts([new URL('https://example.com/a.png')]);
+  void [positions, stats.encodes + stats.encodeMs + stats.images, has, code, MediaPrompt];
+}
+
+void imageUsage;

@@ -1,0 +1,381 @@
+//! Images in a branch's sequence. A prompt of text runs and images (tokenized by the projector,
+//! llama/mtmd.rs) is prefilled into one branch by `BranchStore::prefill_media`: text runs through
+//! the one decode engine, each image as one decode of its embedding rows (encoded first, by the
+//! caller's `ImageSource`). All or nothing: on any failure the cells written are removed and the
+//! branch is unchanged.
+//!
+//! How a branch remembers an image: an image of `n_pos` positions takes the cells
+//! `[start, start + n_pos)` of the branch's sequence, and the branch keeps an `ImageSpan` with
+//! that range and the image's id (the SHA-256 of its file bytes). A token list of the branch
+//! (where one is written: a prompt's `pieces` in JS) has no token ids for those positions, so
+//! every path that would save or key a branch by its tokens (saved trees, state copies, prefix
+//! files) refuses a branch holding an image with `ERR_IMAGE_UNSUPPORTED` for now. A fork keeps
+//! the spans below its fork point and cannot start inside an image.
+
+use std::sync::Arc;
+
+use super::decode::{decode_runs, Output, Run};
+use super::handles::Handle;
+use super::kv::KvBackend;
+use super::store::BranchStore;
+use crate::error::{Error, Result};
+use crate::llama::{Pos, Token};
+
+/// An image's positions in a branch's sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageSpan {
+    pub start: Pos,
+    pub n_pos: Pos,
+    /// The SHA-256 (hex) of the image file's bytes.
+    pub id: Arc<str>,
+}
+
+/// One piece of a prompt to prefill.
+#[derive(Debug, Clone, Copy)]
+pub enum MediaPiece<'a> {
+    Text(&'a [Token]),
+    /// An image of `n_tokens` embedding rows taking `n_pos` positions.
+    Image {
+        n_tokens: usize,
+        n_pos: Pos,
+        id: &'a str,
+    },
+}
+
+impl MediaPiece<'_> {
+    fn positions(&self) -> i64 {
+        match self {
+            MediaPiece::Text(t) => t.len() as i64,
+            MediaPiece::Image { n_pos, .. } => *n_pos as i64,
+        }
+    }
+}
+
+/// Where image pieces' embeddings come from (the projector, behind the napi layer).
+pub trait ImageSource {
+    /// Width of each embedding row.
+    fn n_embd(&self) -> usize;
+    /// Runs the encoder on piece `i` (an image): `n_tokens × n_embd` floats.
+    fn encode(&mut self, i: usize) -> Result<Vec<f32>>;
+    /// Whether piece `i` is decoded with non-causal attention.
+    fn non_causal(&self, i: usize) -> bool;
+}
+
+/// The spans wholly below `position` (what a fork at `position` keeps).
+pub fn images_below(images: &[ImageSpan], position: Pos) -> Vec<ImageSpan> {
+    images
+        .iter()
+        .filter(|s| s.start + s.n_pos <= position)
+        .cloned()
+        .collect()
+}
+
+/// `ERR_IMAGE_POSITIONS` when `position` falls strictly inside an image.
+pub fn check_not_inside(images: &[ImageSpan], position: Pos) -> Result<()> {
+    match images
+        .iter()
+        .find(|s| s.start < position && position < s.start + s.n_pos)
+    {
+        Some(s) => Err(Error::ImagePositions(format!(
+            "position {position} is inside an image at positions [{}, {}); fork at {} (before it) or {} (after it)",
+            s.start,
+            s.start + s.n_pos,
+            s.start,
+            s.start + s.n_pos
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `ERR_IMAGE_UNSUPPORTED` for `what` on a branch whose cells hold an image.
+pub fn refuse_images(images: &[ImageSpan], what: &str) -> Result<()> {
+    if images.is_empty() {
+        return Ok(());
+    }
+    Err(Error::ImageUnsupported(format!(
+        "{what} is not supported yet for a branch whose cells hold an image ({} image(s), the first at position {}); keep such branches in the context, or save a branch forked before the image",
+        images.len(),
+        images[0].start
+    )))
+}
+
+impl BranchStore {
+    /// Prefills `pieces` into branch `h` (see the module docs). Checked before anything is
+    /// written: the positions fit nCtx, each image fits one decode (non-causal image tokens must
+    /// share one ubatch, or llama.cpp aborts) and takes one position per token (no M-RoPE).
+    pub fn prefill_media<K: KvBackend>(
+        &mut self,
+        kv: &mut K,
+        h: Handle,
+        pieces: &[MediaPiece],
+        images: &mut dyn ImageSource,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<()> {
+        let b = self.get(h)?;
+        b.check_has_prefix()?;
+        let (seq, start) = (b.seq, b.position);
+        let total: i64 = pieces.iter().map(MediaPiece::positions).sum();
+        let n_ctx = kv.n_ctx() as i64;
+        if start as i64 + total > n_ctx {
+            return Err(Error::ImagePositions(format!(
+                "the prompt takes {total} positions (each image as many as it has tokens) from position {start}, past nCtx = {n_ctx}; create the context with a larger nCtx or send fewer images"
+            )));
+        }
+        let n_batch = kv.n_batch() as usize;
+        for piece in pieces {
+            if let MediaPiece::Image {
+                n_tokens, n_pos, ..
+            } = *piece
+            {
+                if n_pos as usize != n_tokens {
+                    return Err(Error::ImageUnsupported(format!(
+                        "an image of {n_tokens} tokens takes {n_pos} positions (M-RoPE), which llama-branch does not support yet"
+                    )));
+                }
+                if n_tokens > n_batch {
+                    return Err(Error::ImagePositions(format!(
+                        "an image takes {n_tokens} positions, which must be decoded together in one batch, and this context's nBatch is {n_batch}; create the context with nBatch >= {n_tokens}"
+                    )));
+                }
+            }
+        }
+        let limits = self.limits(kv);
+        let mut spans = Vec::new();
+        let mut position = start;
+        let mut wrote_logits = false;
+        let result = (|| {
+            for (i, piece) in pieces.iter().enumerate() {
+                if cancel() {
+                    return Err(Error::Aborted);
+                }
+                match *piece {
+                    MediaPiece::Text([]) => {}
+                    MediaPiece::Text(tokens) => {
+                        let run = Run {
+                            seq,
+                            start: position,
+                            tokens,
+                            output: Output::Last,
+                        };
+                        let branches = &mut self.branches;
+                        decode_runs(
+                            kv,
+                            &mut self.batch,
+                            &[run],
+                            limits,
+                            cancel,
+                            &mut |kv, outs| {
+                                for o in outs {
+                                    let row = kv.logits_row(o.row)?;
+                                    branches
+                                        .get_mut(h)
+                                        .ok_or(Error::BranchDisposed)?
+                                        .set_pending(row);
+                                }
+                                Ok(())
+                            },
+                        )?;
+                        position += tokens.len() as Pos;
+                    }
+                    MediaPiece::Image {
+                        n_tokens,
+                        n_pos,
+                        id,
+                    } => {
+                        let embd = images.encode(i)?;
+                        let width = images.n_embd();
+                        if width == 0 || embd.len() != n_tokens * width {
+                            return Err(Error::Internal(format!(
+                                "the encoder returned {} floats for {n_tokens} tokens of width {width}",
+                                embd.len()
+                            )));
+                        }
+                        if cancel() {
+                            return Err(Error::Aborted);
+                        }
+                        let batch = &mut self.batch;
+                        batch.clear();
+                        for (k, row) in embd.chunks_exact(width).enumerate() {
+                            batch.push_embd(row, position + k as Pos, seq, k + 1 == n_tokens);
+                        }
+                        let decoded = kv.decode_embd(batch, images.non_causal(i));
+                        batch.clear();
+                        decoded?;
+                        let row = kv.logits_row(-1)?;
+                        self.branches
+                            .get_mut(h)
+                            .ok_or(Error::BranchDisposed)?
+                            .set_pending(row);
+                        spans.push(ImageSpan {
+                            start: position,
+                            n_pos,
+                            id: Arc::from(id),
+                        });
+                        position += n_pos;
+                    }
+                }
+                wrote_logits = true;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            kv.seq_rm(seq, start, -1);
+            return Err(e);
+        }
+        if !wrote_logits {
+            return Ok(());
+        }
+        let b = self.branches.get_mut(h).ok_or(Error::BranchDisposed)?;
+        b.commit_pending();
+        b.position = position;
+        b.images.extend(spans);
+        let n = (position - start) as u32;
+        self.segments.append(&mut b.runs, n);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::fake::FakeKv;
+    use crate::engine::store::ForkOptions;
+    use crate::engine::store_tests::root;
+
+    /// Embeddings of width 4; fails on the pieces listed in `fail`.
+    struct Fake {
+        encodes: usize,
+        fail: Vec<usize>,
+    }
+
+    impl ImageSource for Fake {
+        fn n_embd(&self) -> usize {
+            4
+        }
+        fn encode(&mut self, i: usize) -> Result<Vec<f32>> {
+            if self.fail.contains(&i) {
+                return Err(Error::ImageDecode("broken".into()));
+            }
+            self.encodes += 1;
+            Ok(vec![0.5; 3 * 4])
+        }
+        fn non_causal(&self, _: usize) -> bool {
+            true
+        }
+    }
+
+    const IMAGE: MediaPiece = MediaPiece::Image {
+        n_tokens: 3,
+        n_pos: 3,
+        id: "x",
+    };
+
+    #[test]
+    fn a_prompt_with_images_advances_by_its_positions_and_forks_share_them() {
+        let mut kv = FakeKv::new(64, 4);
+        let mut store = BranchStore::new(4, false);
+        let h = root(&mut kv, &mut store, &[1, 2]);
+        let mut src = Fake {
+            encodes: 0,
+            fail: vec![],
+        };
+        let pieces = [MediaPiece::Text(&[3]), IMAGE, MediaPiece::Text(&[4, 5])];
+        store
+            .prefill_media(&mut kv, h, &pieces, &mut src, &|| false)
+            .unwrap();
+        let b = store.get(h).unwrap();
+        assert_eq!(b.position, 2 + 1 + 3 + 2);
+        assert_eq!(kv.seq_pos_max(b.seq), 7);
+        assert_eq!(b.images, vec![span(3, 3)]);
+        assert_eq!(src.encodes, 1);
+        assert_eq!(store.kv_pressure(&kv).cells_used, 8);
+        let child = store.fork(&kv, h, ForkOptions::default()).unwrap();
+        assert_eq!(store.get(child).unwrap().images, vec![span(3, 3)]);
+        assert_eq!(store.kv_pressure(&kv).cells_used, 8, "shared, not copied");
+        let at = |p| ForkOptions {
+            position: Some(p),
+            ..ForkOptions::default()
+        };
+        assert_eq!(
+            store.fork(&kv, h, at(4)).unwrap_err().code(),
+            "ERR_IMAGE_POSITIONS"
+        );
+        let before = store.fork(&kv, h, at(3)).unwrap();
+        assert_eq!(store.get(before).unwrap().images, vec![]);
+        assert_eq!(src.encodes, 1);
+    }
+
+    #[test]
+    fn a_failed_or_refused_media_prefill_changes_nothing() {
+        let mut kv = FakeKv::new(16, 2);
+        let mut store = BranchStore::new(2, false);
+        let h = root(&mut kv, &mut store, &[1, 2]);
+        let cells = kv.snapshot();
+        let mut src = Fake {
+            encodes: 0,
+            fail: vec![2],
+        };
+        let pieces = [MediaPiece::Text(&[3]), IMAGE, IMAGE];
+        let err = store
+            .prefill_media(&mut kv, h, &pieces, &mut src, &|| false)
+            .unwrap_err();
+        assert_eq!(err.code(), "ERR_IMAGE_DECODE");
+        assert_eq!(
+            kv.snapshot(),
+            cells,
+            "the text and first image are removed again"
+        );
+        let b = store.get(h).unwrap();
+        assert_eq!((b.position, b.images.len()), (2, 0));
+        // Past nCtx, or an image larger than one decode: refused before anything runs.
+        let long = [IMAGE; 5];
+        let code = |store: &mut BranchStore, kv: &mut FakeKv, p: &[MediaPiece]| {
+            let mut src = Fake {
+                encodes: 0,
+                fail: vec![],
+            };
+            let e = store
+                .prefill_media(kv, h, p, &mut src, &|| false)
+                .unwrap_err();
+            assert_eq!(src.encodes, 0);
+            e.code()
+        };
+        assert_eq!(code(&mut store, &mut kv, &long), "ERR_IMAGE_POSITIONS");
+        kv.n_batch = 2;
+        assert_eq!(code(&mut store, &mut kv, &[IMAGE]), "ERR_IMAGE_POSITIONS");
+        let mrope = MediaPiece::Image {
+            n_tokens: 2,
+            n_pos: 1,
+            id: "m",
+        };
+        assert_eq!(code(&mut store, &mut kv, &[mrope]), "ERR_IMAGE_UNSUPPORTED");
+        assert_eq!(kv.snapshot(), cells);
+        assert_eq!(store.get(h).unwrap().position, 2);
+    }
+
+    fn span(start: Pos, n_pos: Pos) -> ImageSpan {
+        ImageSpan {
+            start,
+            n_pos,
+            id: Arc::from("x"),
+        }
+    }
+
+    #[test]
+    fn forks_keep_images_below_and_never_start_inside_one() {
+        let images = [span(3, 16), span(25, 16)];
+        assert_eq!(images_below(&images, 19), vec![span(3, 16)]);
+        assert_eq!(images_below(&images, 18), vec![]);
+        assert!(check_not_inside(&images, 3).is_ok());
+        assert!(check_not_inside(&images, 19).is_ok());
+        assert_eq!(
+            check_not_inside(&images, 4).unwrap_err().code(),
+            "ERR_IMAGE_POSITIONS"
+        );
+        assert!(refuse_images(&[], "saving").is_ok());
+        assert_eq!(
+            refuse_images(&images, "saving").unwrap_err().code(),
+            "ERR_IMAGE_UNSUPPORTED"
+        );
+    }
+}
