@@ -23,7 +23,6 @@
  * must be idle, or its synchronous calls (produce, fork) would wait for someone else's work.
  */
 
-const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { jsonSchemaToGrammar } = require('./schema');
 const { makeError } = require('./errors');
@@ -64,8 +63,7 @@ class Scheduler {
 
     /** @type {import('./scheduler/program').Program[]} queued and ready programs (requests too), in arrival order */
     this._queue = [];
-    const wrapBranch = (/** @type {number} */ handle) => new /** @type {any} */ (Branch)(ctx, handle, 0);
-    const tiers = this._options.tiers && tiersOn(ctx, this._options.tiers, wrapBranch);
+    const tiers = this._options.tiers && tiersOn(ctx, this._options.tiers);
     /** The prefix cache: the KV cells and, with `cacheRam` / `cacheDir`, RAM and disk below them. */
     this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow, tiers });
     /** Admitted programs (requests too), until their step of ending. */
@@ -154,7 +152,7 @@ class Scheduler {
     // event, and whose usage (cached tokens) the decision reports.
     const run = (fn, options) => {
       try {
-        /** @type {any} */
+        /** @type {import('./scheduler/program').Program | null} */
         let p = null;
         const made = runProgram((s) => fn(s, (fields) => p.emit('decision', fields)), options, this._env);
         p = made.program;
@@ -164,7 +162,10 @@ class Scheduler {
         return Promise.reject(e);
       }
     };
-    return /** @type {any} */ (decide(this._ctx, request, run));
+    // Which of the two result shapes is the request's format's (checked in ../decisions/checks.js).
+    return /** @type {Promise<R extends import('./types').OpenAIDecideRequest ? import('./types').OpenAIDecideResult : import('./types').DecideResult>} */ (
+      decide(this._ctx, request, run)
+    );
   }
 
   /** Queues a program (a request too), or refuses it through its own promise. */
