@@ -1,32 +1,20 @@
 'use strict';
 
 /**
- * Continuous batching over one context: many independent `generate()` calls share each step's
- * decode, reuse cached prompt prefixes and wait in a bounded queue when the context is full.
- * Each request is a built-in program (lib/scheduler/request.js) with one explicit `state`; the
- * prefix cache's policy lives in lib/scheduler/prefix-cache.js. ARCHITECTURE.md, "Data path of one
- * Scheduler step", walks through a step.
- *
- * Branch programs (`run()`, lib/scheduler/run.js) share the queue, the cache and the steps:
- * their lines' pending tokens join the prefill and their gens join the decode.
- *
- * One step (the loop runs while there is work; nothing runs when idle):
- *   1. requests whose signal aborted give their branches back; ended programs are freed;
- *   2. queued requests are prepared (chat template, tokenization) and admitted in FIFO order
- *      while leases and KV cells suffice for everything the running ones may still need
- *      (evicting least-recently-used cached prefixes that no running request uses);
- *   3. prefill: newcomers' prompt tokens, at most `prefillChunk` in all, in one `store.prefill`;
- *   4. decode: ONE `store.produce` and ONE `store.commit` for every running choice of every request.
- * A phase that finds a request failing fails it right there (its branches go back at once).
+ * Continuous batching over one context: `generate()` requests and `run()` branch programs are
+ * one kind of work item (a Program, lib/scheduler/program.js), which share a bounded queue, the
+ * tiered prefix cache (lib/scheduler/prefix-cache.js) and each step's ONE prefill and ONE decode.
+ * A step (`_step`; nothing runs when idle) collects ended programs, prepares queued ones,
+ * restores one stored prefix, admits in FIFO order what fits beside what running programs may
+ * still take, then prefills and decodes; a program failing in a phase fails there alone.
+ * ARCHITECTURE.md, "The data path of one Scheduler step", walks through it phase by phase.
  *
  * The scheduler must be the only user of its context: between its own operations the context
  * must be idle, or its synchronous calls (produce, fork) would wait for someone else's work.
  */
 
-const { Branch } = require('./Branch');
 const { BranchStore } = require('./BranchStore');
 const { jsonSchemaToGrammar } = require('./schema');
-const { makeError } = require('./errors');
 const { schedulerOptions } = require('./scheduler/options');
 const { PrefixCache } = require('./scheduler/prefix-cache');
 const { requestProgram } = require('./scheduler/request');
@@ -57,23 +45,21 @@ class Scheduler {
       throw invalid('new Scheduler(ctx, options?): options must be an object');
     this._ctx = ctx;
     this._store = new BranchStore(ctx);
-    /** `prefillChunk`, `maxQueue`, `maxRunning`, `defaultMaxTokens`, `onStep` and `spec`, checked. */
+    /**
+     * `prefillChunk`, `maxQueue`, `maxRunning`, `defaultMaxTokens`, `onStep`, checked, and `spec`:
+     * speculation shared by every request's choices (the draft source, maxDraft, the step-cost fit).
+     */
     this._options = schedulerOptions(ctx, options);
-    /** Speculation shared by every request's choices: the draft source, maxDraft and the step-cost fit. */
-    this._spec = this._options.spec;
 
     /** @type {import('./scheduler/program').Program[]} queued and ready programs (requests too), in arrival order */
     this._queue = [];
-    const wrapBranch = (/** @type {number} */ handle) => new /** @type {any} */ (Branch)(ctx, handle, 0);
-    const tiers = this._options.tiers && tiersOn(ctx, this._options.tiers, wrapBranch);
+    const tiers = this._options.tiers && tiersOn(ctx, this._options.tiers);
     /** The prefix cache: the KV cells and, with `cacheRam` / `cacheDir`, RAM and disk below them. */
     this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow, tiers });
     /** Admitted programs (requests too), until their step of ending. */
     this._programs = new Programs({ cache: this._cache, store: this._store });
     /** The queue's head waits for a program to give room back: no step until something changes. */
     this._blocked = false;
-    /** Whether `_cellsFor` had to evict (warned once). */
-    this._cellsWarned = false;
     this._loop = null;
     this._closed = false;
     this._systemPrompts = new SystemPrompts(ctx);
@@ -82,7 +68,8 @@ class Scheduler {
     this._events = new SchedulerEvents();
     /**
      * The Scheduler's own counts for `stats()` (the admitted programs count their prompts and
-     * tokens: ./scheduler/programs.js); `completed`: requests done, admitted or not (`_ended`).
+     * tokens: ./scheduler/programs.js); `completed`: requests done, admitted or not (each program
+     * counts itself as it settles).
      */
     this._counters = { steps: 0, prefilledTokens: 0, completed: 0, draftTokens: 0, acceptedDraftTokens: 0 };
     /** What each program is given: the defaults, the shared cache and events, `wake` for new needs. */
@@ -94,7 +81,8 @@ class Scheduler {
       wake: () => this._kick(),
       cache: this._cache,
       events: this._events,
-      spec: this._spec,
+      spec: this._options.spec,
+      counters: this._counters,
     };
   }
 
@@ -126,13 +114,7 @@ class Scheduler {
    * @returns {Promise<T>}
    */
   run(program, options = {}) {
-    try {
-      const { program: p, promise } = runProgram(program, options, this._env);
-      this._enqueue(p);
-      return promise;
-    } catch (e) {
-      return Promise.reject(e);
-    }
+    return this._runProgram(program, options, false);
   }
 
   /**
@@ -152,19 +134,26 @@ class Scheduler {
   decide(request) {
     // Each batch of the decision is a branch program whose function may send its `decision`
     // event, and whose usage (cached tokens) the decision reports.
-    const run = (fn, options) => {
-      try {
-        /** @type {any} */
-        let p = null;
-        const made = runProgram((s) => fn(s, (fields) => p.emit('decision', fields)), options, this._env);
-        p = made.program;
-        this._enqueue(p);
-        return made.promise.then((value) => ({ value, usage: p.usage }));
-      } catch (e) {
-        return Promise.reject(e);
-      }
-    };
-    return /** @type {any} */ (decide(this._ctx, request, run));
+    const run = (fn, options) => this._runProgram(fn, options, true);
+    // Which of the two result shapes is the request's format's (checked in ./decisions/checks.js).
+    return /** @type {Promise<R extends import('./types').OpenAIDecideRequest ? import('./types').OpenAIDecideResult : import('./types').DecideResult>} */ (
+      decide(this._ctx, request, run)
+    );
+  }
+
+  /**
+   * Queues a branch program and returns its promise (a refusal rejects it); `decision`: a batch of
+   * a decision (./decisions), whose function also gets its `decision` event's sender and which
+   * resolves `{ value, usage }`.
+   */
+  _runProgram(fn, options, decision) {
+    try {
+      const { program, promise } = runProgram(fn, options, this._env, decision);
+      this._enqueue(program);
+      return promise;
+    } catch (e) {
+      return Promise.reject(e);
+    }
   }
 
   /** Queues a program (a request too), or refuses it through its own promise. */
@@ -172,7 +161,7 @@ class Scheduler {
     if (this._closed) {
       item.reject(closedError());
     } else if (item.signal && item.signal.aborted) {
-      this._endAborted(item);
+      item.abort(); // a request that never started resolves now
     } else if (this._queue.length >= this._options.maxQueue) {
       item.reject(queueFullError(this._options.maxQueue));
     } else {
@@ -216,9 +205,7 @@ class Scheduler {
    * @returns {{ tokens: number[], tiers: string[] }[]}
    */
   cachedPrefixes() {
-    const held = [];
-    for (const e of this._cache.held()) held.push({ tokens: e.tokens, tiers: e.media });
-    return held;
+    return [...this._cache.held()].map((e) => ({ tokens: e.tokens, tiers: e.media }));
   }
 
   /**
@@ -290,20 +277,8 @@ class Scheduler {
   _abort(item) {
     const queued = this._queue.indexOf(item);
     if (queued !== -1) this._queue.splice(queued, 1);
-    this._endAborted(item);
-    this._kick(); // a running one ends at the next step
-  }
-
-  /** Ends `item` (out of the queue) for its signal: a request that never started resolves now. */
-  _endAborted(item) {
-    const unstarted = item.state === 'queued' || item.state === 'ready';
     item.abort();
-    if (unstarted) this._ended(item);
-  }
-
-  /** A program settled: a request that resolved counts as completed (`stats().completed`). */
-  _ended(item) {
-    if (item.countsAsRunning && item.state === 'done') this._counters.completed++;
+    this._kick(); // a running one ends at the next step
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -339,12 +314,12 @@ class Scheduler {
 
   async _step() {
     const started = performance.now();
-    for (const p of await this._programs.collect()) this._ended(p);
+    await this._programs.collect();
     await this._prepareQueued();
     // A prompt (or a program's fresh line) that starts with a prefix stored in RAM or on disk
     // gets it back into the KV cells first, when it fits.
     if (!this._closed)
-      await this._cache.restoreOne(this._restorable(), (cells, leases) => this._makeRoom(cells, leases));
+      await this._cache.restoreOne(this._restorable(), (cells, leases) => this._programs.makeRoom(cells, leases));
     this._admit();
     const prefillStart = performance.now();
     const prefillTokens = await this._prefillPhase();
@@ -353,7 +328,13 @@ class Scheduler {
     const ended = performance.now();
     this._counters.steps++;
     if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
-    if (this._events.on) this._stepEvent(rows, prefillTokens, ended - started);
+    if (this._events.on) {
+      // The `step` event: what the step did and the gauges after it (an `evict` event first, if any).
+      const nSeqMax = this._ctx.disposed ? 0 : this._ctx.nSeqMax;
+      const leasesUsed = this._ctx.disposed ? 0 : nSeqMax - this._store.available;
+      const gauges = { leasesUsed, nSeqMax, cacheTokens: this._cache.tokens };
+      this._events.step({ rows, prefillTokens, stepMs: ended - started }, this.stats(), gauges);
+    }
     if (this._options.onStep) {
       const { cellsUsed } = this._pressure;
       const [running, queued] = [this._programs.size, this._queue.length];
@@ -361,14 +342,6 @@ class Scheduler {
       this._options.onStep({ rows, prefillTokens, prefillMs, decodeMs, stepMs, cellsUsed, running, queued });
     }
     return rows + prefillTokens;
-  }
-
-  /** The `step` event: what the step did and the gauges after it (an `evict` event first, if any). */
-  _stepEvent(rows, prefillTokens, stepMs) {
-    const nSeqMax = this._ctx.disposed ? 0 : this._ctx.nSeqMax;
-    const leasesUsed = this._ctx.disposed ? 0 : nSeqMax - this._store.available;
-    const gauges = { leasesUsed, nSeqMax, cacheTokens: this._cache.tokens };
-    this._events.step({ rows, prefillTokens, stepMs }, this.stats(), gauges);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -405,7 +378,7 @@ class Scheduler {
       // than being prefilled from a shorter start now.
       if (item.restoreKey && this._cache.stored(item.restoreKey, need.start)) return;
       const { cells, leases } = need;
-      if (!this._makeRoom(cells, leases, need.entry)) {
+      if (!this._programs.makeRoom(cells, leases, need.entry)) {
         if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
         this._queue.shift();
         item.reject(neverFitsError(cells, leases, this._store.kvPressure(), this._store.available));
@@ -439,43 +412,14 @@ class Scheduler {
     }
   }
 
-  /**
-   * Demotes least-recently-used cached prefixes (never `keep`) until `cells` and `leases` are free
-   * beyond what running programs may still take; false if they never are.
-   */
-  _makeRoom(cells, leases, keep = null) {
-    return this._cache.makeRoom('kv', () => this._programs.fits(cells, leases), keep);
-  }
-
   // ---------------------------------------------------------------------------------------------
   // Prefill and decode
-
-  /**
-   * Before a decode that writes `cells` cells: evicts cached prefixes nobody pins while the KV
-   * cells are short of them. Admission reserved every running program's cells, so this acts only
-   * when a plan went wrong (a prefix a request counted on was gone by the time it started, so it
-   * prefills more than it reserved); a cached prefix is worth less than the request it would fail.
-   */
-  _cellsFor(cells) {
-    if (this._store.kvPressure().remaining >= cells) return;
-    // Under the test suites (test/helpers.js sets LLAMA_BRANCH_STRICT_KV) a plan that fell short fails loudly.
-    if (process.env.LLAMA_BRANCH_STRICT_KV === '1')
-      throw makeError('ERR_INTERNAL', `a step needed ${cells} KV cells that admission had not left free`);
-    if (!this._cellsWarned) {
-      // Admission should have made this room: say so once, so an accounting bug does not hide.
-      this._cellsWarned = true;
-      process.emitWarning(
-        'llama-branch Scheduler: a step needed KV cells that admission had not left free; evicting cached prefixes (please report this)',
-      );
-    }
-    this._cache.makeRoom('kv', () => this._store.kvPressure().remaining >= cells);
-  }
 
   /** Prefills up to `prefillChunk` pending tokens of running lines in one batch; returns the count. */
   async _prefillPhase() {
     const lines = this._programs.linesToPrefill(this._options.prefillChunk);
     if (lines.length === 0) return 0;
-    this._cellsFor(lines.reduce((sum, l) => sum + l.take, 0));
+    this._programs.cellsFor(lines.reduce((sum, l) => sum + l.take, 0));
     let scores;
     try {
       scores = await this._store.scorePerToken(this._programs.prefillEntries(lines));
@@ -492,8 +436,9 @@ class Scheduler {
   async _decodePhase() {
     const rows = this._programs.decodeRows();
     if (rows.length === 0) return 0;
-    this._cellsFor(rows.length);
-    const speculation = this._spec && { ctx: this._ctx, spec: this._spec };
+    this._programs.cellsFor(rows.length);
+    const { spec } = this._options;
+    const speculation = spec && { ctx: this._ctx, spec };
     const { committed, drafted, accepted } = await this._programs.decode(this._store, rows, speculation);
     this._counters.draftTokens += drafted;
     this._counters.acceptedDraftTokens += accepted;

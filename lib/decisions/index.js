@@ -36,6 +36,7 @@ function stateLineOf(root, head) {
  * @param {import('../Context').SessionContext} ctx
  * @param {any} request
  * @param {(fn: (s: any, emit: (fields: object) => void) => Promise<any>, options: object) => Promise<{ value: any, usage: any }>} run
+ * @returns {Promise<import('../types').DecideResult | import('../types').OpenAIDecideResult>}
  */
 async function decide(ctx, request, run) {
   const started = performance.now();

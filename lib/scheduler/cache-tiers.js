@@ -9,25 +9,25 @@
  */
 
 const { nativeOf } = require('../Context');
+const { adoptBranch } = require('../Branch');
 const { fingerprintOf } = require('./cache-file');
 
 /**
  * The tiers of a scheduler on `ctx` (its checked `cacheRam`, `cacheDir`, `cacheDisk`,
- * `onCacheWarning`), for `new PrefixCache({ tiers })`. `wrapBranch(handle)`: the Branch of a
- * restored root branch (the Scheduler's, which may build Branches).
+ * `onCacheWarning`), for `new PrefixCache({ tiers })`; a restored root branch is wrapped as a
+ * Branch of `ctx` (`adoptBranch`).
  * @param {import('../Context').SessionContext} ctx
  * @param {{ ramBytes: number, dir: string | null, diskBytes: number, warn: (message: string) => void }} options
- * @param {(handle: number) => any} wrapBranch
  * @returns {import('./prefix-cache').Tiers}
  */
-function tiersOn(ctx, options, wrapBranch) {
+function tiersOn(ctx, options) {
   const native = nativeOf(ctx);
   return {
     ...options,
     fingerprint: fingerprintOf(ctx),
     maxTokens: ctx.nCtx,
     copyState: (branch) => (ctx.disposed ? null : native._branchStateSync(branch.handle)),
-    restoreState: async (state, keep) => wrapBranch(await native._branchRestore(state, keep)),
+    restoreState: async (state, keep) => adoptBranch(ctx, await native._branchRestore(state, keep), 0),
   };
 }
 

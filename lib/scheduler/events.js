@@ -102,12 +102,4 @@ function tierGauges(t) {
   return { kvHits, ramHits, diskHits, ramBytes, diskBytes, restoredTokens, diskOn };
 }
 
-/** The `done` event's fields of an ending with `status` and, for a failure, its error. */
-function doneFields(status, error, usage) {
-  /** @type {any} */
-  const fields = { status, ...(usage ? { usage: { ...usage } } : {}) };
-  if (error) fields.error = { code: error.code || 'ERR_UNKNOWN', message: String(error.message) };
-  return fields;
-}
-
-module.exports = { SchedulerEvents, TRACE_VERSION, clipped, perplexityOf, roundedPerplexity, doneFields };
+module.exports = { SchedulerEvents, TRACE_VERSION, clipped, perplexityOf, roundedPerplexity };

@@ -32,7 +32,6 @@ const {
   tooManyBranches,
   abortedProgram,
 } = require('./errors');
-const { doneFields } = require('./events');
 const { SEED_SPACE } = require('./checks');
 
 const TRANSITIONS = {
@@ -62,18 +61,19 @@ const TRANSITIONS = {
  * `completed`); `hinted`: the cache entries it starts from or fills are kept warm longer (a
  * cacheKey); `failsWhole`: a line's failure is the whole program's (else the line's job rejects);
  * `endsOpen`: at an abort or close, open gens end 'abort' and it resolves, or ('reject') every
- * open job and the program reject; `begin(program, prompt)`: its lines start; `result(outcome, usage)`:
- * what it resolves with; `doneUsage(usage)`: the `done` event's usage (null: none); `seed`: where
+ * open job and the program reject; `begin(program, prompt)`: its lines start; `sink`: where it
+ * settles (`finish(outcome, usage)`: resolved with what its front door makes of them, or `fail`);
+ * `doneUsage(usage)`: the `done` event's usage (null: none); `seed`: where
  * `nextSeed` counts on from.
- * @typedef {{ id: string, signal: any, sink: { finish: (result: any) => void, fail: (error: any) => void },
+ * @typedef {{ id: string, signal: any, sink: { finish: (outcome: any, usage: any) => void, fail: (error: any) => void },
  *   budget?: Budget, prepare?: (ctx: any, systemPrompts: any) => Promise<Budget>, countsAsRunning: boolean,
  *   hinted?: boolean, failsWhole: boolean, endsOpen: 'abort' | 'reject', begin: (program: Program, prompt: Line | null) => void,
- *   result: (outcome: any, usage: any) => any, doneUsage: (usage: any) => any, seed?: number }} ProgramConfig
+ *   doneUsage: (usage: any) => any, seed?: number }} ProgramConfig
  */
 
 class Program {
   /**
-   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, spec: any }} env
+   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, spec: any, counters: { completed: number } }} env
    * @param {ProgramConfig} config
    */
   constructor(env, config) {
@@ -336,10 +336,13 @@ class Program {
     const usage = this.usage;
     if (started && this.env.events.on) {
       const status = error ? (error.code === 'ERR_ABORTED' ? 'abort' : 'error') : abort ? 'abort' : 'ok';
-      this.emit('done', doneFields(status, error, this.config.doneUsage(usage)));
+      const shown = this.config.doneUsage(usage);
+      const failed = error ? { error: { code: error.code || 'ERR_UNKNOWN', message: String(error.message) } } : {};
+      this.emit('done', { status, ...(shown ? { usage: { ...shown } } : {}), ...failed });
     }
+    if (this.countsAsRunning && !error) this.env.counters.completed++; // stats().completed
     if (error) this.config.sink.fail(error);
-    else this.config.sink.finish(this.config.result(outcome, usage));
+    else this.config.sink.finish(outcome, usage);
   }
 
   /** A queued program that will never start (closed scheduler, never fits, a failed preparation). */

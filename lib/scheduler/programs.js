@@ -14,6 +14,7 @@
  */
 
 const { produceAll, commitRows } = require('../decode/rows');
+const { makeError } = require('../errors');
 
 class Programs {
   /**
@@ -30,6 +31,8 @@ class Programs {
     this.cachedPromptTokens = 0;
     /** Tokens taken by the gens of programs settled so far (running ones count their own). */
     this.settledCompletionTokens = 0;
+    /** Whether `cellsFor` had to evict (warned once). */
+    this.cellsWarned = false;
   }
 
   get size() {
@@ -50,6 +53,35 @@ class Programs {
     const freeCells = this.store.kvPressure().remaining - this.list.reduce((sum, p) => sum + p.cellsToCome(), 0);
     const freeLeases = this.store.available - this.list.reduce((sum, p) => sum + p.leasesToCome, 0);
     return freeCells >= cells && freeLeases >= leases;
+  }
+
+  /**
+   * Demotes least-recently-used cached prefixes (never `keep`) until `cells` and `leases` are free
+   * beyond what running programs may still take; false if they never are.
+   */
+  makeRoom(cells, leases, keep = null) {
+    return this.cache.makeRoom('kv', () => this.fits(cells, leases), keep);
+  }
+
+  /**
+   * Before a decode that writes `cells` cells: evicts cached prefixes nobody pins while the KV
+   * cells are short of them. Admission reserved every running program's cells, so this acts only
+   * when a plan went wrong (a prefix a request counted on was gone by the time it started, so it
+   * prefills more than it reserved); a cached prefix is worth less than the request it would fail.
+   */
+  cellsFor(cells) {
+    if (this.store.kvPressure().remaining >= cells) return;
+    // Under the test suites (test/helpers.js sets LLAMA_BRANCH_STRICT_KV) a plan that fell short fails loudly.
+    if (process.env.LLAMA_BRANCH_STRICT_KV === '1')
+      throw makeError('ERR_INTERNAL', `a step needed ${cells} KV cells that admission had not left free`);
+    if (!this.cellsWarned) {
+      // Admission should have made this room: say so once, so an accounting bug does not hide.
+      this.cellsWarned = true;
+      process.emitWarning(
+        'llama-branch Scheduler: a step needed KV cells that admission had not left free; evicting cached prefixes (please report this)',
+      );
+    }
+    this.cache.makeRoom('kv', () => this.store.kvPressure().remaining >= cells);
   }
 
   /** Tokens taken by every gen so far (the Scheduler's `generatedTokens`). */

@@ -57,21 +57,23 @@ function requestProgram(request, env) {
     return env.spec && req.gen.logprobs === undefined ? { ...rest, draftTokens, acceptedDraftTokens } : rest;
   };
   const { choices, n } = req;
-  const { push } = req.generation.sink;
+  const { push, finish, fail } = req.generation.sink;
   const program = new Program(env, {
     id: env.events.nextId('request'),
     signal,
-    sink: req.generation.sink,
     prepare: (ctx, systemPrompts) => prepare(req, ctx, systemPrompts),
     hinted: Boolean(request.cacheKey),
     countsAsRunning: true,
     failsWhole: true,
     endsOpen: 'abort',
     begin: (p, prompt) => begin(req, p, prompt),
-    // A request aborted before it started resolves with n choices ended 'abort'.
-    result: (_outcome, usage) => {
-      if (choices.length === 0) for (let i = 0; i < n; i++) choices.push(Choice.unstarted(i, push));
-      return { choices: choices.map((c) => c.result), usage: shown(usage) };
+    sink: {
+      // A request aborted before it started resolves with n choices ended 'abort'.
+      finish: (_outcome, usage) => {
+        if (choices.length === 0) for (let i = 0; i < n; i++) choices.push(Choice.unstarted(i, push));
+        finish({ choices: choices.map((c) => c.result), usage: shown(usage) });
+      },
+      fail,
     },
     doneUsage: (usage) => (usage.completionTokens > 0 ? shown(usage) : null),
   });

@@ -17,13 +17,16 @@ const DEFAULT_MAX_CELLS = 1024;
 
 /**
  * Checks `fn` and `options` (throws ERR_INVALID_ARG) and builds its program, ready at once; the
- * promise settles with what `fn` returns or throws.
- * @param {(s: ProgramLine) => any} fn
+ * promise settles with what `fn` returns or throws. `decision`: a batch of a decision
+ * (../decisions), whose `fn` gets its `decision` event's sender too and whose promise resolves
+ * `{ value, usage }` (its cached tokens are the decision's).
+ * @param {(s: ProgramLine, emit?: (fields: object) => void) => any} fn
  * @param {import('../types').RunOptions} options
  * @param {any} env what every program is given (./program.js)
+ * @param {boolean} [decision]
  * @returns {{ program: Program, promise: Promise<any> }}
  */
-function runProgram(fn, options, env) {
+function runProgram(fn, options, env, decision = false) {
   if (typeof fn !== 'function') throw invalid('run(program, options?): program must be a function (s) => ...');
   if (options === null || typeof options !== 'object')
     throw invalid('run(program, options?): options must be an object');
@@ -35,13 +38,12 @@ function runProgram(fn, options, env) {
   const maxCells = positiveInt(options.maxCells, 'options.maxCells', Math.min(DEFAULT_MAX_CELLS, ctx.nCtx));
   if (maxCells > ctx.nCtx) throw invalid(`options.maxCells is ${maxCells} but the context has nCtx ${ctx.nCtx}`);
   const { seed } = checkSampling({ seed: options.seed });
-  /** @type {{ finish: (value: any) => void, fail: (error: any) => void }} */
-  const sink = { finish: () => {}, fail: () => {} };
-  const promise = new Promise((resolve, reject) => Object.assign(sink, { finish: resolve, fail: reject }));
+  let settle = { resolve: (_value) => {}, reject: (_error) => {} };
+  const promise = new Promise((resolve, reject) => (settle = { resolve, reject }));
   const program = new Program(env, {
     id: env.events.nextId('program'),
     signal,
-    sink,
+    sink: { finish: ({ value }, usage) => settle.resolve(decision ? { value, usage } : value), fail: settle.reject },
     // What its lines will write is not known yet: no cached start is planned for it.
     budget: {
       prompt: null,
@@ -57,14 +59,13 @@ function runProgram(fn, options, env) {
     begin: (p) => {
       const root = new ProgramLine(p.freshLine([]), p);
       Promise.resolve()
-        .then(() => fn(root))
+        .then(() => (decision ? fn(root, (fields) => p.emit('decision', fields)) : fn(root)))
         .then(
           (value) => p.end({ value }),
           (error) => p.end({ error }),
         )
         .then(p.wake);
     },
-    result: ({ value }) => value,
     doneUsage: (usage) => usage,
     seed: seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed,
   });
