@@ -50,14 +50,15 @@ class Scheduler {
   /**
    * @param {import('./Context').SessionContext} ctx a context the scheduler uses alone
    * @param {import('./types').SchedulerOptions} [options] `prefillChunk` (prompt tokens per step,
-   *   default 256), `maxQueue` (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`.
+   *   default 256), `maxQueue` (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`,
+   *   `parseSpecial` (false: client text that spells special tokens stays plain text).
    */
   constructor(ctx, options = {}) {
     if (options === null || typeof options !== 'object')
       throw invalid('new Scheduler(ctx, options?): options must be an object');
     this._ctx = ctx;
     this._store = new BranchStore(ctx);
-    /** `prefillChunk`, `maxQueue`, `maxRunning`, `defaultMaxTokens`, `onStep` and `spec`, checked. */
+    /** `prefillChunk`, `maxQueue`, `maxRunning`, `defaultMaxTokens`, `onStep`, `spec` and `parseSpecial`, checked. */
     this._options = schedulerOptions(ctx, options);
     /** Speculation shared by every request's choices: the draft source, maxDraft and the step-cost fit. */
     this._spec = this._options.spec;
@@ -95,6 +96,7 @@ class Scheduler {
       cache: this._cache,
       events: this._events,
       spec: this._spec,
+      parseSpecial: this._options.parseSpecial,
     };
   }
 
@@ -164,7 +166,7 @@ class Scheduler {
         return Promise.reject(e);
       }
     };
-    return /** @type {any} */ (decide(this._ctx, request, run));
+    return /** @type {any} */ (decide(this._ctx, request, run, this._options.parseSpecial));
   }
 
   /** Queues a program (a request too), or refuses it through its own promise. */
