@@ -96,8 +96,8 @@ function markMessages(ctx, messages) {
   return changed ? out : messages;
 }
 
-/** Whether `text` holds marked client text. */
-const isMarked = (text) => typeof text === 'string' && text.includes(OPEN);
+/** Whether `text` holds marked client text (or half a mark: refused by tokenizeMarked). */
+const isMarked = (text) => typeof text === 'string' && (text.includes(OPEN) || text.includes(CLOSE));
 
 /** `text` without the markers (what it reads as: for traces and events). */
 const unmark = (text) => (isMarked(text) ? text.replace(MARKS, '') : text);
@@ -137,4 +137,4 @@ function unpaired() {
   );
 }
 
-module.exports = { clientText, clientContent, markMessages, tokenizeMarked, unmark, isMarked, spellsSpecial };
+module.exports = { clientText, clientContent, markMessages, tokenizeMarked, unmark };
