@@ -77,7 +77,7 @@ describe('plain-text: client text is text (no model)', () => {
 
   it('marks a template broke apart refuse the text (ERR_INVALID_ARG), never parse it', () => {
     const marked = clientText(ctx, `a${CTL}`);
-    const open = marked.slice(0, marked.indexOf('a'));
+    const open = marked.slice(0, marked.indexOf(`a${CTL}`));
     assert.throws(() => tokenizeMarked(ctx, `${open}a${CTL}`, false), {
       code: 'ERR_INVALID_ARG',
       message: /parseSpecial/,
