@@ -107,7 +107,7 @@ async function prepare(req, ctx, systemPrompts) {
     if (lead && lead.length < tokens.length && lead.every((t, i) => t === tokens[i])) cachePoints.push(lead.length);
   } else {
     // A raw prompt is all client text: special tokens parsed only when the Scheduler says so.
-    tokens = given !== undefined ? given.slice() : ctx.tokenizeSync(prompt, true, req.parseSpecial);
+    tokens = given !== undefined ? given.slice() : ctx.tokenizeSync(prompt, true, req.parseSpecial === true);
   }
   if (tokens.length === 0) throw invalid('the prompt tokenized to nothing; give a non-empty prompt');
   cachePoints.push(tokens.length);
