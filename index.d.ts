@@ -717,6 +717,16 @@ export interface SchedulerOptions {
   cacheDisk?: number | string;
   /** Where the prefix cache's warnings go (a file skipped, the disk tier off). Default: `process.emitWarning`. */
   onCacheWarning?: (message: string) => void;
+  /**
+   * Whether text a client gives — a request's `prompt`, its messages' content, a decision's state,
+   * instructions and options, a program's `append(messages)` and `decide` questions — that spells
+   * the model's special tokens (`<start_of_turn>`, `<|im_start|>`, …) is parsed as those control
+   * tokens. Default false: it is plain text, so it cannot close a turn and open another; the chat
+   * template's own markers stay control tokens either way, and text that spells none is tokenized
+   * as before. `true` keeps the earlier behaviour (the server's
+   * `--parse-special`). A program's `append(text)` of its own text always parses them.
+   */
+  parseSpecial?: boolean;
 }
 
 /** The prefix cache's RAM and disk tiers (see {@link SchedulerOptions.cacheRam}). */

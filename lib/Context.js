@@ -201,13 +201,16 @@ class SessionContext {
 
   /**
    * Tokenizes `text` on the worker thread. Special tokens written in the text (e.g.
-   * `<start_of_turn>`) are parsed.
+   * `<start_of_turn>`) are parsed as the control tokens they spell, unless `parseSpecial` is
+   * false (then they are plain text). The Scheduler and the server tokenize client text
+   * without parsing them (its `parseSpecial` option).
    * @param {string} text
    * @param {boolean} [addSpecial] add the model's BOS (and other special prefix) tokens. Default true.
+   * @param {boolean} [parseSpecial] parse special-token text as control tokens. Default true.
    * @returns {Promise<number[]>}
    */
-  tokenize(text, addSpecial) {
-    return this.#native.tokenize(text, addSpecial);
+  tokenize(text, addSpecial, parseSpecial) {
+    return this.#native.tokenize(text, addSpecial, parseSpecial);
   }
   /**
    * Tokenizes a prompt of text and images on the worker thread, with the image projector loaded
@@ -265,10 +268,11 @@ class SessionContext {
    * Synchronous {@link tokenize}. Never waits.
    * @param {string} text
    * @param {boolean} [addSpecial]
+   * @param {boolean} [parseSpecial]
    * @returns {number[]}
    */
-  tokenizeSync(text, addSpecial) {
-    return this.#native.tokenizeSync(text, addSpecial);
+  tokenizeSync(text, addSpecial, parseSpecial) {
+    return this.#native.tokenizeSync(text, addSpecial, parseSpecial);
   }
   /**
    * Turns token ids back into text, on the worker thread.

@@ -12,6 +12,7 @@ const { regexGrammar, choicesGrammar } = require('./scheduler/grammars');
 const { scoreTexts } = require('./scheduler/scoring');
 const { decideOnLine } = require('./decisions');
 const { firstTurn, laterTurn } = require('./scheduler/chat');
+const { markMessages, tokenizeMarked, unmark } = require('./scheduler/plain-text');
 
 /**
  * One line of generation inside a program (the `s` of `run(async (s) => ...)`). A line runs one
@@ -65,8 +66,10 @@ class ProgramLine {
     const line = this.#checkIdle('append');
     const ctx = this.#program.ctx;
     if (Array.isArray(input) && input.length > 0 && input.every((m) => m !== null && typeof m === 'object')) {
+      // Messages' text that spells control tokens stays plain text unless the Scheduler parses it.
+      const messages = this.#program.env.parseSpecial ? input : markMessages(ctx, input);
       if (line.tokens.length === 0) {
-        const { tokens, text, stops } = firstTurn(ctx, input);
+        const { tokens, text, stops } = firstTurn(ctx, messages);
         line.pushTurn(tokens, text, stops);
         return this;
       }
@@ -74,15 +77,15 @@ class ProgramLine {
         throw invalid('append(messages): this line did not start with chat messages; append text or tokens to it');
       if (line.chat === 'open')
         throw invalid('append(messages): the assistant turn is open; gen its reply (or append its text) first');
-      const { tokens, text } = laterTurn(ctx, line.tokens, input);
+      const { tokens, text } = laterTurn(ctx, line.tokens, messages);
       line.pushTurn(tokens, text);
       return this;
     }
     // Text or tokens after an open turn are the assistant's reply (Line.push).
     let tokens, text;
     if (typeof input === 'string') {
-      tokens = input === '' ? [] : ctx.tokenizeSync(input, line.tokens.length === 0);
-      text = input;
+      tokens = input === '' ? [] : tokenizeMarked(ctx, input, line.tokens.length === 0);
+      text = unmark(input);
     } else if (isTokenIds(input, ctx.vocabSize)) {
       tokens = input.slice();
       text = tokens.map((t) => ctx.tokenToText(t)).join('');
@@ -169,7 +172,7 @@ class ProgramLine {
     if (!['total', 'normalized', 'unconditional'].includes(method))
       throw invalid(`select: method must be 'total', 'normalized' or 'unconditional', got ${JSON.stringify(method)}`);
     if (line.tokens.length === 0) throw invalid('select(): the line is empty; append a prompt first');
-    const tokens = options.map((o) => ctx.tokenizeSync(o, false));
+    const tokens = options.map((o) => tokenizeMarked(ctx, o, false));
     if (tokens.some((t) => t.length === 0)) throw invalid('select: an option tokenized to nothing');
     const bos = method === 'unconditional' ? ctx.tokenizeSync('', true) : [];
     if (method === 'unconditional' && bos.length === 0)
@@ -183,7 +186,7 @@ class ProgramLine {
       const adopted = line.adopt(leafOf(index));
       this.append(options[index]);
       if (adopted) line.pendingDecoded(); // the branch came from the winner's fork
-      return { choice: options[index], index, scores };
+      return { choice: unmark(options[index]), index, scores };
     });
   }
 
@@ -199,7 +202,7 @@ class ProgramLine {
   async logprob(text, options = {}) {
     const line = this.#checkIdle('logprob');
     const ctx = this.#program.ctx;
-    const tokens = typeof text === 'string' ? ctx.tokenizeSync(text, false) : text;
+    const tokens = typeof text === 'string' ? tokenizeMarked(ctx, text, false) : text;
     if (!isTokenIds(tokens, ctx.vocabSize) || tokens.length === 0)
       throw invalid(`logprob(text): give a non-empty string or token ids in [0, ${ctx.vocabSize})`);
     if (line.tokens.length === 0) throw invalid('logprob(): the line is empty; append a prompt first');
@@ -237,7 +240,7 @@ class ProgramLine {
     const line = this.#checkIdle('decide');
     const program = this.#program;
     const emit = (fields) => program.emit('decision', { branch: line.id, ...fields });
-    return decideOnLine(this, program.ctx, questions, options, emit);
+    return decideOnLine(this, program.ctx, questions, options, emit, program.env.parseSpecial);
   }
 
   /**

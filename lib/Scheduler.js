@@ -38,17 +38,16 @@ class Scheduler {
   /**
    * @param {import('./Context').SessionContext} ctx a context the scheduler uses alone
    * @param {import('./types').SchedulerOptions} [options] `prefillChunk` (prompt tokens per step,
-   *   default 256), `maxQueue` (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`.
+   *   default 256), `maxQueue` (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`,
+   *   `parseSpecial` (false: client text that spells special tokens stays plain text).
    */
   constructor(ctx, options = {}) {
     if (options === null || typeof options !== 'object')
       throw invalid('new Scheduler(ctx, options?): options must be an object');
     this._ctx = ctx;
     this._store = new BranchStore(ctx);
-    /**
-     * `prefillChunk`, `maxQueue`, `maxRunning`, `defaultMaxTokens`, `onStep`, checked, and `spec`:
-     * speculation shared by every request's choices (the draft source, maxDraft, the step-cost fit).
-     */
+    /** `prefillChunk`, `maxQueue`, `maxRunning`, `defaultMaxTokens`, `onStep`, `parseSpecial` and `spec`
+     * (speculation every request's choices share: draft source, maxDraft, step-cost fit), checked. */
     this._options = schedulerOptions(ctx, options);
 
     /** @type {import('./scheduler/program').Program[]} queued and ready programs (requests too), in arrival order */
@@ -83,6 +82,7 @@ class Scheduler {
       events: this._events,
       spec: this._options.spec,
       counters: this._counters,
+      parseSpecial: this._options.parseSpecial,
     };
   }
 
@@ -137,7 +137,7 @@ class Scheduler {
     const run = (fn, options) => this._runProgram(fn, options, true);
     // Which of the two result shapes is the request's format's (checked in ./decisions/checks.js).
     return /** @type {Promise<R extends import('./types').OpenAIDecideRequest ? import('./types').OpenAIDecideResult : import('./types').DecideResult>} */ (
-      decide(this._ctx, request, run)
+      decide(this._ctx, request, run, this._options.parseSpecial)
     );
   }
 

@@ -19,6 +19,11 @@ const scheduler = Object.freeze({
   cacheRam: 0,
   /** Disk the `cacheDir` folder may take. */
   cacheDisk: '20GiB',
+  /**
+   * Whether client text (prompts, messages, decision states and questions) that spells the
+   * model's special tokens is parsed as those control tokens (false: plain text).
+   */
+  parseSpecial: false,
 });
 
 /** `createServer(options)` and `llama-branch serve`. */

@@ -290,9 +290,9 @@ export declare class SessionContext {
   _storeAvailable(): number
   _storeKvPressure(): KvPressureInfo
   _storeLiveHandles(): Array<number>
-  tokenize(text: string, addSpecial?: boolean): Promise<number[]>
+  tokenize(text: string, addSpecial?: boolean, parseSpecial?: boolean): Promise<number[]>
   detokenize(tokens: number[]): Promise<string>
-  tokenizeSync(text: string, addSpecial?: boolean | undefined | null): Array<number>
+  tokenizeSync(text: string, addSpecial?: boolean | undefined | null, parseSpecial?: boolean | undefined | null): Array<number>
   tokenToText(token: number): string
   isStopToken(token: number): boolean
   getEogToken(): number

@@ -113,12 +113,15 @@ export class SessionContext {
     trace(listener: (event: import("../lib/types").TraceEvent) => void): import("../lib/types").BranchTrace;
     /**
      * Tokenizes `text` on the worker thread. Special tokens written in the text (e.g.
-     * `<start_of_turn>`) are parsed.
+     * `<start_of_turn>`) are parsed as the control tokens they spell, unless `parseSpecial` is
+     * false (then they are plain text). The Scheduler and the server tokenize client text
+     * without parsing them (its `parseSpecial` option).
      * @param {string} text
      * @param {boolean} [addSpecial] add the model's BOS (and other special prefix) tokens. Default true.
+     * @param {boolean} [parseSpecial] parse special-token text as control tokens. Default true.
      * @returns {Promise<number[]>}
      */
-    tokenize(text: string, addSpecial?: boolean): Promise<number[]>;
+    tokenize(text: string, addSpecial?: boolean, parseSpecial?: boolean): Promise<number[]>;
     /**
      * Tokenizes a prompt of text and images on the worker thread, with the image projector loaded
      * by `createContext({ mmprojPath })`: each image is read (bytes, or a file path; never a URL),
@@ -144,9 +147,10 @@ export class SessionContext {
      * Synchronous {@link tokenize}. Never waits.
      * @param {string} text
      * @param {boolean} [addSpecial]
+     * @param {boolean} [parseSpecial]
      * @returns {number[]}
      */
-    tokenizeSync(text: string, addSpecial?: boolean): number[];
+    tokenizeSync(text: string, addSpecial?: boolean, parseSpecial?: boolean): number[];
     /**
      * Turns token ids back into text, on the worker thread.
      * @param {number[]} tokens

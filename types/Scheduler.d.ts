@@ -10,7 +10,8 @@ export class Scheduler {
     /**
      * @param {import('./Context').SessionContext} ctx a context the scheduler uses alone
      * @param {import('../lib/types').SchedulerOptions} [options] `prefillChunk` (prompt tokens per step,
-     *   default 256), `maxQueue` (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`.
+     *   default 256), `maxQueue` (64), `maxRunning` (unbounded), `defaultMaxTokens` (256), `onStep(info)`,
+     *   `parseSpecial` (false: client text that spells special tokens stays plain text).
      */
     constructor(ctx: import("./Context").SessionContext, options?: import("../lib/types").SchedulerOptions);
     /**

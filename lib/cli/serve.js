@@ -109,6 +109,10 @@ const options = {
     type: 'boolean',
     help: 'on a GPU, do not compile the pipelines of every batch size at start (the first request of each size then stalls)',
   },
+  'parse-special': {
+    type: 'boolean',
+    help: "parse clients' text that spells the model's special tokens (<start_of_turn>, <|im_start|>, ...) as those control tokens; by default it is plain text",
+  },
   'no-ui': { type: 'boolean', help: 'do not serve the live page of the branch trees at / (GET /v1/events stays)' },
   'kv-events': {
     type: 'string',
@@ -230,6 +234,7 @@ async function run(values, { log }) {
       prefillChunk: integer(values, 'prefill-chunk'),
       maxQueue: integer(values, 'max-queue'),
       ...cacheTiers(values, log),
+      ...(values['parse-special'] ? { parseSpecial: true } : {}),
     },
     apiKeys: apiKeys(values),
     cors: values.cors,

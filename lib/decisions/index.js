@@ -36,12 +36,13 @@ function stateLineOf(root, head) {
  * @param {import('../Context').SessionContext} ctx
  * @param {any} request
  * @param {(fn: (s: any, emit: (fields: object) => void) => Promise<any>, options: object) => Promise<{ value: any, usage: any }>} run
+ * @param {boolean} [parseSpecial] client text that spells special tokens parsed as them (default: plain text)
  * @returns {Promise<import('../types').DecideResult | import('../types').OpenAIDecideResult>}
  */
-async function decide(ctx, request, run) {
+async function decide(ctx, request, run, parseSpecial = false) {
   const started = performance.now();
   const checked = checkRequest(request);
-  const plan = planDecision(ctx, checked);
+  const plan = planDecision(ctx, checked, parseSpecial);
   const position = new Map(plan.items.map((it, i) => [it, i]));
   const probabilities = plan.items.map(() => null);
   const shown = [];
@@ -93,12 +94,13 @@ async function decide(ctx, request, run) {
  * @param {any} questions
  * @param {any} options undefined: the defaults
  * @param {(fields: object) => void} emit
+ * @param {boolean} [parseSpecial] the questions' text that spells special tokens parsed as them
  * @returns {Promise<Record<string, import('../types').DecisionAnswer>>}
  */
-async function decideOnLine(line, ctx, questions, options, emit) {
+async function decideOnLine(line, ctx, questions, options, emit, parseSpecial = false) {
   const checked = checkLineDecision(questions, options);
   if (line.tokens.length === 0) throw invalidArg('decide(): the line is empty; append the state first');
-  const plan = planOnLine(ctx, checked);
+  const plan = planOnLine(ctx, checked, parseSpecial);
   const state = { fork: (n) => line.fork(n).map((f) => f.append('\n\n')) };
   const { probabilities, shown } = await ask(state, plan.items, checked.parallel);
   emit({ questions: shown });

@@ -14,6 +14,7 @@
  */
 
 const { makeError, invalidArg: refused } = require('../errors');
+const { clientText, clientContent, tokenizeMarked } = require('../scheduler/plain-text');
 
 const LETTERS = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ'.split('');
 /** Cells added per line beyond its own tokens: a fork that re-decodes the token before it. */
@@ -26,29 +27,46 @@ const SLACK_PER_LINE = 2;
 const SENTINEL = '\u0000\u0001question\u0001\u0000';
 const BREAK = '\u0000\u0001break\u0001\u0000';
 
-/** `content` with BREAK inserted at each offset of `breaks`. */
-function withBreaks(content, breaks) {
+/** `content` with BREAK inserted at each offset of `breaks`, each piece between them `mark`ed. */
+function withBreaks(content, breaks, mark) {
   let out = '';
   let from = 0;
   for (const at of breaks) {
-    out += content.slice(from, at) + BREAK;
+    out += mark(content.slice(from, at)) + BREAK;
     from = at;
   }
-  return out + content.slice(from);
+  return out + mark(content.slice(from));
+}
+
+/**
+ * How client text enters a decision's text: marked to stay plain text when it spells the model's
+ * control tokens (../scheduler/plain-text.js), or as it is when the Scheduler parses them.
+ * `content`: a state message's content (for the chat template); `text`: a question's whole text
+ * or an option's, which hold no control token of ours (so the span is the whole, and the
+ * tokenizer merges across the client's part as it would without marks).
+ * @param {import('../Context').SessionContext} ctx
+ * @param {boolean} parseSpecial
+ * @returns {{ content: (text: string) => string, text: (text: string) => string }}
+ */
+function markerOf(ctx, parseSpecial) {
+  const same = (/** @type {string} */ text) => text;
+  if (parseSpecial) return { content: same, text: same };
+  return { content: (text) => clientContent(ctx, text), text: (text) => clientText(ctx, text) };
 }
 
 /**
  * Where the answer starts and how labels are written there: in a chat, the model's turn is open
  * and the label is its first text; raw, the question ends `Answer:` and the label follows a space.
  * `pieces`: the state's text (with the template's opening) cut at its cache breakpoints, `tail`:
- * what closes each question.
+ * what closes each question. Client text goes through `mark`.
  */
-function layout(ctx, messages, template) {
+function layout(ctx, messages, template, marks) {
+  const mark = marks.content;
   if (template === 'raw') {
     const text =
       messages.length === 1 && messages[0].role === 'user'
-        ? withBreaks(messages[0].content, messages[0].breaks)
-        : messages.map((m) => `${m.role}: ${withBreaks(m.content, m.breaks)}`).join('\n\n');
+        ? withBreaks(messages[0].content, messages[0].breaks, mark)
+        : messages.map((m) => `${m.role}: ${withBreaks(m.content, m.breaks, mark)}`).join('\n\n');
     return { pieces: `${text}\n\n`.split(BREAK), tail: '\nAnswer:', labelPrefix: ' ' };
   }
   // Templates that require alternating roles refuse two turns of one role in a row (a tool's
@@ -57,7 +75,7 @@ function layout(ctx, messages, template) {
   // user's.
   const chat = [];
   for (const m of messages) {
-    const content = withBreaks(m.content, m.breaks);
+    const content = withBreaks(m.content, m.breaks, mark);
     const prev = chat[chat.length - 1];
     if (prev && prev.role === m.role) prev.content = `${prev.content}\n\n${content}`;
     else chat.push({ role: m.role, content });
@@ -90,8 +108,8 @@ function labelToken(ctx, tail, label) {
   if (!memo) singleTokens.set(ctx, (memo = new Map()));
   const key = `${tail}\u0000${label}`;
   if (!memo.has(key)) {
-    const before = ctx.tokenizeSync(tail, false);
-    const after = ctx.tokenizeSync(tail + label, false);
+    const before = tokenizeMarked(ctx, tail, false);
+    const after = tokenizeMarked(ctx, tail + label, false);
     const same = before.every((t, i) => after[i] === t);
     memo.set(key, same && after.length === before.length + 1 ? after[after.length - 1] : null);
   }
@@ -124,16 +142,15 @@ function readingOf(ctx, question, look, read) {
   return { mode: 'text' };
 }
 
-/** One option's line in the question's text. */
-const optionLine = (head, o) => (o.description ? `${head}: ${o.description}` : head);
-
 /**
  * The text of `question` under cyclic shift `shift` of its options: the question, the options in
  * the shifted order, and how to answer. Returns the text and, per display position, the option.
+ * It holds no control token of ours.
  */
 function questionText(question, reading, shift) {
   const n = question.options.length;
   const order = Array.from({ length: n }, (_, p) => (p + shift) % n); // display position → option
+  const optionLine = (head, o) => (o.description ? `${head}: ${o.description}` : head);
   const lines = [`Question: ${question.instructions}`];
   if (question.type === 'noul') {
     const yesNo = order.map((i) => (i === 0 ? 'Yes' : 'No'));
@@ -167,31 +184,31 @@ function questionText(question, reading, shift) {
  * the lines it holds at once, and what it reads: the label token of each option (option order;
  * a choice's letters move with the display order) or each option's text (display order).
  */
-function taskOf(ctx, question, reading, look, shift) {
+function taskOf(ctx, question, reading, look, shift, marks) {
   const { text, order } = questionText(question, reading, shift);
-  const full = `${text}${look.tail}`;
+  const full = `${marks.text(text)}${look.tail}`;
   const n = question.options.length;
-  const task = { text: full, tokens: ctx.tokenizeSync(full, false).length, order, lines: 1 };
+  const task = { text: full, tokens: tokenizeMarked(ctx, full, false).length, order, lines: 1 };
   if (reading.mode === 'label') {
     task.ids = question.options.map((_, i) =>
       question.type === 'choice' ? reading.ids[(i - shift + n) % n] : reading.ids[i],
     );
   } else {
     const names = question.type === 'noul' ? ['Yes', 'No'] : question.options.map((o) => o.name);
-    task.texts = order.map((i) => look.labelPrefix + names[i]);
-    task.tokens += task.texts.reduce((s, t) => s + ctx.tokenizeSync(t, false).length, 0);
+    task.texts = order.map((i) => marks.text(look.labelPrefix + names[i]));
+    task.tokens += task.texts.reduce((s, t) => s + tokenizeMarked(ctx, t, false).length, 0);
     task.lines = 1 + n + 1;
   }
   return task;
 }
 
 /** Per question of `questions`, `{ question, reading, tasks }` (one task per `permute` order). */
-function itemsOf(ctx, questions, look, settings) {
+function itemsOf(ctx, questions, look, settings, marks) {
   return questions.map((question) => {
     if (question.refusal) return { question, reading: null, tasks: [] };
     const reading = readingOf(ctx, question, look, settings.read);
     const shifts = Math.min(settings.permute, question.options.length);
-    const tasks = Array.from({ length: shifts }, (_, shift) => taskOf(ctx, question, reading, look, shift));
+    const tasks = Array.from({ length: shifts }, (_, shift) => taskOf(ctx, question, reading, look, shift, marks));
     return { question, reading, tasks };
   });
 }
@@ -214,12 +231,13 @@ function checkWidth(items, total, param) {
  * decision. `batches`: the items asked by one program each, in order, each within the cells a
  * program may write, so that a long list of questions runs on the state the first one cached.
  */
-function planDecision(ctx, checked) {
+function planDecision(ctx, checked, parseSpecial) {
   const { messages, settings, format } = checked;
-  const look = layout(ctx, messages, settings.template);
-  const head = look.pieces.map((piece, i) => ctx.tokenizeSync(piece, i === 0));
+  const marks = markerOf(ctx, parseSpecial);
+  const look = layout(ctx, messages, settings.template, marks);
+  const head = look.pieces.map((piece, i) => tokenizeMarked(ctx, piece, i === 0));
   const stateTokens = head.reduce((s, t) => s + t.length, 0);
-  const items = itemsOf(ctx, checked.questions, look, settings);
+  const items = itemsOf(ctx, checked.questions, look, settings, marks);
   const stateCells = stateTokens + SLACK_PER_LINE * head.length;
   const cellsOf = (it) => it.tasks.reduce((s, t) => s + t.tokens + SLACK_PER_LINE * t.lines, 0);
   const linesOf = (it) => it.tasks.reduce((s, t) => s + t.lines, 0);
@@ -267,9 +285,9 @@ function planDecision(ctx, checked) {
  * The plan of `line.decide`: the line's text so far is the state; each question goes on a fork
  * of it after a blank line, raw (as `template: 'raw'`).
  */
-function planOnLine(ctx, checked) {
+function planOnLine(ctx, checked, parseSpecial) {
   const look = { pieces: [''], tail: '\nAnswer:', labelPrefix: ' ' };
-  const items = itemsOf(ctx, checked.questions, look, checked.settings);
+  const items = itemsOf(ctx, checked.questions, look, checked.settings, markerOf(ctx, parseSpecial));
   checkWidth(items, checked.parallel, 'parallel');
   return { look, items };
 }

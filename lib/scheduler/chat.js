@@ -11,6 +11,7 @@
 
 const { randomBytes } = require('node:crypto');
 const { makeError } = require('../errors');
+const { tokenizeMarked, unmark } = require('./plain-text');
 
 /** Kinds of lazy-grammar triggers in a formatChat result (llama.cpp's common_grammar_trigger_type). */
 const GrammarTriggerType = Object.freeze({ TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 });
@@ -111,6 +112,9 @@ class ChatTurn {
    */
   constructor(ctx, formatted, parse) {
     this.ctx = ctx;
+    /** The prompt's tokens (client text that was marked kept plain: ./plain-text.js), with the BOS. */
+    this.tokens = tokenizeMarked(ctx, formatted.prompt, true);
+    formatted.prompt = unmark(formatted.prompt);
     this.formatted = formatted;
     /** parseChatOutput's options for unfinished text: built once, used for every token. */
     this.partialOptions = { ...formatted, isPartial: true };
@@ -206,7 +210,8 @@ class ChatStream {
 }
 
 /**
- * Renders a request's messages with its chat options; the prompt, stop strings and ChatTurn.
+ * Renders a request's messages (client text marked or not: ./plain-text.js) with its chat
+ * options; the prompt, its tokens, stop strings and ChatTurn.
  * @param {import('../Context').SessionContext} ctx
  * @param {any[]} messages
  * @param {any} options from checkChat (undefined: none)
@@ -226,11 +231,12 @@ async function formatTurn(ctx, messages, options) {
 /**
  * A program line's first turn (`line.append(messages)` on an empty line): the prompt rendered up
  * to the assistant's turn, with the BOS, and the template's end-of-turn strings (the line's stops).
+ * `messages` may hold marked client text (./plain-text.js).
  */
 function firstTurn(ctx, messages) {
   const formatted = ctx.formatChatSync(messages);
   const stops = formatted.stopTokens.filter((s) => s !== '');
-  return { tokens: ctx.tokenizeSync(formatted.prompt, true), text: formatted.prompt, stops };
+  return { tokens: tokenizeMarked(ctx, formatted.prompt, true), text: unmark(formatted.prompt), stops };
 }
 
 /**
@@ -245,8 +251,8 @@ function laterTurn(ctx, own, messages) {
   while (done > 0 && !separator.slice(0, done).every((t, i) => t === own[own.length - done + i])) done--;
   const rest = separator.slice(done);
   const turn = ctx.formatChatSync([{ role: 'system', content: '' }, ...messages]).prompt;
-  const text = rest.map((t) => ctx.tokenToText(t)).join('') + turn;
-  return { tokens: [...rest, ...ctx.tokenizeSync(turn, false)], text };
+  const text = rest.map((t) => ctx.tokenToText(t)).join('') + unmark(turn);
+  return { tokens: [...rest, ...tokenizeMarked(ctx, turn, false)], text };
 }
 
 module.exports = { checkChat, formatTurn, firstTurn, laterTurn, ChatTurn, ChatStream, callId, GrammarTriggerType };

@@ -47,6 +47,7 @@ function schedulerOptions(ctx, options) {
   const maxRunning = o.maxRunning === Infinity ? Infinity : positiveInt(o.maxRunning, 'options.maxRunning');
   const defaultMaxTokens = positiveInt(o.defaultMaxTokens, 'options.defaultMaxTokens');
   if (o.onStep !== null && typeof o.onStep !== 'function') throw invalid('options.onStep must be a function');
+  if (typeof o.parseSpecial !== 'boolean') throw invalid('options.parseSpecial must be true or false');
   const spec = checkSpeculative(o.speculative, 'new Scheduler: options');
   if (spec && spec.source instanceof DraftModel) spec.source.checkVocabulary(ctx);
   return {
@@ -56,6 +57,7 @@ function schedulerOptions(ctx, options) {
     maxRunning,
     defaultMaxTokens,
     onStep: o.onStep,
+    parseSpecial: o.parseSpecial,
     spec: spec && { ...spec, cost: new StepCost() },
   };
 }

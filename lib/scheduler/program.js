@@ -73,7 +73,7 @@ const TRANSITIONS = {
 
 class Program {
   /**
-   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, spec: any, counters: { completed: number } }} env
+   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, spec: any, counters: { completed: number }, parseSpecial?: boolean }} env
    * @param {ProgramConfig} config
    */
   constructor(env, config) {

@@ -10,6 +10,7 @@
 
 const { SEED_SPACE, invalid, positiveInt, checkInput, checkStops, checkLogprobs, checkSampling } = require('./checks');
 const { checkChat, formatTurn, ChatStream } = require('./chat');
+const { markMessages } = require('./plain-text');
 const { signalOf } = require('../cancel');
 const { GenJob } = require('./jobs');
 const { Choice } = require('./choice');
@@ -42,6 +43,8 @@ function requestProgram(request, env) {
     params,
     seedBase: seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed,
     chatOptions: checkChat(request),
+    /** Whether client text that spells special tokens is parsed as them (the Scheduler's option). */
+    parseSpecial: env.parseSpecial,
     /** The ChatTurn, once prepared. */
     chat: null,
     /** Converted off the main thread from now on; awaited when the request is prepared. */
@@ -92,18 +95,21 @@ async function prepare(req, ctx, systemPrompts) {
   let tokens;
   const cachePoints = [];
   if (messages !== undefined) {
-    const chat = (req.chat = await formatTurn(ctx, messages, req.chatOptions));
-    tokens = ctx.tokenizeSync(chat.formatted.prompt, true);
+    // Client text that spells control tokens is marked to stay plain text (./plain-text.js).
+    const rendered = req.parseSpecial ? messages : markMessages(ctx, messages);
+    const chat = (req.chat = await formatTurn(ctx, rendered, req.chatOptions));
+    tokens = chat.tokens;
     gen.stops.push(...chat.formatted.stopTokens.filter((s) => s !== ''));
     if (chat.grammar) {
       if (gen.grammar || req.grammarPending) throw invalid('give tools or a grammar / jsonSchema, not both');
       gen.grammar = chat.grammar;
       gen.lazy = chat.lazy;
     }
-    const lead = await systemPrompts.prefixOf(messages);
+    const lead = await systemPrompts.prefixOf(rendered);
     if (lead && lead.length < tokens.length && lead.every((t, i) => t === tokens[i])) cachePoints.push(lead.length);
   } else {
-    tokens = given !== undefined ? given.slice() : ctx.tokenizeSync(prompt, true);
+    // A raw prompt is all client text: special tokens parsed only when the Scheduler says so.
+    tokens = given !== undefined ? given.slice() : ctx.tokenizeSync(prompt, true, req.parseSpecial === true);
   }
   if (tokens.length === 0) throw invalid('the prompt tokenized to nothing; give a non-empty prompt');
   cachePoints.push(tokens.length);

@@ -7,6 +7,8 @@
  * per leading-message set.
  */
 
+const { tokenizeMarked } = require('./plain-text');
+
 /** Roles whose leading messages are cached as their own prefix (the shared system prompt). */
 const LEADING_ROLES = new Set(['system', 'developer']);
 /** How many distinct leading-message sets keep their token boundary memoized. */
@@ -23,6 +25,7 @@ class SystemPrompts {
   /**
    * The tokens of the leading system/developer messages as the chat template renders them before
    * any user turn, or null when there are none (or the template cannot render the probe).
+   * `messages` as the request's prompt is rendered (client text marked: ./plain-text.js).
    * @param {{ role: string }[]} messages
    * @returns {Promise<number[] | null>}
    */
@@ -37,7 +40,7 @@ class SystemPrompts {
     try {
       const ctx = this._ctx;
       const render = async (content) =>
-        ctx.tokenizeSync((await ctx.formatChat([...lead, { role: 'user', content }])).prompt, true);
+        tokenizeMarked(ctx, (await ctx.formatChat([...lead, { role: 'user', content }])).prompt, true);
       const a = await render('A');
       const b = await render('B');
       let k = 0;

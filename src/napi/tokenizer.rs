@@ -12,7 +12,7 @@ use crate::error::Error;
 #[napi]
 impl SessionContext {
     #[napi(
-        ts_args_type = "text: string, addSpecial?: boolean",
+        ts_args_type = "text: string, addSpecial?: boolean, parseSpecial?: boolean",
         ts_return_type = "Promise<number[]>"
     )]
     pub fn tokenize<'env>(
@@ -20,6 +20,7 @@ impl SessionContext {
         env: &'env Env,
         text: Arg<String>,
         add_special: Arg<Option<bool>>,
+        parse_special: Arg<Option<bool>>,
     ) -> Result<Object<'env>> {
         let model = self.model.clone();
         self.spawn_keeping_logits(env, || {
@@ -27,7 +28,10 @@ impl SessionContext {
             let add_special = add_special
                 .get("tokenize: addSpecial", "a boolean")?
                 .unwrap_or(true);
-            Ok(move |_: &mut Engine| model.tokenize(&text, add_special, true))
+            let parse_special = parse_special
+                .get("tokenize: parseSpecial", "a boolean")?
+                .unwrap_or(true);
+            Ok(move |_: &mut Engine| model.tokenize(&text, add_special, parse_special))
         })
     }
 
@@ -46,10 +50,19 @@ impl SessionContext {
     }
 
     #[napi]
-    pub fn tokenize_sync(&self, text: String, add_special: Option<bool>) -> Result<Vec<i32>> {
+    pub fn tokenize_sync(
+        &self,
+        text: String,
+        add_special: Option<bool>,
+        parse_special: Option<bool>,
+    ) -> Result<Vec<i32>> {
         self.live().map_err(js)?;
         self.model
-            .tokenize(&text, add_special.unwrap_or(true), true)
+            .tokenize(
+                &text,
+                add_special.unwrap_or(true),
+                parse_special.unwrap_or(true),
+            )
             .map_err(js)
     }
 

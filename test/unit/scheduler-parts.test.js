@@ -416,8 +416,14 @@ describe('Scheduler parts (no model)', () => {
         onStep: null,
         spec: null,
         tiers: null,
+        parseSpecial: false,
       });
       assert.equal(schedulerOptions(ctx, { maxQueue: 0 }).maxQueue, 0, 'maxQueue 0: nothing may wait');
+      assert.equal(schedulerOptions(ctx, { parseSpecial: true }).parseSpecial, true);
+      assert.throws(() => schedulerOptions(ctx, { parseSpecial: 'yes' }), {
+        code: 'ERR_INVALID_ARG',
+        message: /parseSpecial/,
+      });
     });
 
     it('reads cache sizes in bytes or with units, and turns the tiers on with RAM or a folder', () => {
