@@ -250,3 +250,41 @@ describe('decisions: inside a program (line.decide, line.logprobs)', function ()
     );
   });
 });
+
+describe('decisions: promptCacheKey keeps the state warm', function () {
+  let ctx;
+  before(async () => {
+    ctx = await open({ nCtx: 1024, nSeqMax: 8 });
+  });
+  after(() => ctx.dispose());
+
+  it("a decision asked with a promptCacheKey keeps its state cached when an older one's would go first", async () => {
+    const scheduler = new Scheduler(ctx);
+    try {
+      const state = (topic) =>
+        `A report on ${topic}. ${`It notes each ${topic} event with its date and place. `.repeat(10)}`;
+      const questions = [{ type: 'predicate', instructions: 'Is this a report?' }];
+      const held = () => scheduler.cachedPrefixes().map((p) => p.tokens.join(','));
+      // The key on the first (oldest) decision: without it, least recently used goes first.
+      await scheduler.decide({ input: state('harbour'), questions, promptCacheKey: 'tenant-1' });
+      const keyed = held();
+      await scheduler.decide({ input: state('railway station'), questions });
+      const plain = held().filter((k) => !keyed.includes(k));
+      assert.ok(keyed.length > 0 && plain.length > 0, 'each state is cached');
+      // A long unrelated prompt needs the cells of one of the two cached states.
+      await scheduler.generate({
+        prompt: `A log of the weather. ${'Rain in the morning, wind at noon. '.repeat(88)}`,
+        maxTokens: 1,
+      });
+      assert.ok(scheduler.stats().evictions > 0, 'the prompt made the cache evict');
+      const after = held();
+      assert.ok(
+        keyed.every((k) => after.includes(k)),
+        'the keyed state is still cached',
+      );
+      assert.ok(!plain.some((k) => after.includes(k)), 'the unkeyed, more recent state went first');
+    } finally {
+      await scheduler.close();
+    }
+  });
+});

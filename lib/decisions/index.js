@@ -58,7 +58,13 @@ async function decide(ctx, request, run, parseSpecial = false) {
         if (last) emit({ branch: state.id, questions: shown }); // one event per decision
         return asked.probabilities;
       },
-      { maxBranches: batch.maxBranches, maxCells: batch.cells, ...(checked.signal ? { signal: checked.signal } : {}) },
+      {
+        maxBranches: batch.maxBranches,
+        maxCells: batch.cells,
+        // prompt_cache_key: the state's cache entries are kept warm longer, as a request's are
+        hinted: checked.promptCacheKey !== null,
+        ...(checked.signal ? { signal: checked.signal } : {}),
+      },
     );
     batch.items.forEach((it, i) => {
       probabilities[position.get(it)] = value[i];

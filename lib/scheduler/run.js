@@ -19,7 +19,8 @@ const DEFAULT_MAX_CELLS = 1024;
  * Checks `fn` and `options` (throws ERR_INVALID_ARG) and builds its program, ready at once; the
  * promise settles with what `fn` returns or throws. `decision`: a batch of a decision
  * (../decisions), whose `fn` gets its `decision` event's sender too and whose promise resolves
- * `{ value, usage }` (its cached tokens are the decision's).
+ * `{ value, usage }` (its cached tokens are the decision's) and may ask, with `options.hinted` (a
+ * prompt_cache_key), that the cache entries it starts from or fills be kept warm longer.
  * @param {(s: ProgramLine, emit?: (fields: object) => void) => any} fn
  * @param {import('../types').RunOptions} options
  * @param {any} env what every program is given (./program.js)
@@ -53,6 +54,7 @@ function runProgram(fn, options, env, decision = false) {
       admit: { kind: 'program', maxBranches, maxCells },
     },
     countsAsRunning: false,
+    hinted: decision && Boolean(/** @type {any} */ (options).hinted),
     failsWhole: false,
     endsOpen: 'reject',
     // Admitted: the function starts on a fresh root line.
