@@ -72,6 +72,8 @@ class Line {
     /** A select or multi-token logprob runs on this line (its options are scored in forks). */
     this.selecting = false;
     this.released = false;
+    /** @type {any} a request's prompt with images, prefilled whole by ./media.js (its `pending` are its positions) */
+    this.media = null;
     /** Prompt tokens its start took from the prefix cache, and how often it started (again after a failed branch). */
     this.cached = 0;
     this.starts = 0;

@@ -15,6 +15,7 @@ const { GenJob } = require('./jobs');
 const { Choice } = require('./choice');
 const { Program } = require('./program');
 const { Generation } = require('./generation');
+const { hasImages, markImages, mediaPromptOf } = require('./media');
 
 /**
  * Checks `request` (throws ERR_INVALID_ARG) and builds its program, which starts queued (its
@@ -58,7 +59,8 @@ function requestProgram(request, env) {
   };
   const { choices, n } = req;
   const { push } = req.generation.sink;
-  const program = new Program(env, {
+  // A prompt with images is never drafted from (its image positions have no token ids).
+  const program = new Program(hasImages(request) ? { ...env, spec: null } : env, {
     id: env.events.nextId('request'),
     signal,
     sink: req.generation.sink,
@@ -88,18 +90,23 @@ async function prepare(req, ctx, systemPrompts) {
   const { request, gen, n } = req;
   const { prompt, tokens: given, messages } = request;
   let tokens;
+  let media = null; // a prompt with images (./media.js): prefilled whole, past the prefix cache
   const cachePoints = [];
+  const images = hasImages(request) && messages !== undefined ? markImages(messages) : null;
   if (messages !== undefined) {
-    const chat = (req.chat = await formatTurn(ctx, messages, req.chatOptions));
-    tokens = ctx.tokenizeSync(chat.formatted.prompt, true);
+    const chat = (req.chat = await formatTurn(ctx, images ? images.messages : messages, req.chatOptions));
+    if (images) ({ media, tokens } = await mediaPromptOf(ctx, images.parts(chat.formatted.prompt)));
+    else tokens = ctx.tokenizeSync(chat.formatted.prompt, true);
     gen.stops.push(...chat.formatted.stopTokens.filter((s) => s !== ''));
     if (chat.grammar) {
       if (gen.grammar || req.grammarPending) throw invalid('give tools or a grammar / jsonSchema, not both');
       gen.grammar = chat.grammar;
       gen.lazy = chat.lazy;
     }
-    const lead = await systemPrompts.prefixOf(messages);
+    const lead = images ? null : await systemPrompts.prefixOf(messages);
     if (lead && lead.length < tokens.length && lead.every((t, i) => t === tokens[i])) cachePoints.push(lead.length);
+  } else if (hasImages(request)) {
+    ({ media, tokens } = await mediaPromptOf(ctx, prompt));
   } else {
     tokens = given !== undefined ? given.slice() : ctx.tokenizeSync(prompt, true);
   }
@@ -118,9 +125,14 @@ async function prepare(req, ctx, systemPrompts) {
       `the request needs ${leases} sequence leases (n ${n} + ${cachePoints.length} prompt branches) but the context has nSeqMax ${ctx.nSeqMax}; lower n or create the context with a larger nSeqMax`,
     );
   }
-  const text = req.chat ? req.chat.formatted.prompt : prompt;
+  const text = req.chat ? req.chat.formatted.prompt : typeof prompt === 'string' ? prompt : undefined;
   return {
-    prompt: { tokens, cachePoints, text: text === undefined ? `(${tokens.length} prompt tokens)` : text },
+    prompt: {
+      tokens,
+      cachePoints,
+      text: text === undefined ? `(${tokens.length} prompt tokens)` : text,
+      ...(media ? { media } : {}),
+    },
     cells: n * gen.maxTokens,
     leases: n,
     planned: true,
