@@ -134,6 +134,17 @@ class Line {
     this.selecting = on;
   }
 
+  /** Its pending positions are `media`, a prompt with images prefilled whole by ./media.js (null: none). */
+  holdMedia(media) {
+    this.media = media;
+  }
+
+  /** The prompt with images is in the branch now. */
+  mediaPrefilled() {
+    this.media = null;
+    this.pending = [];
+  }
+
   /** The tokens just appended are in the branch already (adopted from the scorer that decoded them). */
   pendingDecoded() {
     this.pending = [];

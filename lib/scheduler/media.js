@@ -117,8 +117,7 @@ async function prefillMedia(programs) {
       program.lineFailed(line, e);
       continue;
     }
-    line.media = null;
-    line.pendingDecoded();
+    line.mediaPrefilled();
     program.prefilled(line, media.nPos);
     positions += media.nPos;
   }

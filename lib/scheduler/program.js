@@ -281,7 +281,7 @@ class Program {
       const kv = prompt.media ? LineStart.uncached(prompt.cachePoints) : LineStart.prompt(prompt.cachePoints);
       const line = this.makeLine(kv, [], this.id);
       line.push(prompt.tokens, prompt.text);
-      line.media = prompt.media || null;
+      line.holdMedia(prompt.media || null);
       this.promptLine = line;
     }
     this.config.begin(this, this.promptLine);
