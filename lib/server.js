@@ -262,7 +262,6 @@ function preflight(res, corsHeaders) {
   res.end();
 }
 
-/** Builds the HTTP app around a scheduler: keys, CORS and metrics around every route. */
 /**
  * What the model takes and gives, in the model card: OpenRouter's `architecture.input_modalities`
  * and llama.cpp server's `modalities` (images with a projector, `--mmproj`).
@@ -275,6 +274,7 @@ function modalitiesOf(ctx) {
   };
 }
 
+/** Builds the HTTP app around a scheduler: keys, CORS and metrics around every route. */
 function createApp(config) {
   const { ctx, modelName, apiKeys, cors, limits, reasoningFormat, metrics } = config;
   const created = Math.floor(Date.now() / 1000);

@@ -105,6 +105,19 @@ describe('llama-branch serve --mmproj: chat completions with images', function (
     assert.equal(one.usage.prompt_tokens_details.cached_tokens, 0, 'a prompt with images bypasses the prefix cache');
   });
 
+  it('POST /tokenize of messages with an image: its positions as -1 (no token ids), counted like usage', async () => {
+    const res = await fetch(`${server.url}/tokenize`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: ask(text('What is in the picture?'), imagePart(dataUrl(image))) }),
+    });
+    assert.equal(res.status, 200);
+    const { count, tokens } = await res.json();
+    assert.equal(count, tokens.length);
+    assert.equal(tokens.filter((t) => t === -1).length, IMAGE_TOKENS);
+    assert.ok(tokens.every((t) => Number.isInteger(t) && t >= -1));
+  });
+
   it('n: 3 choices after one image: the encoder counter in /metrics moves by 1', async () => {
     const before = await metric(server.url, 'llamabranch_image_encodes_total');
     const res = await client.chat.completions.create({
@@ -150,6 +163,13 @@ describe('llama-branch serve --mmproj: chat completions with images', function (
       assert.ok(body.error.code === code || body.error.type === code, JSON.stringify(body));
       assert.match(body.error.message, message);
     }
+    // Streamed: the bad image is found before the stream opens.
+    const streamed = await post(server.url, {
+      messages: ask(text('Hi'), imagePart(dataUrl(image.subarray(0, 60)))),
+      stream: true,
+    });
+    assert.equal(streamed.status, 400);
+    assert.equal(streamed.body.error.code, 'image_decode');
     const ok = await client.chat.completions.create({
       model: 'x',
       messages: ask(text('Still there? '), imagePart(dataUrl(image))),
