@@ -379,7 +379,7 @@ export type GrammarTriggerType = (typeof GrammarTriggerType)[keyof typeof Gramma
 /** A chat message in OpenAI's format (other fields, e.g. `tool_calls`, `tool_call_id`, are passed on). */
 export interface ChatMessage {
   role: string;
-  content?: string | ReadonlyArray<{ type: string; text?: string }> | null;
+  content?: string | ReadonlyArray<{ type: string; text?: string; image?: Uint8Array }> | null;
   [field: string]: unknown;
 }
 
@@ -768,11 +768,22 @@ export interface SchedulerStepInfo {
 
 /** A request for {@link Scheduler.generate}: exactly one of `prompt`, `tokens` or `messages`. */
 export interface GenerateRequest {
-  /** Text, tokenized with the model's BOS. */
-  prompt?: string;
+  /**
+   * Text, tokenized with the model's BOS; or, on a context with an image projector (`mmprojPath`),
+   * a prompt with images: a {@link MediaPrompt} of this context's `tokenizeParts`, or the parts
+   * themselves (tokenized with the BOS). A prompt with images is prefilled whole through the
+   * image path (each image encoded once, the `n` choices fork after it) and bypasses the prefix
+   * cache (docs/images.md); it never speculates.
+   */
+  prompt?: string | MediaPrompt | PromptPart[];
   /** Token ids, used as they are. */
   tokens?: number[];
-  /** OpenAI-style messages, rendered with the model's chat template; leading system messages are cached as their own prefix. */
+  /**
+   * OpenAI-style messages, rendered with the model's chat template; leading system messages are
+   * cached as their own prefix. A user message's content may hold `{ type: 'image', image }`
+   * parts (image file bytes; a context with a projector): the request is then one with images,
+   * as for a `prompt` with images.
+   */
   messages?: ChatMessage[];
   /** Sampler of every choice (`seed` and `grammar` here work like the request's own). */
   params?: SamplingParams;
@@ -1350,6 +1361,12 @@ export interface ServerOptions {
   ctx?: SessionContext;
   /** Or load this model (the server's context is disposed by {@link LlamaBranchServer.close}). */
   modelPath?: string;
+  /**
+   * With `modelPath`: the model's image projector (mmproj GGUF, `serve --mmproj`). Chat messages
+   * may then hold `image_url` parts as base64 data URLs (docs/images.md); `/v1/models` says
+   * `input_modalities: ['text', 'image']`. With `ctx`, the context's own projector counts.
+   */
+  mmprojPath?: string;
   /** The model id of `/v1/models`; requests naming another model get 404. Default: the file name. */
   modelName?: string;
   /** Requests generating at once. Default 4. */

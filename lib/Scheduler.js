@@ -27,6 +27,7 @@ const { Programs } = require('./scheduler/programs');
 const { SchedulerEvents } = require('./scheduler/events');
 const { decide } = require('./decisions');
 const { tiersOn } = require('./scheduler/cache-tiers');
+const { prefillMedia } = require('./scheduler/media');
 
 /**
  * Continuous batching over one context, with a prefix cache and a request queue (`generate`, see
@@ -322,7 +323,10 @@ class Scheduler {
       await this._cache.restoreOne(this._restorable(), (cells, leases) => this._programs.makeRoom(cells, leases));
     this._admit();
     const prefillStart = performance.now();
-    const prefillTokens = await this._prefillPhase();
+    // Prompts with images are prefilled whole first, through the image path (./scheduler/media.js).
+    const mediaTokens = this._ctx.hasProjector ? await prefillMedia(this._programs) : 0;
+    this._counters.prefilledTokens += mediaTokens;
+    const prefillTokens = mediaTokens + (await this._prefillPhase());
     const decodeStart = performance.now();
     const rows = await this._decodePhase();
     const ended = performance.now();

@@ -262,14 +262,26 @@ function preflight(res, corsHeaders) {
   res.end();
 }
 
+/**
+ * What the model takes and gives, in the model card: OpenRouter's `architecture.input_modalities`
+ * and llama.cpp server's `modalities` (images with a projector, `--mmproj`).
+ */
+function modalitiesOf(ctx) {
+  const vision = Boolean(ctx.hasProjector);
+  return {
+    architecture: { input_modalities: vision ? ['text', 'image'] : ['text'], output_modalities: ['text'] },
+    modalities: { vision, audio: false },
+  };
+}
+
 /** Builds the HTTP app around a scheduler: keys, CORS and metrics around every route. */
 function createApp(config) {
   const { ctx, modelName, apiKeys, cors, limits, reasoningFormat, metrics } = config;
   const created = Math.floor(Date.now() / 1000);
   const app = {
     ...config,
-    modelCard: { id: modelName, object: 'model', created, owned_by: 'llama-branch' },
-    env: { modelName, bosToken: ctx.getBosToken(), reasoningFormat, limits },
+    modelCard: { id: modelName, object: 'model', created, owned_by: 'llama-branch', ...modalitiesOf(ctx) },
+    env: { modelName, bosToken: ctx.getBosToken(), reasoningFormat, limits, vision: ctx.hasProjector },
     corsHeaders: cors ? { 'access-control-allow-origin': cors, vary: 'origin' } : {},
     tokenText: (token) => ctx.tokenToText(token),
   };
@@ -484,10 +496,11 @@ function contextOptions(options) {
 
 /** A context the server creates (and disposes of on close) from `options.modelPath`. */
 function openContext(createContext, options, shape) {
-  const { modelPath, nThreads, chatTemplate } = options;
+  const { modelPath, nThreads, chatTemplate, mmprojPath } = options;
   return createContext({
     modelPath,
     nThreads,
+    ...(mmprojPath === undefined || shape.embeddings ? {} : { mmprojPath }),
     ...contextOptions(options),
     ...(chatTemplate === undefined ? {} : { chatTemplate }),
     ...shape,

@@ -267,26 +267,52 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
   });
 });
 
-describe('images through the server: refused with a clear 400 for now', function () {
+describe('image_url parts of chat requests (lib/server/openai.js)', function () {
   const { generateRequest } = require('../lib/server/openai');
   const env = { modelName: 'm', limits: { maxN: 8, maxTokens: 64 }, reasoningFormat: 'none' };
-  const ask = (part) =>
+  const ask = (part, vision = false) =>
     generateRequest(
       'chat',
       { messages: [{ role: 'user', content: [{ type: 'text', text: 'What is it?' }, part] }] },
-      env,
+      { ...env, vision },
     );
+  const inline = `data:image/png;base64,${png(8, 8).toString('base64')}`;
 
-  it('an http(s) image URL is never fetched; a data URL is not served yet; both name the part', async () => {
-    const remote = await rejects(
-      () => ask({ type: 'image_url', image_url: { url: 'https://example.com/a.png' } }),
+  it('an http(s) image URL is never fetched; without a projector a data URL names --mmproj; both name the part', async () => {
+    for (const vision of [false, true]) {
+      const remote = await rejects(
+        () => ask({ type: 'image_url', image_url: { url: 'https://example.com/a.png' } }, vision),
+        'ERR_INVALID_ARG',
+      );
+      assert.match(remote.message, /messages\[0\]\.content\[1\]: image URLs are never fetched.*data URLs only/);
+      assert.equal(remote.param, 'messages');
+    }
+    const data = await rejects(() => ask({ type: 'image_url', image_url: { url: inline } }), 'ERR_INVALID_ARG');
+    assert.match(data.message, /messages\[0\]\.content\[1\]: this server has no image projector.*--mmproj/);
+  });
+
+  it('with a projector, a base64 data URL becomes the image bytes; other URLs and parts are 400s', async () => {
+    const request = ask({ type: 'image_url', image_url: { url: inline } }, true);
+    const [text, img] = request.messages[0].content;
+    assert.deepEqual(text, { type: 'text', text: 'What is it?' });
+    assert.equal(img.type, 'image');
+    assert.deepEqual(Buffer.from(img.image), png(8, 8));
+    const notBase64 = await rejects(
+      () => ask({ type: 'image_url', image_url: { url: 'data:image/png,rawbytes' } }, true),
       'ERR_INVALID_ARG',
     );
-    assert.match(remote.message, /messages\[0\]\.content\[1\]: image URLs are never fetched/);
-    assert.equal(remote.param, 'messages');
-    const inline = `data:image/png;base64,${png(8, 8).toString('base64')}`;
-    const data = await rejects(() => ask({ type: 'image_url', image_url: { url: inline } }), 'ERR_INVALID_ARG');
-    assert.match(data.message, /not served yet.*mmprojPath/);
+    assert.match(notBase64.message, /base64 data URL/);
+    await rejects(() => ask({ type: 'input_audio', input_audio: {} }, true), 'ERR_INVALID_ARG');
+    const system = await rejects(
+      () =>
+        generateRequest(
+          'chat',
+          { messages: [{ role: 'system', content: [{ type: 'image_url', image_url: { url: inline } }] }] },
+          { ...env, vision: true },
+        ),
+      'ERR_INVALID_ARG',
+    );
+    assert.match(system.message, /user messages only/);
   });
 });
 

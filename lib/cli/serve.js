@@ -10,6 +10,10 @@ const { server: serverDefaults, scheduler: schedulerDefaults } = defaults;
 
 const options = {
   model: { type: 'string', short: 'm', help: 'path of the .gguf model (required)' },
+  mmproj: {
+    type: 'string',
+    help: "path of the model's image projector (mmproj .gguf): chat messages may then hold image_url parts as data URLs",
+  },
   port: { type: 'string', short: 'p', default: String(serverDefaults.port), help: 'TCP port; 0 picks a free one' },
   host: {
     type: 'string',
@@ -222,6 +226,7 @@ async function run(values, { log }) {
   const { gpu, nGpuLayers } = placement(values);
   const server = await createServer({
     modelPath: values.model,
+    ...(values.mmproj === undefined ? {} : { mmprojPath: values.mmproj }),
     gpu,
     nGpuLayers,
     ...kvCache(values),

@@ -6,6 +6,7 @@
  */
 
 const { invalidArg: invalid } = require('../errors');
+const { isMediaInput, checkMediaPrompt } = require('./media');
 
 const SEED_SPACE = 2 ** 32;
 
@@ -30,8 +31,9 @@ function checkInput(request, vocab) {
     throw invalid(
       `generate(request): give exactly one of prompt, tokens or messages (got ${inputs.length ? inputs.join(', ') : 'none'})`,
     );
-  if (request.prompt !== undefined && (typeof request.prompt !== 'string' || request.prompt === ''))
-    throw invalid('request.prompt must be a non-empty string');
+  if (isMediaInput(request.prompt)) checkMediaPrompt(request.prompt);
+  else if (request.prompt !== undefined && (typeof request.prompt !== 'string' || request.prompt === ''))
+    throw invalid('request.prompt must be a non-empty string, a MediaPrompt or an array of prompt parts');
   const { tokens, messages } = request;
   if (tokens !== undefined && (!isTokenIds(tokens, vocab) || tokens.length === 0)) {
     throw invalid(`request.tokens must be a non-empty array of token ids in [0, ${vocab})`);

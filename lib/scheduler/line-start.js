@@ -27,6 +27,8 @@ class LineStart {
     this.pins = [];
     /** The line's branch is its filled prompt entry's own: no lease of its own, nothing to free. */
     this.borrowed = false;
+    /** Neither looked up in the prefix cache nor stored there (`uncached`). */
+    this.uncached = false;
   }
 
   static fork(parent) {
@@ -39,6 +41,13 @@ class LineStart {
 
   static prompt(cachePoints) {
     return new LineStart(null, cachePoints);
+  }
+
+  /** A request's prompt that bypasses the prefix cache (one with images, ./media.js): no lookup, no entry. */
+  static uncached(cachePoints) {
+    const start = new LineStart(null, cachePoints);
+    start.uncached = true;
+    return start;
   }
 
   /**
@@ -71,6 +80,7 @@ class LineStart {
    * Null while the prefix it wants is still being filled by someone else.
    */
   fresh(env, tokens, pending) {
+    if (this.uncached) return { length: 0, take: () => Branch.create(env.ctx, 0, { temperature: 0 }) };
     const { cache } = env;
     const { entry, length, fork } = this.cachedStart(cache, tokens);
     if (entry && !entry.ready && entry.branch.position < length) return null;
@@ -89,6 +99,7 @@ class LineStart {
    * prefilling it again.
    */
   open(env, tokens, filled, branch) {
+    if (this.uncached) return;
     const { cache } = env;
     const end = this.cachePoints ? this.cachePoints.find((p) => p > filled) : tokens.length;
     if (end === undefined) return;

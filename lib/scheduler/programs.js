@@ -141,7 +141,7 @@ class Programs {
     this.materialize();
     const out = [];
     for (const [program, line] of this.runningLines()) {
-      if (budget === 0 || !line.wantsPrefill) continue;
+      if (budget === 0 || !line.wantsPrefill || line.media) continue; // a media prompt: ./media.js
       let take = Math.min(line.pending.length, budget);
       // A cache entry being filled ends where the next one starts: it is filled first.
       const end = line.segmentEnd;

@@ -10,12 +10,13 @@
 
 const { SEED_SPACE, invalid, positiveInt, checkInput, checkStops, checkLogprobs, checkSampling } = require('./checks');
 const { checkChat, formatTurn, ChatStream } = require('./chat');
-const { markMessages } = require('./plain-text');
+const { clientText, markMessages } = require('./plain-text');
 const { signalOf } = require('../cancel');
 const { GenJob } = require('./jobs');
 const { Choice } = require('./choice');
 const { Program } = require('./program');
 const { Generation } = require('./generation');
+const { hasImages, markImages, mediaPromptOf } = require('./media');
 
 /**
  * Checks `request` (throws ERR_INVALID_ARG) and builds its program, which starts queued (its
@@ -61,7 +62,8 @@ function requestProgram(request, env) {
   };
   const { choices, n } = req;
   const { push, finish, fail } = req.generation.sink;
-  const program = new Program(env, {
+  // A prompt with images is never drafted from (its image positions have no token ids).
+  const program = new Program(hasImages(request) ? { ...env, spec: null } : env, {
     id: env.events.nextId('request'),
     signal,
     prepare: (ctx, systemPrompts) => prepare(req, ctx, systemPrompts),
@@ -93,20 +95,29 @@ async function prepare(req, ctx, systemPrompts) {
   const { request, gen, n } = req;
   const { prompt, tokens: given, messages } = request;
   let tokens;
+  let media = null; // a prompt with images (./media.js): prefilled whole, past the prefix cache
   const cachePoints = [];
+  const images = hasImages(request) && messages !== undefined ? markImages(messages) : null;
   if (messages !== undefined) {
     // Client text that spells control tokens is marked to stay plain text (./plain-text.js).
     const rendered = req.parseSpecial ? messages : markMessages(ctx, messages);
-    const chat = (req.chat = await formatTurn(ctx, rendered, req.chatOptions));
-    tokens = chat.tokens;
+    if (images && rendered !== messages) throw imagesWithSpecialText();
+    const chat = (req.chat = await formatTurn(ctx, images ? images.messages : rendered, req.chatOptions));
+    if (images) ({ media, tokens } = await mediaPromptOf(ctx, images.parts(chat.formatted.prompt)));
+    else tokens = chat.tokens;
     gen.stops.push(...chat.formatted.stopTokens.filter((s) => s !== ''));
     if (chat.grammar) {
       if (gen.grammar || req.grammarPending) throw invalid('give tools or a grammar / jsonSchema, not both');
       gen.grammar = chat.grammar;
       gen.lazy = chat.lazy;
     }
-    const lead = await systemPrompts.prefixOf(rendered);
+    const lead = images ? null : await systemPrompts.prefixOf(rendered);
     if (lead && lead.length < tokens.length && lead.every((t, i) => t === tokens[i])) cachePoints.push(lead.length);
+  } else if (hasImages(request)) {
+    const texts = Array.isArray(prompt) ? prompt.map((p) => (typeof p === 'string' ? p : p && p.text)) : [];
+    if (!req.parseSpecial && texts.some((t) => typeof t === 'string' && clientText(ctx, t) !== t))
+      throw imagesWithSpecialText();
+    ({ media, tokens } = await mediaPromptOf(ctx, prompt));
   } else {
     // A raw prompt is all client text: special tokens parsed only when the Scheduler says so.
     tokens = given !== undefined ? given.slice() : ctx.tokenizeSync(prompt, true, req.parseSpecial === true);
@@ -126,9 +137,14 @@ async function prepare(req, ctx, systemPrompts) {
       `the request needs ${leases} sequence leases (n ${n} + ${cachePoints.length} prompt branches) but the context has nSeqMax ${ctx.nSeqMax}; lower n or create the context with a larger nSeqMax`,
     );
   }
-  const text = req.chat ? req.chat.formatted.prompt : prompt;
+  const text = req.chat ? req.chat.formatted.prompt : typeof prompt === 'string' ? prompt : undefined;
   return {
-    prompt: { tokens, cachePoints, text: text === undefined ? `(${tokens.length} prompt tokens)` : text },
+    prompt: {
+      tokens,
+      cachePoints,
+      text: text === undefined ? `(${tokens.length} prompt tokens)` : text,
+      ...(media ? { media } : {}),
+    },
     cells: n * gen.maxTokens,
     leases: n,
     planned: true,
@@ -147,6 +163,16 @@ function begin(req, program, promptLine) {
     req.choices.push(choice);
     line.start(job);
   });
+}
+
+/**
+ * Text beside images is tokenized by mtmd with special tokens parsed: until it can be kept plain
+ * (./plain-text.js), such text is refused rather than read as control tokens.
+ */
+function imagesWithSpecialText() {
+  return invalid(
+    "text beside images that spells the model's special tokens cannot be kept as plain text yet: remove that text, or create the Scheduler with parseSpecial: true",
+  );
 }
 
 module.exports = { requestProgram };

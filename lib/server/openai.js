@@ -102,36 +102,57 @@ function completionsPrompt(body, bosToken) {
   throw badRequest('prompt must be a non-empty string (or an array of token ids); one prompt per request', 'prompt');
 }
 
+/** The data URLs of images this server decodes: base64 PNG, JPEG, GIF or BMP (the projector's decoder reads the bytes). */
+const DATA_URL = /^data:(image\/[a-z0-9.+-]+)?(;[^,;]*)*;base64,/i;
+
 /**
- * Why an `image_url` part is refused: the server never fetches a URL, and does not take images
- * yet (the library does: createContext({ mmprojPath }), ctx.tokenizeParts; docs/images.md).
+ * The image of an `image_url` part as `{ type: 'image', image: bytes }`: only a base64 data URL is
+ * taken (the server never fetches a URL), and only by a server with a projector (`--mmproj`).
+ * @param {any} part @param {string} where @param {boolean} vision whether the server has a projector
  */
-function imagePartError(part, where) {
+function imagePart(part, where, vision) {
   const url = typeof part.image_url === 'string' ? part.image_url : part.image_url?.url;
-  if (typeof url === 'string' && /^https?:/i.test(url))
-    return badRequest(
-      `${where}: image URLs are never fetched by this server; send the image inline as a data: URL`,
+  if (typeof url !== 'string')
+    throw badRequest(`${where}.image_url must be {url} with a data: URL of the image`, 'messages');
+  if (/^https?:/i.test(url))
+    throw badRequest(
+      `${where}: image URLs are never fetched by this server; send the image inline as a data URL (data:image/png;base64,...); data URLs only`,
       'messages',
     );
-  return badRequest(
-    `${where}: images in chat requests are not served yet (llama-branch takes them through the library: createContext({ mmprojPath }) and ctx.tokenizeParts); send text parts`,
-    'messages',
-  );
+  if (!vision)
+    throw badRequest(
+      `${where}: this server has no image projector, so it takes no images; start it with --mmproj FILE (the model's mmproj GGUF) or send text parts`,
+      'messages',
+    );
+  const head = DATA_URL.exec(url);
+  if (!head)
+    throw badRequest(`${where}.image_url.url must be a base64 data URL (data:image/png;base64,...)`, 'messages');
+  const image = Buffer.from(url.slice(head[0].length), 'base64');
+  if (image.length === 0) throw badRequest(`${where}.image_url.url holds no image bytes`, 'messages');
+  return { type: 'image', image };
 }
 
-/** A message's content as text: text parts are joined; other parts are refused. */
-function contentText(m, i) {
+/**
+ * A message's content: a string (text parts joined), or with images (`vision`: the server has a
+ * projector) the Scheduler's parts `{ type: 'text', text }` and `{ type: 'image', image }`.
+ */
+function contentOf(m, i, vision) {
   let content = m.content;
   if (Array.isArray(content)) {
-    const image = content.findIndex((p) => p && (p.type === 'image_url' || p.type === 'input_image'));
-    if (image !== -1) throw imagePartError(content[image], `messages[${i}].content[${image}]`);
-    if (!content.every((p) => p && p.type === 'text' && typeof p.text === 'string'))
-      throw badRequest(`messages[${i}].content: only text parts are supported`, 'messages');
-    content = content.map((p) => p.text).join('');
+    const parts = content.map((p, k) => {
+      if (p && p.type === 'image_url') return imagePart(p, `messages[${i}].content[${k}]`, vision);
+      if (p && p.type === 'text' && typeof p.text === 'string') return { type: 'text', text: p.text };
+      throw badRequest(`messages[${i}].content[${k}]: only text and image_url parts are supported`, 'messages');
+    });
+    if (parts.some((p) => p.type === 'image')) {
+      if (m.role !== 'user') throw badRequest(`messages[${i}]: images are taken in user messages only`, 'messages');
+      return parts;
+    }
+    content = parts.map((p) => /** @type {any} */ (p).text).join('');
   }
   if (!given(content)) return '';
   if (typeof content !== 'string')
-    throw badRequest(`messages[${i}].content must be a string or an array of text parts`, 'messages');
+    throw badRequest(`messages[${i}].content must be a string or an array of text and image_url parts`, 'messages');
   return content;
 }
 
@@ -157,7 +178,7 @@ function historyToolCalls(calls, i) {
 const ROLES = ['system', 'developer', 'user', 'assistant', 'tool'];
 
 /** OpenAI messages → the Scheduler's; a tool message must answer a call made earlier. */
-function chatMessages(body) {
+function chatMessages(body, vision = false) {
   const { messages } = body;
   if (!Array.isArray(messages) || messages.length === 0)
     throw badRequest('messages must be a non-empty array', 'messages');
@@ -165,7 +186,7 @@ function chatMessages(body) {
   return messages.map((m, i) => {
     if (m === null || typeof m !== 'object' || !ROLES.includes(m.role))
       throw badRequest(`messages[${i}] must be an object with a role (${ROLES.join(', ')})`, 'messages');
-    const out = { role: m.role, content: contentText(m, i) };
+    const out = { role: m.role, content: contentOf(m, i, vision) };
     if (typeof m.name === 'string') out.name = m.name;
     if (m.role === 'assistant' && given(m.tool_calls)) {
       out.tool_calls = historyToolCalls(m.tool_calls, i);
@@ -244,7 +265,7 @@ function checkModel(body, modelName) {
  * The Scheduler request of an OpenAI request `body` to endpoint `kind` ('completions' | 'chat').
  * @param {'completions' | 'chat'} kind
  * @param {any} body
- * @param {{ modelName: string, bosToken: number, reasoningFormat: string, limits: { maxTokens: number, maxN: number } }} env
+ * @param {{ modelName: string, bosToken: number, reasoningFormat: string, vision?: boolean, limits: { maxTokens: number, maxN: number } }} env
  */
 function generateRequest(kind, body, env) {
   checkModel(body, env.modelName);
@@ -253,7 +274,8 @@ function generateRequest(kind, body, env) {
     env.limits,
     kind === 'completions' ? defaults.server.completionsMaxTokens : undefined,
   );
-  if (kind === 'chat') Object.assign(request, { messages: chatMessages(body) }, chatFields(body, env.reasoningFormat));
+  if (kind === 'chat')
+    Object.assign(request, { messages: chatMessages(body, env.vision) }, chatFields(body, env.reasoningFormat));
   else Object.assign(request, completionsPrompt(body, env.bosToken));
   const logprobs = logprobsField(kind, body);
   if (logprobs !== undefined) request.logprobs = logprobs;

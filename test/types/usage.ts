@@ -541,7 +541,15 @@ async function imageUsage(): Promise<void> {
   const code: ErrorCode = 'ERR_IMAGE_POSITIONS';
   // @ts-expect-error: a URL is not a prompt part
   await ctx.tokenizeParts([new URL('https://example.com/a.png')]);
-  void [positions, stats.encodes + stats.encodeMs + stats.images, has, code, MediaPrompt];
+  // Scheduler requests with images: a MediaPrompt, parts, or messages with image parts.
+  const scheduler = new Scheduler(ctx);
+  const fromPrompt: GenerationResult = await scheduler.generate({ prompt, n: 3 });
+  await scheduler.generate({ prompt: parts, maxTokens: 8 });
+  await scheduler.generate({
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'What is it?' }, { type: 'image', image: new Uint8Array(8) }] }],
+  });
+  const served = await createServer({ modelPath: '/models/gemma-3-4b.gguf', mmprojPath: '/models/mmproj.gguf' });
+  void [positions, stats.encodes + stats.encodeMs + stats.images, has, code, MediaPrompt, fromPrompt.usage.promptTokens, served];
 }
 
 void imageUsage;

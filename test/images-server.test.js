@@ -1,0 +1,196 @@
+'use strict';
+
+// `llama-branch serve --mmproj` (issue 49, slice 2): chat completions with image_url parts as
+// base64 data URLs, as a real server process on 127.0.0.1 driven by the real `openai` client, on
+// the default model and the random-weight gemma3 test projector (16 image positions). Exact
+// properties only: usage counts the image positions, the same image gives the same greedy text,
+// n choices after one image run the encoder once (/metrics), every bad input is a 400 with its
+// message and the server keeps serving.
+
+const assert = require('node:assert/strict');
+const { spawnSync } = require('node:child_process');
+const OpenAI = require('openai');
+const { startServer, stopServer } = require('./serve-helpers');
+const { projectorPath, png } = require('./helpers/images');
+
+const IMAGE_TOKENS = 16;
+const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
+const missing = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
+
+const dataUrl = (bytes, type = 'image/png') => `data:${type};base64,${Buffer.from(bytes).toString('base64')}`;
+const imagePart = (url) => ({ type: /** @type {const} */ ('image_url'), image_url: { url } });
+const ask = (...parts) => [{ role: /** @type {const} */ ('user'), content: parts }];
+const text = (t) => ({ type: /** @type {const} */ ('text'), text: t });
+
+/** The counter `name` in the server's /metrics text. */
+async function metric(url, name) {
+  const body = await (await fetch(`${url}/metrics`)).text();
+  const m = new RegExp(`^${name} (\\d+)`, 'm').exec(body);
+  assert.ok(m, `${name} in /metrics`);
+  return Number(m[1]);
+}
+
+/** The status and error body of a chat completion posted as JSON. */
+async function post(url, body) {
+  const res = await fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'x', max_tokens: 4, ...body }),
+  });
+  return { status: res.status, body: await res.json() };
+}
+
+describe('llama-branch serve --mmproj: chat completions with images', function () {
+  if (!hasWriter && process.env.CI !== 'true') {
+    it(`not run here: ${missing}`, function () {
+      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0);
+    });
+    return;
+  }
+
+  let server;
+  let client;
+  const image = png(64, 48, { seed: 1 });
+  const other = png(64, 48, { seed: 2 });
+
+  before(async () => {
+    assert.ok(hasWriter, missing);
+    server = await startServer([
+      '--mmproj',
+      projectorPath(),
+      '--parallel',
+      '2',
+      '--ctx-size',
+      '2048',
+      '--threads',
+      '2',
+      '--model-name',
+      'x',
+    ]);
+    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'x', maxRetries: 0, fetch });
+  });
+  after(async () => {
+    if (server) await stopServer(server.child);
+  });
+
+  it('/v1/models says the model takes text and images', async () => {
+    const models = await client.models.list();
+    const card = /** @type {any} */ (models.data[0]);
+    assert.deepEqual(card.architecture.input_modalities, ['text', 'image']);
+    assert.deepEqual(card.architecture.output_modalities, ['text']);
+    assert.deepEqual(card.modalities, { vision: true, audio: false });
+  });
+
+  it('an image data URL answers 200; usage counts the image positions; the same image gives the same greedy text', async () => {
+    const chat = (...images) =>
+      client.chat.completions.create({
+        model: 'x',
+        messages: ask(text('What is in the picture?'), ...images.map((i) => imagePart(dataUrl(i)))),
+        max_tokens: 8,
+        temperature: 0,
+      });
+    const plain = await chat();
+    const one = await chat(image);
+    const again = await chat(image);
+    const two = await chat(image, other);
+    const three = await chat(image, other, image);
+    assert.equal(one.choices[0].message.role, 'assistant');
+    assert.equal(again.choices[0].message.content, one.choices[0].message.content);
+    assert.equal(again.usage.completion_tokens, one.usage.completion_tokens);
+    // Each image takes its 16 positions plus its markers, the same for every image.
+    const perImage = two.usage.prompt_tokens - one.usage.prompt_tokens;
+    assert.ok(perImage >= IMAGE_TOKENS, `${perImage} positions per image`);
+    assert.equal(three.usage.prompt_tokens - two.usage.prompt_tokens, perImage);
+    assert.ok(one.usage.prompt_tokens >= plain.usage.prompt_tokens + IMAGE_TOKENS);
+    assert.equal(one.usage.prompt_tokens_details.cached_tokens, 0, 'a prompt with images bypasses the prefix cache');
+  });
+
+  it('POST /tokenize of messages with an image: its positions as -1 (no token ids), counted like usage', async () => {
+    const res = await fetch(`${server.url}/tokenize`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: ask(text('What is in the picture?'), imagePart(dataUrl(image))) }),
+    });
+    assert.equal(res.status, 200);
+    const { count, tokens } = await res.json();
+    assert.equal(count, tokens.length);
+    assert.equal(tokens.filter((t) => t === -1).length, IMAGE_TOKENS);
+    assert.ok(tokens.every((t) => Number.isInteger(t) && t >= -1));
+  });
+
+  it('n: 3 choices after one image: the encoder counter in /metrics moves by 1', async () => {
+    const before = await metric(server.url, 'llamabranch_image_encodes_total');
+    const res = await client.chat.completions.create({
+      model: 'x',
+      messages: ask(imagePart(dataUrl(other)), text('Describe it.')),
+      max_tokens: 6,
+      n: 3,
+      temperature: 1,
+      seed: 3,
+    });
+    assert.equal(res.choices.length, 3);
+    assert.equal(await metric(server.url, 'llamabranch_image_encodes_total'), before + 1);
+  });
+
+  it('a streamed chat with an image streams its text', async () => {
+    const stream = await client.chat.completions.create({
+      model: 'x',
+      messages: ask(text('Look: '), imagePart(dataUrl(image))),
+      max_tokens: 4,
+      temperature: 0,
+      stream: true,
+    });
+    let chunks = 0;
+    for await (const chunk of stream) if (chunk.choices.length > 0) chunks++;
+    assert.ok(chunks > 0);
+  });
+
+  it('every bad image input is a 400 saying what is wrong; the server keeps serving', async () => {
+    const cases = [
+      [imagePart('https://example.com/cat.png'), 'invalid_request_error', /never fetched.*data URLs only/],
+      [imagePart('data:image/png,notbase64'), 'invalid_request_error', /base64 data URL/],
+      [imagePart(dataUrl(image.subarray(0, 60))), 'image_decode', /./],
+      [imagePart(dataUrl(Buffer.from('plain text, not an image'), 'image/webp')), 'image_format', /./],
+      [
+        { type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } },
+        'invalid_request_error',
+        /text and image_url/,
+      ],
+    ];
+    for (const [part, code, message] of cases) {
+      const { status, body } = await post(server.url, { messages: ask(text('Hi'), part) });
+      assert.equal(status, 400, JSON.stringify(body));
+      assert.ok(body.error.code === code || body.error.type === code, JSON.stringify(body));
+      assert.match(body.error.message, message);
+    }
+    // Streamed: the bad image is found before the stream opens.
+    const streamed = await post(server.url, {
+      messages: ask(text('Hi'), imagePart(dataUrl(image.subarray(0, 60)))),
+      stream: true,
+    });
+    assert.equal(streamed.status, 400);
+    assert.equal(streamed.body.error.code, 'image_decode');
+    const ok = await client.chat.completions.create({
+      model: 'x',
+      messages: ask(text('Still there? '), imagePart(dataUrl(image))),
+      max_tokens: 2,
+    });
+    assert.equal(ok.choices.length, 1);
+  });
+
+  it('a server without --mmproj: an image is a 400 naming --mmproj; /v1/models says text only', async () => {
+    const plain = await startServer(['--parallel', '1', '--ctx-size', '1024', '--threads', '2', '--model-name', 'x']);
+    try {
+      const models = await (await fetch(`${plain.url}/v1/models`)).json();
+      assert.deepEqual(models.data[0].architecture.input_modalities, ['text']);
+      assert.equal(models.data[0].modalities.vision, false);
+      const { status, body } = await post(plain.url, { messages: ask(text('Hi'), imagePart(dataUrl(image))) });
+      assert.equal(status, 400);
+      assert.match(body.error.message, /no image projector.*--mmproj/);
+      const ok = await post(plain.url, { messages: ask(text('Hi')) });
+      assert.equal(ok.status, 200);
+    } finally {
+      await stopServer(plain.child);
+    }
+  });
+});
