@@ -323,10 +323,7 @@ class Scheduler {
       await this._cache.restoreOne(this._restorable(), (cells, leases) => this._programs.makeRoom(cells, leases));
     this._admit();
     const prefillStart = performance.now();
-    // Prompts with images are prefilled whole first, through the image path (./scheduler/media.js).
-    const mediaTokens = this._ctx.hasProjector ? await prefillMedia(this._programs) : 0;
-    this._counters.prefilledTokens += mediaTokens;
-    const prefillTokens = mediaTokens + (await this._prefillPhase());
+    const prefillTokens = await this._prefillPhase();
     const decodeStart = performance.now();
     const rows = await this._decodePhase();
     const ended = performance.now();
@@ -421,19 +418,22 @@ class Scheduler {
 
   /** Prefills up to `prefillChunk` pending tokens of running lines in one batch; returns the count. */
   async _prefillPhase() {
+    // Prompts with images are prefilled whole first, through the image path (./scheduler/media.js).
+    const media = this._ctx.hasProjector ? await prefillMedia(this._programs) : 0;
+    this._counters.prefilledTokens += media;
     const lines = this._programs.linesToPrefill(this._options.prefillChunk);
-    if (lines.length === 0) return 0;
+    if (lines.length === 0) return media;
     this._programs.cellsFor(lines.reduce((sum, l) => sum + l.take, 0));
     let scores;
     try {
       scores = await this._store.scorePerToken(this._programs.prefillEntries(lines));
     } catch (e) {
       this._programs.prefillFailed(lines, e); // all-or-nothing: none advanced
-      return 0;
+      return media;
     }
     const tokens = this._programs.prefilled(lines, scores);
     this._counters.prefilledTokens += tokens;
-    return tokens;
+    return media + tokens;
   }
 
   /** ONE produce and ONE commit for every line of every program in a gen (a request's choices too). */

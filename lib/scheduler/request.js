@@ -101,10 +101,10 @@ async function prepare(req, ctx, systemPrompts) {
   if (messages !== undefined) {
     // Client text that spells control tokens is marked to stay plain text (./plain-text.js).
     const rendered = req.parseSpecial ? messages : markMessages(ctx, messages);
-    if (images && rendered !== messages) throw imagesWithSpecialText();
     const chat = (req.chat = await formatTurn(ctx, images ? images.messages : rendered, req.chatOptions));
     if (images) ({ media, tokens } = await mediaPromptOf(ctx, images.parts(chat.formatted.prompt)));
     else tokens = chat.tokens;
+    if (images && rendered !== messages) throw imagesWithSpecialText();
     gen.stops.push(...chat.formatted.stopTokens.filter((s) => s !== ''));
     if (chat.grammar) {
       if (gen.grammar || req.grammarPending) throw invalid('give tools or a grammar / jsonSchema, not both');
@@ -114,10 +114,10 @@ async function prepare(req, ctx, systemPrompts) {
     const lead = images ? null : await systemPrompts.prefixOf(rendered);
     if (lead && lead.length < tokens.length && lead.every((t, i) => t === tokens[i])) cachePoints.push(lead.length);
   } else if (hasImages(request)) {
+    ({ media, tokens } = await mediaPromptOf(ctx, prompt));
     const texts = Array.isArray(prompt) ? prompt.map((p) => (typeof p === 'string' ? p : p && p.text)) : [];
     if (!req.parseSpecial && texts.some((t) => typeof t === 'string' && clientText(ctx, t) !== t))
       throw imagesWithSpecialText();
-    ({ media, tokens } = await mediaPromptOf(ctx, prompt));
   } else {
     // A raw prompt is all client text: special tokens parsed only when the Scheduler says so.
     tokens = given !== undefined ? given.slice() : ctx.tokenizeSync(prompt, true, req.parseSpecial === true);
