@@ -33,7 +33,8 @@ const SYSTEMONE_FIELDS = ['state', 'questions', ...LIBRARY_FIELDS];
 const OPENAI_FIELDS = ['input', 'questions', 'promptCacheKey', 'safetyIdentifier', ...LIBRARY_FIELDS];
 const LINE_FIELDS = ['permute', 'read', 'maxQuestions', 'parallel'];
 /** What `refusal` says of a question with an image: this server reads text only. */
-const NO_VISION = 'the question has an image part and this server has no vision projector';
+const NO_VISION =
+  'the question has an image part: decisions do not take images yet (chat completions do, with a projector)';
 
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);
 const hasOwn = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
@@ -269,7 +270,10 @@ function contentOf(content, at, allowed) {
   content.forEach((part, j) => {
     const param = `${at}[${j}]`;
     if (part && part.type === 'input_image')
-      throw refused(`${param}: this server reads text only (no vision projector); send the image as text`, param);
+      throw refused(
+        `${param}: decisions do not take images yet (chat completions do, with a projector); send the image as text`,
+        param,
+      );
     const text = partText(part, param, allowed);
     if (texts.length > 0) length += 2; // the parts are joined by a blank line
     texts.push(text);
