@@ -15,12 +15,16 @@
 // a score's level of p 0.13; label reading stayed under 1.5e-2; the run prints its own largest).
 // 0.05 is the bound; a swapped label or a shifted permutation moves the decisive answers here
 // (team: 0.83 on one option) by far more, and one test checks that such a mistake would fail.
+// Under `deterministic: true` (both contexts) the rows are the same bits on both sides: the last
+// describe asserts agreement within 1e-9 (measured: 1.1e-16).
 
 const assert = require('node:assert/strict');
 const { Scheduler, Branch } = require('..');
 const { open } = require('./helpers');
 
 const TOLERANCE = 0.05;
+// Under deterministic: true the logits are the same bits on both sides; what remains is float rounding.
+const EXACT = 1e-9;
 const LETTERS = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ';
 
 const STATE = 'Ticket: I was charged twice for my subscription this month. Please refund one of the payments.';
@@ -248,4 +252,48 @@ describe('decisions: answers checked against an independent computation', functi
       Object.values(sys.answers.urgency.probabilities),
     );
   });
+});
+
+describe('decisions under deterministic: true: the independent computation agrees to rounding', function () {
+  let ctx;
+  let plain;
+  let scheduler;
+  let worst = 0;
+  before(async () => {
+    // Both contexts deterministic: the library's rows (beside other forks' rows, options as a
+    // trie) and the plain branch's rows are then the same bits, and only the arithmetic after the
+    // logits (log-softmax, the softmax over options, the average over shifts) may differ.
+    ctx = await open({ nCtx: 4096, nSeqMax: 16, deterministic: true });
+    plain = await open({ nCtx: 1024, nSeqMax: 4, deterministic: true });
+    scheduler = new Scheduler(ctx);
+  });
+  after(async () => {
+    await scheduler.close();
+    ctx.dispose();
+    plain.dispose();
+    console.log(`      largest difference, deterministic: ${worst.toExponential(2)}`);
+  });
+
+  for (const c of [
+    { template: 'chat', reading: 'label', permute: 3 },
+    { template: 'raw', reading: 'text', permute: 1 },
+  ]) {
+    it(`${c.template} template, ${c.reading} reading, permute ${c.permute}: within ${EXACT}`, async () => {
+      const { answers } = await scheduler.decide({
+        state: STATE,
+        questions: QUESTIONS,
+        template: c.template,
+        read: c.reading,
+        permute: c.permute,
+      });
+      for (const [name, q] of Object.entries(QUESTIONS)) {
+        const expected = await independent(plain, q, c);
+        const got = probabilitiesOf(q, answers[name]);
+        expected.forEach((p, i) => {
+          worst = Math.max(worst, Math.abs(p - got[i]));
+          assert.ok(Math.abs(p - got[i]) < EXACT, `${name} option ${i}: library ${got[i]}, independent ${p}`);
+        });
+      }
+    });
+  }
 });
