@@ -111,8 +111,9 @@ async function main() {
   log('building native addon (first build compiles llama.cpp: ~3-6 min on 2 cores, ~10 with Vulkan) ...');
   log(`cargo ${args.join(' ')}  (CARGO_TARGET_DIR=${env.targetDir()})`);
   const started = Date.now();
-  env.dropUnpatchedLlama(env.targetDir(), env.cargoEnv());
-  const code = await env.spawnWithHeartbeat('cargo', args, { env: { ...env.cargoEnv(), ...backendEnv }, log });
+  const cargoEnv = { ...env.cargoEnv(), ...backendEnv };
+  env.dropUnpatchedLlama(cargoEnv.CARGO_TARGET_DIR, cargoEnv);
+  const code = await env.spawnWithHeartbeat('cargo', args, { env: cargoEnv, log });
   const elapsed = env.formatDuration(Date.now() - started);
   if (code !== 0) {
     log(`ERROR: cargo build failed (exit code ${code}) after ${elapsed}`);
