@@ -137,4 +137,4 @@ function unpaired() {
   );
 }
 
-module.exports = { clientText, clientContent, markMessages, tokenizeMarked, unmark };
+module.exports = { spellsSpecial, clientText, clientContent, markMessages, tokenizeMarked, unmark };

@@ -10,7 +10,7 @@
 
 const { SEED_SPACE, invalid, positiveInt, checkInput, checkStops, checkLogprobs, checkSampling } = require('./checks');
 const { checkChat, formatTurn, ChatStream } = require('./chat');
-const { clientText, markMessages } = require('./plain-text');
+const { spellsSpecial, markMessages } = require('./plain-text');
 const { signalOf } = require('../cancel');
 const { GenJob } = require('./jobs');
 const { Choice } = require('./choice');
@@ -116,7 +116,7 @@ async function prepare(req, ctx, systemPrompts) {
   } else if (hasImages(request)) {
     ({ media, tokens } = await mediaPromptOf(ctx, prompt));
     const texts = Array.isArray(prompt) ? prompt.map((p) => (typeof p === 'string' ? p : p && p.text)) : [];
-    if (!req.parseSpecial && texts.some((t) => typeof t === 'string' && clientText(ctx, t) !== t))
+    if (!req.parseSpecial && texts.some((t) => typeof t === 'string' && spellsSpecial(ctx, t)))
       throw imagesWithSpecialText();
   } else {
     // A raw prompt is all client text: special tokens parsed only when the Scheduler says so.
