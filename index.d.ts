@@ -478,12 +478,14 @@ export interface ParseChatOutputResult {
  * Reads and checks one file of a Scheduler's `cacheDir` against `ctx` (its checksum and its
  * fingerprint: model, llama.cpp state version, KV types and layout). Rejects with
  * `ERR_STATE_CORRUPT` (truncated, corrupted, not such a file) or `ERR_STATE_MISMATCH` (a state
- * from another model or KV settings, which `ctx` must never load).
+ * from another model or KV settings, which `ctx` must never load). A prefix with images: each
+ * image's positions hold its keys in `tokens` (negative numbers derived from the image's bytes,
+ * never token ids) and `images` says where each sits and its id (the SHA-256 of its bytes).
  */
 export declare function readPrefixCacheFile(
   ctx: SessionContext,
   file: string,
-): Promise<{ tokens: number[]; stateBytes: number }>;
+): Promise<{ tokens: number[]; images: { start: number; nPos: number; id: string }[]; stateBytes: number }>;
 
 export declare function withLogits<T>(ctx: SessionContext, fn: (logits: Float32Array) => T): T;
 

@@ -262,13 +262,13 @@ function withLogits(ctx, fn) {
  * must never load).
  * @param {SessionContext} ctx
  * @param {string} file
- * @returns {Promise<{ tokens: number[], stateBytes: number }>}
+ * @returns {Promise<{ tokens: number[], images: { start: number, nPos: number, id: string }[], stateBytes: number }>}
  */
 async function readPrefixCacheFile(ctx, file) {
   if (typeof file !== 'string' || file === '')
     throw makeError('ERR_INVALID_ARG', 'readPrefixCacheFile(ctx, file): file must be a path');
-  const { tokens, state } = await readEntryFile(file, fingerprintOf(ctx));
-  return { tokens, stateBytes: state.length };
+  const { tokens, images, state } = await readEntryFile(file, fingerprintOf(ctx));
+  return { tokens, images, stateBytes: state.length };
 }
 
 /** "peg-simple" → "PEG_SIMPLE": llama.cpp's chat format names as constant names. */

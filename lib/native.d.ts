@@ -159,9 +159,11 @@ export declare class SessionContext {
   _tokenizeParts(parts: PromptPartInput[], addSpecial?: boolean): Promise<MediaPrompt>
   /**
    * Prefill of a `MediaPrompt` into one branch: text runs decoded as a prefill, each image
-   * encoded then decoded as one batch of embedding rows. All or nothing.
+   * encoded then decoded as one batch of embedding rows. All or nothing. `from`/`to`: the
+   * prompt's positions to prefill (default: all), e.g. the rest after a cached start; a range
+   * that cuts an image is ERR_IMAGE_POSITIONS.
    */
-  _branchPrefillMedia(handle: number, prompt: MediaPrompt, cancel: CancelToken | undefined): Promise<void>
+  _branchPrefillMedia(handle: number, prompt: MediaPrompt, cancel: CancelToken | undefined, from: number | undefined, to: number | undefined): Promise<void>
   /** Argmax of the context's last logits row. */
   greedySample(): number
   modelEntropy(base?: string | undefined | null, logits?: Float32Array | undefined | null): number
@@ -226,17 +228,19 @@ export declare class SessionContext {
   /** The identity of the states this context's sequences hold (see `StateIdentity`). */
   _stateIdentity(): StateIdentity
   /**
-   * The size in bytes of the entry file `_prefixFileWrite` writes for `nTokens` tokens and a
-   * state of `stateBytes` bytes (the prefix cache's disk budget counts it before writing).
+   * The size in bytes of the entry file `_prefixFileWrite` writes for `nTokens` tokens (with
+   * `images` among them) and a state of `stateBytes` bytes (the prefix cache's disk budget
+   * counts it before writing).
    */
-  _prefixFileSize(nTokens: number, stateBytes: number): number
+  _prefixFileSize(nTokens: number, stateBytes: number, images?: Array<ImageSpanObject> | undefined | null): number
   /**
-   * Writes the prefix `tokens` with its `state` (from `_branchStateSync`) to `path` as a
-   * saved-state container, atomically; resolves the file's size. A failed write (a full,
+   * Writes the prefix `tokens` (-1 at the positions of its `images`) with its `state` (from
+   * `_branchStateSync`) to `path` as a saved-state container, atomically; resolves the file's
+   * size. A failed write (a full,
    * read-only or missing folder) rejects with ERR_INVALID_ARG and the system's reason, and
    * leaves no temporary file.
    */
-  _prefixFileWrite(path: string, tokens: number[], state: Buffer): Promise<number>
+  _prefixFileWrite(path: string, tokens: number[], state: Buffer, images: ImageSpanObject[] | undefined): Promise<number>
   /**
    * Reads and checks a whole entry file: ERR_STATE_CORRUPT (truncated, corrupt, not such a
    * file), ERR_STATE_MISMATCH (saved by a context with another fingerprint), ERR_INVALID_ARG
@@ -266,10 +270,12 @@ export declare class SessionContext {
    * A new root branch holding a state from `_branchStateSync` (on a vacant sequence, after
    * the queued operations), cut to its first `keep` positions when `keep` > 0 (the prefix
    * cache restores a prompt's entry one token short, so the prompt's last token gives the
-   * logits a state does not carry). Resolves the handle; a state llama.cpp refuses leaves
-   * nothing behind and rejects with ERR_STATE.
+   * logits a state does not carry). `images`: where the state's images sit (an entry with
+   * images), those wholly below the cut kept; a cut inside one is ERR_IMAGE_POSITIONS.
+   * Resolves the handle; a state llama.cpp refuses leaves nothing behind and rejects with
+   * ERR_STATE.
    */
-  _branchRestore(state: Buffer, keep: number): Promise<number>
+  _branchRestore(state: Buffer, keep: number, images: ImageSpanObject[] | undefined): Promise<number>
   /** Samples several branches in one native call. */
   _storeProduce(handles: Array<number>): Array<Produced>
   /** One token per branch: each is accepted into its branch, then ONE decode for all. */
@@ -509,6 +515,19 @@ export interface DryParams {
 /** Every error `code` the addon can produce (for tooling and the typings test). */
 export declare function errorCodes(): Array<string>
 
+/**
+ * Where an image sits in a branch's sequence (a prefix-cache entry carries its images'
+ * places so that a state restored from RAM or a file knows them again).
+ */
+export interface ImageSpanObject {
+  /** Its first position. */
+  start: number
+  /** Positions it takes. */
+  nPos: number
+  /** The SHA-256 (hex) of the image file's bytes. */
+  id: string
+}
+
 /** Encoder counters of a context (`ctx.imageStats()`). */
 export interface ImageStats {
   /** Images tokenized (decoded from their files). */
@@ -599,7 +618,10 @@ export interface PenaltyParams {
 
 /** A prefix-cache entry file read whole (`_prefixFileRead`). */
 export interface PrefixFile {
+  /** The prefix; -1 at an image's positions. */
   tokens: Array<number>
+  /** The images in the prefix. */
+  images: Array<ImageSpanObject>
   /** The sequence state, for `_branchRestore`. */
   state: Buffer
   /** Size of the file. */
@@ -608,7 +630,10 @@ export interface PrefixFile {
 
 /** A prefix-cache entry file's head (`_prefixFileTokens`). */
 export interface PrefixFileHead {
+  /** The prefix; -1 at an image's positions. */
   tokens: Array<number>
+  /** The images in the prefix. */
+  images: Array<ImageSpanObject>
   /** Size of the file. */
   bytes: number
 }

@@ -102,20 +102,60 @@ describe('llama-branch serve --mmproj: chat completions with images', function (
     assert.ok(perImage >= IMAGE_TOKENS, `${perImage} positions per image`);
     assert.equal(three.usage.prompt_tokens - two.usage.prompt_tokens, perImage);
     assert.ok(one.usage.prompt_tokens >= plain.usage.prompt_tokens + IMAGE_TOKENS);
-    assert.equal(one.usage.prompt_tokens_details.cached_tokens, 0, 'a prompt with images bypasses the prefix cache');
+    assert.equal(one.usage.prompt_tokens_details.cached_tokens, 0, 'the first prompt with this image');
+    // The same image bytes again: the whole prompt comes from the prefix cache.
+    assert.equal(again.usage.prompt_tokens_details.cached_tokens, again.usage.prompt_tokens);
   });
 
-  it('POST /tokenize of messages with an image: its positions as -1 (no token ids), counted like usage', async () => {
-    const res = await fetch(`${server.url}/tokenize`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ messages: ask(text('What is in the picture?'), imagePart(dataUrl(image))) }),
-    });
-    assert.equal(res.status, 200);
-    const { count, tokens } = await res.json();
-    assert.equal(count, tokens.length);
-    assert.equal(tokens.filter((t) => t === -1).length, IMAGE_TOKENS);
-    assert.ok(tokens.every((t) => Number.isInteger(t) && t >= -1));
+  it('POST /tokenize of messages with an image: its positions as keys of its bytes (negative, never token ids)', async () => {
+    const tokenize = async (img) => {
+      const res = await fetch(`${server.url}/tokenize`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ messages: ask(text('What is in the picture?'), imagePart(dataUrl(img))) }),
+      });
+      assert.equal(res.status, 200);
+      const { count, tokens } = await res.json();
+      assert.equal(count, tokens.length);
+      assert.ok(tokens.every((t) => Number.isInteger(t)));
+      return tokens.filter((t) => t < 0);
+    };
+    const keys = await tokenize(image);
+    assert.equal(keys.length, IMAGE_TOKENS);
+    assert.deepEqual(await tokenize(Buffer.from(image)), keys, 'the same bytes, the same keys');
+    const others = await tokenize(other);
+    assert.equal(others.length, IMAGE_TOKENS);
+    assert.ok(
+      others.every((k, i) => k !== keys[i]),
+      'another image, other keys at every position',
+    );
+  });
+
+  it('the prefix cache: the same image bytes hit (no encode in /metrics), one changed pixel misses', async () => {
+    const base = (x, y) => [(x * 7 + y * 3 + 5 * 41) & 255, (x * y + 5 * 97) & 255, (x * 13 + y * 29 + 5) & 255];
+    const img = png(64, 48, { pixel: base });
+    const changed = png(64, 48, { pixel: (x, y) => (x === 60 && y === 40 ? [0, 0, 0] : base(x, y)) });
+    const chat = (bytes) =>
+      client.chat.completions.create({
+        model: 'x',
+        messages: ask(text('Look closely.'), imagePart(dataUrl(bytes)), text('What is it?')),
+        max_tokens: 2,
+        temperature: 0,
+      });
+    const encodes = () => metric(server.url, 'llamabranch_image_encodes_total');
+    const e0 = await encodes();
+    const first = await chat(img);
+    assert.equal(await encodes(), e0 + 1);
+    const hit = await chat(img);
+    assert.equal(await encodes(), e0 + 1, 'the same bytes: not encoded again');
+    assert.equal(hit.usage.prompt_tokens_details.cached_tokens, hit.usage.prompt_tokens);
+    assert.equal(hit.choices[0].message.content, first.choices[0].message.content);
+    const miss = await chat(changed);
+    assert.equal(await encodes(), e0 + 2, 'one changed pixel: encoded');
+    assert.ok(
+      miss.usage.prompt_tokens_details.cached_tokens <= miss.usage.prompt_tokens - IMAGE_TOKENS,
+      JSON.stringify(miss.usage),
+    );
   });
 
   it('n: 3 choices after one image: the encoder counter in /metrics moves by 1', async () => {

@@ -143,12 +143,18 @@ export class Branch implements AsyncIterable<BranchToken> {
      * each image is encoded by the projector (one encoder run; `ctx.imageStats()`) and its
      * embeddings decoded as one batch taking the image's `nPos` positions. A fork after it shares
      * those cells and encodes nothing. Checked before anything is written: `ERR_IMAGE_POSITIONS`
-     * when the prompt passes nCtx or an image has more tokens than nBatch.
+     * when the prompt passes nCtx or an image has more tokens than nBatch. `options.from` /
+     * `options.to` (a MediaPrompt only): prefill just those positions of the prompt (default all),
+     * e.g. the rest of a prompt whose start this branch holds already; a range that cuts an image
+     * is `ERR_IMAGE_POSITIONS`.
      * @param {number[] | Pick<MediaPrompt, 'pieces' | 'nPos' | 'nImages'>} tokens a MediaPrompt of this context's `tokenizeParts`
-     * @param {OperationOptions} [options]
+     * @param {OperationOptions & { from?: number, to?: number }} [options]
      * @returns {Promise<void>}
      */
-    prefill(tokens: number[] | Pick<MediaPrompt, "pieces" | "nPos" | "nImages">, options?: OperationOptions): Promise<void>;
+    prefill(tokens: number[] | Pick<MediaPrompt, "pieces" | "nPos" | "nImages">, options?: OperationOptions & {
+        from?: number;
+        to?: number;
+    }): Promise<void>;
     /**
      * Decodes one token without accepting it, and captures its logits. Cancellable.
      * @param {number} token

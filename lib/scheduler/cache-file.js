@@ -21,7 +21,9 @@
  *   corrupted file, or one of another format (the 'LBKV' files of earlier versions), is never
  *   loaded (ERR_STATE_CORRUPT).
  * A file's name is a hash of the fingerprint and its tokens (`entryName`), so two processes on
- * one folder write the same prefix to the same name.
+ * one folder write the same prefix to the same name. A prefix with images: the cache's tokens
+ * key each image by its bytes (./image-keys.js); the file holds -1 at its positions and the
+ * images (place and id) in a section of their own, and reading keys them again.
  */
 
 const fs = require('node:fs');
@@ -29,6 +31,9 @@ const path = require('node:path');
 const crypto = require('node:crypto');
 const { nativeOf } = require('../Context');
 const { makeError } = require('../errors');
+const { toFile, fromFile } = require('./image-keys');
+
+/** @typedef {import('./image-keys').ImageSpan} ImageSpan */
 
 const SUFFIX = '.lbkv';
 /** A temporary file older than this was left by a writer that died: removed at the next listing. */
@@ -66,13 +71,14 @@ function entryName(fingerprint, tokens) {
 }
 
 /**
- * The size in bytes of the file `writeEntryFile` writes for `tokens` and `state`.
+ * The size in bytes of the file `writeEntryFile` writes for `tokens`, `state` and `images`.
  * @param {EntryFingerprint} fingerprint
  * @param {number[]} tokens
  * @param {Buffer} state
+ * @param {ImageSpan[]} [images]
  */
-function entrySize(fingerprint, tokens, state) {
-  return fingerprint.native._prefixFileSize(tokens.length, state.length);
+function entrySize(fingerprint, tokens, state, images = []) {
+  return fingerprint.native._prefixFileSize(tokens.length, state.length, images);
 }
 
 /** Creates the cache folder (and its parents) if it is not there; throws the file system's error. */
@@ -99,20 +105,20 @@ async function onFile(file, job) {
 
 /**
  * Reads and checks a whole cache file on the context's worker: its checksum, format and
- * fingerprint. Resolves `{ tokens, state }`; rejects with ERR_STATE_CORRUPT (truncated,
+ * fingerprint. Resolves `{ tokens, images, state }` (image positions keyed again, ./image-keys.js); rejects with ERR_STATE_CORRUPT (truncated,
  * corrupted, not a cache file) or ERR_STATE_MISMATCH (a state from another model or KV
  * settings), or the file system's error (ENOENT; ERR_INVALID_ARG with its reason).
  * @param {string} file
  * @param {EntryFingerprint} fingerprint the reading context's (see fingerprintOf)
- * @returns {Promise<{ tokens: number[], state: Buffer }>}
+ * @returns {Promise<{ tokens: number[], images: ImageSpan[], state: Buffer }>}
  */
 async function readEntryFile(file, fingerprint) {
-  const { tokens, state } = await onFile(file, () => fingerprint.native._prefixFileRead(file));
-  return { tokens, state };
+  const { tokens, images, state } = await onFile(file, () => fingerprint.native._prefixFileRead(file));
+  return { tokens: fromFile(tokens, images), images, state };
 }
 
 /**
- * Writes the prefix `tokens` with its `state` to `dir`/`entryName(...)` durably, on the
+ * Writes the prefix `tokens` (with `images` among them) and its `state` to `dir`/`entryName(...)` durably, on the
  * context's worker: a temporary file, fsynced, renamed into place, the folder fsynced. Resolves
  * the file's name and size in bytes; rejects with the file system's reason (a disk filling up, a
  * read-only or deleted folder), having removed its temporary file.
@@ -120,11 +126,12 @@ async function readEntryFile(file, fingerprint) {
  * @param {EntryFingerprint} fingerprint
  * @param {number[]} tokens
  * @param {Buffer} state
+ * @param {ImageSpan[]} [images]
  * @returns {Promise<{ name: string, size: number }>}
  */
-async function writeEntryFile(dir, fingerprint, tokens, state) {
+async function writeEntryFile(dir, fingerprint, tokens, state, images = []) {
   const name = entryName(fingerprint, tokens);
-  const size = await fingerprint.native._prefixFileWrite(path.join(dir, name), tokens, state);
+  const size = await fingerprint.native._prefixFileWrite(path.join(dir, name), toFile(tokens), state, images);
   return { name, size };
 }
 
@@ -142,12 +149,13 @@ async function removeStale(file) {
   }
 }
 
-/** The tokens in the head of `file` (its state is not read), checked against its name. */
+/** The tokens and images in the head of `file` (its state is not read), checked against its name. */
 async function readEntryHead(file, name, fingerprint, maxTokens) {
-  const { tokens, bytes } = await onFile(file, () => fingerprint.native._prefixFileTokens(file));
+  const head = await onFile(file, () => fingerprint.native._prefixFileTokens(file));
+  const tokens = fromFile(head.tokens, head.images);
   if (tokens.length > maxTokens || entryName(fingerprint, tokens) !== name)
     throw makeError('ERR_STATE_CORRUPT', `${file} does not match its name or this context's nCtx; it is skipped`);
-  return { name, tokens, size: bytes };
+  return { name, tokens, images: head.images, size: head.bytes };
 }
 
 /**
@@ -160,7 +168,7 @@ async function readEntryHead(file, name, fingerprint, maxTokens) {
  * @param {string} dir
  * @param {EntryFingerprint} fingerprint
  * @param {{ maxTokens: number, skip: (name: string) => boolean, stamp?: number }} options
- * @returns {Promise<{ stamp: number, found: { name: string, tokens: number[], size: number }[], refused: { name: string, error: Error }[] } | null>}
+ * @returns {Promise<{ stamp: number, found: { name: string, tokens: number[], images: ImageSpan[], size: number }[], refused: { name: string, error: Error }[] } | null>}
  */
 async function listEntryFiles(dir, fingerprint, { maxTokens, skip, stamp = -1 }) {
   const { mtimeMs } = await fs.promises.stat(dir);

@@ -27,7 +27,8 @@ function tiersOn(ctx, options) {
     fingerprint: fingerprintOf(ctx),
     maxTokens: ctx.nCtx,
     copyState: (branch) => (ctx.disposed ? null : native._branchStateSync(branch.handle)),
-    restoreState: async (state, keep) => adoptBranch(ctx, await native._branchRestore(state, keep), 0),
+    restoreState: async (state, keep, images) =>
+      adoptBranch(ctx, await native._branchRestore(state, keep, images.length > 0 ? images : undefined), 0),
   };
 }
 

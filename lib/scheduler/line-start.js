@@ -10,6 +10,7 @@
 
 const { Branch } = require('../Branch');
 const { MIN_PARTIAL_REUSE } = require('./prefix-cache');
+const { imagesBelow } = require('./image-keys');
 
 class LineStart {
   /**
@@ -18,17 +19,17 @@ class LineStart {
    *   leases reserved at admission; it never grows, so once filled it uses its last entry's branch
    *   as is (`borrowed`). null: a program's line, whose entries are kept only with a spare lease.
    */
-  constructor(parent, cachePoints) {
+  constructor(parent, cachePoints, images = []) {
     this.parent = parent;
     this.cachePoints = cachePoints;
+    /** @type {import('./image-keys').ImageSpan[]} a prompt's images (its tokens key them: ./image-keys.js) */
+    this.images = images;
     /** @type {any} the cache entry the line's branch is filling (its prompt, for others to fork), if any */
     this.segment = null;
     /** @type {any[]} cache entries pinned until the line is freed */
     this.pins = [];
     /** The line's branch is its filled prompt entry's own: no lease of its own, nothing to free. */
     this.borrowed = false;
-    /** Neither looked up in the prefix cache nor stored there (`uncached`). */
-    this.uncached = false;
   }
 
   static fork(parent) {
@@ -39,15 +40,9 @@ class LineStart {
     return new LineStart(null, null);
   }
 
-  static prompt(cachePoints) {
-    return new LineStart(null, cachePoints);
-  }
-
-  /** A request's prompt that bypasses the prefix cache (one with images, ./media.js): no lookup, no entry. */
-  static uncached(cachePoints) {
-    const start = new LineStart(null, cachePoints);
-    start.uncached = true;
-    return start;
+  /** A request's prompt (`images`: the images among its tokens, ./media.js). */
+  static prompt(cachePoints, images = []) {
+    return new LineStart(null, cachePoints, images);
   }
 
   /**
@@ -80,7 +75,6 @@ class LineStart {
    * Null while the prefix it wants is still being filled by someone else.
    */
   fresh(env, tokens, pending) {
-    if (this.uncached) return { length: 0, take: () => Branch.create(env.ctx, 0, { temperature: 0 }) };
     const { cache } = env;
     const { entry, length, fork } = this.cachedStart(cache, tokens);
     if (entry && !entry.ready && entry.branch.position < length) return null;
@@ -99,11 +93,10 @@ class LineStart {
    * prefilling it again.
    */
   open(env, tokens, filled, branch) {
-    if (this.uncached) return;
     const { cache } = env;
     const end = this.cachePoints ? this.cachePoints.find((p) => p > filled) : tokens.length;
     if (end === undefined) return;
-    this.segment = cache.open(tokens.slice(0, end), branch);
+    this.segment = cache.open(tokens.slice(0, end), branch, imagesBelow(this.images, end));
     if (env.hinted) this.segment.hinted = true;
     if (this.cachePoints) this.pins.push(cache.pin(this.segment));
     else cache.pin(this.segment);

@@ -72,7 +72,7 @@ class Line {
     /** A select or multi-token logprob runs on this line (its options are scored in forks). */
     this.selecting = false;
     this.released = false;
-    /** @type {any} a request's prompt with images, prefilled whole by ./media.js (its `pending` are its positions) */
+    /** @type {any} a request's prompt with images (a MediaPrompt), prefilled by ./media.js (its `pending` are its positions) */
     this.media = null;
     /** Prompt tokens its start took from the prefix cache, and how often it started (again after a failed branch). */
     this.cached = 0;
@@ -134,7 +134,7 @@ class Line {
     this.selecting = on;
   }
 
-  /** Its pending positions are `media`, a prompt with images prefilled whole by ./media.js (null: none). */
+  /** Its pending positions are `media`'s, a prompt with images prefilled by ./media.js (null: none). */
   holdMedia(media) {
     this.media = media;
   }
@@ -142,7 +142,6 @@ class Line {
   /** The prompt with images is in the branch now. */
   mediaPrefilled() {
     this.media = null;
-    this.pending = [];
   }
 
   /** The tokens just appended are in the branch already (adopted from the scorer that decoded them). */

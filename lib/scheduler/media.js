@@ -3,18 +3,24 @@
 /**
  * Requests with images (docs/images.md): `scheduler.generate` of a `MediaPrompt` (from
  * `ctx.tokenizeParts`), of prompt parts (strings, image bytes, `{ imagePath }`), or of messages
- * whose content holds `{ type: 'image', image }` parts. Such a request's prompt line is prefilled
- * whole through the native path of `branch.prefill(mediaPrompt)` (each image encoded once; the n
- * choices fork after it and share its cells), not in the step's batched prefill, and it bypasses
- * the prefix cache (no lookup, no store): the cache is keyed by token ids and an image has none.
+ * whose content holds `{ type: 'image', image }` parts. Such a request's prompt line holds a key
+ * for each image position (./image-keys.js: derived from the image's bytes), so the prefix cache
+ * finds the same images again in any tier. Its positions are prefilled through the native path of
+ * `branch.prefill(mediaPrompt, { from, to })` (each image encoded once; the n choices fork after
+ * it and share its cells), not in the step's batched prefill: from where its cached start ends to
+ * its next cache point at a time, so its prefixes become cache entries like any prompt's.
  */
 
 const { randomBytes } = require('node:crypto');
 const { MediaPrompt } = require('../Context');
 const { invalidArg: invalid } = require('../errors');
+const { imageKeys } = require('./image-keys');
 
-/** What an image position holds in a media prompt line's `tokens`: never a token id, never sampled or drafted. */
-const IMAGE_POSITION = -1;
+/**
+ * A prompt line's images: the MediaPrompt its positions are prefilled from, and where its images
+ * sit (their keys are in the line's tokens).
+ * @typedef {{ prompt: any, images: import('./image-keys').ImageSpan[] }} PromptMedia
+ */
 
 const isImagePart = (p) => p !== null && typeof p === 'object' && p.type === 'image';
 
@@ -84,25 +90,32 @@ function markImages(messages) {
 }
 
 /**
- * The MediaPrompt of `input` (a MediaPrompt as it is, parts tokenized on the worker) and the
- * prompt line's tokens: text tokens, and IMAGE_POSITION for each position of an image.
+ * The prompt line's media of `input` (a MediaPrompt as it is, parts tokenized on the worker) and
+ * its tokens: text tokens, and each image's keys (./image-keys.js).
  * @param {any} ctx
  * @param {any} input a MediaPrompt or PromptPart[]
+ * @returns {Promise<{ media: PromptMedia, tokens: number[] }>}
  */
 async function mediaPromptOf(ctx, input) {
-  const media = input instanceof MediaPrompt ? input : await ctx.tokenizeParts(input, true);
+  const prompt = input instanceof MediaPrompt ? input : await ctx.tokenizeParts(input, true);
   const tokens = [];
-  for (const piece of media.pieces) {
+  const images = [];
+  for (const piece of prompt.pieces) {
     if (piece.type === 'text') tokens.push(...piece.tokens);
-    else for (let i = 0; i < piece.nPos; i++) tokens.push(IMAGE_POSITION);
+    else {
+      images.push({ start: tokens.length, nPos: piece.nPos, id: piece.id });
+      tokens.push(...imageKeys(piece.id, piece.nPos));
+    }
   }
-  return { media, tokens };
+  return { media: { prompt, images }, tokens };
 }
 
 /**
- * The step's media prefill (before its batched prefill): each running media prompt line is
- * prefilled whole by `branch.prefill(mediaPrompt)` (all or nothing; a failure fails its request),
- * then its forks take their branches. Returns the positions prefilled.
+ * The step's media prefill (before its batched prefill): each running media prompt line prefills
+ * its prompt from what its branch holds (a cached start) to its next cache point by
+ * `branch.prefill(mediaPrompt, { from, to })` (all or nothing; a failure fails its request); a
+ * filled cache point becomes a cache entry, and once the prompt is in, its forks take their
+ * branches. Returns the positions prefilled.
  * @param {import('./programs').Programs} programs
  */
 async function prefillMedia(programs) {
@@ -111,22 +124,24 @@ async function prefillMedia(programs) {
   for (const [program, line] of [...programs.runningLines()]) {
     const media = line.media;
     if (!media || !line.wantsPrefill) continue;
+    const from = line.filled;
+    const to = Math.min(line.segmentEnd ?? media.nPos, media.nPos);
     try {
-      await line.branch.prefill(media);
+      await line.branch.prefill(media, { from, to });
+      program.prefilled(line, to - from);
+      line.prefilled(to - from, null, false);
     } catch (e) {
       program.lineFailed(line, e);
       continue;
     }
-    line.mediaPrefilled();
-    program.prefilled(line, media.nPos);
-    positions += media.nPos;
+    if (line.filled >= media.nPos) line.mediaPrefilled();
+    positions += to - from;
   }
   if (positions > 0) programs.materialize();
   return positions;
 }
 
 module.exports = {
-  IMAGE_POSITION,
   isMediaInput,
   hasImages,
   messagesHaveImages,

@@ -14,7 +14,9 @@
  *   (`makeRoom`: the KV cells by the Scheduler's measure, RAM and disk by their budgets);
  * - one pair of transitions: `demote` (KV → RAM → disk → gone; a state larger than RAM goes
  *   straight to disk) and `promote` (a stored state back into the KV cells: `restoreOne`).
- * Nothing stored is trusted: a foreign, truncated or corrupted file is skipped with a warning; a
+ * A prompt with images keys each image by its bytes (./image-keys.js): the same image is a hit,
+ * and a start never ends inside an image (`edge`); an entry knows its images' places (`images`),
+ * which a state restored from RAM or a file needs. Nothing stored is trusted: a foreign, truncated or corrupted file is skipped with a warning; a
  * failed write turns the disk tier off with a warning (the cache goes on in RAM).
  * Branches and the tiers' natives are duck-typed (`CachedBranch`, `Tiers`): the cache is
  * unit-tested with fakes and real files (test/unit/prefix-cache.test.js).
@@ -25,6 +27,7 @@ const { RadixTree } = require('./radix');
 const { release } = require('../Context');
 const { makeError } = require('../errors');
 const files = require('./cache-file');
+const { edge, imagesBelow } = require('./image-keys');
 
 /**
  * A prompt shares at least this many leading tokens with a cached entry before it forks that
@@ -48,14 +51,19 @@ const RESCAN_MS = 1000;
  * @typedef {{ ramBytes: number, dir: string | null, diskBytes: number, warn: (message: string) => void,
  *   fingerprint: import('./cache-file').EntryFingerprint, maxTokens: number,
  *   copyState(branch: any): Buffer | null,
- *   restoreState(state: Buffer, keep: number): Promise<CachedBranch> }} Tiers
+ *   restoreState(state: Buffer, keep: number, images: ImageSpan[]): Promise<CachedBranch> }} Tiers
+ * @typedef {import('./image-keys').ImageSpan} ImageSpan
  */
 
 /** A cached prefix: `tokens`, and where its state lives (the KV cells, RAM, a file; any of them). */
 class CacheEntry {
-  /** @param {number[]} tokens */
-  constructor(tokens) {
+  /**
+   * @param {number[]} tokens
+   * @param {ImageSpan[]} [images] the images among them
+   */
+  constructor(tokens, images = []) {
     this.tokens = tokens;
+    this.images = images;
     /** @type {CachedBranch | null} a branch holding exactly `tokens` (once `ready`, their logits too) */
     this.branch = null;
     /** @type {Buffer | null} */
@@ -181,7 +189,7 @@ class PrefixCache {
     const { prefix, shared } = this._tree.match(tokens, (e) => e.branch !== null);
     if (prefix && !prefix.value.logits && prefix.length === tokens.length) {
       // A restored state has no logits after its last token: that token is decoded again.
-      const at = prefix.length - 1;
+      const at = edge(tokens, prefix.length - 1);
       if (at >= MIN_PARTIAL_REUSE && this._canForkAt(prefix.value.branch, at))
         return { entry: prefix.value, length: at, partial: true };
       return { entry: null, length: 0, partial: false };
@@ -189,7 +197,7 @@ class PrefixCache {
     const prefixLength = prefix ? prefix.length : 0;
     if (shared && prefix !== shared) {
       // A part-way fork has no logits: it always leaves the prompt's last token to decode.
-      const at = Math.min(shared.length, tokens.length - 1);
+      const at = edge(tokens, Math.min(shared.length, tokens.length - 1));
       if (at > prefixLength && at >= MIN_PARTIAL_REUSE && this._canForkAt(shared.value.branch, at))
         return { entry: shared.value, length: at, partial: true };
     }
@@ -213,19 +221,19 @@ class PrefixCache {
    * so a new entry takes the place of one whose branch is there (its lines may still hold that
    * one: it stays, evicted like any other, its stored state moved to the new one).
    */
-  _at(tokens, forBranch = false) {
+  _at(tokens, forBranch = false, images = []) {
     const old = this._tree.get(tokens);
     if (old && !(forBranch && old.branch)) return old;
-    const e = new CacheEntry(tokens);
+    const e = new CacheEntry(tokens, images);
     if (old) for (const k of ['ram', 'writing', 'file']) [e[k], old[k], e.lastUsed] = [old[k], null, old.lastUsed];
     this._tree.insert(tokens, e);
     this._entries.add(e);
     return e;
   }
 
-  /** A new KV entry for `tokens` held by `branch`, not ready until its opener calls `filled`. */
-  open(tokens, branch) {
-    const e = this._at(tokens, true);
+  /** A new KV entry for `tokens` (`images` among them) held by `branch`, not ready until its opener calls `filled`. */
+  open(tokens, branch, images = []) {
+    const e = this._at(tokens, true, images);
     Object.assign(e, { branch, ready: false, logits: true });
     return e;
   }
@@ -375,17 +383,17 @@ class PrefixCache {
     if (!this.diskOn || this._budget.disk === 0) return;
     e.writing = state;
     this._emit('stored', e, 'disk');
-    this._writes = this._writes.then(() => this._writeFile(e.tokens, state));
+    this._writes = this._writes.then(() => this._writeFile(e.tokens, e.images, state));
   }
 
   /** The write of a state for `tokens`: its file goes to whichever entry holds them when it lands. */
-  async _writeFile(tokens, state) {
+  async _writeFile(tokens, images, state) {
     const writer = () => this._tree.get(tokens);
     try {
       if (!this.diskOn || !writer() || writer().writing !== state) return;
-      const size = files.entrySize(this._tiers.fingerprint, tokens, state);
+      const size = files.entrySize(this._tiers.fingerprint, tokens, state, images);
       this.makeRoom('disk', () => this._used.disk + size <= this._budget.disk);
-      const file = await files.writeEntryFile(this._dir, this._tiers.fingerprint, tokens, state);
+      const file = await files.writeEntryFile(this._dir, this._tiers.fingerprint, tokens, state, images);
       const e = writer();
       if (e && e.writing === state) this._onDisk(e, file.name, file.size, false);
       if (e && e.writing === state) this.counters.diskWrites++;
@@ -437,8 +445,8 @@ class PrefixCache {
     }
     if (!listed) return;
     this._listed = listed.stamp;
-    for (const { name, tokens, size } of listed.found) {
-      const e = this._at(tokens);
+    for (const { name, tokens, images, size } of listed.found) {
+      const e = this._at(tokens, false, images);
       if (!e.file && !e.writing) this._onDisk(e, name, size);
     }
     for (const { name, error } of listed.refused) {
@@ -473,10 +481,13 @@ class PrefixCache {
     await this.scan();
     for (const start of starts) {
       const { tokens } = start;
-      const found = this.stored(tokens, this.bestStart(tokens).length);
+      const have = this.bestStart(tokens).length;
+      const found = this.stored(tokens, have);
       if (!found) continue;
-      // A prompt wholly stored is restored one token short: that token is decoded for its logits.
-      const keep = found.tokens.length === tokens.length ? tokens.length - 1 : found.tokens.length;
+      // A prompt wholly stored is restored one token short: that token is decoded for its logits
+      // (a prompt ending with an image: the image is prefilled again).
+      const keep = found.tokens.length === tokens.length ? edge(tokens, tokens.length - 1) : found.tokens.length;
+      if (keep <= have) continue;
       const beside = start.beside(keep);
       if (!room(keep + beside.cells, beside.leases + 1)) return start.unfit();
       await this.promote(found, keep, start.hinted);
@@ -496,7 +507,7 @@ class PrefixCache {
     let [state, branch] = [e.ram || e.writing, null];
     try {
       state = state || (await this._read(e));
-      branch = await tiers.restoreState(state, keep);
+      branch = await tiers.restoreState(state, keep, e.images);
     } catch (err) {
       const { code, message } = /** @type {any} */ (err);
       const why = state ? 'a stored prefix could not be restored, it is prefilled instead: ' : '';
@@ -513,7 +524,7 @@ class PrefixCache {
     if (!e.ram && this._entries.has(e) && state.length <= this._budget.ram) this._toRam(e, state);
     this.counters[tier === 'ram' ? 'ramHits' : 'diskHits']++;
     this.counters.restoredTokens += keep;
-    const into = this._at(e.tokens.slice(0, keep), true);
+    const into = this._at(e.tokens.slice(0, keep), true, imagesBelow(e.images, keep));
     Object.assign(into, { branch, ready: true, logits: false, lastUsed: ++this._clock, hinted: into.hinted || hinted });
     this._emit('stored', into, 'kv');
     return true;

@@ -51,7 +51,7 @@ const TRANSITIONS = {
  * `planned`: its lines are all made at admission (a request), so it reserves only what they may
  * still take and ends when none has a job left; else (a run) it reserves all it declared until
  * its function ends. `admit`: the `admit` event's fields (a prompt's `cachedTokens` is added).
- * @typedef {{ prompt: { tokens: number[], cachePoints: number[], text: string, media?: any } | null, cells: number,
+ * @typedef {{ prompt: { tokens: number[], cachePoints: number[], text: string, media?: import('./media').PromptMedia } | null, cells: number,
  *   leases: number, planned: boolean, admit: object }} Budget
  */
 
@@ -132,7 +132,7 @@ class Program {
     if (!this.config.prepare) return;
     const budget = await this.config.prepare(ctx, systemPrompts);
     this.budget = budget;
-    this.restoreKey = budget.prompt && !budget.prompt.media ? budget.prompt.tokens : null;
+    this.restoreKey = budget.prompt ? budget.prompt.tokens : null;
   }
 
   /** The Scheduler's tiers could not make room for its restore: it is admitted as it is. */
@@ -147,8 +147,7 @@ class Program {
    */
   needs(cache) {
     const { prompt } = this.budget;
-    const cached = prompt && !prompt.media; // a prompt with images bypasses the cache (./media.js)
-    const { entry, length } = cached ? cache.bestStart(prompt.tokens) : { entry: null, length: 0 };
+    const { entry, length } = prompt ? cache.bestStart(prompt.tokens) : { entry: null, length: 0 };
     return { entry, ...this.needsFrom(length) };
   }
 
@@ -278,10 +277,10 @@ class Program {
       this.plannedStart = start;
       this.plannedEntry = entry && start > 0 ? cache.pin(entry) : null;
       this.promptTokens = prompt.tokens.length;
-      const kv = prompt.media ? LineStart.uncached(prompt.cachePoints) : LineStart.prompt(prompt.cachePoints);
+      const kv = LineStart.prompt(prompt.cachePoints, prompt.media ? prompt.media.images : []);
       const line = this.makeLine(kv, [], this.id);
       line.push(prompt.tokens, prompt.text);
-      line.holdMedia(prompt.media || null);
+      line.holdMedia(prompt.media ? prompt.media.prompt : null);
       this.promptLine = line;
     }
     this.config.begin(this, this.promptLine);

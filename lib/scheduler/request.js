@@ -95,7 +95,7 @@ async function prepare(req, ctx, systemPrompts) {
   const { request, gen, n } = req;
   const { prompt, tokens: given, messages } = request;
   let tokens;
-  let media = null; // a prompt with images (./media.js): prefilled whole, past the prefix cache
+  let media = null; // a prompt with images (./media.js): its images keyed in `tokens`
   const cachePoints = [];
   const images = hasImages(request) && messages !== undefined ? markImages(messages) : null;
   if (messages !== undefined) {

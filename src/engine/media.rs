@@ -17,9 +17,13 @@ use std::sync::Arc;
 use super::decode::{decode_runs, Output, Run};
 use super::handles::Handle;
 use super::kv::KvBackend;
+use super::saved_state::{Reader, Writer};
 use super::store::BranchStore;
 use crate::error::{Error, Result};
 use crate::llama::{Pos, Token};
+
+/// What a saved token list holds at an image's positions: never a token id.
+pub const IMAGE_POSITION: Token = -1;
 
 /// An image's positions in a branch's sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +91,63 @@ pub fn check_not_inside(images: &[ImageSpan], position: Pos) -> Result<()> {
     }
 }
 
+/// Why `spans` cannot be a branch's images over its first `len` positions (None: they can):
+/// ordered, apart, inside `[0, len)`, each id a SHA-256 in lowercase hex. For spans read from
+/// a file or given by JS, before a branch takes them.
+pub fn spans_problem(spans: &[ImageSpan], len: Pos) -> Option<String> {
+    let mut end = 0;
+    for s in spans {
+        if s.n_pos <= 0 || s.start < end || s.start.checked_add(s.n_pos).is_none_or(|e| e > len) {
+            return Some(format!(
+                "an image at positions [{}, {}) is not ordered, apart and inside the {len} positions",
+                s.start,
+                s.start.saturating_add(s.n_pos)
+            ));
+        }
+        let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+        if s.id.len() != 64 || !s.id.chars().all(hex) {
+            return Some(format!(
+                "an image id {:?} is not a SHA-256 in lowercase hex",
+                s.id
+            ));
+        }
+        end = s.start + s.n_pos;
+    }
+    None
+}
+
+/// Writes `spans` as a saved-state section: a count, then each start, positions and id.
+pub fn write_spans(w: &mut Writer, spans: &[ImageSpan]) {
+    w.u32(spans.len() as u32);
+    for s in spans {
+        w.u32(s.start as u32);
+        w.u32(s.n_pos as u32);
+        w.str(&s.id);
+    }
+}
+
+/// Reads what `write_spans` wrote, checked (`spans_problem`) for a branch of `len` positions.
+pub fn read_spans(r: &mut Reader, len: Pos) -> Result<Vec<ImageSpan>> {
+    let n = r.count(12)?;
+    let mut spans = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (start, n_pos) = (r.u32()?, r.u32()?);
+        let id = r.str()?;
+        if start > i32::MAX as u32 || n_pos > i32::MAX as u32 {
+            return Err(r.bad(format!("an image at position {start} of {n_pos} positions")));
+        }
+        spans.push(ImageSpan {
+            start: start as Pos,
+            n_pos: n_pos as Pos,
+            id: Arc::from(id),
+        });
+    }
+    match spans_problem(&spans, len) {
+        Some(why) => Err(r.bad(why)),
+        None => Ok(spans),
+    }
+}
+
 /// `ERR_IMAGE_UNSUPPORTED` for `what` on a branch whose cells hold an image.
 pub fn refuse_images(images: &[ImageSpan], what: &str) -> Result<()> {
     if images.is_empty() {
@@ -99,22 +160,68 @@ pub fn refuse_images(images: &[ImageSpan], what: &str) -> Result<()> {
     )))
 }
 
+/// The pieces of `pieces` within the positions `range` (None: all), each with its index (an
+/// image's chunk in the tokenized prompt): text runs cut to the range, images whole.
+/// `ERR_IMAGE_POSITIONS` when the range cuts an image; ERR_INVALID_ARG when it is not inside the
+/// prompt.
+fn pieces_in<'a>(
+    pieces: &[MediaPiece<'a>],
+    range: Option<(i64, i64)>,
+) -> Result<Vec<(usize, MediaPiece<'a>)>> {
+    let total: i64 = pieces.iter().map(MediaPiece::positions).sum();
+    let (from, to) = range.unwrap_or((0, total));
+    if !(0 <= from && from <= to && to <= total) {
+        return Err(Error::invalid(format!(
+            "prefill: the range [{from}, {to}) is not inside the prompt's {total} positions"
+        )));
+    }
+    let mut out = Vec::new();
+    let mut at = 0;
+    for (i, &piece) in pieces.iter().enumerate() {
+        let (lo, hi) = (at.max(from), (at + piece.positions()).min(to));
+        match piece {
+            _ if lo >= hi => {}
+            MediaPiece::Text(t) => out.push((i, MediaPiece::Text(&t[(lo - at) as usize..(hi - at) as usize]))),
+            MediaPiece::Image { .. } if lo == at && hi == at + piece.positions() => out.push((i, piece)),
+            MediaPiece::Image { .. } => {
+                return Err(Error::ImagePositions(format!(
+                    "prefill: the range [{from}, {to}) cuts the image at the prompt's positions [{at}, {}); start and end it at an image's edge",
+                    at + piece.positions()
+                )))
+            }
+        }
+        at += piece.positions();
+    }
+    Ok(out)
+}
+
 impl BranchStore {
+    /// Branch `h`, restored from a state whose cells hold `spans` (checked by the caller), knows
+    /// its images again.
+    pub fn take_images(&mut self, h: Handle, spans: Vec<ImageSpan>) -> Result<()> {
+        self.get_mut(h)?.images = spans;
+        Ok(())
+    }
+
     /// Prefills `pieces` into branch `h` (see the module docs). Checked before anything is
     /// written: the positions fit nCtx, each image fits one decode (non-causal image tokens must
     /// share one ubatch, or llama.cpp aborts) and takes one position per token (no M-RoPE).
+    /// `range`: the prompt's positions to prefill (None: all), so a prompt whose start came from
+    /// elsewhere (a cached prefix) goes on where it was cut; it may not cut an image.
     pub fn prefill_media<K: KvBackend>(
         &mut self,
         kv: &mut K,
         h: Handle,
         pieces: &[MediaPiece],
+        range: Option<(i64, i64)>,
         images: &mut dyn ImageSource,
         cancel: &dyn Fn() -> bool,
     ) -> Result<()> {
         let b = self.get(h)?;
         b.check_has_prefix()?;
         let (seq, start) = (b.seq, b.position);
-        let total: i64 = pieces.iter().map(MediaPiece::positions).sum();
+        let pieces = pieces_in(pieces, range)?;
+        let total: i64 = pieces.iter().map(|(_, p)| p.positions()).sum();
         let n_ctx = kv.n_ctx() as i64;
         if start as i64 + total > n_ctx {
             return Err(Error::ImagePositions(format!(
@@ -122,7 +229,7 @@ impl BranchStore {
             )));
         }
         let n_batch = kv.n_batch() as usize;
-        for piece in pieces {
+        for (_, piece) in &pieces {
             if let MediaPiece::Image {
                 n_tokens, n_pos, ..
             } = *piece
@@ -144,11 +251,11 @@ impl BranchStore {
         let mut position = start;
         let mut wrote_logits = false;
         let result = (|| {
-            for (i, piece) in pieces.iter().enumerate() {
+            for &(i, piece) in &pieces {
                 if cancel() {
                     return Err(Error::Aborted);
                 }
-                match *piece {
+                match piece {
                     MediaPiece::Text([]) => {}
                     MediaPiece::Text(tokens) => {
                         let run = Run {
@@ -281,7 +388,7 @@ mod tests {
         };
         let pieces = [MediaPiece::Text(&[3]), IMAGE, MediaPiece::Text(&[4, 5])];
         store
-            .prefill_media(&mut kv, h, &pieces, &mut src, &|| false)
+            .prefill_media(&mut kv, h, &pieces, None, &mut src, &|| false)
             .unwrap();
         let b = store.get(h).unwrap();
         assert_eq!(b.position, 2 + 1 + 3 + 2);
@@ -306,6 +413,117 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_prefilled_in_ranges_equals_it_whole_and_a_range_never_cuts_an_image() {
+        let pieces = [MediaPiece::Text(&[3, 4]), IMAGE, MediaPiece::Text(&[5, 6])];
+        let whole = {
+            let mut kv = FakeKv::new(64, 4);
+            let mut store = BranchStore::new(4, false);
+            let h = root(&mut kv, &mut store, &[1]);
+            let mut src = Fake {
+                encodes: 0,
+                fail: vec![],
+            };
+            store
+                .prefill_media(&mut kv, h, &pieces, None, &mut src, &|| false)
+                .unwrap();
+            (kv.snapshot(), store.get(h).unwrap().images.clone())
+        };
+        let mut kv = FakeKv::new(64, 4);
+        let mut store = BranchStore::new(4, false);
+        let h = root(&mut kv, &mut store, &[1]);
+        let mut src = Fake {
+            encodes: 0,
+            fail: vec![],
+        };
+        let mut run = |store: &mut BranchStore, kv: &mut FakeKv, range| {
+            store.prefill_media(kv, h, &pieces, Some(range), &mut src, &|| false)
+        };
+        for cut in [(1, 3), (3, 4), (2, 4)] {
+            let e = run(&mut store, &mut kv, cut).unwrap_err();
+            assert_eq!(e.code(), "ERR_IMAGE_POSITIONS", "{cut:?}");
+        }
+        assert_eq!(
+            run(&mut store, &mut kv, (0, 8)).unwrap_err().code(),
+            "ERR_INVALID_ARG"
+        );
+        assert_eq!(
+            run(&mut store, &mut kv, (2, 1)).unwrap_err().code(),
+            "ERR_INVALID_ARG"
+        );
+        run(&mut store, &mut kv, (0, 1)).unwrap();
+        run(&mut store, &mut kv, (1, 5)).unwrap();
+        run(&mut store, &mut kv, (5, 7)).unwrap();
+        assert_eq!(src.encodes, 1);
+        let b = store.get(h).unwrap();
+        assert_eq!(b.position, 1 + 7);
+        assert_eq!((kv.snapshot(), b.images.clone()), whole);
+    }
+
+    #[test]
+    fn spans_round_trip_through_a_section_and_bad_ones_are_corruption() {
+        use crate::engine::saved_state::Payload;
+        let id = |c: char| Arc::from(c.to_string().repeat(64).as_str());
+        let spans = vec![
+            ImageSpan {
+                start: 1,
+                n_pos: 3,
+                id: id('a'),
+            },
+            ImageSpan {
+                start: 4,
+                n_pos: 2,
+                id: id('0'),
+            },
+        ];
+        let mut w = Writer::default();
+        write_spans(&mut w, &spans);
+        let read = |bytes: &[u8], len| {
+            read_spans(&mut Reader::new(bytes, "f", Payload::Prefix, "images"), len)
+        };
+        assert_eq!(read(&w.0, 6).unwrap(), spans);
+        assert_eq!(
+            read(&w.0, 5).unwrap_err().code(),
+            "ERR_STATE_CORRUPT",
+            "past the end"
+        );
+        for bad in [
+            vec![
+                ImageSpan {
+                    start: 2,
+                    ..spans[1].clone()
+                },
+                spans[0].clone(),
+            ],
+            vec![ImageSpan {
+                start: 0,
+                n_pos: 0,
+                id: id('a'),
+            }],
+            vec![ImageSpan {
+                start: 0,
+                n_pos: 1,
+                id: id('A'),
+            }],
+            vec![ImageSpan {
+                start: 0,
+                n_pos: 1,
+                id: Arc::from("abc"),
+            }],
+        ] {
+            let mut w = Writer::default();
+            write_spans(&mut w, &bad);
+            assert_eq!(
+                read(&w.0, 8).unwrap_err().code(),
+                "ERR_STATE_CORRUPT",
+                "{bad:?}"
+            );
+        }
+        for cut in 0..w.0.len() {
+            assert!(read(&w.0[..cut], 6).is_err(), "truncated at {cut}");
+        }
+    }
+
+    #[test]
     fn a_failed_or_refused_media_prefill_changes_nothing() {
         let mut kv = FakeKv::new(16, 2);
         let mut store = BranchStore::new(2, false);
@@ -317,7 +535,7 @@ mod tests {
         };
         let pieces = [MediaPiece::Text(&[3]), IMAGE, IMAGE];
         let err = store
-            .prefill_media(&mut kv, h, &pieces, &mut src, &|| false)
+            .prefill_media(&mut kv, h, &pieces, None, &mut src, &|| false)
             .unwrap_err();
         assert_eq!(err.code(), "ERR_IMAGE_DECODE");
         assert_eq!(
@@ -335,7 +553,7 @@ mod tests {
                 fail: vec![],
             };
             let e = store
-                .prefill_media(kv, h, p, &mut src, &|| false)
+                .prefill_media(kv, h, p, None, &mut src, &|| false)
                 .unwrap_err();
             assert_eq!(src.encodes, 0);
             e.code()

@@ -15,7 +15,7 @@ use super::cancel::{run_cancellable, CancelArg};
 use super::context::{Engine, SessionContext};
 use super::convert::{Arg, Result};
 use crate::engine::image_header::{self, ImageLimits};
-use crate::engine::media::{ImageSource, MediaPiece};
+use crate::engine::media::{ImageSource, ImageSpan, MediaPiece};
 use crate::error::Error;
 use crate::llama::{Chunks, Model, Part, Piece, Projector};
 
@@ -90,6 +90,50 @@ pub struct PromptPiece {
     pub n_tokens: Option<u32>,
     /// An image's SHA-256 (hex) of its file bytes.
     pub id: Option<String>,
+}
+
+/// Where an image sits in a branch's sequence (a prefix-cache entry carries its images'
+/// places so that a state restored from RAM or a file knows them again).
+#[napi(object)]
+pub struct ImageSpanObject {
+    /// Its first position.
+    pub start: u32,
+    /// Positions it takes.
+    pub n_pos: u32,
+    /// The SHA-256 (hex) of the image file's bytes.
+    pub id: String,
+}
+
+impl ImageSpanObject {
+    pub(super) fn of(s: &ImageSpan) -> ImageSpanObject {
+        ImageSpanObject {
+            start: s.start as u32,
+            n_pos: s.n_pos as u32,
+            id: s.id.to_string(),
+        }
+    }
+}
+
+/// Spans given by JS as a branch's images over its first `len` positions, checked
+/// (ERR_INVALID_ARG naming `what`).
+pub(super) fn spans_from(
+    spans: Option<Vec<ImageSpanObject>>,
+    len: i64,
+    what: &str,
+) -> crate::error::Result<Vec<ImageSpan>> {
+    let spans: Vec<ImageSpan> = spans
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| ImageSpan {
+            start: s.start.min(i32::MAX as u32) as i32,
+            n_pos: s.n_pos.min(i32::MAX as u32) as i32,
+            id: Arc::from(s.id),
+        })
+        .collect();
+    match crate::engine::media::spans_problem(&spans, len.clamp(0, i32::MAX as i64) as i32) {
+        Some(why) => Err(Error::invalid(format!("{what}: {why}"))),
+        None => Ok(spans),
+    }
 }
 
 /// A prompt of text and images, tokenized by the context's projector: text runs as token ids
@@ -320,7 +364,9 @@ impl SessionContext {
     }
 
     /// Prefill of a `MediaPrompt` into one branch: text runs decoded as a prefill, each image
-    /// encoded then decoded as one batch of embedding rows. All or nothing.
+    /// encoded then decoded as one batch of embedding rows. All or nothing. `from`/`to`: the
+    /// prompt's positions to prefill (default: all), e.g. the rest after a cached start; a range
+    /// that cuts an image is ERR_IMAGE_POSITIONS.
     #[napi(js_name = "_branchPrefillMedia", ts_return_type = "Promise<void>")]
     pub fn _branch_prefill_media<'env>(
         &self,
@@ -328,10 +374,22 @@ impl SessionContext {
         #[napi(ts_arg_type = "number")] handle: Arg<f64>,
         #[napi(ts_arg_type = "MediaPrompt")] prompt: Arg<ClassInstance<'env, MediaPrompt>>,
         #[napi(ts_arg_type = "CancelToken | undefined")] cancel: CancelArg,
+        #[napi(ts_arg_type = "number | undefined")] from: Arg<Option<f64>>,
+        #[napi(ts_arg_type = "number | undefined")] to: Arg<Option<f64>>,
     ) -> Result<Object<'env>> {
         let owner = self.image_counters.clone();
         self.spawn(env, || {
             let prompt = prompt.get("prefill: prompt", "a MediaPrompt")?;
+            let whole = prompt.n_pos() as f64;
+            let position = |v: Option<f64>, default: f64, name: &str| match v.unwrap_or(default) {
+                p if p.is_finite() && p.fract() == 0.0 && (0.0..=whole).contains(&p) => Ok(p as i64),
+                p => Err(Error::invalid(format!(
+                    "prefill: {name} must be an integer position in [0, {whole}] of the prompt, got {p}"
+                ))),
+            };
+            let from = position(from.get("prefill: from", "a number")?, 0.0, "from")?;
+            let to = position(to.get("prefill: to", "a number")?, whole, "to")?;
+            let range = Some((from, to));
             let chunks = prompt.chunks.clone();
             let pieces = prompt.pieces.clone();
             let foreign = owner
@@ -369,7 +427,7 @@ impl SessionContext {
                         chunks: &chunks,
                         counters: &counters,
                     };
-                    store.prefill_media(ctx, h, &media, &mut encoder, cancel)
+                    store.prefill_media(ctx, h, &media, range, &mut encoder, cancel)
                 })
             })
         })

@@ -9,10 +9,13 @@ use napi_derive::napi;
 
 use super::context::{Engine, SessionContext};
 use super::convert::{Arg, Result};
+use super::images::{spans_from, ImageSpanObject};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::kv_types::KvConfig;
+use crate::engine::media::IMAGE_POSITION;
 use crate::engine::prefix_file::{
-    parse_prefix_file, prefix_file_bytes, prefix_file_size, read_prefix_tokens, PrefixLimits,
+    parse_prefix_file, prefix_file_bytes, prefix_file_size, read_prefix_tokens, Prefix,
+    PrefixLimits,
 };
 use crate::engine::saved_state::{check_path, read_file, write_atomically};
 use crate::error::Error;
@@ -58,7 +61,10 @@ pub struct StateIdentity {
 /// A prefix-cache entry file read whole (`_prefixFileRead`).
 #[napi(object)]
 pub struct PrefixFile {
+    /// The prefix; -1 at an image's positions.
     pub tokens: Vec<i32>,
+    /// The images in the prefix.
+    pub images: Vec<ImageSpanObject>,
     /// The sequence state, for `_branchRestore`.
     pub state: Buffer,
     /// Size of the file.
@@ -68,7 +74,10 @@ pub struct PrefixFile {
 /// A prefix-cache entry file's head (`_prefixFileTokens`).
 #[napi(object)]
 pub struct PrefixFileHead {
+    /// The prefix; -1 at an image's positions.
     pub tokens: Vec<i32>,
+    /// The images in the prefix.
+    pub images: Vec<ImageSpanObject>,
     /// Size of the file.
     pub bytes: f64,
 }
@@ -86,20 +95,35 @@ impl SessionContext {
         })
     }
 
-    /// The size in bytes of the entry file `_prefixFileWrite` writes for `nTokens` tokens and a
-    /// state of `stateBytes` bytes (the prefix cache's disk budget counts it before writing).
+    /// The size in bytes of the entry file `_prefixFileWrite` writes for `nTokens` tokens (with
+    /// `images` among them) and a state of `stateBytes` bytes (the prefix cache's disk budget
+    /// counts it before writing).
     #[napi(js_name = "_prefixFileSize")]
-    pub fn _prefix_file_size(&self, n_tokens: u32, state_bytes: f64) -> f64 {
+    pub fn _prefix_file_size(
+        &self,
+        n_tokens: u32,
+        state_bytes: f64,
+        images: Option<Vec<ImageSpanObject>>,
+    ) -> f64 {
         let fingerprint = fingerprint_of(&self.model, &self.info.kv);
-        prefix_file_size(
-            &fingerprint,
-            n_tokens as usize,
-            state_bytes.max(0.0) as usize,
-        ) as f64
+        let images = images.unwrap_or_default();
+        let prefix = Prefix {
+            tokens: vec![0; n_tokens as usize],
+            images: images
+                .iter()
+                .map(|s| crate::engine::media::ImageSpan {
+                    start: 0,
+                    n_pos: 0,
+                    id: s.id.as_str().into(),
+                })
+                .collect(),
+        };
+        prefix_file_size(&fingerprint, &prefix, state_bytes.max(0.0) as usize) as f64
     }
 
-    /// Writes the prefix `tokens` with its `state` (from `_branchStateSync`) to `path` as a
-    /// saved-state container, atomically; resolves the file's size. A failed write (a full,
+    /// Writes the prefix `tokens` (-1 at the positions of its `images`) with its `state` (from
+    /// `_branchStateSync`) to `path` as a saved-state container, atomically; resolves the file's
+    /// size. A failed write (a full,
     /// read-only or missing folder) rejects with ERR_INVALID_ARG and the system's reason, and
     /// leaves no temporary file.
     #[napi(js_name = "_prefixFileWrite", ts_return_type = "Promise<number>")]
@@ -109,12 +133,26 @@ impl SessionContext {
         #[napi(ts_arg_type = "string")] path: Arg<String>,
         #[napi(ts_arg_type = "number[]")] tokens: Arg<Vec<f64>>,
         #[napi(ts_arg_type = "Buffer")] state: Arg<Buffer>,
+        #[napi(ts_arg_type = "ImageSpanObject[] | undefined")] images: Arg<
+            Option<Vec<ImageSpanObject>>,
+        >,
     ) -> Result<Object<'env>> {
         let fingerprint = fingerprint_of(&self.model, &self.info.kv);
         self.spawn_keeping_logits(env, || {
             let path = path.get("_prefixFileWrite: path", "a file path")?;
             check_path("_prefixFileWrite", &path)?;
-            let tokens = self.tokens(&tokens.get("_prefixFileWrite: tokens", "token ids")?)?;
+            let values = tokens.get("_prefixFileWrite: tokens", "token ids")?;
+            let images = images.get("_prefixFileWrite: images", "image spans")?;
+            let images = spans_from(images, values.len() as i64, "_prefixFileWrite")?;
+            // An image's positions hold -1 (Prefix checks they agree with `images`).
+            let tokens = values
+                .iter()
+                .map(|&v| match v == IMAGE_POSITION as f64 {
+                    true => Ok(IMAGE_POSITION),
+                    false => self.token(v),
+                })
+                .collect::<crate::error::Result<Vec<_>>>()?;
+            let prefix = Prefix { tokens, images };
             let state = state.get("_prefixFileWrite: state", "a Buffer")?.to_vec();
             if state.len() < 8 || state[..4] != SEQ_STATE_MAGIC.to_le_bytes() {
                 return Err(Error::invalid(
@@ -122,7 +160,7 @@ impl SessionContext {
                 ));
             }
             Ok(move |_: &mut Engine| {
-                let bytes = prefix_file_bytes(&fingerprint, &tokens, &state);
+                let bytes = prefix_file_bytes(&fingerprint, &prefix, &state)?;
                 write_atomically(&path, &bytes)?;
                 Ok(bytes.len() as f64)
             })
@@ -145,9 +183,10 @@ impl SessionContext {
             check_path("_prefixFileRead", &path)?;
             Ok(move |_: &mut Engine| {
                 let bytes = read_file(&path)?;
-                let (tokens, state) = parse_prefix_file(&path, &bytes, &limits, &here)?;
+                let (prefix, state) = parse_prefix_file(&path, &bytes, &limits, &here)?;
                 Ok(PrefixFile {
-                    tokens,
+                    images: prefix.images.iter().map(ImageSpanObject::of).collect(),
+                    tokens: prefix.tokens,
                     state: Buffer::from(state),
                     bytes: bytes.len() as f64,
                 })
@@ -172,9 +211,10 @@ impl SessionContext {
             let path = path.get("_prefixFileTokens: path", "a file path")?;
             check_path("_prefixFileTokens", &path)?;
             Ok(move |_: &mut Engine| {
-                let (tokens, size) = read_prefix_tokens(&path, &limits, &here)?;
+                let (prefix, size) = read_prefix_tokens(&path, &limits, &here)?;
                 Ok(PrefixFileHead {
-                    tokens,
+                    images: prefix.images.iter().map(ImageSpanObject::of).collect(),
+                    tokens: prefix.tokens,
                     bytes: size as f64,
                 })
             })

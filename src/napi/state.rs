@@ -9,6 +9,7 @@ use napi_derive::napi;
 
 use super::context::{Engine, SessionContext};
 use super::convert::{js, seq_from, Arg, Result};
+use super::images::{spans_from, ImageSpanObject};
 use super::raw::ensure_unleased;
 use crate::engine::saved_state::check_path;
 use crate::engine::state_file::{parse_state_file, state_file_bytes};
@@ -228,9 +229,9 @@ impl SessionContext {
     pub fn _branch_state_sync(&self, handle: f64) -> Result<Buffer> {
         let h = self.ids.from_js(handle).map_err(js)?;
         let state = self.sync("branch state", |e| {
-            let b = e.store.get(h)?;
-            crate::engine::media::refuse_images(&b.images, "copying a branch's state")?;
-            let seq = b.seq;
+            // A branch holding images is copied too: its cells hold them, and the prefix cache
+            // keeps the images' places beside the bytes (`_branchRestore`'s `images`).
+            let seq = e.store.get(h)?.seq;
             ensure_not_empty(e, seq)?;
             e.ctx.seq_state(seq)
         })?;
@@ -240,19 +241,26 @@ impl SessionContext {
     /// A new root branch holding a state from `_branchStateSync` (on a vacant sequence, after
     /// the queued operations), cut to its first `keep` positions when `keep` > 0 (the prefix
     /// cache restores a prompt's entry one token short, so the prompt's last token gives the
-    /// logits a state does not carry). Resolves the handle; a state llama.cpp refuses leaves
-    /// nothing behind and rejects with ERR_STATE.
+    /// logits a state does not carry). `images`: where the state's images sit (an entry with
+    /// images), those wholly below the cut kept; a cut inside one is ERR_IMAGE_POSITIONS.
+    /// Resolves the handle; a state llama.cpp refuses leaves nothing behind and rejects with
+    /// ERR_STATE.
     #[napi(js_name = "_branchRestore", ts_return_type = "Promise<number>")]
     pub fn _branch_restore<'env>(
         &self,
         env: &'env Env,
         #[napi(ts_arg_type = "Buffer")] state: Arg<Buffer>,
         #[napi(ts_arg_type = "number")] keep: Arg<f64>,
+        #[napi(ts_arg_type = "ImageSpanObject[] | undefined")] images: Arg<
+            Option<Vec<ImageSpanObject>>,
+        >,
     ) -> Result<Object<'env>> {
         let ids = self.ids;
         self.spawn(env, || {
             let data = state.get("_branchRestore: state", "a Buffer")?.to_vec();
             let keep = keep.get("_branchRestore: keep", "a number")?;
+            let images = images.get("_branchRestore: images", "image spans")?;
+            let images = spans_from(images, self.info.n_ctx as i64, "_branchRestore")?;
             if data.len() < 8 || data[..4] != llama::SEQ_STATE_MAGIC.to_le_bytes() {
                 return Err(Error::State(
                     "_branchRestore: the buffer is not a sequence state (wrong header)".into(),
@@ -265,6 +273,9 @@ impl SessionContext {
             let sampling = self.branch_sampling(None)?;
             Ok(move |e: &mut Engine| {
                 let ctx = &e.ctx;
+                if keep > 0 {
+                    crate::engine::media::check_not_inside(&images, keep)?;
+                }
                 let h = e.store.create_loaded(ctx, sampling, |seq| {
                     load_state(ctx, seq, &data, "restoring a cached prefix")?;
                     let (min, max) = (ctx.seq_pos_min(seq), ctx.seq_pos_max(seq));
@@ -275,8 +286,17 @@ impl SessionContext {
                     if keep > 0 && (keep > max + 1 || !ctx.seq_rm(seq, keep, -1)) {
                         return Err(Error::State(format!("the restored state ends at position {max}: it cannot be cut to its first {keep} positions")));
                     }
-                    Ok(())
+                    match images.last() {
+                        Some(s) if s.start + s.n_pos > max + 1 => Err(Error::State(format!(
+                            "the restored state ends at position {max}, before its image at [{}, {})",
+                            s.start,
+                            s.start + s.n_pos
+                        ))),
+                        _ => Ok(()),
+                    }
                 })?;
+                let end = if keep > 0 { keep } else { i32::MAX };
+                e.store.take_images(h, crate::engine::media::images_below(&images, end))?;
                 Ok(ids.to_js(h))
             })
         })
