@@ -8,9 +8,10 @@
 //! `[start, start + n_pos)` of the branch's sequence, and the branch keeps an `ImageSpan` with
 //! that range and the image's id (the SHA-256 of its file bytes). A token list of the branch
 //! (where one is written: a prompt's `pieces` in JS) has no token ids for those positions, so
-//! every path that would save or key a branch by its tokens (saved trees, state copies, prefix
-//! files) refuses a branch holding an image with `ERR_IMAGE_UNSUPPORTED` for now. A fork keeps
-//! the spans below its fork point and cannot start inside an image.
+//! every path that would save or key a branch by its tokens (state copies, prefix files) refuses
+//! a branch holding an image with `ERR_IMAGE_UNSUPPORTED` for now; saved trees keep each
+//! branch's spans beside its cells (engine/tree_file.rs) and give them back on restore. A fork
+//! keeps the spans below its fork point and cannot start inside an image.
 
 use std::sync::Arc;
 
