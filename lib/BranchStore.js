@@ -132,7 +132,8 @@ class BranchStore {
   /**
    * Saves `root` and all its live descendants to the file `path`: each branch's position, KV
    * cells, sampler state (seed and RNG draws, penalty and DRY windows), grammar state, logits
-   * snapshot, perplexities and steer biases, with every prefix shared by forks stored once.
+   * snapshot, perplexities, steer biases and the images its cells hold (each one's positions
+   * and SHA-256), with every prefix shared by forks stored once.
    * {@link BranchStore.restoreTree} rebuilds the tree, here or in another process, and every
    * branch continues as it would have (same greedy tokens, same seeded samples). The file is
    * written atomically (a temporary file, fsync, rename): `path` holds the old file or the whole
@@ -173,7 +174,9 @@ class BranchStore {
    * `ERR_STATE_MISMATCH`; a truncated or corrupted file is `ERR_STATE_CORRUPT` (a checksum covers the
    * whole file); too few free sequences is `ERR_NO_FREE_SEQUENCE` and too few free cells
    * `ERR_KV_FULL`, both checked before anything changes. All or nothing: on any failure no
-   * branch is left behind. Runs on the context's worker, never on the event loop.
+   * branch is left behind. Runs on the context's worker, never on the event loop. Branches
+   * that hold an image get it back (a fork inside it is `ERR_IMAGE_POSITIONS`); nothing is
+   * encoded, so `ctx` needs no projector.
    * @param {import('./Context').SessionContext} ctx
    * @param {string} path
    * @returns {Promise<import('./types').RestoredTree>}

@@ -6,11 +6,12 @@
 //!
 //! How a branch remembers an image: an image of `n_pos` positions takes the cells
 //! `[start, start + n_pos)` of the branch's sequence, and the branch keeps an `ImageSpan` with
-//! that range and the image's id (the SHA-256 of its file bytes). A token list of the branch
-//! (where one is written: a prompt's `pieces` in JS) has no token ids for those positions, so
-//! every path that would save or key a branch by its tokens (saved trees, state copies, prefix
-//! files) refuses a branch holding an image with `ERR_IMAGE_UNSUPPORTED` for now. A fork keeps
-//! the spans below its fork point and cannot start inside an image.
+//! that range and the image's id (the SHA-256 of its file bytes). A token list of the branch has
+//! no token ids for those positions: saved states keep the spans beside the cells instead (one
+//! section layout, `write_spans`/`read_spans`: tree files, prefix-cache files with
+//! `IMAGE_POSITION` in their token lists) and give them back on restore; the Scheduler keys an
+//! image by its id (lib/scheduler/image-keys.js). A fork keeps the spans below its fork point and
+//! cannot start inside an image.
 
 use std::sync::Arc;
 
@@ -146,18 +147,6 @@ pub fn read_spans(r: &mut Reader, len: Pos) -> Result<Vec<ImageSpan>> {
         Some(why) => Err(r.bad(why)),
         None => Ok(spans),
     }
-}
-
-/// `ERR_IMAGE_UNSUPPORTED` for `what` on a branch whose cells hold an image.
-pub fn refuse_images(images: &[ImageSpan], what: &str) -> Result<()> {
-    if images.is_empty() {
-        return Ok(());
-    }
-    Err(Error::ImageUnsupported(format!(
-        "{what} is not supported yet for a branch whose cells hold an image ({} image(s), the first at position {}); keep such branches in the context, or save a branch forked before the image",
-        images.len(),
-        images[0].start
-    )))
 }
 
 /// The pieces of `pieces` within the positions `range` (None: all), each with its index (an
@@ -589,11 +578,6 @@ mod tests {
         assert_eq!(
             check_not_inside(&images, 4).unwrap_err().code(),
             "ERR_IMAGE_POSITIONS"
-        );
-        assert!(refuse_images(&[], "saving").is_ok());
-        assert_eq!(
-            refuse_images(&images, "saving").unwrap_err().code(),
-            "ERR_IMAGE_UNSUPPORTED"
         );
     }
 }

@@ -10,6 +10,11 @@
 //! llama.cpp cannot serialise a sampler, so sampler state is carried as what determines it:
 //! the seed and number of draws of the random stage, and the tokens accepted since the chain and
 //! the grammar were built (replayed). Mirostat and XTC are refused (`Chain::check_restorable`).
+//!
+//! Images (engine/media.rs) need nothing but their record: an image's cells are KV cells like
+//! any other and come back with the branch's state, and each branch's `ImageSpan`s (range and
+//! SHA-256) are saved beside it and given back on restore. So a context without a projector
+//! restores a tree whose branches hold images, and goes on from them.
 
 use std::collections::HashMap;
 
@@ -104,7 +109,6 @@ impl BranchStore {
         let mut out = Vec::with_capacity(order.len());
         for (i, &h) in order.iter().enumerate() {
             let b = self.get(h)?;
-            super::media::refuse_images(&b.images, "saving a branch tree")?;
             let parent = if i == 0 {
                 None
             } else {
@@ -145,6 +149,7 @@ impl BranchStore {
                 sampling_ppl: b.sampling_ppl.parts(),
                 steer: b.steer.clone(),
                 sampling: saved_sampling(&b.sampling),
+                images: b.images.clone(),
             });
         }
         Ok(out)
@@ -250,6 +255,9 @@ impl BranchStore {
         state.model_ppl = Perplexity::from_parts(b.model_ppl.0, b.model_ppl.1);
         state.sampling_ppl = Perplexity::from_parts(b.sampling_ppl.0, b.sampling_ppl.1);
         state.steer = b.steer.clone();
+        // The image cells came back with the rest; the branch knows them as images again
+        // (forks keep those below them, none starts inside one).
+        state.images = b.images.clone();
         let logits = match &b.logits {
             SavedLogits::None => None,
             SavedLogits::Own(row) => Some(row.clone()),
@@ -561,5 +569,90 @@ mod tests {
         assert_eq!(shared_cells(&[r(0, 5)], &[r(0, 3), r(2, 4)]), 3);
         assert_eq!(shared_cells(&[r(0, 5), r(1, 3)], &[r(0, 5), r(1, 2)]), 7);
         assert_eq!(shared_cells(&[r(1, 5)], &[r(0, 5)]), 0);
+    }
+
+    /// An image source of 3 rows of width 4 per image.
+    struct Images;
+
+    impl crate::engine::media::ImageSource for Images {
+        fn n_embd(&self) -> usize {
+            4
+        }
+        fn encode(&mut self, _: usize) -> Result<Vec<f32>> {
+            Ok(vec![0.25; 3 * 4])
+        }
+        fn non_causal(&self, _: usize) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_tree_with_an_image_restores_its_spans_and_forks_keep_behaving() {
+        use crate::engine::media::{ImageSpan, MediaPiece};
+        let id = "5e".repeat(32);
+        let (mut kv, mut store) = (FakeKv::new(256, 8), BranchStore::new(8, false));
+        let pool = Pool::new(1);
+        let root = root(&mut kv, &mut store, &[1, 2]);
+        let pieces = [
+            MediaPiece::Text(&[3]),
+            MediaPiece::Image {
+                n_tokens: 3,
+                n_pos: 3,
+                id: &id,
+            },
+            MediaPiece::Text(&[4]),
+        ];
+        store
+            .prefill_media(&mut kv, root, &pieces, None, &mut Images, &|| false)
+            .unwrap();
+        let image = ImageSpan {
+            start: 3,
+            n_pos: 3,
+            id: id.as_str().into(),
+        };
+        assert_eq!(store.get(root).unwrap().images, vec![image.clone()]);
+        let after = store.fork(&kv, root, ForkOptions::default()).unwrap();
+        commit(&mut kv, &mut store, &pool, &[after]);
+        let before = store
+            .fork(
+                &kv,
+                root,
+                ForkOptions {
+                    position: Some(3),
+                    ..ForkOptions::default()
+                },
+            )
+            .unwrap();
+        store
+            .prefill(&mut kv, &[(before, vec![7, 8])], None, &|| false)
+            .unwrap();
+        let saved = store.save_tree(&kv, root).unwrap();
+        let spans: Vec<_> = saved.iter().map(|b| b.images.clone()).collect();
+        assert_eq!(
+            spans,
+            vec![vec![image.clone()], vec![image.clone()], vec![]]
+        );
+
+        let (kv2, mut store2) = (FakeKv::new(256, 8), BranchStore::new(8, false));
+        let restored = store2
+            .restore_tree(&kv2, &saved, samplings(&saved))
+            .unwrap();
+        assert_eq!(kv2.cells_used(), kv.cells_used(), "the image's cells once");
+        for (&h, &orig) in restored.iter().zip(&[root, after, before]) {
+            let (b, o) = (store2.get(h).unwrap(), store.get(orig).unwrap());
+            assert_eq!((b.position, &b.images), (o.position, &o.images));
+        }
+        let at = |p| ForkOptions {
+            position: Some(p),
+            ..ForkOptions::default()
+        };
+        for inside in [4, 5] {
+            let e = store2.fork(&kv2, restored[0], at(inside)).unwrap_err();
+            assert_eq!(e.code(), "ERR_IMAGE_POSITIONS", "{e}");
+        }
+        let past = store2.fork(&kv2, restored[1], at(6)).unwrap();
+        assert_eq!(store2.get(past).unwrap().images, vec![image]);
+        let below = store2.fork(&kv2, restored[0], at(3)).unwrap();
+        assert_eq!(store2.get(below).unwrap().images, vec![]);
     }
 }

@@ -6,11 +6,21 @@
 //! ```text
 //! meta      the caller's own text (UTF-8)
 //! branches  u32 count, then each branch (parents before children, see `SavedBranch`)
+//! images    only when a branch's cells hold an image: u32 count (= the branches'), then for
+//!           each branch in the same order u32 count and each image's u32 start, u32 positions
+//!           and str id (the SHA-256 of its file, 64 lowercase hex digits)
 //! ```
 //! Every read is bounds-checked and every sampler value goes through the validator that checks
 //! it when a user sets it (sampling/config.rs): a bad file is `ERR_STATE_CORRUPT`, never a panic.
+//!
+//! The images section is a section of its own, written only when an image is saved, so a tree
+//! without images is the same bytes as before it existed and files saved before it still read
+//! (no new container version). Its spans are checked like the rest: inside the branch's
+//! positions, ordered, apart, each id a SHA-256; a child's images in the cells it shares with
+//! its parent are its parent's there.
 
 use super::fingerprint::Fingerprint;
+use super::media::{read_spans, write_spans, ImageSpan};
 use super::sampling::config::{self, Dry, Mirostat, Penalties, Xtc};
 use super::sampling::SamplingConfig;
 use super::saved_state::{container_bytes, parse_container, Payload, Reader, Writer};
@@ -67,6 +77,8 @@ pub struct SavedBranch {
     pub sampling_ppl: (f64, u32),
     pub steer: Vec<(Token, f32)>,
     pub sampling: SavedSampling,
+    /// The images whose positions the branch's cells hold, in order (engine/media.rs).
+    pub images: Vec<ImageSpan>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -162,11 +174,25 @@ pub fn tree_file_bytes(tree: &TreeFile) -> Vec<u8> {
         });
         w.bytes(&b.kv);
     }
-    container_bytes(
-        Payload::Tree,
-        &tree.fingerprint,
-        &[("meta", tree.meta.as_bytes()), ("branches", &w.0)],
-    )
+    let images = images_section(&tree.branches);
+    let mut sections: Vec<(&str, &[u8])> = vec![("meta", tree.meta.as_bytes()), ("branches", &w.0)];
+    if let Some(images) = &images {
+        sections.push(("images", images));
+    }
+    container_bytes(Payload::Tree, &tree.fingerprint, &sections)
+}
+
+/// The images section (None when no branch holds an image: the section is left out).
+fn images_section(branches: &[SavedBranch]) -> Option<Vec<u8>> {
+    if branches.iter().all(|b| b.images.is_empty()) {
+        return None;
+    }
+    let mut w = Writer::default();
+    w.u32(branches.len() as u32);
+    for b in branches {
+        write_spans(&mut w, &b.images);
+    }
+    Some(w.0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -372,7 +398,40 @@ fn read_branch(r: &mut Reader, l: &Limits, index: usize) -> Result<SavedBranch> 
             accepted,
             grammar,
         },
+        images: Vec::new(),
     })
+}
+
+/// Reads the images section into `branches` (parsed already), checked against each branch's
+/// position and, in the cells a child shares with its parent, against the parent's images.
+fn read_images(r: &mut Reader, branches: &mut [SavedBranch]) -> Result<()> {
+    let n = r.count(4)?;
+    if n != branches.len() {
+        return Err(r.bad(format!(
+            "images for {n} branches, the tree has {}",
+            branches.len()
+        )));
+    }
+    for i in 0..n {
+        let b = &branches[i];
+        let spans = read_spans(r, b.position)?;
+        if let Some(p) = b.parent {
+            let shared = b.shared as i64;
+            let below = |s: &&ImageSpan| (s.start as i64 + s.n_pos as i64) <= shared;
+            let mine = spans.iter().filter(below);
+            let theirs = branches[p as usize].images.iter().filter(below);
+            if !mine.eq(theirs) {
+                return Err(r.bad(format!(
+                    "branch {i}'s images in the {shared} cells it shares with its parent are not its parent's"
+                )));
+            }
+        }
+        branches[i].images = spans;
+    }
+    if !r.done() {
+        return Err(r.bad("trailing bytes after the last branch's images"));
+    }
+    Ok(())
 }
 
 /// Parses a tree file saved by a context with fingerprint `here` (else `ERR_STATE_MISMATCH`),
@@ -392,11 +451,15 @@ pub fn parse_tree_file(
     if n == 0 {
         return Err(r.bad("no branches"));
     }
-    let branches = (0..n)
+    let mut branches = (0..n)
         .map(|i| read_branch(&mut r, limits, i))
         .collect::<Result<Vec<_>>>()?;
     if !r.done() {
         return Err(r.bad("trailing bytes after the last branch"));
+    }
+    // Absent: no branch holds an image (and every file saved before images could be).
+    if let Ok(mut r) = sections.reader("images") {
+        read_images(&mut r, &mut branches)?;
     }
     Ok(TreeFile {
         fingerprint: sections.fingerprint().clone(),
@@ -408,6 +471,8 @@ pub fn parse_tree_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llama::Pos;
+    use std::sync::Arc;
 
     fn sample_tree() -> TreeFile {
         let sampling = SavedSampling {
@@ -439,6 +504,7 @@ mod tests {
             sampling_ppl: (0.5, 2),
             steer: vec![(5, 2.0)],
             sampling: sampling.clone(),
+            images: vec![span(2, 3, 'a'), span(10, 2, '0')],
         };
         child.sampling.grammar = Some(SavedGrammar {
             gbnf: "root ::= \"a\"".into(),
@@ -459,11 +525,21 @@ mod tests {
             sampling_ppl: (0.0, 0),
             steer: vec![],
             sampling,
+            images: vec![span(2, 3, 'a')],
         };
         TreeFile {
             fingerprint: Fingerprint::new(1, 2, &[], "test model", 4, "typeK=f16".into()),
             meta: "{\"step\":3}".into(),
             branches: vec![root, child],
+        }
+    }
+
+    /// An image at `[start, start + n_pos)` whose id is `digit` 64 times.
+    fn span(start: Pos, n_pos: Pos, digit: char) -> ImageSpan {
+        ImageSpan {
+            start,
+            n_pos,
+            id: Arc::from(digit.to_string().repeat(64).as_str()),
         }
     }
 
@@ -556,5 +632,91 @@ mod tests {
         let other = Fingerprint::new(1, 2, &[], "test model", 4, "typeK=q8_0".into());
         let e = parse_tree_file("t", &bytes, &LIMITS, &other).unwrap_err();
         assert_eq!(e.code(), "ERR_STATE_MISMATCH");
+    }
+
+    #[test]
+    fn images_round_trip_and_a_tree_without_them_has_no_images_section() {
+        let tree = sample_tree();
+        let parsed = parse(&tree_file_bytes(&tree), &LIMITS).unwrap();
+        assert_eq!(parsed.branches[0].images, vec![span(2, 3, 'a')]);
+        assert_eq!(parsed.branches[1].images, tree.branches[1].images);
+        let mut plain = sample_tree();
+        for b in &mut plain.branches {
+            b.images.clear();
+        }
+        let bytes = tree_file_bytes(&plain);
+        let sections = parse_container("t", &bytes, Payload::Tree, &plain.fingerprint).unwrap();
+        assert!(sections.reader("images").is_err(), "no images, no section");
+        assert_eq!(parse(&bytes, &LIMITS).unwrap(), plain);
+    }
+
+    #[test]
+    fn bad_image_spans_are_corrupt() {
+        type Spoil = fn(&mut [SavedBranch]);
+        let cases: [(Spoil, &str); 9] = [
+            (
+                |b| b[0].images = vec![span(8, 3, 'a')],
+                "inside the 10 positions",
+            ),
+            (
+                |b| b[0].images = vec![span(-1, 3, 'a')],
+                "at position 4294967295",
+            ),
+            (|b| b[0].images = vec![span(2, 0, 'a')], "[2, 2)"),
+            (|b| b[1].images[1].start = 3, "not ordered, apart"),
+            (|b| b[1].images.reverse(), "not ordered, apart"),
+            (|b| b[0].images[0].id = Arc::from("ab"), "not a SHA-256"),
+            (|b| b[1].images[1] = span(10, 2, 'A'), "not a SHA-256"),
+            (|b| b[1].images[1] = span(10, 2, 'g'), "not a SHA-256"),
+            (|b| drop(b[1].images.remove(0)), "not its parent's"),
+        ];
+        for (spoil, why) in cases {
+            let mut tree = sample_tree();
+            spoil(&mut tree.branches);
+            let e = parse(&tree_file_bytes(&tree), &LIMITS).unwrap_err();
+            assert_eq!(e.code(), "ERR_STATE_CORRUPT", "{e}");
+            assert!(e.to_string().contains(why), "{e} should say {why}");
+            assert!(e.to_string().contains("images section"), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_images_section_that_does_not_fit_the_branches_is_corrupt() {
+        let tree = sample_tree();
+        let bytes = tree_file_bytes(&tree);
+        let sections = parse_container("t", &bytes, Payload::Tree, &tree.fingerprint).unwrap();
+        let all = |name| {
+            let mut r = sections.reader(name).unwrap();
+            r.take(r.remaining()).unwrap().to_vec()
+        };
+        let (meta, branches, images) = (all("meta"), all("branches"), all("images"));
+        let with = |images: &[u8]| {
+            container_bytes(
+                Payload::Tree,
+                &tree.fingerprint,
+                &[("meta", &meta), ("branches", &branches), ("images", images)],
+            )
+        };
+        assert_eq!(parse(&with(&images), &LIMITS).unwrap(), tree);
+        let mut one_branch = images.clone();
+        one_branch[..4].copy_from_slice(&1u32.to_le_bytes());
+        let mut huge_start = images.clone();
+        huge_start[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        let mut longer = images.clone();
+        longer.push(0);
+        for (bad, why) in [
+            (one_branch, "images for 1 branches"),
+            (huge_start, "at position 4294967295"),
+            (longer, "trailing bytes"),
+            (vec![], "truncated"),
+        ] {
+            let e = parse(&with(&bad), &LIMITS).unwrap_err();
+            assert_eq!(e.code(), "ERR_STATE_CORRUPT", "{e}");
+            assert!(e.to_string().contains(why), "{e} should say {why}");
+        }
+        for n in 0..images.len() {
+            let e = parse(&with(&images[..n]), &LIMITS).unwrap_err();
+            assert_eq!(e.code(), "ERR_STATE_CORRUPT", "cut at {n}: {e}");
+        }
     }
 }
