@@ -376,10 +376,17 @@ export declare const GrammarTriggerType: {
 /** One of the values of {@link GrammarTriggerType}. */
 export type GrammarTriggerType = (typeof GrammarTriggerType)[keyof typeof GrammarTriggerType];
 
+/**
+ * A part of a chat message's content: text, or (on a context with an image projector) an image as
+ * file bytes or a file path (docs/images.md).
+ */
+export type ChatContentPart =
+  { type: 'text'; text: string } | { type: 'image'; image: Uint8Array } | { type: 'image'; imagePath: string };
+
 /** A chat message in OpenAI's format (other fields, e.g. `tool_calls`, `tool_call_id`, are passed on). */
 export interface ChatMessage {
   role: string;
-  content?: string | ReadonlyArray<{ type: string; text?: string; image?: Uint8Array }> | null;
+  content?: string | ReadonlyArray<ChatContentPart> | null;
   [field: string]: unknown;
 }
 
@@ -421,7 +428,13 @@ export interface GrammarTrigger {
 
 /** The result of {@link SessionContext.formatChat}. */
 export interface FormattedChatResult {
+  /** The rendered prompt; with image parts, `<__media__>` where each image goes (a display: use `parts`). */
   prompt: string;
+  /**
+   * Only when the messages hold image parts: the prompt as prompt parts, strings and images (file
+   * bytes, or `{ imagePath }`) in order, for {@link SessionContext.tokenizeParts}.
+   */
+  parts?: PromptPart[];
   /** Extra stop strings of the template (beyond the model's end-of-generation tokens). */
   stopTokens: string[];
   format: ChatFormat;
