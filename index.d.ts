@@ -1380,6 +1380,17 @@ export interface ServerOptions {
    * `input_modalities: ['text', 'image']`. With `ctx`, the context's own projector counts.
    */
   mmprojPath?: string;
+  /**
+   * With `mmprojPath`: the largest image file a request may send, in bytes
+   * ({@link ContextOptions.imageMaxBytes}; default 20 MiB; larger is a 400 `image_too_large`).
+   * The CLI's `--image-max-bytes`.
+   */
+  imageMaxBytes?: number;
+  /**
+   * With `mmprojPath`: the most pixels (width × height) an image may have
+   * ({@link ContextOptions.imageMaxPixels}; default 4096 × 4096). The CLI's `--image-max-pixels`.
+   */
+  imageMaxPixels?: number;
   /** The model id of `/v1/models`; requests naming another model get 404. Default: the file name. */
   modelName?: string;
   /** Requests generating at once. Default 4. */

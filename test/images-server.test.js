@@ -10,7 +10,7 @@
 const assert = require('node:assert/strict');
 const { spawnSync } = require('node:child_process');
 const OpenAI = require('openai');
-const { startServer, stopServer } = require('./serve-helpers');
+const { startServer, stopServer, serveUntilExit } = require('./serve-helpers');
 const { projectorPath, png } = require('./helpers/images');
 
 const IMAGE_TOKENS = 16;
@@ -176,6 +176,42 @@ describe('llama-branch serve --mmproj: chat completions with images', function (
       max_tokens: 2,
     });
     assert.equal(ok.choices.length, 1);
+  });
+
+  it('--image-max-bytes and --image-max-pixels: an image past either is a 400 image_too_large; smaller ones pass', async () => {
+    // 40×40 noisy: 1,600 pixels but 4,908 bytes; 64×48 of one colour: 135 bytes but 3,072 pixels.
+    const heavy = png(40, 40, { seed: 3 });
+    const wide = png(64, 48, { pixel: () => [9, 9, 9] });
+    const small = png(16, 16);
+    assert.ok(heavy.length > 4000 && wide.length < 4000 && small.length < 4000);
+    const limited = await startServer([
+      ...['--mmproj', projectorPath(), '--image-max-bytes', '4000', '--image-max-pixels', '2000'],
+      ...['--parallel', '1', '--ctx-size', '1024', '--threads', '2', '--model-name', 'x'],
+    ]);
+    try {
+      for (const [img, message] of [
+        [heavy, /4908 bytes, over the limit of 4000/],
+        [wide, /64×48 = 3072 pixels, over the limit of 2000/],
+      ]) {
+        const { status, body } = await post(limited.url, { messages: ask(text('Hi'), imagePart(dataUrl(img))) });
+        assert.equal(status, 400, JSON.stringify(body));
+        assert.equal(body.error.code, 'image_too_large');
+        assert.equal(body.error.type, 'invalid_request_error');
+        assert.match(body.error.message, message);
+      }
+      const ok = await post(limited.url, { messages: ask(text('Hi'), imagePart(dataUrl(small))) });
+      assert.equal(ok.status, 200, JSON.stringify(ok.body));
+      assert.ok(ok.body.usage.prompt_tokens > IMAGE_TOKENS);
+    } finally {
+      await stopServer(limited.child);
+    }
+    // The limits belong to a projector: without --mmproj, or at 0, the flags are refused.
+    const alone = serveUntilExit(['--image-max-bytes', '4000']);
+    assert.equal(alone.status, 2);
+    assert.match(alone.stderr, /--image-max-bytes limits the images of --mmproj; give --mmproj FILE too/);
+    const zero = serveUntilExit(['--mmproj', projectorPath(), '--image-max-pixels', '0']);
+    assert.equal(zero.status, 2);
+    assert.match(zero.stderr, /--image-max-pixels must be a positive integer/);
   });
 
   it('a server without --mmproj: an image is a 400 naming --mmproj; /v1/models says text only', async () => {
