@@ -11,7 +11,7 @@ const assert = require('node:assert/strict');
 const { spawnSync } = require('node:child_process');
 const OpenAI = require('openai');
 const { startServer, stopServer, serveUntilExit } = require('./serve-helpers');
-const { projectorPath, png } = require('./helpers/images');
+const { projectorPath, png, jpeg } = require('./helpers/images');
 
 const IMAGE_TOKENS = 16;
 const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
@@ -130,6 +130,33 @@ describe('llama-branch serve --mmproj: chat completions with images', function (
     });
     assert.equal(res.choices.length, 3);
     assert.equal(await metric(server.url, 'llamabranch_image_encodes_total'), before + 1);
+  });
+
+  it('a JPEG data URL through the openai client: 200, its 16 positions in usage, one encoder run', async () => {
+    // test/helpers/images.js encodes the JPEG (baseline; 61×45, so its edge blocks are partial).
+    const photo = dataUrl(jpeg(61, 45, { seed: 2 }), 'image/jpeg');
+    const chat = (...parts) =>
+      client.chat.completions
+        .create({ model: 'x', messages: ask(text('What is in the picture?'), ...parts), max_tokens: 4, temperature: 0 })
+        .withResponse();
+    const before = await metric(server.url, 'llamabranch_image_encodes_total');
+    const { data, response } = await chat(imagePart(photo));
+    assert.equal(response.status, 200);
+    assert.equal(await metric(server.url, 'llamabranch_image_encodes_total'), before + 1);
+    assert.ok(data.choices[0].message.content !== undefined);
+    // The JPEG takes the positions the same pixels take as a PNG: 16 of the image and its markers.
+    const plain = (await chat()).data.usage.prompt_tokens;
+    const asPng = (await chat(imagePart(dataUrl(png(61, 45, { seed: 2 }))))).data.usage.prompt_tokens;
+    assert.equal(data.usage.prompt_tokens, asPng);
+    assert.ok(data.usage.prompt_tokens >= plain + IMAGE_TOKENS, `${data.usage.prompt_tokens} vs ${plain} without`);
+    const res = await fetch(`${server.url}/tokenize`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: ask(text('What is in the picture?'), imagePart(photo)) }),
+    });
+    const { tokens } = await res.json();
+    assert.equal(tokens.filter((t) => t === -1).length, IMAGE_TOKENS);
+    assert.equal(tokens.length, data.usage.prompt_tokens);
   });
 
   it('a streamed chat with an image streams its text', async () => {

@@ -12,7 +12,7 @@ const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const { Branch, BranchStore, Scheduler } = require('..');
 const { open, rejects, throwsSync, argmax, topK } = require('./helpers');
-const { projectorPath, png, bmp } = require('./helpers/images');
+const { projectorPath, png, bmp, jpeg } = require('./helpers/images');
 
 /** Image tokens (and positions) of the test projector: (128 / 8 / 4)². */
 const IMAGE_TOKENS = 16;
@@ -106,6 +106,26 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
     assert.notEqual(a.pieces[1].id, b.pieces[1].id, 'one changed pixel: another id');
     const [c] = [await ctx.tokenizeParts([png(64, 48, { seed: 1 })])];
     assert.equal(a.pieces[1].id, c.pieces[1].id, 'the same bytes: the same id');
+  });
+
+  it("a JPEG (baseline, made by test/helpers/images.js) decodes: 8×8 blocks of one grey give the PNG's logits bitwise", async () => {
+    // A block of one grey is its DC coefficient alone, which the encoder's quantization keeps
+    // exactly, and Y = grey, Cb = Cr = 128 converts back to the same RGB: the decoder's pixels are
+    // the PNG's, so the logits are too (a decoder that got the file wrong would move them).
+    const blocks = { pixel: (x, y) => new Array(3).fill(((x >> 3) * 37 + (y >> 3) * 71) & 255) };
+    const fromPng = await logitsAfter(ctx, await ctx.tokenizeParts(['Look: ', png(64, 48, blocks)]));
+    const asJpeg = await ctx.tokenizeParts(['Look: ', jpeg(64, 48, blocks)]);
+    assert.equal(asJpeg.pieces[1].nPos, IMAGE_TOKENS);
+    assert.equal(maxAbsDiff(fromPng, await logitsAfter(ctx, asJpeg)), 0, 'the same pixels as a JPEG: the same logits');
+    // A photo-like pattern whose edge blocks are partial (61×45): lossy, so near, not equal.
+    const colour = await ctx.tokenizeParts(['Look: ', jpeg(61, 45, { seed: 2 })]);
+    assert.equal(colour.pieces[1].nPos, IMAGE_TOKENS);
+    const near = maxAbsDiff(
+      await logitsAfter(ctx, colour),
+      await logitsAfter(ctx, await ctx.tokenizeParts(['Look: ', png(61, 45, { seed: 2 })])),
+    );
+    const far = maxAbsDiff(fromPng, await logitsAfter(ctx, colour));
+    assert.ok(near < far, `the JPEG's logits are nearer its PNG's (${near}) than another image's (${far})`);
   });
 
   it('N forks after one image: one encoder run, each fork equals a fresh branch that encoded it', async () => {
