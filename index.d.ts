@@ -1293,6 +1293,12 @@ export type TraceEvent =
       maxTokens?: number;
       promptTokens?: number;
       cachedTokens?: number;
+      /**
+       * A prompt's images, in order: `id` the first 16 hex digits of the SHA-256 of the file,
+       * `nPos` its positions, `bytes` its size when given as bytes, and `url` a data URL of the
+       * file for the first 4 images of at most 64 KiB (a thumbnail; the others go without).
+       */
+      images?: { id: string; nPos: number; bytes?: number; url?: string }[];
       maxBranches?: number;
       maxCells?: number;
     }
