@@ -376,10 +376,17 @@ export declare const GrammarTriggerType: {
 /** One of the values of {@link GrammarTriggerType}. */
 export type GrammarTriggerType = (typeof GrammarTriggerType)[keyof typeof GrammarTriggerType];
 
+/**
+ * A part of a chat message's content: text, or (on a context with an image projector) an image as
+ * file bytes or a file path (docs/images.md).
+ */
+export type ChatContentPart =
+  { type: 'text'; text: string } | { type: 'image'; image: Uint8Array } | { type: 'image'; imagePath: string };
+
 /** A chat message in OpenAI's format (other fields, e.g. `tool_calls`, `tool_call_id`, are passed on). */
 export interface ChatMessage {
   role: string;
-  content?: string | ReadonlyArray<{ type: string; text?: string; image?: Uint8Array }> | null;
+  content?: string | ReadonlyArray<ChatContentPart> | null;
   [field: string]: unknown;
 }
 
@@ -421,7 +428,13 @@ export interface GrammarTrigger {
 
 /** The result of {@link SessionContext.formatChat}. */
 export interface FormattedChatResult {
+  /** The rendered prompt; with image parts, `<__media__>` where each image goes (a display: use `parts`). */
   prompt: string;
+  /**
+   * Only when the messages hold image parts: the prompt as prompt parts, strings and images (file
+   * bytes, or `{ imagePath }`) in order, for {@link SessionContext.tokenizeParts}.
+   */
+  parts?: PromptPart[];
   /** Extra stop strings of the template (beyond the model's end-of-generation tokens). */
   stopTokens: string[];
   format: ChatFormat;
@@ -1282,6 +1295,12 @@ export type TraceEvent =
       maxTokens?: number;
       promptTokens?: number;
       cachedTokens?: number;
+      /**
+       * A prompt's images, in order: `id` the first 16 hex digits of the SHA-256 of the file,
+       * `nPos` its positions, `bytes` its size when given as bytes, and `url` a data URL of the
+       * file for the first 4 images of at most 64 KiB (a thumbnail; the others go without).
+       */
+      images?: { id: string; nPos: number; bytes?: number; url?: string }[];
       maxBranches?: number;
       maxCells?: number;
     }
@@ -1369,6 +1388,17 @@ export interface ServerOptions {
    * `input_modalities: ['text', 'image']`. With `ctx`, the context's own projector counts.
    */
   mmprojPath?: string;
+  /**
+   * With `mmprojPath`: the largest image file a request may send, in bytes
+   * ({@link ContextOptions.imageMaxBytes}; default 20 MiB; larger is a 400 `image_too_large`).
+   * The CLI's `--image-max-bytes`.
+   */
+  imageMaxBytes?: number;
+  /**
+   * With `mmprojPath`: the most pixels (width × height) an image may have
+   * ({@link ContextOptions.imageMaxPixels}; default 4096 × 4096). The CLI's `--image-max-pixels`.
+   */
+  imageMaxPixels?: number;
   /** The model id of `/v1/models`; requests naming another model get 404. Default: the file name. */
   modelName?: string;
   /** Requests generating at once. Default 4. */

@@ -13,6 +13,7 @@
  */
 
 const { makeError, guardedView } = require('./errors');
+const { markImages, messagesHaveImages } = require('./chat-images');
 const { runCancellable } = require('./cancel');
 const { jsonSchemaToGrammar, jsonSchemaToGrammarSync } = require('./schema');
 const { startTrace, traceFreed } = require('./trace');
@@ -551,25 +552,41 @@ class SessionContext {
    * messages are rendered exactly as they appear after an earlier exchange, ready to append to a
    * conversation in the KV cache after {@link SessionContext.getTurnSeparator} (see docs/api.md, Chat).
    *
+   * Messages (as an array) whose content holds image parts, `{ type: 'image', image: Uint8Array }`
+   * or `{ type: 'image', imagePath }` beside `{ type: 'text', text }`, are rendered with each image
+   * in its place: the result's `parts` is the prompt as prompt parts (strings and images in order)
+   * for {@link SessionContext.tokenizeParts}, and its `prompt` shows each image as `<__media__>`
+   * (docs/images.md). Images are neither read nor checked here: `tokenizeParts` does that.
+   *
    * Runs on the context's worker. Rejects with `ERR_INVALID_ARG` (messages, tools, toolChoice or
-   * reasoningFormat malformed) or `ERR_CHAT_TEMPLATE` (the template fails to parse or render,
-   * e.g. roles that do not alternate); it never falls back to another prompt format.
+   * reasoningFormat malformed, or a content part beside images that is neither text nor an image,
+   * named by its path `messages[i].content[k]`) or `ERR_CHAT_TEMPLATE` (the template fails to
+   * parse or render, e.g. roles that do not alternate); it never falls back to another prompt format.
    * @param {string | readonly import('./types').ChatMessage[]} messages
    * @param {import('./types').FormatChatOptions | string} [options]
    * @returns {Promise<import('./types').FormattedChatResult>}
    */
   formatChat(messages, options) {
-    return this.#native.formatChat(messages, options);
+    if (!messagesHaveImages(messages)) return this.#native.formatChat(messages, options);
+    let images;
+    try {
+      images = markImages(/** @type {any[]} */ (messages), 'messages', 'formatChat: ');
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.#native.formatChat(images.messages, options).then((r) => withImages(r, images));
   }
   /**
    * {@link formatChat} on the calling thread (the template renders while JavaScript waits).
-   * Never waits for queued operations: it uses the model only.
+   * Never waits for queued operations: it uses the model only. Throws what `formatChat` rejects with.
    * @param {string | readonly import('./types').ChatMessage[]} messages
    * @param {import('./types').FormatChatOptions | string} [options]
    * @returns {import('./types').FormattedChatResult}
    */
   formatChatSync(messages, options) {
-    return this.#native.formatChatSync(messages, options);
+    if (!messagesHaveImages(messages)) return this.#native.formatChatSync(messages, options);
+    const images = markImages(/** @type {any[]} */ (messages), 'messages', 'formatChatSync: ');
+    return withImages(this.#native.formatChatSync(images.messages, options), images);
   }
   /**
    * The module's {@link jsonSchemaToGrammar} as a member (it uses no context state).
@@ -858,6 +875,18 @@ class MediaPrompt {
     makePrompt = (inner) => new MediaPrompt(CONSTRUCT_PROMPT, inner);
     nativeOfPrompt = (p) => (p !== null && typeof p === 'object' && #native in p ? p.#native : null);
   }
+}
+
+/**
+ * A formatChat result of messages with images (`markImages`): its prompt showing each image as
+ * `<__media__>`, and `parts`, the prompt cut into text and images.
+ * @param {import('./types').FormattedChatResult} result
+ * @param {ReturnType<typeof markImages>} images
+ * @returns {import('./types').FormattedChatResult}
+ */
+function withImages(result, images) {
+  const { prompt } = result;
+  return { ...result, prompt: images.shown(prompt), parts: images.parts(prompt) };
 }
 
 /**

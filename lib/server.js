@@ -496,11 +496,13 @@ function contextOptions(options) {
 
 /** A context the server creates (and disposes of on close) from `options.modelPath`. */
 function openContext(createContext, options, shape) {
-  const { modelPath, nThreads, chatTemplate, mmprojPath } = options;
+  const { modelPath, nThreads, chatTemplate, mmprojPath, imageMaxBytes, imageMaxPixels } = options;
+  const images = { mmprojPath, imageMaxBytes, imageMaxPixels };
+  for (const k of Object.keys(images)) if (images[k] === undefined) delete images[k];
   return createContext({
     modelPath,
     nThreads,
-    ...(mmprojPath === undefined || shape.embeddings ? {} : { mmprojPath }),
+    ...(mmprojPath === undefined || shape.embeddings ? {} : images),
     ...contextOptions(options),
     ...(chatTemplate === undefined ? {} : { chatTemplate }),
     ...shape,

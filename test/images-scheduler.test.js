@@ -7,6 +7,7 @@
 // for n choices, coded errors with the scheduler still serving.
 
 const assert = require('node:assert/strict');
+const crypto = require('node:crypto');
 const { spawnSync } = require('node:child_process');
 const { Branch, Scheduler } = require('..');
 const { open, rejects } = require('./helpers');
@@ -126,6 +127,46 @@ describe('Scheduler requests with images', function () {
     ]);
     assert.equal(text.choices[0].text, alone.choices[0].text);
     assert.ok(img.choices[0].tokens.length > 0);
+  });
+
+  it("the admit event lists the prompt's images: data URLs only for small ones, hash and size for all", async () => {
+    const sha = (b) => crypto.createHash('sha256').update(b).digest('hex').slice(0, 16);
+    const large = png(160, 160, { seed: 4 }); // 71 KB: over the 64 KiB of a thumbnail
+    const admits = [];
+    const texts = [];
+    const stop = scheduler.subscribe((e) => {
+      if (e.event === 'admit') admits.push(e);
+      if (e.event === 'append') texts.push(e.text);
+    });
+    try {
+      const ask = {
+        role: 'user',
+        content: [
+          { type: 'text', text: 'Compare ' },
+          { type: 'image', image },
+        ],
+      };
+      ask.content.push({ type: 'image', image: large });
+      await scheduler.generate({ messages: [ask], maxTokens: 1 });
+      await scheduler.generate({ prompt: await ctx.tokenizeParts(parts(other)), maxTokens: 1 });
+      await scheduler.generate({ prompt: 'No images here.', maxTokens: 1 });
+    } finally {
+      stop();
+    }
+    assert.equal(admits.length, 3);
+    assert.deepEqual(admits[0].images, [
+      {
+        id: sha(image),
+        nPos: IMAGE_TOKENS,
+        bytes: image.length,
+        url: `data:image/png;base64,${image.toString('base64')}`,
+      },
+      { id: sha(large), nPos: IMAGE_TOKENS, bytes: large.length },
+    ]);
+    assert.match(texts[0], /Compare <__media__><__media__>/, 'the prompt text shows each image as <__media__>');
+    assert.doesNotMatch(texts[0], /__llama_branch_image_/);
+    assert.deepEqual(admits[1].images, [{ id: sha(other), nPos: IMAGE_TOKENS }], 'a MediaPrompt: no bytes in JS');
+    assert.equal('images' in admits[2], false);
   });
 
   it('bad images and inputs reject with their codes; the scheduler keeps serving', async () => {

@@ -10,8 +10,8 @@
 const assert = require('node:assert/strict');
 const { spawnSync } = require('node:child_process');
 const OpenAI = require('openai');
-const { startServer, stopServer } = require('./serve-helpers');
-const { projectorPath, png } = require('./helpers/images');
+const { startServer, stopServer, serveUntilExit } = require('./serve-helpers');
+const { projectorPath, png, jpeg } = require('./helpers/images');
 
 const IMAGE_TOKENS = 16;
 const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
@@ -172,6 +172,33 @@ describe('llama-branch serve --mmproj: chat completions with images', function (
     assert.equal(await metric(server.url, 'llamabranch_image_encodes_total'), before + 1);
   });
 
+  it('a JPEG data URL through the openai client: 200, its 16 positions in usage, one encoder run', async () => {
+    // test/helpers/images.js encodes the JPEG (baseline; 61×45, so its edge blocks are partial).
+    const photo = dataUrl(jpeg(61, 45, { seed: 2 }), 'image/jpeg');
+    const chat = (...parts) =>
+      client.chat.completions
+        .create({ model: 'x', messages: ask(text('What is in the picture?'), ...parts), max_tokens: 4, temperature: 0 })
+        .withResponse();
+    const before = await metric(server.url, 'llamabranch_image_encodes_total');
+    const { data, response } = await chat(imagePart(photo));
+    assert.equal(response.status, 200);
+    assert.equal(await metric(server.url, 'llamabranch_image_encodes_total'), before + 1);
+    assert.ok(data.choices[0].message.content !== undefined);
+    // The JPEG takes the positions the same pixels take as a PNG: 16 of the image and its markers.
+    const plain = (await chat()).data.usage.prompt_tokens;
+    const asPng = (await chat(imagePart(dataUrl(png(61, 45, { seed: 2 }))))).data.usage.prompt_tokens;
+    assert.equal(data.usage.prompt_tokens, asPng);
+    assert.ok(data.usage.prompt_tokens >= plain + IMAGE_TOKENS, `${data.usage.prompt_tokens} vs ${plain} without`);
+    const res = await fetch(`${server.url}/tokenize`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: ask(text('What is in the picture?'), imagePart(photo)) }),
+    });
+    const { tokens } = await res.json();
+    assert.equal(tokens.filter((t) => t < 0).length, IMAGE_TOKENS, "the image's keys");
+    assert.equal(tokens.length, data.usage.prompt_tokens);
+  });
+
   it('a streamed chat with an image streams its text', async () => {
     const stream = await client.chat.completions.create({
       model: 'x',
@@ -216,6 +243,42 @@ describe('llama-branch serve --mmproj: chat completions with images', function (
       max_tokens: 2,
     });
     assert.equal(ok.choices.length, 1);
+  });
+
+  it('--image-max-bytes and --image-max-pixels: an image past either is a 400 image_too_large; smaller ones pass', async () => {
+    // 40×40 noisy: 1,600 pixels but 4,908 bytes; 64×48 of one colour: 135 bytes but 3,072 pixels.
+    const heavy = png(40, 40, { seed: 3 });
+    const wide = png(64, 48, { pixel: () => [9, 9, 9] });
+    const small = png(16, 16);
+    assert.ok(heavy.length > 4000 && wide.length < 4000 && small.length < 4000);
+    const limited = await startServer([
+      ...['--mmproj', projectorPath(), '--image-max-bytes', '4000', '--image-max-pixels', '2000'],
+      ...['--parallel', '1', '--ctx-size', '1024', '--threads', '2', '--model-name', 'x'],
+    ]);
+    try {
+      for (const [img, message] of [
+        [heavy, /4908 bytes, over the limit of 4000/],
+        [wide, /64×48 = 3072 pixels, over the limit of 2000/],
+      ]) {
+        const { status, body } = await post(limited.url, { messages: ask(text('Hi'), imagePart(dataUrl(img))) });
+        assert.equal(status, 400, JSON.stringify(body));
+        assert.equal(body.error.code, 'image_too_large');
+        assert.equal(body.error.type, 'invalid_request_error');
+        assert.match(body.error.message, message);
+      }
+      const ok = await post(limited.url, { messages: ask(text('Hi'), imagePart(dataUrl(small))) });
+      assert.equal(ok.status, 200, JSON.stringify(ok.body));
+      assert.ok(ok.body.usage.prompt_tokens > IMAGE_TOKENS);
+    } finally {
+      await stopServer(limited.child);
+    }
+    // The limits belong to a projector: without --mmproj, or at 0, the flags are refused.
+    const alone = serveUntilExit(['--image-max-bytes', '4000']);
+    assert.equal(alone.status, 2);
+    assert.match(alone.stderr, /--image-max-bytes limits the images of --mmproj; give --mmproj FILE too/);
+    const zero = serveUntilExit(['--mmproj', projectorPath(), '--image-max-pixels', '0']);
+    assert.equal(zero.status, 2);
+    assert.match(zero.stderr, /--image-max-pixels must be a positive integer/);
   });
 
   it('a server without --mmproj: an image is a 400 naming --mmproj; /v1/models says text only', async () => {

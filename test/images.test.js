@@ -12,7 +12,7 @@ const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const { Branch, BranchStore, Scheduler } = require('..');
 const { open, rejects, throwsSync, argmax, topK } = require('./helpers');
-const { projectorPath, png, bmp } = require('./helpers/images');
+const { projectorPath, png, bmp, jpeg } = require('./helpers/images');
 
 /** Image tokens (and positions) of the test projector: (128 / 8 / 4)². */
 const IMAGE_TOKENS = 16;
@@ -108,6 +108,26 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
     assert.equal(a.pieces[1].id, c.pieces[1].id, 'the same bytes: the same id');
   });
 
+  it("a JPEG (baseline, made by test/helpers/images.js) decodes: 8×8 blocks of one grey give the PNG's logits bitwise", async () => {
+    // A block of one grey is its DC coefficient alone, which the encoder's quantization keeps
+    // exactly, and Y = grey, Cb = Cr = 128 converts back to the same RGB: the decoder's pixels are
+    // the PNG's, so the logits are too (a decoder that got the file wrong would move them).
+    const blocks = { pixel: (x, y) => new Array(3).fill(((x >> 3) * 37 + (y >> 3) * 71) & 255) };
+    const fromPng = await logitsAfter(ctx, await ctx.tokenizeParts(['Look: ', png(64, 48, blocks)]));
+    const asJpeg = await ctx.tokenizeParts(['Look: ', jpeg(64, 48, blocks)]);
+    assert.equal(asJpeg.pieces[1].nPos, IMAGE_TOKENS);
+    assert.equal(maxAbsDiff(fromPng, await logitsAfter(ctx, asJpeg)), 0, 'the same pixels as a JPEG: the same logits');
+    // A photo-like pattern whose edge blocks are partial (61×45): lossy, so near, not equal.
+    const colour = await ctx.tokenizeParts(['Look: ', jpeg(61, 45, { seed: 2 })]);
+    assert.equal(colour.pieces[1].nPos, IMAGE_TOKENS);
+    const near = maxAbsDiff(
+      await logitsAfter(ctx, colour),
+      await logitsAfter(ctx, await ctx.tokenizeParts(['Look: ', png(61, 45, { seed: 2 })])),
+    );
+    const far = maxAbsDiff(fromPng, await logitsAfter(ctx, colour));
+    assert.ok(near < far, `the JPEG's logits are nearer its PNG's (${near}) than another image's (${far})`);
+  });
+
   it('N forks after one image: one encoder run, each fork equals a fresh branch that encoded it', async () => {
     const questions = [' What colour is it?', ' Describe the shapes.', ' Is there text?', ' Count the dots.'];
     const encodes0 = ctx.imageStats().encodes;
@@ -161,6 +181,104 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
     assert.equal(root.position, prompt.nPos);
     assert.equal(maxAbsDiff(root.getLogits(), logits), 0);
     await Promise.all([root, before, after].map((b) => b.prune()));
+  });
+
+  describe('formatChat with image parts', () => {
+    const user = (...content) => [{ role: 'user', content }];
+    const text = (t) => ({ type: 'text', text: t });
+
+    it('text messages: the result is what it was (no parts), for strings and text-part arrays alike', async () => {
+      const plain = await ctx.formatChat(user(text('Hello '), text('there')));
+      assert.equal(plain.parts, undefined);
+      assert.deepEqual(plain, ctx.formatChatSync(user(text('Hello '), text('there'))));
+      const asString = await ctx.formatChat([{ role: 'user', content: 'Hello there' }]);
+      assert.equal('parts' in asString, false);
+    });
+
+    it('an image in its place: parts for tokenizeParts, the prompt showing <__media__>, like the Scheduler', async () => {
+      const messages = user(text('Look: '), { type: 'image', image }, text(' What is it?'));
+      const chat = await ctx.formatChat(messages);
+      assert.equal(chat.parts.length, 3);
+      assert.equal(chat.parts[1], image, 'the image bytes as given');
+      // The text around the image is the template's rendering of the message with the image's
+      // marker in its place.
+      const shown = await ctx.formatChat(user(text('Look: <__media__> What is it?')));
+      assert.equal(chat.prompt, shown.prompt);
+      assert.equal(`${chat.parts[0]}<__media__>${chat.parts[2]}`, shown.prompt);
+      assert.deepEqual(chat.stopTokens, shown.stopTokens);
+      const sync = ctx.formatChatSync(messages);
+      assert.deepEqual(sync, chat);
+
+      // The parts tokenize to one image of 16 positions between Gemma's markers; greedy text
+      // after them equals the Scheduler's for the same messages (one rendering path).
+      const prompt = await ctx.tokenizeParts(chat.parts);
+      assert.equal(prompt.nImages, 1);
+      assert.equal(prompt.pieces[1].nPos, IMAGE_TOKENS);
+      const b = Branch.create(ctx, 0, GREEDY);
+      await b.prefill(prompt);
+      const own = await b.generate({ maxTokens: 6 });
+      await b.prune();
+      const scheduler = new Scheduler(ctx);
+      try {
+        const res = await scheduler.generate({ messages, maxTokens: 6, params: { temperature: 0 } });
+        assert.deepEqual(res.choices[0].tokens, own.tokens);
+        assert.equal(res.usage.promptTokens, prompt.nPos);
+      } finally {
+        await scheduler.close();
+      }
+    });
+
+    it('{ imagePath } parts stay paths (read by tokenizeParts: the same image id as the bytes)', async () => {
+      const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'lb-chat-img-')), 'a.png');
+      fs.writeFileSync(file, image);
+      const chat = await ctx.formatChat(
+        user({ type: 'image', imagePath: file }, text('and '), { type: 'image', image: other }),
+      );
+      assert.deepEqual(chat.parts.slice(1, 4), [{ imagePath: file }, 'and ', other]);
+      const [fromPath, fromBytes] = (await ctx.tokenizeParts(chat.parts)).pieces.filter((p) => p.type === 'image');
+      const bytesId = (await ctx.tokenizeParts([image])).pieces.find((p) => p.type === 'image').id;
+      assert.equal(fromPath.id, bytesId);
+      assert.notEqual(fromBytes.id, bytesId);
+      fs.rmSync(path.dirname(file), { recursive: true });
+    });
+
+    it('bad parts beside an image: ERR_INVALID_ARG naming the part (rejects; the Sync form throws)', async () => {
+      const img = { type: 'image', image };
+      const cases = [
+        [
+          user(text('a'), { type: 'image', image: 'bytes?' }),
+          /messages\[0\]\.content\[1\]\.image must be a Uint8Array/,
+        ],
+        [user(img, { type: 'image' }), /messages\[0\]\.content\[1\] must have either image .* not neither/],
+        [user({ type: 'image', image, imagePath: 'a.png' }), /messages\[0\]\.content\[0\] must have .* not both/],
+        [
+          user(img, { type: 'image', imagePath: 7 }),
+          /messages\[0\]\.content\[1\]\.imagePath must be a non-empty string/,
+        ],
+        [
+          [{ role: 'system', content: [text('Be brief.'), { type: 'audio' }] }, ...user(img)],
+          /messages\[0\]\.content\[1\] must be \{ type: 'text'/,
+        ],
+        [user(img, text('x'), { type: 'text', text: 5 }), /messages\[0\]\.content\[2\] must be/],
+      ];
+      for (const [messages, message] of cases) {
+        const e = await rejects(() => ctx.formatChat(messages), 'ERR_INVALID_ARG', message);
+        assert.match(e.message, /^formatChat: messages\[/);
+        assert.match(e.param, /^messages\[\d\]\.content\[\d\]/);
+        const thrown = throwsSync(() => ctx.formatChatSync(messages), 'ERR_INVALID_ARG');
+        assert.match(thrown.message, message);
+      }
+      // A call with a bad part returns a rejected promise; it does not throw.
+      const pending = ctx.formatChat(user(img, { type: 'video' }));
+      assert.ok(pending instanceof Promise);
+      await assert.rejects(pending, { code: 'ERR_INVALID_ARG' });
+      // A template that drops the images.
+      await rejects(
+        () => ctx.formatChat(user(text('Hi'), img), { templateOverride: "{{ 'no messages here' }}" }),
+        'ERR_INVALID_ARG',
+        /the chat template rendered 0 of the messages' 1 images/,
+      );
+    });
   });
 
   describe('bad input: a coded error, nothing changed, the context keeps working', () => {

@@ -360,9 +360,16 @@ export class SessionContext {
      * messages are rendered exactly as they appear after an earlier exchange, ready to append to a
      * conversation in the KV cache after {@link SessionContext.getTurnSeparator} (see docs/api.md, Chat).
      *
+     * Messages (as an array) whose content holds image parts, `{ type: 'image', image: Uint8Array }`
+     * or `{ type: 'image', imagePath }` beside `{ type: 'text', text }`, are rendered with each image
+     * in its place: the result's `parts` is the prompt as prompt parts (strings and images in order)
+     * for {@link SessionContext.tokenizeParts}, and its `prompt` shows each image as `<__media__>`
+     * (docs/images.md). Images are neither read nor checked here: `tokenizeParts` does that.
+     *
      * Runs on the context's worker. Rejects with `ERR_INVALID_ARG` (messages, tools, toolChoice or
-     * reasoningFormat malformed) or `ERR_CHAT_TEMPLATE` (the template fails to parse or render,
-     * e.g. roles that do not alternate); it never falls back to another prompt format.
+     * reasoningFormat malformed, or a content part beside images that is neither text nor an image,
+     * named by its path `messages[i].content[k]`) or `ERR_CHAT_TEMPLATE` (the template fails to
+     * parse or render, e.g. roles that do not alternate); it never falls back to another prompt format.
      * @param {string | readonly import('../lib/types').ChatMessage[]} messages
      * @param {import('../lib/types').FormatChatOptions | string} [options]
      * @returns {Promise<import('../lib/types').FormattedChatResult>}
@@ -370,7 +377,7 @@ export class SessionContext {
     formatChat(messages: string | readonly import("../lib/types").ChatMessage[], options?: import("../lib/types").FormatChatOptions | string): Promise<import("../lib/types").FormattedChatResult>;
     /**
      * {@link formatChat} on the calling thread (the template renders while JavaScript waits).
-     * Never waits for queued operations: it uses the model only.
+     * Never waits for queued operations: it uses the model only. Throws what `formatChat` rejects with.
      * @param {string | readonly import('../lib/types').ChatMessage[]} messages
      * @param {import('../lib/types').FormatChatOptions | string} [options]
      * @returns {import('../lib/types').FormattedChatResult}

@@ -14,6 +14,14 @@ const options = {
     type: 'string',
     help: "path of the model's image projector (mmproj .gguf): chat messages may then hold image_url parts as data URLs",
   },
+  'image-max-bytes': {
+    type: 'string',
+    help: 'with --mmproj: largest image file a request may send, in bytes (default 20 MiB); larger is a 400 image_too_large',
+  },
+  'image-max-pixels': {
+    type: 'string',
+    help: 'with --mmproj: most pixels (width × height) an image may have (default 16777216, 4096 × 4096)',
+  },
   port: { type: 'string', short: 'p', default: String(serverDefaults.port), help: 'TCP port; 0 picks a free one' },
   host: {
     type: 'string',
@@ -203,6 +211,28 @@ function cacheTiers(values, log) {
   return o;
 }
 
+/** --mmproj, --image-max-bytes and --image-max-pixels as createContext's options (limits need a projector). */
+function images(values) {
+  const imageMaxBytes = integer(values, 'image-max-bytes');
+  const imageMaxPixels = integer(values, 'image-max-pixels');
+  if (values.mmproj === undefined) {
+    const limit =
+      imageMaxBytes !== undefined ? 'image-max-bytes' : imageMaxPixels !== undefined ? 'image-max-pixels' : null;
+    if (limit) throw new UsageError(`--${limit} limits the images of --mmproj; give --mmproj FILE too`);
+    return {};
+  }
+  for (const [flag, v] of [
+    ['image-max-bytes', imageMaxBytes],
+    ['image-max-pixels', imageMaxPixels],
+  ])
+    if (v === 0) throw new UsageError(`--${flag} must be a positive integer, got 0`);
+  return {
+    mmprojPath: values.mmproj,
+    ...(imageMaxBytes === undefined ? {} : { imageMaxBytes }),
+    ...(imageMaxPixels === undefined ? {} : { imageMaxPixels }),
+  };
+}
+
 /** --api-key values and LLAMA_BRANCH_API_KEY's comma-separated keys together (undefined: none). */
 function apiKeys(values) {
   const fromEnv = (process.env.LLAMA_BRANCH_API_KEY || '').split(',').map((k) => k.trim());
@@ -226,7 +256,7 @@ async function run(values, { log }) {
   const { gpu, nGpuLayers } = placement(values);
   const server = await createServer({
     modelPath: values.model,
-    ...(values.mmproj === undefined ? {} : { mmprojPath: values.mmproj }),
+    ...images(values),
     gpu,
     nGpuLayers,
     ...kvCache(values),

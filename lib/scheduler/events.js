@@ -102,4 +102,60 @@ function tierGauges(t) {
   return { kvHits, ramHits, diskHits, ramBytes, diskBytes, restoredTokens, diskOn };
 }
 
-module.exports = { SchedulerEvents, TRACE_VERSION, clipped, perplexityOf, roundedPerplexity };
+/** The largest image an `admit` event carries as a data URL; a larger one is a placeholder. */
+const THUMBNAIL_MAX_BYTES = 64 * 1024;
+/** The most data URLs one `admit` event carries (the rest are placeholders). */
+const THUMBNAILS_PER_REQUEST = 4;
+/**
+ * The media type of image file bytes by their signature (the formats the projector decodes).
+ * @type {[string, number[]][]}
+ */
+const SIGNATURES = [
+  ['image/png', [0x89, 0x50, 0x4e, 0x47]],
+  ['image/jpeg', [0xff, 0xd8, 0xff]],
+  ['image/gif', [0x47, 0x49, 0x46, 0x38]],
+  ['image/bmp', [0x42, 0x4d]],
+];
+
+/**
+ * The `images` field of a request's `admit` event (docs/events.md): per image of its prompt, in
+ * order, `{ id, nPos }` (`id`: the first 16 hex digits of the SHA-256 of its file bytes), with
+ * `bytes` when its bytes were given (not for `{ imagePath }` or a MediaPrompt), and `url`, a
+ * data URL of the file, for the first THUMBNAILS_PER_REQUEST images of at most
+ * THUMBNAIL_MAX_BYTES: the page draws those as thumbnails and the others as placeholders, so the
+ * event stream never carries megabytes.
+ * @param {import('../Context').MediaPrompt} media the prompt, tokenized
+ * @param {any} sources what it was tokenized from: prompt parts (strings, bytes, `{ image }`,
+ *   `{ imagePath }`, `{ text }`) whose image parts are its images in order, or anything else
+ */
+function imagesOfPrompt(media, sources) {
+  const pieces = media.pieces.filter((p) => p.type === 'image');
+  const given = Array.isArray(sources)
+    ? sources
+        .filter((p) => p instanceof Uint8Array || (p !== null && typeof p === 'object' && (p.image || p.imagePath)))
+        .map((p) => (p instanceof Uint8Array ? p : p.image instanceof Uint8Array ? p.image : null))
+    : [];
+  const bytesOf = (i) => (given.length === pieces.length ? given[i] : null);
+  let urls = 0;
+  return pieces.map((piece, i) => {
+    const image = { id: piece.id.slice(0, 16), nPos: piece.nPos };
+    const bytes = bytesOf(i);
+    if (!bytes) return image;
+    const type = SIGNATURES.find(([, sig]) => sig.every((b, k) => bytes[k] === b));
+    if (!type || bytes.length > THUMBNAIL_MAX_BYTES || urls >= THUMBNAILS_PER_REQUEST)
+      return { ...image, bytes: bytes.length };
+    urls++;
+    const url = `data:${type[0]};base64,${Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length).toString('base64')}`;
+    return { ...image, bytes: bytes.length, url };
+  });
+}
+
+module.exports = {
+  SchedulerEvents,
+  TRACE_VERSION,
+  THUMBNAIL_MAX_BYTES,
+  clipped,
+  perplexityOf,
+  roundedPerplexity,
+  imagesOfPrompt,
+};

@@ -11,8 +11,8 @@
  * its next cache point at a time, so its prefixes become cache entries like any prompt's.
  */
 
-const { randomBytes } = require('node:crypto');
 const { MediaPrompt } = require('../Context');
+const { markImages, messagesHaveImages } = require('../chat-images');
 const { invalidArg: invalid } = require('../errors');
 const { imageKeys } = require('./image-keys');
 
@@ -22,19 +22,9 @@ const { imageKeys } = require('./image-keys');
  * @typedef {{ prompt: any, images: import('./image-keys').ImageSpan[] }} PromptMedia
  */
 
-const isImagePart = (p) => p !== null && typeof p === 'object' && p.type === 'image';
-
 /** Whether `prompt` is a prompt with images: a MediaPrompt or an array of prompt parts. */
 function isMediaInput(prompt) {
   return prompt instanceof MediaPrompt || Array.isArray(prompt);
-}
-
-/** Whether a request's messages hold image parts (`{ type: 'image', image: Uint8Array }`). */
-function messagesHaveImages(messages) {
-  return (
-    Array.isArray(messages) &&
-    messages.some((m) => m && Array.isArray(m.content) && m.content.some((p) => isImagePart(p)))
-  );
 }
 
 /** Whether the request's prompt holds images (it then takes the path of this file). */
@@ -46,47 +36,6 @@ function hasImages(request) {
 function checkMediaPrompt(prompt) {
   if (Array.isArray(prompt) && prompt.length === 0)
     throw invalid('request.prompt must be a non-empty string, a MediaPrompt or a non-empty array of prompt parts');
-}
-
-/**
- * Messages whose image parts are replaced by a marker no text holds (random per request), their
- * content joined into one string, and what splits the chat template's output back into parts.
- * @param {any[]} messages
- */
-function markImages(messages) {
-  const marker = `<__llama_branch_image_${randomBytes(8).toString('hex')}__>`;
-  /** @type {Uint8Array[]} */
-  const images = [];
-  const marked = messages.map((m, i) => {
-    if (!m || !Array.isArray(m.content)) return m;
-    const text = m.content
-      .map((p, k) => {
-        if (isImagePart(p)) {
-          if (!(p.image instanceof Uint8Array))
-            throw invalid(
-              `request.messages[${i}].content[${k}].image must be a Uint8Array or Buffer of image file bytes`,
-            );
-          images.push(p.image);
-          return marker;
-        }
-        if (p && p.type === 'text' && typeof p.text === 'string') return p.text;
-        throw invalid(
-          `request.messages[${i}].content[${k}] must be { type: 'text', text } or { type: 'image', image }`,
-        );
-      })
-      .join('');
-    return { ...m, content: text };
-  });
-  /** The formatted prompt cut at the markers, the images in their places. */
-  const parts = (/** @type {string} */ formatted) => {
-    const texts = formatted.split(marker);
-    if (texts.length !== images.length + 1)
-      throw invalid(
-        `the chat template rendered ${texts.length - 1} of the request's ${images.length} images; put images in user messages`,
-      );
-    return texts.flatMap((t, k) => (k < images.length ? [t, images[k]] : [t]));
-  };
-  return { messages: marked, parts };
 }
 
 /**

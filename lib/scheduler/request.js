@@ -16,6 +16,7 @@ const { GenJob } = require('./jobs');
 const { Choice } = require('./choice');
 const { Program } = require('./program');
 const { Generation } = require('./generation');
+const { imagesOfPrompt } = require('./events');
 const { hasImages, markImages, mediaPromptOf } = require('./media');
 
 /**
@@ -137,19 +138,29 @@ async function prepare(req, ctx, systemPrompts) {
       `the request needs ${leases} sequence leases (n ${n} + ${cachePoints.length} prompt branches) but the context has nSeqMax ${ctx.nSeqMax}; lower n or create the context with a larger nSeqMax`,
     );
   }
-  const text = req.chat ? req.chat.formatted.prompt : typeof prompt === 'string' ? prompt : undefined;
   return {
-    prompt: {
-      tokens,
-      cachePoints,
-      text: text === undefined ? `(${tokens.length} prompt tokens)` : text,
-      ...(media ? { media } : {}),
-    },
+    prompt: { tokens, cachePoints, text: promptText(req, images, tokens.length), ...(media ? { media } : {}) },
     cells: n * gen.maxTokens,
     leases: n,
     planned: true,
-    admit: { kind: req.chat ? 'chat' : 'completion', n, maxTokens: gen.maxTokens, promptTokens: tokens.length },
+    admit: {
+      kind: req.chat ? 'chat' : 'completion',
+      n,
+      maxTokens: gen.maxTokens,
+      promptTokens: tokens.length,
+      ...(media ? { images: imagesOfPrompt(media.prompt, images ? images.images : prompt) } : {}),
+    },
   };
+}
+
+/**
+ * The prompt's text as events show it: the rendered chat (with images, each as `<__media__>`, not
+ * the request's random marker), a prompt string, or its token count.
+ */
+function promptText(req, images, nTokens) {
+  const { prompt } = req.request;
+  if (req.chat) return images ? images.shown(req.chat.formatted.prompt) : req.chat.formatted.prompt;
+  return typeof prompt === 'string' ? prompt : `(${nTokens} prompt tokens)`;
 }
 
 /** Admitted: its n choices forked from the prompt line, each with its gen. */

@@ -11,9 +11,11 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
+const crypto = require('node:crypto');
 const OpenAI = require('openai');
 const { createContext, createServer } = require('../..');
 const { MODEL } = require('../helpers');
+const { projectorPath, png } = require('../helpers/images');
 const { browserPath } = require('../../scripts/env');
 
 const ROOT = path.join(__dirname, '..', '..');
@@ -458,6 +460,67 @@ describe('the live page in Chromium', function () {
     } finally {
       await keyedPage.close();
       await keyed.close();
+    }
+  });
+
+  const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
+  if (!hasWriter && process.env.CI !== 'true') {
+    it('not run here: the image thumbnail test needs the Python gguf package (python3 -m pip install gguf==0.19.0)', () =>
+      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0));
+    return;
+  }
+
+  it("draws a chat's images in its prompt node: a small one as a thumbnail, a large one as a placeholder", async () => {
+    const vision = await serve({
+      context: { nCtx: 1024, nSeqMax: 8, mmprojPath: projectorPath() },
+      server: { parallel: 1, modelName: 'vision' },
+    });
+    const visionPage = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+    const pageErrors = [];
+    visionPage.on('console', (m) => m.type() === 'error' && pageErrors.push(m.text()));
+    visionPage.on('pageerror', (e) => pageErrors.push(String(e)));
+    try {
+      await visionPage.goto(`${vision.url}/`);
+      await visionPage.waitForSelector('#status[data-mode="live"]');
+      const small = png(64, 48, { seed: 1 });
+      const large = png(160, 160, { seed: 4 }); // over the 64 KiB of a thumbnail
+      assert.ok(small.length < 64 * 1024 && large.length > 64 * 1024);
+      const url = (b) => ({ type: 'image_url', image_url: { url: `data:image/png;base64,${b.toString('base64')}` } });
+      const client = new OpenAI({ baseURL: `${vision.url}/v1`, apiKey: 'x', maxRetries: 0 });
+      const res = await client.chat.completions.create({
+        model: 'vision',
+        messages: [{ role: 'user', content: [{ type: 'text', text: 'Compare ' }, url(small), url(large)] }],
+        max_tokens: 3,
+      });
+      assert.equal(res.choices.length, 1);
+      await visionPage.waitForSelector('details.request[data-kind="chat"][data-status="ok"]');
+      const request = await visionPage.$eval('details.request[data-kind="chat"]', (d) => d.dataset.request);
+      const prompt = `li.node[data-branch="${request}"]`;
+      const thumb = await visionPage.$eval(`${prompt} > .images > img.thumb`, (img) => ({
+        src: img.src,
+        width: img.naturalWidth,
+        height: img.naturalHeight,
+        id: img.dataset.id,
+      }));
+      assert.equal(thumb.src, `data:image/png;base64,${small.toString('base64')}`);
+      assert.deepEqual([thumb.width, thumb.height], [64, 48], 'the browser decoded the thumbnail');
+      const sha = (b) => crypto.createHash('sha256').update(b).digest('hex').slice(0, 16);
+      assert.equal(thumb.id, sha(small));
+      const placeholder = await visionPage.$eval(`${prompt} > .images > span.thumb.placeholder`, (p) => ({
+        text: p.textContent,
+        id: p.dataset.id,
+      }));
+      assert.equal(placeholder.id, sha(large));
+      assert.equal(placeholder.text, `image · ${(large.length / 1024).toFixed(1)} KiB · ${sha(large).slice(0, 8)}`);
+      const text = await visionPage.$eval(`${prompt} > .text`, (t) => t.textContent);
+      assert.match(text, /Compare <__media__><__media__>/, 'the prompt shows where each image went');
+      fs.mkdirSync(SHOTS, { recursive: true });
+      await visionPage.screenshot({ path: path.join(SHOTS, 'images.png') });
+      console.log(`      screenshot: ${path.relative(process.cwd(), path.join(SHOTS, 'images.png'))}`);
+      assert.deepEqual(pageErrors, [], "no console errors (the page's CSP allows data: images)");
+    } finally {
+      await visionPage.close();
+      await vision.close();
     }
   });
 });

@@ -78,6 +78,7 @@
           n: e.n ?? null,
           promptTokens: e.promptTokens ?? null,
           cachedTokens: e.cachedTokens ?? null,
+          images: Array.isArray(e.images) ? e.images : null,
         });
         return;
       case 'fork':
@@ -274,10 +275,37 @@
     const own = Math.max(0, n.n - n.at);
     stats.textContent = `${own} tok${n.ppl !== undefined ? ` · ppl ${n.ppl.toFixed(2)}` : ''}`;
     li.dataset.tokens = String(own);
-    const text = li.children[1];
+    const text = li.querySelector(':scope > .text');
     text.textContent = n.text.length > TEXT_TAIL ? `…${n.text.slice(-TEXT_TAIL)}` : n.text;
     if (n.decided) stats.textContent += ` · state of ${n.decided} question${n.decided === 1 ? '' : 's'}`;
     if (n.decision) renderDecision(li, n.decision);
+    if (n.id === n.tree.id && n.tree.images) renderImages(li, n.tree.images);
+  }
+
+  /** Only data URLs of the formats the projector decodes reach an <img> (a trace file is input too). */
+  const THUMBNAIL_URL = /^data:image\/(png|jpeg|gif|bmp);base64,[A-Za-z0-9+/]+=*$/;
+
+  /**
+   * A prompt's images (its `admit` event's `images`) above its text: a thumbnail for each image
+   * the event carries as a data URL, a placeholder with its size and SHA-256 prefix for the rest.
+   */
+  function renderImages(li, images) {
+    if (li.querySelector(':scope > .images')) return;
+    const box = el('div', 'images');
+    for (const image of images) {
+      const size = typeof image.bytes === 'number' ? `${(image.bytes / 1024).toFixed(1)} KiB` : 'size unknown';
+      const about = `image · ${size} · sha256 ${String(image.id).slice(0, 16)}… · ${image.nPos} positions`;
+      let item;
+      if (typeof image.url === 'string' && THUMBNAIL_URL.test(image.url)) {
+        item = el('img', 'thumb');
+        item.src = image.url;
+        item.alt = about;
+      } else item = el('span', 'thumb placeholder', `image · ${size} · ${String(image.id).slice(0, 8)}`);
+      item.title = about;
+      item.dataset.id = String(image.id);
+      box.append(item);
+    }
+    li.insertBefore(box, li.children[1]);
   }
 
   /** A question's options under its fork: a bar per option, its probability, the winner marked. */
