@@ -13,6 +13,8 @@ const { scoreTexts } = require('./scheduler/scoring');
 const { decideOnLine } = require('./decisions');
 const { firstTurn, laterTurn } = require('./scheduler/chat');
 const { markMessages, tokenizeMarked, unmark } = require('./scheduler/plain-text');
+const { MediaPrompt } = require('./Context');
+const { linePiecesOf } = require('./scheduler/media');
 
 /**
  * One line of generation inside a program (the `s` of `run(async (s) => ...)`). A line runs one
@@ -57,9 +59,12 @@ class ProgramLine {
    * first text), token ids, or chat messages: on an empty line, rendered with the model's chat
    * template up to the assistant's turn (whose end-of-turn strings then stop every gen of the line
    * and its forks); on a line started so, after the assistant's reply, the next turn (the turn
-   * separator, then the messages rendered alone: nothing is decoded again). Nothing is decoded
+   * separator, then the messages rendered alone: nothing is decoded again). A `MediaPrompt`
+   * (`ctx.tokenizeParts(parts)`; `tokenizeParts(parts, false)` after the line's first text, so no
+   * second BOS) appends text and images: each image is encoded once, when the line next needs
+   * its KV, and the prefix cache keys it by its bytes (docs/images.md). Nothing is decoded
    * until the line next needs its KV: a gen, or a fork's first step. Returns the line.
-   * @param {string | number[] | readonly import('./types').ChatMessage[]} input
+   * @param {string | number[] | readonly import('./types').ChatMessage[] | MediaPrompt} input
    * @returns {this}
    */
   append(input) {
@@ -79,6 +84,13 @@ class ProgramLine {
         throw invalid('append(messages): the assistant turn is open; gen its reply (or append its text) first');
       const { tokens, text } = laterTurn(ctx, line.tokens, messages);
       line.pushTurn(tokens, text);
+      return this;
+    }
+    if (input instanceof MediaPrompt) {
+      if (!ctx.hasProjector)
+        throw makeError('ERR_NO_PROJECTOR', 'append(prompt): a prompt with images needs a context created with mmprojPath');
+      const { tokens, images, text } = linePiecesOf(ctx, input, line.tokens.length);
+      line.pushMedia(input, tokens, images, text);
       return this;
     }
     // Text or tokens after an open turn are the assistant's reply (Line.push).

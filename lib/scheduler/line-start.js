@@ -32,8 +32,10 @@ class LineStart {
     this.borrowed = false;
   }
 
-  static fork(parent) {
-    return new LineStart(parent, null);
+  /** A fork of `parent` at `at` tokens (default: its end); the images below are its too. */
+  static fork(parent, at) {
+    const images = parent.kv ? parent.kv.images : [];
+    return new LineStart(parent, null, at === undefined ? images : imagesBelow(images, at));
   }
 
   static fresh() {
@@ -100,6 +102,11 @@ class LineStart {
     if (env.hinted) this.segment.hinted = true;
     if (this.cachePoints) this.pins.push(cache.pin(this.segment));
     else cache.pin(this.segment);
+  }
+
+  /** The line appended a prompt with images: their places in it. @param {import('./image-keys').ImageSpan[]} images */
+  addImages(images) {
+    this.images = [...this.images, ...images];
   }
 
   /** The end of the entry being filled (null: none). */

@@ -72,8 +72,12 @@ class Line {
     /** A select or multi-token logprob runs on this line (its options are scored in forks). */
     this.selecting = false;
     this.released = false;
-    /** @type {any} a request's prompt with images (a MediaPrompt), prefilled by ./media.js (its `pending` are its positions) */
-    this.media = null;
+    /**
+     * Prompts with images among its pending positions, in order: each a MediaPrompt and the line
+     * position it starts at, prefilled by ./media.js (the text around them by the batched prefill).
+     * @type {{ prompt: any, at: number }[]}
+     */
+    this.media = [];
     /** Prompt tokens its start took from the prefix cache, and how often it started (again after a failed branch). */
     this.cached = 0;
     this.starts = 0;
@@ -134,14 +138,26 @@ class Line {
     this.selecting = on;
   }
 
-  /** Its pending positions are `media`'s, a prompt with images prefilled by ./media.js (null: none). */
-  holdMedia(media) {
-    this.media = media;
+  /**
+   * Appends a prompt with images (`prompt`, a MediaPrompt): `tokens` (its text tokens and its
+   * images' keys, ./image-keys.js), `images` their places in the line, and `text` what the line's
+   * text shows of it; its positions are prefilled by ./media.js.
+   */
+  pushMedia(prompt, tokens, images, text) {
+    this.media.push({ prompt, at: this.tokens.length });
+    this.kv.addImages(images);
+    this.push(tokens, text);
   }
 
-  /** The prompt with images is in the branch now. */
+  /** The prompt with images whose positions come next (null: none pending; one a cached start covered is dropped). */
+  get nextMedia() {
+    while (this.media.length > 0 && this.filled >= this.media[0].at + this.media[0].prompt.nPos) this.media.shift();
+    return this.media.length > 0 ? this.media[0] : null;
+  }
+
+  /** The next prompt with images is in the branch now. */
   mediaPrefilled() {
-    this.media = null;
+    this.media.shift();
   }
 
   /** The tokens just appended are in the branch already (adopted from the scorer that decoded them). */
@@ -249,6 +265,15 @@ class Line {
     if (parent.state !== 'live' || parent.filled < this.anchor) return false;
     if (parent.filled === this.anchor) {
       this.took(parent.branch.fork());
+    } else if (parent.tokens[this.anchor - 1] < 0) {
+      // The fork point ends an image: its last position cannot be decoded alone, so the fork
+      // takes the cells without the logits there; its own pending tokens give it logits.
+      if (this.pending.length === 0)
+        throw schedulerError(
+          Code.PROGRAM_STATE,
+          'fork(): this line went on past an image its fork ends with; append text to the fork before it generates, or fork before going on',
+        );
+      this.took(parent.branch.forkAt(this.anchor));
     } else {
       // The parent went on past the fork point: fork it one token before and decode that token
       // again, for the logits at the fork point.
@@ -310,7 +335,7 @@ class Line {
     this.pending = this.pending.slice(start.length);
     const prompt = this.kv.cachePoints !== null;
     if (prompt) this.openSegment();
-    return !prompt && start.length === 0 && this.pending.length >= MIN_PARTIAL_REUSE;
+    return !prompt && this.pending.length >= MIN_PARTIAL_REUSE;
   }
 
   /** The line's branch fills a cache entry from now on (./line-start.js `open`); a prompt to score is nobody's. */

@@ -47,16 +47,36 @@ function checkMediaPrompt(prompt) {
  */
 async function mediaPromptOf(ctx, input) {
   const prompt = input instanceof MediaPrompt ? input : await ctx.tokenizeParts(input, true);
+  const { tokens, images } = linePiecesOf(ctx, prompt, 0);
+  return { media: { prompt, images }, tokens };
+}
+
+/** What a line's text shows of an image: the marker mtmd's own prompts use. */
+const IMAGE_TEXT = '<__media__>';
+
+/**
+ * A MediaPrompt as a line appends it at position `at`: its tokens (text tokens, each image's
+ * keys), its images' places in the line, and its text (the text pieces detokenized, IMAGE_TEXT
+ * for each image).
+ * @param {any} ctx
+ * @param {any} prompt a MediaPrompt
+ * @param {number} at
+ */
+function linePiecesOf(ctx, prompt, at) {
   const tokens = [];
   const images = [];
+  let text = '';
   for (const piece of prompt.pieces) {
-    if (piece.type === 'text') tokens.push(...piece.tokens);
-    else {
-      images.push({ start: tokens.length, nPos: piece.nPos, id: piece.id });
+    if (piece.type === 'text') {
+      tokens.push(...piece.tokens);
+      text += piece.tokens.map((t) => ctx.tokenToText(t)).join('');
+    } else {
+      images.push({ start: at + tokens.length, nPos: piece.nPos, id: piece.id });
       tokens.push(...imageKeys(piece.id, piece.nPos));
+      text += IMAGE_TEXT;
     }
   }
-  return { media: { prompt, images }, tokens };
+  return { tokens, images, text };
 }
 
 /**
@@ -71,26 +91,32 @@ async function prefillMedia(programs) {
   programs.materialize();
   let positions = 0;
   for (const [program, line] of [...programs.runningLines()]) {
-    const media = line.media;
-    if (!media || !line.wantsPrefill) continue;
-    const from = line.filled;
-    const to = Math.min(line.segmentEnd ?? media.nPos, media.nPos);
+    const media = line.nextMedia;
+    if (!media || !line.wantsPrefill || line.filled < media.at) continue; // its text first
+    const { prompt, at } = media;
+    const end = Math.min(line.segmentEnd ?? Infinity, at + prompt.nPos);
+    const take = end - line.filled;
+    if (program.cellsUsed + take > program.maxCells) {
+      program.lineFailed(line, program.cellsExceeded(take));
+      continue;
+    }
     try {
-      await line.branch.prefill(media, { from, to });
-      program.prefilled(line, to - from);
-      line.prefilled(to - from, null, false);
+      await line.branch.prefill(prompt, { from: line.filled - at, to: end - at });
+      program.prefilled(line, take);
+      line.prefilled(take, null, line.fillsUnreservedEntry(take) && programs.fits(0, 1));
     } catch (e) {
       program.lineFailed(line, e);
       continue;
     }
-    if (line.filled >= media.nPos) line.mediaPrefilled();
-    positions += to - from;
+    if (line.filled >= at + prompt.nPos) line.mediaPrefilled();
+    positions += take;
   }
   if (positions > 0) programs.materialize();
   return positions;
 }
 
 module.exports = {
+  linePiecesOf,
   isMediaInput,
   hasImages,
   messagesHaveImages,

@@ -250,7 +250,7 @@ class Program {
    * when they fork the line further on than it is now (a `select` path, where its options part).
    */
   spawn(line, n, at = line.tokens) {
-    const start = () => (line.tokens.length === 0 ? LineStart.fresh() : LineStart.fork(line));
+    const start = () => (line.tokens.length === 0 ? LineStart.fresh() : LineStart.fork(line, at.length));
     return Array.from({ length: n }, () => this.makeLine(start(), at.slice()));
   }
 
@@ -279,8 +279,8 @@ class Program {
       this.promptTokens = prompt.tokens.length;
       const kv = LineStart.prompt(prompt.cachePoints, prompt.media ? prompt.media.images : []);
       const line = this.makeLine(kv, [], this.id);
-      line.push(prompt.tokens, prompt.text);
-      line.holdMedia(prompt.media ? prompt.media.prompt : null);
+      if (prompt.media) line.pushMedia(prompt.media.prompt, prompt.tokens, [], prompt.text);
+      else line.push(prompt.tokens, prompt.text);
       this.promptLine = line;
     }
     this.config.begin(this, this.promptLine);

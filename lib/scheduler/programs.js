@@ -141,8 +141,12 @@ class Programs {
     this.materialize();
     const out = [];
     for (const [program, line] of this.runningLines()) {
-      if (budget === 0 || !line.wantsPrefill || line.media) continue; // a media prompt: ./media.js
+      if (budget === 0 || !line.wantsPrefill) continue;
       let take = Math.min(line.pending.length, budget);
+      // A prompt with images is prefilled by ./media.js: the text before it here, first.
+      const media = line.nextMedia;
+      if (media && line.filled >= media.at) continue;
+      if (media) take = Math.min(take, media.at - line.filled);
       // A cache entry being filled ends where the next one starts: it is filled first.
       const end = line.segmentEnd;
       if (end !== null) take = Math.min(take, end - line.filled);

@@ -1,0 +1,126 @@
+'use strict';
+
+// Branch programs with images (issue 49): `line.append(mediaPrompt)` inside `scheduler.run`, on the
+// real default model and the random-weight test projector (16 positions an image). Exact
+// properties only: encoder runs, positions, the prefix cache finding the image again across
+// programs and requests, coded errors.
+
+const assert = require('node:assert/strict');
+const { spawnSync } = require('node:child_process');
+const { Scheduler } = require('..');
+const { open, rejects } = require('./helpers');
+const { projectorPath, png } = require('./helpers/images');
+
+const IMAGE_TOKENS = 16;
+const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
+const missing = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
+const LEAD = 'A photograph from the archive, described for a catalogue. '.repeat(3);
+
+describe('branch programs with images', function () {
+  this.timeout(240000);
+  if (!hasWriter && process.env.CI !== 'true') {
+    it(`not run here: ${missing}`, function () {
+      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0);
+    });
+    return;
+  }
+
+  let ctx;
+  let scheduler;
+  const encodes = () => ctx.imageStats().encodes;
+  before(async function () {
+    assert.ok(hasWriter, missing);
+    ctx = await open({ mmprojPath: projectorPath(), nSeqMax: 8, nCtx: 1024 });
+    scheduler = new Scheduler(ctx);
+  });
+  after(async () => {
+    await scheduler?.close();
+    ctx?.dispose();
+  });
+
+  it('a line appends a MediaPrompt; its forks ask about the image after one encoder run', async () => {
+    const prompt = await ctx.tokenizeParts([LEAD, png(64, 48, { seed: 41 }), '\nQuestion:']);
+    const e0 = encodes();
+    const value = await scheduler.run(
+      async (s) => {
+        s.append(prompt);
+        const keys = s.tokens.filter((t) => t < 0);
+        const forks = s.fork(3);
+        const answers = await Promise.all(
+          forks.map((f, i) => f.append([' What colour?', ' How many?', ' Where?'][i]).gen({ maxTokens: 3 })),
+        );
+        return { keys, text: s.text, tokens: s.tokens.length, answers };
+      },
+      { maxBranches: 4, maxCells: 256 },
+    );
+    assert.equal(encodes(), e0 + 1, 'one encoder run for the line and its three forks');
+    assert.equal(value.keys.length, IMAGE_TOKENS, 'the image positions hold its keys (never token ids)');
+    assert.equal(value.tokens, prompt.nPos);
+    assert.match(value.text, /<__media__>/, "the line's text shows where the image is");
+    for (const a of value.answers) assert.ok(a.tokens.length > 0);
+  });
+
+  it('the same image in a later program and in a request comes from the prefix cache: no encode', async () => {
+    const image = png(64, 48, { seed: 42 });
+    const parts = [LEAD, image, '\nQuestion: what is it?\nAnswer:'];
+    // A program reserves the cells it declares at admission (evicting cached prefixes for them):
+    // these declare what they need, so the first one's cached prompt stays for the second.
+    const ask = () =>
+      scheduler.run(
+        async (s) => {
+          s.append(await ctx.tokenizeParts(parts));
+          return (await s.gen({ maxTokens: 2 })).tokens;
+        },
+        { maxCells: 128 },
+      );
+    const first = await ask();
+    const [e1, p1] = [encodes(), scheduler.stats().prefilledTokens];
+    const second = await ask();
+    assert.equal(encodes(), e1, 'the second program forks the first one’s cached image');
+    const prefilled = scheduler.stats().prefilledTokens - p1;
+    assert.ok(prefilled < 2, `the second program prefilled ${prefilled} positions`);
+    assert.ok(first.length > 0 && second.length > 0);
+    const res = await scheduler.generate({ prompt: parts, maxTokens: 2, params: { temperature: 0 } });
+    assert.equal(encodes(), e1, 'a request with the same parts finds it too');
+    assert.ok(res.usage.cachedPromptTokens > IMAGE_TOKENS, JSON.stringify(res.usage));
+  });
+
+  it('two prompts with images on one line, text between: each image encoded once, positions add up', async () => {
+    const a = await ctx.tokenizeParts([LEAD, png(32, 32, { seed: 43 })]);
+    const b = await ctx.tokenizeParts([png(32, 32, { seed: 44 }), ' Compare them.'], false);
+    const e0 = encodes();
+    const value = await scheduler.run(
+      async (s) => {
+        s.append(a).append(' and then').append(b);
+        const out = await s.gen({ maxTokens: 2 });
+        return { tokens: s.tokens, out };
+      },
+      { maxCells: 256 },
+    );
+    assert.equal(encodes(), e0 + 2);
+    const between = ctx.tokenizeSync(' and then', false, false).length;
+    assert.equal(value.tokens.length, a.nPos + between + b.nPos + value.out.tokens.length);
+    assert.equal(value.tokens.filter((t) => t < 0).length, 2 * IMAGE_TOKENS);
+  });
+
+  it('a MediaPrompt on a scheduler whose context has no projector: ERR_NO_PROJECTOR, the program goes on', async () => {
+    const plain = await open({ nSeqMax: 2 });
+    const s = new Scheduler(plain);
+    try {
+      const prompt = await ctx.tokenizeParts(['Look: ', png(16, 16, { seed: 45 })]);
+      const value = await s.run(
+        async (line) => {
+          const err = await rejects(async () => line.append(prompt), 'ERR_NO_PROJECTOR');
+          line.append('Hello');
+          return { code: err.code, out: await line.gen({ maxTokens: 1 }) };
+        },
+        { maxBranches: 1 },
+      );
+      assert.equal(value.code, 'ERR_NO_PROJECTOR');
+      assert.equal(value.out.tokens.length, 1);
+    } finally {
+      await s.close();
+      plain.dispose();
+    }
+  });
+});
