@@ -88,7 +88,10 @@ class ProgramLine {
     }
     if (input instanceof MediaPrompt) {
       if (!ctx.hasProjector)
-        throw makeError('ERR_NO_PROJECTOR', 'append(prompt): a prompt with images needs a context created with mmprojPath');
+        throw makeError(
+          'ERR_NO_PROJECTOR',
+          'append(prompt): a prompt with images needs a context created with mmprojPath',
+        );
       const { tokens, images, text } = linePiecesOf(ctx, input, line.tokens.length);
       line.pushMedia(input, tokens, images, text);
       return this;

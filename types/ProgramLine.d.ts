@@ -22,12 +22,15 @@ export class ProgramLine {
      * first text), token ids, or chat messages: on an empty line, rendered with the model's chat
      * template up to the assistant's turn (whose end-of-turn strings then stop every gen of the line
      * and its forks); on a line started so, after the assistant's reply, the next turn (the turn
-     * separator, then the messages rendered alone: nothing is decoded again). Nothing is decoded
+     * separator, then the messages rendered alone: nothing is decoded again). A `MediaPrompt`
+     * (`ctx.tokenizeParts(parts)`; `tokenizeParts(parts, false)` after the line's first text, so no
+     * second BOS) appends text and images: each image is encoded once, when the line next needs
+     * its KV, and the prefix cache keys it by its bytes (docs/images.md). Nothing is decoded
      * until the line next needs its KV: a gen, or a fork's first step. Returns the line.
-     * @param {string | number[] | readonly import('../lib/types').ChatMessage[]} input
+     * @param {string | number[] | readonly import('../lib/types').ChatMessage[] | MediaPrompt} input
      * @returns {this}
      */
-    append(input: string | number[] | readonly import("../lib/types").ChatMessage[]): this;
+    append(input: string | number[] | readonly import("../lib/types").ChatMessage[] | MediaPrompt): this;
     /**
      * Generates after the line's text and appends the result to it. The tokens are sampled in the
      * scheduler's steps, one per step, in the same decode as everything else that runs.
@@ -100,3 +103,4 @@ export class ProgramLine {
     release(): void;
     #private;
 }
+import { MediaPrompt } from "./Context";

@@ -32,9 +32,39 @@ const LIBRARY_FIELDS = ['template', 'permute', 'read', 'maxQuestions', 'maxBranc
 const SYSTEMONE_FIELDS = ['state', 'questions', ...LIBRARY_FIELDS];
 const OPENAI_FIELDS = ['input', 'questions', 'promptCacheKey', 'safetyIdentifier', ...LIBRARY_FIELDS];
 const LINE_FIELDS = ['permute', 'read', 'maxQuestions', 'parallel'];
-/** What `refusal` says of a question with an image: this server reads text only. */
-const NO_VISION =
-  'the question has an image part: decisions do not take images yet (chat completions do, with a projector)';
+/** Why a question with an image is refused: images go in the input (the state every question forks). */
+const NO_VISION = 'the question has an image part: put images in the input, which every question sees';
+
+/**
+ * Where image `k` of a decision's input goes in its text, until the plan cuts the rendered state
+ * there into text and images (./plan.js). Control characters: client text holding NUL is refused.
+ */
+const imageMark = (/** @type {number} */ k) => `\u0000\u0001image${k}\u0001\u0000`;
+// eslint-disable-next-line no-control-regex -- the marks are control characters on purpose (see above)
+const IMAGE_MARK = /\u0000\u0001image(\d+)\u0001\u0000/;
+
+/** The data URLs of images a decision takes: base64 PNG, JPEG, GIF or BMP. */
+const DATA_URL = /^data:(image\/[a-z0-9.+-]+)?(;[^,;]*)*;base64,/i;
+
+/** The bytes of an `input_image` part: a base64 data URL only (nothing is fetched). */
+function imageBytes(part, at) {
+  const url = part.image_url;
+  if (typeof url !== 'string')
+    throw refused(
+      `${at}.image_url must be a data: URL of the image (data:image/png;base64,...); file ids are not taken`,
+      at,
+    );
+  if (/^https?:/i.test(url))
+    throw refused(
+      `${at}: image URLs are never fetched; send the image inline as a data URL (data:image/png;base64,...)`,
+      at,
+    );
+  const head = DATA_URL.exec(url);
+  const bytes = head ? Buffer.from(url.slice(head[0].length), 'base64') : null;
+  if (!bytes || bytes.length === 0)
+    throw refused(`${at}.image_url must be a base64 data URL holding image bytes (data:image/png;base64,...)`, at);
+  return bytes;
+}
 
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);
 const hasOwn = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
@@ -260,8 +290,11 @@ function openAIQuestions(questions, maxQuestions) {
   return questions.map(openAIQuestion);
 }
 
-/** The content of one input message as text, and where its parts end (breakpoints: offsets). */
-function contentOf(content, at, allowed) {
+/**
+ * The content of one input message as text, and where its parts end (breakpoints: offsets). An
+ * `input_image` part (a user's) adds its bytes to `images` and its mark to the text.
+ */
+function contentOf(content, at, allowed, images) {
   if (typeof content === 'string') return { text: checkText(content, at), breaks: [] };
   if (!Array.isArray(content)) throw refused(`${at} must be a string or an array of parts`, at);
   const texts = [];
@@ -269,12 +302,11 @@ function contentOf(content, at, allowed) {
   let length = 0;
   content.forEach((part, j) => {
     const param = `${at}[${j}]`;
-    if (part && part.type === 'input_image')
-      throw refused(
-        `${param}: decisions do not take images yet (chat completions do, with a projector); send the image as text`,
-        param,
-      );
-    const text = partText(part, param, allowed);
+    let text;
+    if (part && part.type === 'input_image' && allowed.includes('input_image')) {
+      images.push(imageBytes(part, param));
+      text = imageMark(images.length - 1);
+    } else text = partText(part, param, allowed);
     if (texts.length > 0) length += 2; // the parts are joined by a blank line
     texts.push(text);
     length += text.length;
@@ -292,7 +324,7 @@ function contentOf(content, at, allowed) {
 }
 
 const ROLE_PARTS = {
-  user: ['input_text', 'input_json'],
+  user: ['input_text', 'input_json', 'input_image'],
   developer: ['input_text'],
   system: ['input_text'],
   assistant: ['output_text', 'refusal'],
@@ -304,7 +336,7 @@ const ROLE_PARTS = {
  * are written as text turns (the assistant's call, the tool's output as the user's), so every
  * chat template renders them; an output must name a call made before it.
  */
-function openAIInput(input) {
+function openAIInput(input, images) {
   if (typeof input === 'string') {
     if (input.trim() === '') throw refused('input must be a non-empty string or a non-empty array of items', 'input');
     return [{ role: 'user', content: checkText(input, 'input'), breaks: [] }];
@@ -319,7 +351,7 @@ function openAIInput(input) {
     if (type === 'message') {
       const allowed = typeof item.role === 'string' && hasOwn(ROLE_PARTS, item.role) ? ROLE_PARTS[item.role] : null;
       if (!allowed) throw refused(`${at}.role must be user, developer, system or assistant`, `${at}.role`);
-      const { text, breaks } = contentOf(item.content, `${at}.content`, allowed);
+      const { text, breaks } = contentOf(item.content, `${at}.content`, allowed, images);
       return { role: item.role === 'developer' ? 'system' : item.role, content: text, breaks };
     }
     if (type === 'function_call' || type === 'custom_tool_call') {
@@ -339,7 +371,7 @@ function openAIInput(input) {
           `${at}.call_id ${JSON.stringify(item.call_id)} names no ${type.replace(/_output$/, '')} before it in input`,
           `${at}.call_id`,
         );
-      const { text, breaks } = contentOf(item.output, `${at}.output`, ['input_text']);
+      const { text, breaks } = contentOf(item.output, `${at}.output`, ['input_text'], images);
       const head = `[output of call ${item.call_id}]\n`;
       return { role: 'user', content: head + text, breaks: breaks.map((b) => b + head.length) };
     }
@@ -398,9 +430,11 @@ function checkRequest(request) {
       throw refused(`${where}: unknown field ${JSON.stringify(key)}; known: ${fields.join(', ')}`, key);
   }
   let messages, questions, settings;
+  /** @type {Buffer[]} the input's images, in order (their marks are in `messages`) */
+  const images = [];
   if (format === 'openai') {
     settings = checkSettings(request, where, MAX_OPENAI_QUESTIONS);
-    messages = openAIInput(request.input);
+    messages = openAIInput(request.input, images);
     questions = openAIQuestions(request.questions, settings.maxQuestions);
     /** @type {[string, number][]} */
     const strings = [
@@ -421,6 +455,7 @@ function checkRequest(request) {
   return {
     format,
     messages,
+    images,
     questions,
     settings,
     maxBranches: request.maxBranches,
@@ -446,6 +481,7 @@ function checkLineDecision(questions, options) {
 }
 
 module.exports = {
+  IMAGE_MARK,
   checkRequest,
   checkLineDecision,
   systemOneQuestions,

@@ -13,7 +13,7 @@
 
 const { invalidArg } = require('../errors');
 const { checkRequest, checkLineDecision } = require('./checks');
-const { planDecision, planOnLine } = require('./plan');
+const { planDecision, planOnLine, mediaStateOf } = require('./plan');
 const { ask } = require('./ask');
 const { answersOf } = require('./answers');
 
@@ -42,7 +42,8 @@ function stateLineOf(root, head) {
 async function decide(ctx, request, run, parseSpecial = false) {
   const started = performance.now();
   const checked = checkRequest(request);
-  const plan = planDecision(ctx, checked, parseSpecial);
+  // An input with images: its state is tokenized with them first (on the worker).
+  const plan = planDecision(ctx, checked, parseSpecial, await mediaStateOf(ctx, checked, parseSpecial));
   const position = new Map(plan.items.map((it, i) => [it, i]));
   const probabilities = plan.items.map(() => null);
   const shown = [];

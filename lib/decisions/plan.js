@@ -14,7 +14,8 @@
  */
 
 const { makeError, invalidArg: refused } = require('../errors');
-const { clientText, clientContent, tokenizeMarked } = require('../scheduler/plain-text');
+const { clientText, clientContent, tokenizeMarked, spellsSpecial } = require('../scheduler/plain-text');
+const { IMAGE_MARK } = require('./checks');
 
 const LETTERS = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ'.split('');
 /** Cells added per line beyond its own tokens: a fork that re-decodes the token before it. */
@@ -224,6 +225,42 @@ function checkWidth(items, total, param) {
 }
 
 /**
+ * The state of a decision whose input holds images, laid out and tokenized (async: the images are
+ * decoded on the worker): `{ look, head }`, `head` holding a MediaPrompt for each piece with an
+ * image (the prefix cache keys it by the image's bytes). Null without images. The state's text is
+ * tokenized by the projector, which reads control tokens in it: client text that spells them is
+ * refused unless the Scheduler parses them (as for requests with images).
+ * @param {import('../Context').SessionContext} ctx
+ */
+async function mediaStateOf(ctx, checked, parseSpecial) {
+  if (checked.images.length === 0) return null;
+  if (!ctx.hasProjector)
+    throw makeError(
+      'ERR_NO_PROJECTOR',
+      'decide: the input has an image, and this context has no image projector; create it with mmprojPath (serve --mmproj)',
+    );
+  if (!parseSpecial && checked.messages.some((m) => spellsSpecial(ctx, m.content)))
+    throw refused(
+      "decide: text beside images that spells the model's special tokens cannot be kept as plain text yet: remove that text, or use parseSpecial",
+      'input',
+    );
+  const marks = { ...markerOf(ctx, parseSpecial), content: (/** @type {string} */ text) => text };
+  const look = layout(ctx, checked.messages, checked.settings.template, marks);
+  const head = await Promise.all(
+    look.pieces.map((piece, i) => {
+      const cut = piece.split(new RegExp(IMAGE_MARK.source, 'g')); // text, image index, text, …
+      if (cut.length === 1) return tokenizeMarked(ctx, piece, i === 0);
+      const parts = cut.map((p, k) => (k % 2 === 0 ? p : checked.images[Number(p)]));
+      return ctx.tokenizeParts(parts, i === 0);
+    }),
+  );
+  return { look, head };
+}
+
+/** Positions a state piece takes: its tokens, or a MediaPrompt's positions. */
+const positionsOf = (piece) => (Array.isArray(piece) ? piece.length : piece.nPos);
+
+/**
  * The plan of `scheduler.decide` (either format): `{ look, head, stateTokens, items, batches,
  * maxBranches }`. `head`: the state's tokens per piece (cut at cache breakpoints; without any,
  * the state tokenized whole, so both doors decode the same tokens). A question whose forks cannot
@@ -231,12 +268,12 @@ function checkWidth(items, total, param) {
  * decision. `batches`: the items asked by one program each, in order, each within the cells a
  * program may write, so that a long list of questions runs on the state the first one cached.
  */
-function planDecision(ctx, checked, parseSpecial) {
+function planDecision(ctx, checked, parseSpecial, media = null) {
   const { messages, settings, format } = checked;
   const marks = markerOf(ctx, parseSpecial);
-  const look = layout(ctx, messages, settings.template, marks);
-  const head = look.pieces.map((piece, i) => tokenizeMarked(ctx, piece, i === 0));
-  const stateTokens = head.reduce((s, t) => s + t.length, 0);
+  const look = media ? media.look : layout(ctx, messages, settings.template, marks);
+  const head = media ? media.head : look.pieces.map((piece, i) => tokenizeMarked(ctx, piece, i === 0));
+  const stateTokens = head.reduce((s, t) => s + positionsOf(t), 0);
   const items = itemsOf(ctx, checked.questions, look, settings, marks);
   const stateCells = stateTokens + SLACK_PER_LINE * head.length;
   const cellsOf = (it) => it.tasks.reduce((s, t) => s + t.tokens + SLACK_PER_LINE * t.lines, 0);
@@ -292,4 +329,4 @@ function planOnLine(ctx, checked, parseSpecial) {
   return { look, items };
 }
 
-module.exports = { planDecision, planOnLine };
+module.exports = { planDecision, planOnLine, mediaStateOf };

@@ -1,0 +1,167 @@
+'use strict';
+
+// Decisions about images (issue 49): `POST /v1/decisions` with `input_image` parts in its input,
+// driven by the real `openai` client against `llama-branch serve --mmproj` on 127.0.0.1, on the
+// default model and the random-weight test projector (16 positions an image). Exact properties
+// only: answers in the clients' shape, usage counting the image, the prefix cache finding the same
+// image again (no encode in /metrics), a changed image encoded, and every bad input a 400.
+
+const assert = require('node:assert/strict');
+const { spawnSync } = require('node:child_process');
+const { default: OpenAI } = require('openai');
+const { startServer, stopServer } = require('./serve-helpers');
+const { projectorPath, png } = require('./helpers/images');
+
+const IMAGE_TOKENS = 16;
+const MODEL = 'x';
+const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
+const missing = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
+const dataUrl = (bytes) => `data:image/png;base64,${Buffer.from(bytes).toString('base64')}`;
+const QUESTIONS = [
+  { type: 'predicate', name: 'outdoor', instructions: 'Was this photo taken outdoors?' },
+  {
+    type: 'choice',
+    name: 'subject',
+    instructions: 'What is the main subject?',
+    choices: [{ value: 'person' }, { value: 'animal' }, { value: 'building' }],
+  },
+];
+const input = (image, text = 'Here is a photo from the archive.') => [
+  {
+    role: 'user',
+    content: [
+      { type: 'input_text', text },
+      { type: 'input_image', image_url: dataUrl(image) },
+    ],
+  },
+];
+
+/** The counter `name` in the server's /metrics text. */
+async function metric(url, name) {
+  const body = await (await fetch(`${url}/metrics`)).text();
+  const m = new RegExp(`^${name} (\\d+)`, 'm').exec(body);
+  assert.ok(m, `${name} in /metrics`);
+  return Number(m[1]);
+}
+
+describe('POST /v1/decisions with images (llama-branch serve --mmproj, the openai client)', function () {
+  this.timeout(240000);
+  if (!hasWriter && process.env.CI !== 'true') {
+    it(`not run here: ${missing}`, function () {
+      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0);
+    });
+    return;
+  }
+
+  let server;
+  let client;
+  before(async () => {
+    assert.ok(hasWriter, missing);
+    server = await startServer([
+      '--mmproj',
+      projectorPath(),
+      '--parallel',
+      '2',
+      '--ctx-size',
+      '2048',
+      '--threads',
+      '2',
+      '--model-name',
+      MODEL,
+    ]);
+    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'x', maxRetries: 0, fetch });
+  });
+  after(async () => {
+    if (server) await stopServer(server);
+  });
+
+  it('answers questions about an input image; the same image again comes from the cache, another one is encoded', async () => {
+    const image = png(64, 48, { seed: 51 });
+    const encodes = () => metric(server.url, 'llamabranch_image_encodes_total');
+    const textOnly = await client.decisions.create({
+      model: MODEL,
+      input: 'Here is a photo from the archive.',
+      questions: QUESTIONS,
+    });
+    const e0 = await encodes();
+    const d = await client.decisions.create({ model: MODEL, input: input(image), questions: QUESTIONS });
+    assert.equal(await encodes(), e0 + 1, 'the image is encoded once for both questions');
+    assert.equal(d.answers.length, 2);
+    assert.ok(d.answers[0].probability >= 0 && d.answers[0].probability <= 1);
+    assert.deepEqual(
+      d.answers[1].probabilities.map((p) => p.value),
+      ['person', 'animal', 'building'],
+    );
+    assert.ok(
+      d.usage.input_tokens >= textOnly.usage.input_tokens + IMAGE_TOKENS,
+      `input tokens ${d.usage.input_tokens} count the image's positions (text only: ${textOnly.usage.input_tokens})`,
+    );
+
+    const again = await client.decisions.create({
+      model: MODEL,
+      input: input(Buffer.from(image)),
+      questions: QUESTIONS,
+    });
+    assert.equal(await encodes(), e0 + 1, 'the same image bytes: not encoded again');
+    assert.ok(again.usage.input_tokens_details.cached_tokens >= IMAGE_TOKENS, JSON.stringify(again.usage));
+    assert.deepEqual(again.answers, d.answers, 'the cached state gives the same answers');
+
+    const changed = png(64, 48, { seed: 52 });
+    await client.decisions.create({ model: MODEL, input: input(changed), questions: QUESTIONS });
+    assert.equal(await encodes(), e0 + 2, 'another image: encoded');
+  });
+
+  it('a question with an image is refused alone; bad input images are 400s naming the part', async () => {
+    const d = await client.decisions.create({
+      model: MODEL,
+      input: input(png(32, 32, { seed: 53 })),
+      questions: [
+        QUESTIONS[0],
+        {
+          type: 'predicate',
+          instructions: [
+            { type: 'input_text', text: 'Is this the same place?' },
+            { type: 'input_image', image_url: dataUrl(png(32, 32, { seed: 54 })) },
+          ],
+        },
+      ],
+    });
+    assert.equal(d.answers.length, 2);
+    assert.ok(typeof d.answers[0].probability === 'number');
+    assert.equal(d.answers[1].type, 'refusal', 'a question with an image is refused; the input takes images');
+    const cases = [
+      [[{ role: 'user', content: [{ type: 'input_image', image_url: 'https://example.com/a.png' }] }], /never fetched/],
+      [[{ role: 'user', content: [{ type: 'input_image', image_url: 'data:image/png;base64,' }] }], /data URL/],
+      [[{ role: 'user', content: [{ type: 'input_image', image_url: dataUrl(Buffer.from('not an image')) }] }], /./],
+      [
+        [{ role: 'assistant', content: [{ type: 'input_image', image_url: dataUrl(png(8, 8)) }] }],
+        /output_text|refusal/,
+      ],
+    ];
+    for (const [body, message] of cases) {
+      const err = await client.decisions.create({ model: MODEL, input: body, questions: [QUESTIONS[0]] }).then(
+        () => assert.fail(`${JSON.stringify(body).slice(0, 80)} was answered`),
+        (e) => e,
+      );
+      assert.equal(err.status, 400, `${err.message}`);
+      assert.match(err.message, message);
+    }
+    const ok = await client.decisions.create({ model: MODEL, input: 'Still serving?', questions: [QUESTIONS[0]] });
+    assert.equal(ok.answers.length, 1);
+  });
+
+  it('a server without --mmproj answers an input image with a 400 naming mmproj', async () => {
+    const plain = await startServer(['--parallel', '1', '--ctx-size', '1024', '--threads', '2', '--model-name', MODEL]);
+    try {
+      const c = new OpenAI({ baseURL: `${plain.url}/v1`, apiKey: 'x', maxRetries: 0, fetch });
+      const err = await c.decisions.create({ model: MODEL, input: input(png(16, 16)), questions: [QUESTIONS[0]] }).then(
+        () => assert.fail('answered'),
+        (e) => e,
+      );
+      assert.equal(err.status, 400);
+      assert.match(err.message, /mmproj/);
+    } finally {
+      await stopServer(plain);
+    }
+  });
+});
