@@ -1100,6 +1100,11 @@ export interface DecideOptions {
 export interface DecideRequest extends DecideOptions {
   /** The state: text, or a JSON object (written as indented JSON). */
   state: string | Record<string, unknown>;
+  /**
+   * Images in the state (a context with a projector): each `<__media__>` in the state's text takes
+   * the next one, the rest follow the text. Bytes, or base64 data URLs (never fetched URLs).
+   */
+  images?: Array<Uint8Array | string>;
   /** Question name (`^[A-Za-z0-9_.-]{1,64}$`) → question. */
   questions: Record<string, DecisionQuestion>;
   /**
@@ -1140,7 +1145,10 @@ export interface DecisionInputJson {
   type: 'input_json';
   data: Record<string, unknown> | Record<string, unknown>[];
 }
-/** An image part: refused (this package reads text; a question with one gets a `refusal`). */
+/**
+ * An image part (`image_url`: a base64 data URL; never fetched): in a user message of the input it
+ * is rendered in its place (a context with a projector); a question with one gets a `refusal`.
+ */
 export interface DecisionInputImage {
   type: 'input_image';
   image_url: string;

@@ -150,6 +150,46 @@ describe('POST /v1/decisions with images (llama-branch serve --mmproj, the opena
     assert.equal(ok.answers.length, 1);
   });
 
+  it('POST /v1/systemone takes images: <__media__> places one, the rest follow the state; the same image is cached', async () => {
+    const post = async (body) => {
+      const res = await fetch(`${server.url}/v1/systemone`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          model: MODEL,
+          questions: { outdoor: { type: 'noul', instructions: 'Outdoors?' } },
+          ...body,
+        }),
+      });
+      return { status: res.status, body: await res.json() };
+    };
+    const encodes = () => metric(server.url, 'llamabranch_image_encodes_total');
+    const image = png(48, 48, { seed: 55 });
+    const more = await post({ state: 'Photos: <__media__> and <__media__>.', images: [dataUrl(image)] });
+    assert.equal(more.status, 400, 'more markers than images');
+    assert.equal(more.body.error.param, 'images');
+    const e0 = await encodes();
+    const a = await post({ state: 'A photo: <__media__> from the archive.', images: [dataUrl(image)] });
+    assert.equal(a.status, 200, JSON.stringify(a.body));
+    assert.equal(await encodes(), e0 + 1);
+    const p = a.body.answers.outdoor.noul;
+    assert.ok(p >= 0 && p <= 1);
+    // bare base64 is taken as well; the same bytes come from the prefix cache
+    const b = await post({
+      state: 'A photo: <__media__> from the archive.',
+      images: [Buffer.from(image).toString('base64')],
+    });
+    assert.equal(b.status, 200);
+    assert.equal(await encodes(), e0 + 1, 'the same image: not encoded again');
+    assert.equal(b.body.answers.outdoor.noul, p);
+    const two = await post({ state: 'Two photos.', images: [dataUrl(image), dataUrl(png(48, 48, { seed: 56 }))] });
+    assert.equal(two.status, 200);
+    assert.ok(two.body.usage.input_tokens >= a.body.usage.input_tokens, JSON.stringify([two.body.usage, a.body.usage]));
+    const bad = await post({ state: 'x', images: ['https://example.com/a.png'] });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.body.error.param, 'images[0]');
+  });
+
   it('a server without --mmproj answers an input image with a 400 naming mmproj', async () => {
     const plain = await startServer(['--parallel', '1', '--ctx-size', '1024', '--threads', '2', '--model-name', MODEL]);
     try {

@@ -29,7 +29,7 @@ const MAX_QUESTIONS = 64;
 /** Questions one OpenAI decision may ask (the API's own limit). */
 const MAX_OPENAI_QUESTIONS = 400;
 const LIBRARY_FIELDS = ['template', 'permute', 'read', 'maxQuestions', 'maxBranches', 'signal'];
-const SYSTEMONE_FIELDS = ['state', 'questions', ...LIBRARY_FIELDS];
+const SYSTEMONE_FIELDS = ['state', 'questions', 'images', ...LIBRARY_FIELDS];
 const OPENAI_FIELDS = ['input', 'questions', 'promptCacheKey', 'safetyIdentifier', ...LIBRARY_FIELDS];
 const LINE_FIELDS = ['permute', 'read', 'maxQuestions', 'parallel'];
 /** Why a question with an image is refused: images go in the input (the state every question forks). */
@@ -45,6 +45,40 @@ const IMAGE_MARK = /\u0000\u0001image(\d+)\u0001\u0000/;
 
 /** The data URLs of images a decision takes: base64 PNG, JPEG, GIF or BMP. */
 const DATA_URL = /^data:(image\/[a-z0-9.+-]+)?(;[^,;]*)*;base64,/i;
+
+/** What marks an image's place in a System One state (llama.cpp's own media marker). */
+const STATE_IMAGE = '<__media__>';
+
+/**
+ * System One's `images` (the library: bytes or data URLs; the wire: data URLs or bare base64) in
+ * the state's text: each `<__media__>` in it takes the next image, the rest follow the text.
+ */
+function stateWithImages(text, given, images) {
+  if (given === undefined || given === null) return text;
+  if (!Array.isArray(given) || given.length === 0 || given.length > 64)
+    throw refused('images must be an array of 1 to 64 images (base64 data URLs, or bytes in the library)', 'images');
+  given.forEach((image, i) => {
+    const at = `images[${i}]`;
+    if (image instanceof Uint8Array) images.push(Buffer.from(image));
+    else if (typeof image === 'string' && /^data:/i.test(image)) images.push(imageBytes({ image_url: image }, at));
+    else if (typeof image === 'string' && /^[A-Za-z0-9+/]+={0,2}$/.test(image))
+      images.push(imageBytes({ image_url: `data:;base64,${image}` }, at));
+    else
+      throw refused(
+        `${at} must be a base64 data URL (data:image/png;base64,...) or base64 text; URLs are never fetched`,
+        at,
+      );
+  });
+  let k = 0;
+  const placed = text
+    .split(STATE_IMAGE)
+    .reduce((out, piece, i) => (i === 0 ? piece : out + imageMark(k++) + piece), '');
+  if (k > images.length)
+    throw refused(`state has ${k} ${STATE_IMAGE} markers and images holds ${images.length} images`, 'images');
+  let rest = '';
+  while (k < images.length) rest += `\n${imageMark(k++)}`;
+  return placed + rest;
+}
 
 /** The bytes of an `input_image` part: a base64 data URL only (nothing is fetched). */
 function imageBytes(part, at) {
@@ -449,7 +483,9 @@ function checkRequest(request) {
   } else {
     if (!hasOwn(request, 'state')) throw refused(`${where}: state is required (a string or a JSON object)`, 'state');
     settings = checkSettings(request, where, MAX_QUESTIONS);
-    messages = [{ role: 'user', content: stateText(request.state), breaks: [] }];
+    messages = [
+      { role: 'user', content: stateWithImages(stateText(request.state), request.images, images), breaks: [] },
+    ];
     questions = systemOneQuestions(request.questions, settings.maxQuestions);
   }
   return {

@@ -12,7 +12,7 @@
 
 const { checkDecisionBody, badRequest, sendJson, readJsonBody, toHttpError, abortOnDisconnect } = require('./http');
 
-const FIELDS = ['model', 'state', 'questions'];
+const FIELDS = ['model', 'state', 'questions', 'images'];
 
 /** The protocol's error body and status for anything this route throws. */
 function protocolError(e) {
@@ -63,6 +63,7 @@ function systemoneRoute(app) {
       const result = await app.scheduler.decide({
         state: body.state,
         questions: body.questions,
+        ...(body.images !== undefined ? { images: body.images } : {}),
         maxQuestions: app.limits.maxQuestions,
         signal,
       });
