@@ -3,14 +3,15 @@
 #   - ops.cpp: the reference flash attention made independent of the order of the KV cells, so a
 #     branch's logits do not depend on where llama.cpp placed its cells (and fast: query tiles,
 #     vectorized fixed-point sums; flash-attn-order-independent.inc);
-#   - ggml-cpu.c, llamafile/sgemm.cpp: the reference mul_mat takes llamafile's sgemm for the
-#     weight types whose AVX2 kernel computes every output element with the same instructions in
-#     the same order whatever the tile shape (Q8_0, Q4_0, Q5_0, IQ4_NL against Q8_0), for one
-#     column too, so a row's product does not depend on how many rows its decode has.
+#   - ggml-cpu.c: the reference mul_mat takes llamafile's sgemm for the weight types whose AVX2
+#     sgemm computes every output element with the same instructions in the same order whatever
+#     the tile shape, and the same as their one-row vec_dot (Q8_0, Q4_0, Q5_0 against Q8_0), so
+#     a row's product does not depend on how many rows its decode has, and prompts and wide
+#     decodes keep sgemm's speed.
 #
 # How it is applied: .cargo/config.toml sets CMAKE_PROJECT_ggml_INCLUDE to this file, which
 # llama-cpp-sys-2 forwards to CMake, which includes it right after ggml's project() call. It
-# writes patched copies of those three files (the kernel spliced in from
+# writes patched copies of those two files (the kernel spliced in from
 # flash-attn-order-independent.inc beside this file) into the build directory, and swaps the
 # copies into every ggml-cpu target once they exist (a deferred call at the end of ggml's
 # directory). The crate's sources in the cargo registry are never touched. If an update of
@@ -60,16 +61,18 @@ function(llama_branch_patch_ggml_cpu)
         "    if ((!params->use_ref || ggml_mul_mat_sgemm_batch_invariant(src0->type)) && src1->type != vec_dot_type) {\n        const void* wdata")
     llama_branch_replace(text "ggml-cpu/ggml-cpu.c" "the definition of ggml_compute_forward_mul_mat"
         "void ggml_compute_forward_mul_mat(\n"
-[==[// llama-branch: whether llamafile_sgemm computes each output element of a product of this weight
-// type (against Q8_0) with the same instructions in the same order whatever the tile it falls in
-// and whatever the number of columns: then the reference path (use_ref) may take it and stay
-// batch-invariant. True of tinyBLAS_Q0_AVX on AVX2: gemm<RM, RN>, gemm4xN and gemmMx4 all
-// accumulate, per element, madd(d_a * d_b, updot(a, b), acc) over the blocks in order and end
-// with hsum; tiles and threads only choose which elements go together. With use_ref it is also
-// called for one column (llamafile/sgemm.cpp), so a row decoded alone gets the same bits.
+[==[// llama-branch: whether the reference path (use_ref) may take llamafile_sgemm for weights of this
+// type and stay batch-invariant: sgemm must compute each output element with the same
+// instructions in the same order whatever the tile it falls in, and the same as the one-row
+// vec_dot (sgemm declines one column: that column goes through vec_dot). True on AVX2 (with FMA)
+// of Q8_0, Q4_0 and Q5_0 against Q8_0: tinyBLAS_Q0_AVX's gemm<RM, RN>, gemm4xN and gemmMx4 and
+// ggml_vec_dot_{q8_0,q4_0,q5_0}_q8_0 all accumulate, per element, one __m256
+// fmadd(d_a * d_b, cvt(exact int32 sums of 4 adjacent byte products), acc) over the blocks in
+// order, then the same 8-lane horizontal sum; tiles and threads only choose which elements go
+// together. Not IQ4_NL: its vec_dot alternates two accumulators.
 static bool ggml_mul_mat_sgemm_batch_invariant(enum ggml_type type) {
-#if GGML_USE_LLAMAFILE && defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))
-    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_IQ4_NL;
+#if GGML_USE_LLAMAFILE && defined(__AVX2__) && defined(__FMA__) && (defined(__x86_64__) || defined(_M_X64))
+    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0;
 #else
     GGML_UNUSED(type);
     return false;
@@ -79,15 +82,6 @@ static bool ggml_mul_mat_sgemm_batch_invariant(enum ggml_type type) {
 void ggml_compute_forward_mul_mat(
 ]==])
     llama_branch_write("ggml-cpu/ggml-cpu.c" "${text}")
-
-    # llamafile/sgemm.cpp: one column too on the reference path (the caller decides which types)
-    file(READ "${src}/ggml-cpu/llamafile/sgemm.cpp" text)
-    llama_branch_replace(text "ggml-cpu/llamafile/sgemm.cpp" "its include of sgemm.h"
-        "#include \"sgemm.h\"\n" "#include \"llamafile/sgemm.h\"\n")
-    llama_branch_replace(text "ggml-cpu/llamafile/sgemm.cpp" "the one-column check"
-        "    if (n < 2)\n        return false;\n"
-        "    if (n < 2 && !params->use_ref) // llama-branch: see ggml_mul_mat_sgemm_batch_invariant\n        return false;\n")
-    llama_branch_write("ggml-cpu/llamafile/sgemm.cpp" "${text}")
 
     # the CPU targets are made in ggml/src or in ggml/src/ggml-cpu, depending on the build
     set(targets "")
@@ -108,7 +102,7 @@ void ggml_compute_forward_mul_mat(
             continue()
         endif()
         set(found 0)
-        foreach(rel IN ITEMS "ggml-cpu/ops.cpp" "ggml-cpu/ggml-cpu.c" "ggml-cpu/llamafile/sgemm.cpp")
+        foreach(rel IN ITEMS "ggml-cpu/ops.cpp" "ggml-cpu/ggml-cpu.c")
             list(FIND sources "${rel}" i)
             if(i EQUAL -1)
                 continue()
@@ -120,8 +114,8 @@ void ggml_compute_forward_mul_mat(
         if(found EQUAL 0)
             continue()
         endif()
-        if(NOT found EQUAL 3)
-            message(FATAL_ERROR "llama-branch: ${t} lists only ${found} of the 3 ggml-cpu sources this patch replaces")
+        if(NOT found EQUAL 2)
+            message(FATAL_ERROR "llama-branch: ${t} lists only ${found} of the 2 ggml-cpu sources this patch replaces")
         endif()
         set_property(TARGET ${t} PROPERTY SOURCES "${sources}")
         math(EXPR swapped "${swapped} + 1")
