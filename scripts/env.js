@@ -103,9 +103,17 @@ function nativeCpuFile(target) {
  * The sys crate reruns its build script only when a GGML_* variable that its last run saw
  * changes, so a target dir built before the patch existed keeps the unpatched llama.cpp (and
  * build.rs then refuses it). Reads the CMake caches only: nothing happens on a current build.
+ *
+ * A patched build whose cache names another checkout's patch (a target dir shared by several
+ * checkouts or worktrees) is pointed at this checkout's file instead: the sys crate configures
+ * CMake only once (`always_configure(false)`), so the path of the first checkout that built it
+ * would otherwise stay, and a rebuild would take that checkout's patch, or fail once it is gone.
+ * CMake reconfigures by itself when its cache changes; the patched ops.cpp is rewritten (and
+ * recompiled) only if the two patches differ.
  */
 function dropUnpatchedLlama(target, env) {
   const buildDir = path.join(target, 'release', 'build');
+  const ours = path.join(__dirname, '..', 'patches', 'ggml', 'deterministic.cmake');
   let stale = false;
   try {
     for (const name of fs.readdirSync(buildDir)) {
@@ -113,7 +121,15 @@ function dropUnpatchedLlama(target, env) {
       const cache = path.join(buildDir, name, 'out', 'build', 'CMakeCache.txt');
       if (!fs.existsSync(cache)) continue;
       const text = fs.readFileSync(cache, 'utf8');
-      if (!/^CMAKE_PROJECT_ggml_INCLUDE\b.*deterministic\.cmake$/m.test(text)) stale = true;
+      const line = /^(CMAKE_PROJECT_ggml_INCLUDE\b[^=]*=)(.*deterministic\.cmake)$/m.exec(text);
+      if (!line) {
+        stale = true;
+      } else if (line[2] !== ours) {
+        fs.writeFileSync(
+          cache,
+          text.replace(line[0], () => line[1] + ours),
+        );
+      }
     }
   } catch {
     return; // no build yet

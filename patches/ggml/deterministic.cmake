@@ -1,52 +1,92 @@
-# llama-branch's one change to the vendored ggml (docs/determinism.md): the CPU backend's
-# reference flash attention (`use_ref`, which deterministic contexts turn on) made independent of
-# the order of the KV cells, so a branch's logits do not depend on where llama.cpp placed its
-# cells.
+# llama-branch's change to the vendored ggml (docs/determinism.md), for the CPU backend's reference
+# path (`use_ref`, which deterministic contexts turn on):
+#   - ops.cpp: the reference flash attention made independent of the order of the KV cells, so a
+#     branch's logits do not depend on where llama.cpp placed its cells (and fast: query tiles,
+#     vectorized fixed-point sums; flash-attn-order-independent.inc);
+#   - ggml-cpu.c: the reference mul_mat takes llamafile's sgemm for the weight types whose AVX2
+#     sgemm computes every output element with the same instructions in the same order whatever
+#     the tile shape, and the same as their one-row vec_dot (Q8_0, Q4_0, Q5_0 against Q8_0), so
+#     a row's product does not depend on how many rows its decode has, and prompts and wide
+#     decodes keep sgemm's speed.
 #
 # How it is applied: .cargo/config.toml sets CMAKE_PROJECT_ggml_INCLUDE to this file, which
 # llama-cpp-sys-2 forwards to CMake, which includes it right after ggml's project() call. It
-# writes a copy of ggml-cpu/ops.cpp with the new kernel spliced in (from
-# flash-attn-order-independent.inc beside this file) into the build directory, and swaps that
-# copy into every ggml-cpu target once they exist (a deferred call at the end of ggml's
+# writes patched copies of those two files (the kernel spliced in from
+# flash-attn-order-independent.inc beside this file) into the build directory, and swaps the
+# copies into every ggml-cpu target once they exist (a deferred call at the end of ggml's
 # directory). The crate's sources in the cargo registry are never touched. If an update of
 # llama.cpp moves the anchors, the configure step fails here, saying which one.
 
 set(LLAMA_BRANCH_PATCH_DIR "${CMAKE_CURRENT_LIST_DIR}")
 
-function(llama_branch_patch_ggml_cpu)
-    set(original "${CMAKE_CURRENT_SOURCE_DIR}/src/ggml-cpu/ops.cpp")
-    set(patched "${CMAKE_BINARY_DIR}/llama-branch-patched/ggml-cpu/ops.cpp")
-    file(READ "${original}" text)
-
-    # the dispatch: the reference path takes the order-independent kernel
-    set(call "                ggml_compute_forward_flash_attn_ext_f16_one_chunk(params, dst, ir0, ir1, 0, nek1, nullptr, 0);")
-    string(FIND "${text}" "${call}" at)
+# replaces the one occurrence of `from` in the variable named by `var` by `to`; fails saying which
+# file and what when the anchor is gone (a llama.cpp update moved it)
+function(llama_branch_replace var file what from to)
+    string(FIND "${${var}}" "${from}" at)
     if(at EQUAL -1)
-        message(FATAL_ERROR "llama-branch: ${original} no longer has the flash-attention call this patch replaces")
+        message(FATAL_ERROR "llama-branch: ${file} no longer has ${what} this patch replaces")
     endif()
-    string(REPLACE "${call}"
-        "                if (use_ref) {\n                    ggml_compute_forward_flash_attn_ext_f16_order_independent(params, dst, ir0, ir1);\n                } else {\n    ${call}\n                }"
-        text "${text}")
+    string(REPLACE "${from}" "${to}" text "${${var}}")
+    set(${var} "${text}" PARENT_SCOPE)
+endfunction()
 
-    # the kernel, before the function that dispatches to it
-    set(anchor "static void ggml_compute_forward_flash_attn_ext_f16(\n")
-    string(FIND "${text}" "${anchor}" at)
-    if(at EQUAL -1)
-        message(FATAL_ERROR "llama-branch: ${original} no longer defines ggml_compute_forward_flash_attn_ext_f16")
-    endif()
-    file(READ "${LLAMA_BRANCH_PATCH_DIR}/flash-attn-order-independent.inc" kernel)
-    string(REPLACE "${anchor}" "${kernel}\n${anchor}" text "${text}")
-
+# writes `text` as the patched copy of ggml/src/<rel>, only when it changes (a reconfigure does not
+# rebuild ggml-cpu)
+function(llama_branch_write rel text)
+    set(patched "${CMAKE_BINARY_DIR}/llama-branch-patched/${rel}")
     file(WRITE "${patched}.tmp" "${text}")
-    # rewritten only when it changes, so a reconfigure does not rebuild ggml-cpu
     file(COPY_FILE "${patched}.tmp" "${patched}" ONLY_IF_DIFFERENT)
-    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
-        "${original}" "${LLAMA_BRANCH_PATCH_DIR}/flash-attn-order-independent.inc")
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/src/${rel}")
+endfunction()
+
+function(llama_branch_patch_ggml_cpu)
+    set(src "${CMAKE_CURRENT_SOURCE_DIR}/src")
+
+    # ops.cpp: the order-independent kernel, before the function that dispatches to it, and the
+    # dispatch: the reference path takes it
+    file(READ "${src}/ggml-cpu/ops.cpp" text)
+    set(call "                ggml_compute_forward_flash_attn_ext_f16_one_chunk(params, dst, ir0, ir1, 0, nek1, nullptr, 0);")
+    llama_branch_replace(text "ggml-cpu/ops.cpp" "the flash-attention call" "${call}"
+        "                if (use_ref) {\n                    ggml_compute_forward_flash_attn_ext_f16_order_independent(params, dst, ir0, ir1);\n                } else {\n    ${call}\n                }")
+    set(anchor "static void ggml_compute_forward_flash_attn_ext_f16(\n")
+    file(READ "${LLAMA_BRANCH_PATCH_DIR}/flash-attn-order-independent.inc" kernel)
+    llama_branch_replace(text "ggml-cpu/ops.cpp" "the definition of ggml_compute_forward_flash_attn_ext_f16" "${anchor}" "${kernel}\n${anchor}")
+    llama_branch_write("ggml-cpu/ops.cpp" "${text}")
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${LLAMA_BRANCH_PATCH_DIR}/flash-attn-order-independent.inc")
+
+    # ggml-cpu.c: the reference mul_mat takes sgemm where sgemm is batch-invariant
+    file(READ "${src}/ggml-cpu/ggml-cpu.c" text)
+    llama_branch_replace(text "ggml-cpu/ggml-cpu.c" "the sgemm call after the conversion of src1"
+        "    if (!params->use_ref && src1->type != vec_dot_type) {\n        const void* wdata"
+        "    if ((!params->use_ref || ggml_mul_mat_sgemm_batch_invariant(src0->type)) && src1->type != vec_dot_type) {\n        const void* wdata")
+    llama_branch_replace(text "ggml-cpu/ggml-cpu.c" "the definition of ggml_compute_forward_mul_mat"
+        "void ggml_compute_forward_mul_mat(\n"
+[==[// llama-branch: whether the reference path (use_ref) may take llamafile_sgemm for weights of this
+// type and stay batch-invariant: sgemm must compute each output element with the same
+// instructions in the same order whatever the tile it falls in, and the same as the one-row
+// vec_dot (sgemm declines one column: that column goes through vec_dot). True on AVX2 (with FMA)
+// of Q8_0, Q4_0 and Q5_0 against Q8_0: tinyBLAS_Q0_AVX's gemm<RM, RN>, gemm4xN and gemmMx4 and
+// ggml_vec_dot_{q8_0,q4_0,q5_0}_q8_0 all accumulate, per element, one __m256
+// fmadd(d_a * d_b, cvt(exact int32 sums of 4 adjacent byte products), acc) over the blocks in
+// order, then the same 8-lane horizontal sum; tiles and threads only choose which elements go
+// together. Not IQ4_NL: its vec_dot alternates two accumulators.
+static bool ggml_mul_mat_sgemm_batch_invariant(enum ggml_type type) {
+#if GGML_USE_LLAMAFILE && defined(__AVX2__) && defined(__FMA__) && (defined(__x86_64__) || defined(_M_X64))
+    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0;
+#else
+    GGML_UNUSED(type);
+    return false;
+#endif
+}
+
+void ggml_compute_forward_mul_mat(
+]==])
+    llama_branch_write("ggml-cpu/ggml-cpu.c" "${text}")
 
     # the CPU targets are made in ggml/src or in ggml/src/ggml-cpu, depending on the build
     set(targets "")
-    set(dirs "${CMAKE_CURRENT_SOURCE_DIR}/src")
-    get_property(subdirs DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/src" PROPERTY SUBDIRECTORIES)
+    set(dirs "${src}")
+    get_property(subdirs DIRECTORY "${src}" PROPERTY SUBDIRECTORIES)
     list(APPEND dirs ${subdirs})
     foreach(dir IN LISTS dirs)
         get_property(dir_targets DIRECTORY "${dir}" PROPERTY BUILDSYSTEM_TARGETS)
@@ -61,19 +101,29 @@ function(llama_branch_patch_ggml_cpu)
         if(NOT sources)
             continue()
         endif()
-        list(FIND sources "ggml-cpu/ops.cpp" i)
-        if(i EQUAL -1)
+        set(found 0)
+        foreach(rel IN ITEMS "ggml-cpu/ops.cpp" "ggml-cpu/ggml-cpu.c")
+            list(FIND sources "${rel}" i)
+            if(i EQUAL -1)
+                continue()
+            endif()
+            list(REMOVE_AT sources ${i})
+            list(INSERT sources ${i} "${CMAKE_BINARY_DIR}/llama-branch-patched/${rel}")
+            math(EXPR found "${found} + 1")
+        endforeach()
+        if(found EQUAL 0)
             continue()
         endif()
-        list(REMOVE_AT sources ${i})
-        list(INSERT sources ${i} "${patched}")
+        if(NOT found EQUAL 2)
+            message(FATAL_ERROR "llama-branch: ${t} lists only ${found} of the 2 ggml-cpu sources this patch replaces")
+        endif()
         set_property(TARGET ${t} PROPERTY SOURCES "${sources}")
         math(EXPR swapped "${swapped} + 1")
     endforeach()
     if(swapped EQUAL 0)
         message(FATAL_ERROR "llama-branch: no ggml-cpu target lists ggml-cpu/ops.cpp to patch")
     endif()
-    message(STATUS "llama-branch: order-independent reference flash attention in ${swapped} ggml-cpu target(s)")
+    message(STATUS "llama-branch: deterministic reference kernels patched into ${swapped} ggml-cpu target(s)")
 endfunction()
 
 cmake_language(DEFER CALL llama_branch_patch_ggml_cpu)
