@@ -293,7 +293,7 @@ describe('branch trees holding an image: saveTree / restoreTree', function () {
     const cases = [
       ['an id not in lowercase hex', spoil((b) => (b[at + 20] = 0x47)), /not a SHA-256/],
       ['an uppercase id', spoil((b) => b.write(id.toUpperCase(), at + 20, 'latin1')), /not a SHA-256/],
-      ['an image past the branch', spoil((b) => b.writeUInt32LE(prompt.nPos - 4, at + 8)), /inside the branch/],
+      ['an image past the branch', spoil((b) => b.writeUInt32LE(prompt.nPos - 4, at + 8)), /inside the \d+ positions/],
       ['an empty image', spoil((b) => b.writeUInt32LE(0, at + 12)), /not ordered, apart and inside/],
       ['images for 2 branches', spoil((b) => b.writeUInt32LE(2, at)), /images for 2 branches/],
       ['not resealed', flipped, /checksum/],
