@@ -10,14 +10,11 @@ const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { spawnSync } = require('node:child_process');
 const { Branch, Scheduler, readPrefixCacheFile } = require('..');
 const { open, rejects } = require('./helpers');
-const { projectorPath, png } = require('./helpers/images');
+const { projectorPath, projectorMissing, needWriter, png } = require('./helpers/images');
 
 const IMAGE_TOKENS = 16;
-const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
-const missing = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
 
 /** A prompt of a long text, an image and a question: the text makes the shared start worth caching. */
 const LEAD = 'A photograph from the archive, described for a catalogue. '.repeat(3);
@@ -37,12 +34,7 @@ async function imageStart(ctx, img) {
 
 describe('images in the prefix cache', function () {
   this.timeout(240000);
-  if (!hasWriter && process.env.CI !== 'true') {
-    it(`not run here: ${missing}`, function () {
-      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0);
-    });
-    return;
-  }
+  if (projectorMissing()) return;
 
   let ctx;
   let opened = [];
@@ -57,7 +49,7 @@ describe('images in the prefix cache', function () {
     opened = [];
   });
   before(async function () {
-    assert.ok(hasWriter, missing);
+    needWriter();
     ctx = await open({ mmprojPath: projectorPath(), nSeqMax: 8, nCtx: 512 });
   });
   after(() => ctx?.dispose());

@@ -7,15 +7,12 @@
 // image again (no encode in /metrics), a changed image encoded, and every bad input a 400.
 
 const assert = require('node:assert/strict');
-const { spawnSync } = require('node:child_process');
 const { default: OpenAI } = require('openai');
 const { startServer, stopServer } = require('./serve-helpers');
-const { projectorPath, png } = require('./helpers/images');
+const { projectorPath, projectorMissing, needWriter, metric, png } = require('./helpers/images');
 
 const IMAGE_TOKENS = 16;
 const MODEL = 'x';
-const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
-const missing = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
 const dataUrl = (bytes) => `data:image/png;base64,${Buffer.from(bytes).toString('base64')}`;
 const QUESTIONS = [
   { type: 'predicate', name: 'outdoor', instructions: 'Was this photo taken outdoors?' },
@@ -36,27 +33,14 @@ const input = (image, text = 'Here is a photo from the archive.') => [
   },
 ];
 
-/** The counter `name` in the server's /metrics text. */
-async function metric(url, name) {
-  const body = await (await fetch(`${url}/metrics`)).text();
-  const m = new RegExp(`^${name} (\\d+)`, 'm').exec(body);
-  assert.ok(m, `${name} in /metrics`);
-  return Number(m[1]);
-}
-
 describe('POST /v1/decisions with images (llama-branch serve --mmproj, the openai client)', function () {
   this.timeout(240000);
-  if (!hasWriter && process.env.CI !== 'true') {
-    it(`not run here: ${missing}`, function () {
-      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0);
-    });
-    return;
-  }
+  if (projectorMissing()) return;
 
   let server;
   let client;
   before(async () => {
-    assert.ok(hasWriter, missing);
+    needWriter();
     server = await startServer([
       '--mmproj',
       projectorPath(),
@@ -72,7 +56,7 @@ describe('POST /v1/decisions with images (llama-branch serve --mmproj, the opena
     client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'x', maxRetries: 0, fetch });
   });
   after(async () => {
-    if (server) await stopServer(server);
+    if (server) await stopServer(server.child);
   });
 
   it('answers questions about an input image; the same image again comes from the cache, another one is encoded', async () => {
@@ -201,7 +185,7 @@ describe('POST /v1/decisions with images (llama-branch serve --mmproj, the opena
       assert.equal(err.status, 400);
       assert.match(err.message, /mmproj/);
     } finally {
-      await stopServer(plain);
+      await stopServer(plain.child);
     }
   });
 });

@@ -6,30 +6,22 @@
 // programs and requests, coded errors.
 
 const assert = require('node:assert/strict');
-const { spawnSync } = require('node:child_process');
 const { Scheduler } = require('..');
 const { open, rejects } = require('./helpers');
-const { projectorPath, png } = require('./helpers/images');
+const { projectorPath, projectorMissing, needWriter, png } = require('./helpers/images');
 
 const IMAGE_TOKENS = 16;
-const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
-const missing = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
 const LEAD = 'A photograph from the archive, described for a catalogue. '.repeat(3);
 
 describe('branch programs with images', function () {
   this.timeout(240000);
-  if (!hasWriter && process.env.CI !== 'true') {
-    it(`not run here: ${missing}`, function () {
-      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0);
-    });
-    return;
-  }
+  if (projectorMissing()) return;
 
   let ctx;
   let scheduler;
   const encodes = () => ctx.imageStats().encodes;
   before(async function () {
-    assert.ok(hasWriter, missing);
+    needWriter();
     ctx = await open({ mmprojPath: projectorPath(), nSeqMax: 8, nCtx: 1024 });
     scheduler = new Scheduler(ctx);
   });

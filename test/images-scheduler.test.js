@@ -8,22 +8,14 @@
 
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
-const { spawnSync } = require('node:child_process');
 const { Branch, Scheduler } = require('..');
 const { open, rejects } = require('./helpers');
-const { projectorPath, png } = require('./helpers/images');
+const { projectorPath, projectorMissing, needWriter, png } = require('./helpers/images');
 
 const IMAGE_TOKENS = 16;
-const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
-const missing = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
 
 describe('Scheduler requests with images', function () {
-  if (!hasWriter && process.env.CI !== 'true') {
-    it(`not run here: ${missing}`, function () {
-      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0);
-    });
-    return;
-  }
+  if (projectorMissing()) return;
 
   let ctx;
   let scheduler;
@@ -32,7 +24,7 @@ describe('Scheduler requests with images', function () {
   const parts = (img) => ['<start_of_turn>user\n', img, 'What is in the picture?<end_of_turn>\n<start_of_turn>model\n'];
 
   before(async function () {
-    assert.ok(hasWriter, missing);
+    needWriter();
     ctx = await open({ mmprojPath: projectorPath(), nSeqMax: 8, nCtx: 1024 });
     // The parts below spell the turn markers by hand: a raw prompt's text is client text, read as
     // control tokens only under parseSpecial (the default scheduler refuses it beside images).

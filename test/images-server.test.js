@@ -8,27 +8,16 @@
 // message and the server keeps serving.
 
 const assert = require('node:assert/strict');
-const { spawnSync } = require('node:child_process');
 const OpenAI = require('openai');
 const { startServer, stopServer, serveUntilExit } = require('./serve-helpers');
-const { projectorPath, png, jpeg } = require('./helpers/images');
+const { projectorPath, projectorMissing, needWriter, metric, png, jpeg } = require('./helpers/images');
 
 const IMAGE_TOKENS = 16;
-const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
-const missing = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
 
 const dataUrl = (bytes, type = 'image/png') => `data:${type};base64,${Buffer.from(bytes).toString('base64')}`;
 const imagePart = (url) => ({ type: /** @type {const} */ ('image_url'), image_url: { url } });
 const ask = (...parts) => [{ role: /** @type {const} */ ('user'), content: parts }];
 const text = (t) => ({ type: /** @type {const} */ ('text'), text: t });
-
-/** The counter `name` in the server's /metrics text. */
-async function metric(url, name) {
-  const body = await (await fetch(`${url}/metrics`)).text();
-  const m = new RegExp(`^${name} (\\d+)`, 'm').exec(body);
-  assert.ok(m, `${name} in /metrics`);
-  return Number(m[1]);
-}
 
 /** The status and error body of a chat completion posted as JSON. */
 async function post(url, body) {
@@ -41,12 +30,7 @@ async function post(url, body) {
 }
 
 describe('llama-branch serve --mmproj: chat completions with images', function () {
-  if (!hasWriter && process.env.CI !== 'true') {
-    it(`not run here: ${missing}`, function () {
-      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0);
-    });
-    return;
-  }
+  if (projectorMissing()) return;
 
   let server;
   let client;
@@ -54,7 +38,7 @@ describe('llama-branch serve --mmproj: chat completions with images', function (
   const other = png(64, 48, { seed: 2 });
 
   before(async () => {
-    assert.ok(hasWriter, missing);
+    needWriter();
     server = await startServer([
       '--mmproj',
       projectorPath(),

@@ -10,21 +10,18 @@
 
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
-const { execFile, spawnSync } = require('node:child_process');
+const { execFile } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { Branch, BranchStore } = require('..');
 const { open, rejects, throwsSync, argmax, MODEL } = require('./helpers');
-const { projectorPath, png } = require('./helpers/images');
+const { projectorPath, projectorMissing, needWriter, png } = require('./helpers/images');
 
 const STEPS = 4;
 /** Image positions of the test projector: (128 / 8 / 4)². */
 const IMAGE_TOKENS = 16;
 const GREEDY = { temperature: 0 };
-
-const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
-const missing = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
 
 /** `n` tokens of `b`, each sampled by its own chain and committed alone (one batch shape). */
 async function continueFor(b, n) {
@@ -112,12 +109,7 @@ function reseal(bytes) {
 
 describe('branch trees holding an image: saveTree / restoreTree', function () {
   this.timeout(300000);
-  if (!hasWriter && process.env.CI !== 'true') {
-    it(`not run here: ${missing}`, function () {
-      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0);
-    });
-    return;
-  }
+  if (projectorMissing()) return;
 
   const image = png(64, 48, { seed: 1 });
   let ctx;
@@ -132,7 +124,7 @@ describe('branch trees holding an image: saveTree / restoreTree', function () {
   let original;
 
   before(async () => {
-    assert.ok(hasWriter, `${missing}: CI installs it with node scripts/setup.js`);
+    needWriter();
     ctx = await open({ mmprojPath: projectorPath(), nSeqMax: 12, nThreads: 1 });
     tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-image-trees-'));
     file = path.join(tmp, 'tree.lbt');

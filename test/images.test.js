@@ -9,17 +9,13 @@ const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { spawnSync } = require('node:child_process');
 const { Branch, BranchStore, Scheduler } = require('..');
 const { open, rejects, throwsSync, argmax, topK } = require('./helpers');
-const { projectorPath, png, bmp, jpeg } = require('./helpers/images');
+const { projectorPath, projectorMissing, needWriter, png, bmp, jpeg } = require('./helpers/images');
 
 /** Image tokens (and positions) of the test projector: (128 / 8 / 4)². */
 const IMAGE_TOKENS = 16;
 const GREEDY = { temperature: 0 };
-
-const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
-const missing = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
 
 /** The logits a fresh branch holds after prefilling `prompt` (the branch pruned). */
 async function logitsAfter(ctx, prompt) {
@@ -41,19 +37,14 @@ function maxAbsDiff(a, b) {
 describe('images (mtmd, random-weight gemma3 projector)', function () {
   // CI installs the writer (scripts/setup.js), so there these tests must run. Elsewhere, without
   // it, one test says why they do not run and checks that reason.
-  if (!hasWriter && process.env.CI !== 'true') {
-    it(`not run here: ${missing}`, function () {
-      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0);
-    });
-    return;
-  }
+  if (projectorMissing()) return;
 
   let ctx;
   const image = png(64, 48, { seed: 1 });
   const other = png(64, 48, { seed: 2 });
 
   before(async function () {
-    assert.ok(hasWriter, `${missing}: CI installs it with node scripts/setup.js`);
+    needWriter();
     ctx = await open({ mmprojPath: projectorPath(), nSeqMax: 8, nCtx: 1024 });
   });
   after(() => ctx?.dispose());

@@ -229,4 +229,43 @@ function jpeg(width, height, { seed = 1, pixel } = {}) {
   ]);
 }
 
-module.exports = { projectorPath, png, bmp, jpeg };
+/** Whether PyPI `gguf`, the test projector's writer, is installed (`npm run setup` installs it). */
+const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
+const MISSING_WRITER = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
+
+/**
+ * In a describe of tests that need the test projector: where its writer is missing outside CI,
+ * one test that says so in its title (and checks it) stands for them, and this returns true (the
+ * describe returns); in CI a missing writer fails their before hook instead (`needWriter`).
+ */
+function projectorMissing() {
+  if (hasWriter || process.env.CI === 'true') return false;
+  it(`not run here: ${MISSING_WRITER}`, function () {
+    if (spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0)
+      throw new Error('gguf is installed after all');
+  });
+  return true;
+}
+
+/** Throws (in a before hook) when the projector's writer is missing. */
+function needWriter() {
+  if (!hasWriter) throw new Error(`${MISSING_WRITER}: CI installs it with node scripts/setup.js`);
+}
+
+/** The counter `name` in a server's /metrics text at `url`. */
+async function metric(url, name) {
+  const body = await (await fetch(`${url}/metrics`)).text();
+  const m = new RegExp(`^${name} (\\d+)`, 'm').exec(body);
+  if (!m) throw new Error(`${name} is not in /metrics`);
+  return Number(m[1]);
+}
+
+module.exports = {
+  projectorMissing,
+  needWriter,
+  metric,
+  projectorPath,
+  png,
+  bmp,
+  jpeg,
+};
