@@ -14,7 +14,7 @@ const { decideOnLine } = require('./decisions');
 const { firstTurn, laterTurn } = require('./scheduler/chat');
 const { markMessages, tokenizeMarked, unmark } = require('./scheduler/plain-text');
 const { MediaPrompt } = require('./Context');
-const { linePiecesOf } = require('./scheduler/media');
+const { linePiecesOf, mediaText } = require('./scheduler/media');
 
 /**
  * One line of generation inside a program (the `s` of `run(async (s) => ...)`). A line runs one
@@ -92,8 +92,8 @@ class ProgramLine {
           'ERR_NO_PROJECTOR',
           'append(prompt): a prompt with images needs a context created with mmprojPath',
         );
-      const { tokens, images, text } = linePiecesOf(ctx, input, line.tokens.length);
-      line.pushMedia(input, tokens, images, text);
+      const { tokens, images } = linePiecesOf(input, line.tokens.length);
+      line.pushMedia(input, tokens, images, mediaText(ctx, input));
       return this;
     }
     // Text or tokens after an open turn are the assistant's reply (Line.push).

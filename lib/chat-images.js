@@ -16,6 +16,36 @@ const { invalidArg } = require('./errors');
  */
 const MEDIA_MARKER = '<__media__>';
 
+/** The data URLs of images llama-branch decodes: base64 (PNG, JPEG, GIF or BMP bytes: the projector's decoder reads them). */
+const DATA_URL = /^data:(image\/[a-z0-9.+-]+)?(;[^,;]*)*;base64,/i;
+
+/**
+ * The bytes of an image sent as a URL (a chat's `image_url`, a decision's `input_image`, System
+ * One's `images`): a base64 data URL only; an http(s) URL is never fetched. ERR_INVALID_ARG
+ * naming the part (`where`) or its URL's field in it (`where` + `field`), with `param`.
+ * @param {string} url
+ * @param {string} where
+ * @param {string} field
+ * @param {string} param
+ * @returns {Buffer}
+ */
+function dataUrlBytes(url, where, field, param) {
+  if (/^https?:/i.test(url))
+    throw invalidArg(
+      `${where}: image URLs are never fetched; send the image inline as a data URL (data:image/png;base64,...); data URLs only`,
+      param,
+    );
+  const head = DATA_URL.exec(url);
+  if (!head) throw invalidArg(`${where}${field} must be a base64 data URL (data:image/png;base64,...)`, param);
+  const bytes = Buffer.from(url.slice(head[0].length), 'base64');
+  if (bytes.length === 0)
+    throw invalidArg(
+      `${where}${field} holds no image bytes: send a base64 data URL (data:image/png;base64,...)`,
+      param,
+    );
+  return bytes;
+}
+
 /** Whether `p` is a message content part of type `'image'`. */
 const isImagePart = (p) => p !== null && typeof p === 'object' && p.type === 'image';
 
@@ -112,4 +142,4 @@ function markImages(messages, param = 'request.messages', lead = '') {
   };
 }
 
-module.exports = { MEDIA_MARKER, isImagePart, messagesHaveImages, markImages };
+module.exports = { MEDIA_MARKER, dataUrlBytes, isImagePart, messagesHaveImages, markImages };

@@ -16,6 +16,7 @@
  */
 
 const { invalidArg: refused } = require('../errors');
+const { MEDIA_MARKER, dataUrlBytes } = require('../chat-images');
 
 const TYPES = ['noul', 'choice', 'score'];
 const NAME = /^[A-Za-z0-9_.-]{1,64}$/;
@@ -43,12 +44,6 @@ const imageMark = (/** @type {number} */ k) => `\u0000\u0001image${k}\u0001\u000
 // eslint-disable-next-line no-control-regex -- the marks are control characters on purpose (see above)
 const IMAGE_MARK = /\u0000\u0001image(\d+)\u0001\u0000/;
 
-/** The data URLs of images a decision takes: base64 PNG, JPEG, GIF or BMP. */
-const DATA_URL = /^data:(image\/[a-z0-9.+-]+)?(;[^,;]*)*;base64,/i;
-
-/** What marks an image's place in a System One state (llama.cpp's own media marker). */
-const STATE_IMAGE = '<__media__>';
-
 /**
  * System One's `images` (the library: bytes or data URLs; the wire: data URLs or bare base64) in
  * the state's text: each `<__media__>` in it takes the next image, the rest follow the text.
@@ -60,9 +55,9 @@ function stateWithImages(text, given, images) {
   given.forEach((image, i) => {
     const at = `images[${i}]`;
     if (image instanceof Uint8Array) images.push(Buffer.from(image));
-    else if (typeof image === 'string' && /^data:/i.test(image)) images.push(imageBytes({ image_url: image }, at));
+    else if (typeof image === 'string' && /^data:/i.test(image)) images.push(dataUrlBytes(image, at, '', at));
     else if (typeof image === 'string' && /^[A-Za-z0-9+/]+={0,2}$/.test(image))
-      images.push(imageBytes({ image_url: `data:;base64,${image}` }, at));
+      images.push(dataUrlBytes(`data:;base64,${image}`, at, '', at));
     else
       throw refused(
         `${at} must be a base64 data URL (data:image/png;base64,...) or base64 text; URLs are never fetched`,
@@ -71,10 +66,10 @@ function stateWithImages(text, given, images) {
   });
   let k = 0;
   const placed = text
-    .split(STATE_IMAGE)
+    .split(MEDIA_MARKER)
     .reduce((out, piece, i) => (i === 0 ? piece : out + imageMark(k++) + piece), '');
   if (k > images.length)
-    throw refused(`state has ${k} ${STATE_IMAGE} markers and images holds ${images.length} images`, 'images');
+    throw refused(`state has ${k} ${MEDIA_MARKER} markers and images holds ${images.length} images`, 'images');
   let rest = '';
   while (k < images.length) rest += `\n${imageMark(k++)}`;
   return placed + rest;
@@ -88,16 +83,7 @@ function imageBytes(part, at) {
       `${at}.image_url must be a data: URL of the image (data:image/png;base64,...); file ids are not taken`,
       at,
     );
-  if (/^https?:/i.test(url))
-    throw refused(
-      `${at}: image URLs are never fetched; send the image inline as a data URL (data:image/png;base64,...)`,
-      at,
-    );
-  const head = DATA_URL.exec(url);
-  const bytes = head ? Buffer.from(url.slice(head[0].length), 'base64') : null;
-  if (!bytes || bytes.length === 0)
-    throw refused(`${at}.image_url must be a base64 data URL holding image bytes (data:image/png;base64,...)`, at);
-  return bytes;
+  return dataUrlBytes(url, at, '.image_url', at);
 }
 
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);

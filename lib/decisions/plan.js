@@ -16,6 +16,7 @@
 const { makeError, invalidArg: refused } = require('../errors');
 const { clientText, clientContent, tokenizeMarked, spellsSpecial } = require('../scheduler/plain-text');
 const { IMAGE_MARK } = require('./checks');
+const { imagesWithSpecialText } = require('../scheduler/media');
 
 const LETTERS = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ'.split('');
 /** Cells added per line beyond its own tokens: a fork that re-decodes the token before it. */
@@ -240,10 +241,7 @@ async function mediaStateOf(ctx, checked, parseSpecial) {
       'decide: the input has an image, and this context has no image projector; create it with mmprojPath (serve --mmproj)',
     );
   if (!parseSpecial && checked.messages.some((m) => spellsSpecial(ctx, m.content)))
-    throw refused(
-      "decide: text beside images that spells the model's special tokens cannot be kept as plain text yet: remove that text, or use parseSpecial",
-      'input',
-    );
+    throw imagesWithSpecialText('create the Scheduler with parseSpecial: true (serve --parse-special)', 'input');
   const marks = { ...markerOf(ctx, parseSpecial), content: (/** @type {string} */ text) => text };
   const look = layout(ctx, checked.messages, checked.settings.template, marks);
   const head = await Promise.all(

@@ -155,11 +155,6 @@ class Line {
     return this.media.length > 0 ? this.media[0] : null;
   }
 
-  /** The next prompt with images is in the branch now. */
-  mediaPrefilled() {
-    this.media.shift();
-  }
-
   /** The tokens just appended are in the branch already (adopted from the scorer that decoded them). */
   pendingDecoded() {
     this.pending = [];

@@ -12,7 +12,7 @@
  */
 
 const { MediaPrompt } = require('../Context');
-const { markImages, messagesHaveImages } = require('../chat-images');
+const { MEDIA_MARKER, markImages, messagesHaveImages } = require('../chat-images');
 const { invalidArg: invalid } = require('../errors');
 const { imageKeys } = require('./image-keys');
 
@@ -47,36 +47,52 @@ function checkMediaPrompt(prompt) {
  */
 async function mediaPromptOf(ctx, input) {
   const prompt = input instanceof MediaPrompt ? input : await ctx.tokenizeParts(input, true);
-  const { tokens, images } = linePiecesOf(ctx, prompt, 0);
+  const { tokens, images } = linePiecesOf(prompt, 0);
   return { media: { prompt, images }, tokens };
 }
 
-/** What a line's text shows of an image: the marker mtmd's own prompts use. */
-const IMAGE_TEXT = '<__media__>';
-
 /**
- * A MediaPrompt as a line appends it at position `at`: its tokens (text tokens, each image's
- * keys), its images' places in the line, and its text (the text pieces detokenized, IMAGE_TEXT
- * for each image).
- * @param {any} ctx
+ * A MediaPrompt as a line holds it from position `at`: its tokens (text tokens, each image's
+ * keys) and its images' places in the line.
  * @param {any} prompt a MediaPrompt
  * @param {number} at
  */
-function linePiecesOf(ctx, prompt, at) {
+function linePiecesOf(prompt, at) {
   const tokens = [];
   const images = [];
-  let text = '';
   for (const piece of prompt.pieces) {
-    if (piece.type === 'text') {
-      tokens.push(...piece.tokens);
-      text += piece.tokens.map((t) => ctx.tokenToText(t)).join('');
-    } else {
+    if (piece.type === 'text') tokens.push(...piece.tokens);
+    else {
       images.push({ start: at + tokens.length, nPos: piece.nPos, id: piece.id });
       tokens.push(...imageKeys(piece.id, piece.nPos));
-      text += IMAGE_TEXT;
     }
   }
-  return { tokens, images, text };
+  return { tokens, images };
+}
+
+/**
+ * What a line's text shows of a MediaPrompt: its text pieces detokenized, each image as the
+ * marker mtmd's own prompts use (only a program's line keeps a text; a request's prompt has one).
+ * @param {any} ctx
+ * @param {any} prompt a MediaPrompt
+ */
+function mediaText(ctx, prompt) {
+  return prompt.pieces
+    .map((p) => (p.type === 'text' ? p.tokens.map((t) => ctx.tokenToText(t)).join('') : MEDIA_MARKER))
+    .join('');
+}
+
+/**
+ * Text beside images is tokenized by mtmd with special tokens parsed: until it can be kept plain
+ * (./plain-text.js), text that spells them is refused rather than read as control tokens.
+ * @param {string} option how the caller turns parsing on
+ * @param {string} [param]
+ */
+function imagesWithSpecialText(option, param) {
+  return invalid(
+    `text beside images that spells the model's special tokens cannot be kept as plain text yet: remove that text, or ${option}`,
+    param,
+  );
 }
 
 /**
@@ -108,7 +124,6 @@ async function prefillMedia(programs) {
       program.lineFailed(line, e);
       continue;
     }
-    if (line.filled >= at + prompt.nPos) line.mediaPrefilled();
     positions += take;
   }
   if (positions > 0) programs.materialize();
@@ -117,6 +132,8 @@ async function prefillMedia(programs) {
 
 module.exports = {
   linePiecesOf,
+  mediaText,
+  imagesWithSpecialText,
   isMediaInput,
   hasImages,
   messagesHaveImages,

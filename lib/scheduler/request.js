@@ -17,7 +17,7 @@ const { Choice } = require('./choice');
 const { Program } = require('./program');
 const { Generation } = require('./generation');
 const { imagesOfPrompt } = require('./events');
-const { hasImages, markImages, mediaPromptOf } = require('./media');
+const { hasImages, markImages, mediaPromptOf, imagesWithSpecialText } = require('./media');
 
 /**
  * Checks `request` (throws ERR_INVALID_ARG) and builds its program, which starts queued (its
@@ -105,7 +105,7 @@ async function prepare(req, ctx, systemPrompts) {
     const chat = (req.chat = await formatTurn(ctx, images ? images.messages : rendered, req.chatOptions));
     if (images) ({ media, tokens } = await mediaPromptOf(ctx, images.parts(chat.formatted.prompt)));
     else tokens = chat.tokens;
-    if (images && rendered !== messages) throw imagesWithSpecialText();
+    if (images && rendered !== messages) throw imagesWithSpecialText('create the Scheduler with parseSpecial: true');
     gen.stops.push(...chat.formatted.stopTokens.filter((s) => s !== ''));
     if (chat.grammar) {
       if (gen.grammar || req.grammarPending) throw invalid('give tools or a grammar / jsonSchema, not both');
@@ -118,7 +118,7 @@ async function prepare(req, ctx, systemPrompts) {
     ({ media, tokens } = await mediaPromptOf(ctx, prompt));
     const texts = Array.isArray(prompt) ? prompt.map((p) => (typeof p === 'string' ? p : p && p.text)) : [];
     if (!req.parseSpecial && texts.some((t) => typeof t === 'string' && spellsSpecial(ctx, t)))
-      throw imagesWithSpecialText();
+      throw imagesWithSpecialText('create the Scheduler with parseSpecial: true');
   } else {
     // A raw prompt is all client text: special tokens parsed only when the Scheduler says so.
     tokens = given !== undefined ? given.slice() : ctx.tokenizeSync(prompt, true, req.parseSpecial === true);
@@ -174,16 +174,6 @@ function begin(req, program, promptLine) {
     req.choices.push(choice);
     line.start(job);
   });
-}
-
-/**
- * Text beside images is tokenized by mtmd with special tokens parsed: until it can be kept plain
- * (./plain-text.js), such text is refused rather than read as control tokens.
- */
-function imagesWithSpecialText() {
-  return invalid(
-    "text beside images that spells the model's special tokens cannot be kept as plain text yet: remove that text, or create the Scheduler with parseSpecial: true",
-  );
 }
 
 module.exports = { requestProgram };

@@ -7,6 +7,7 @@
  */
 
 const { HttpError, badRequest } = require('./http');
+const { dataUrlBytes } = require('../chat-images');
 const defaults = require('../defaults');
 
 const isInt = (v) => Number.isInteger(v);
@@ -102,9 +103,6 @@ function completionsPrompt(body, bosToken) {
   throw badRequest('prompt must be a non-empty string (or an array of token ids); one prompt per request', 'prompt');
 }
 
-/** The data URLs of images this server decodes: base64 PNG, JPEG, GIF or BMP (the projector's decoder reads the bytes). */
-const DATA_URL = /^data:(image\/[a-z0-9.+-]+)?(;[^,;]*)*;base64,/i;
-
 /**
  * The image of an `image_url` part as `{ type: 'image', image: bytes }`: only a base64 data URL is
  * taken (the server never fetches a URL), and only by a server with a projector (`--mmproj`).
@@ -114,22 +112,13 @@ function imagePart(part, where, vision) {
   const url = typeof part.image_url === 'string' ? part.image_url : part.image_url?.url;
   if (typeof url !== 'string')
     throw badRequest(`${where}.image_url must be {url} with a data: URL of the image`, 'messages');
-  if (/^https?:/i.test(url))
-    throw badRequest(
-      `${where}: image URLs are never fetched by this server; send the image inline as a data URL (data:image/png;base64,...); data URLs only`,
-      'messages',
-    );
-  if (!vision)
+  // An http(s) URL is refused as never fetched, with or without a projector.
+  if (!vision && !/^https?:/i.test(url))
     throw badRequest(
       `${where}: this server has no image projector, so it takes no images; start it with --mmproj FILE (the model's mmproj GGUF) or send text parts`,
       'messages',
     );
-  const head = DATA_URL.exec(url);
-  if (!head)
-    throw badRequest(`${where}.image_url.url must be a base64 data URL (data:image/png;base64,...)`, 'messages');
-  const image = Buffer.from(url.slice(head[0].length), 'base64');
-  if (image.length === 0) throw badRequest(`${where}.image_url.url holds no image bytes`, 'messages');
-  return { type: 'image', image };
+  return { type: 'image', image: dataUrlBytes(url, where, '.image_url.url', 'messages') };
 }
 
 /**
