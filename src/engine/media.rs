@@ -344,6 +344,15 @@ mod tests {
         fail: Vec<usize>,
     }
 
+    impl Fake {
+        fn new(fail: &[usize]) -> Fake {
+            Fake {
+                encodes: 0,
+                fail: fail.to_vec(),
+            }
+        }
+    }
+
     impl ImageSource for Fake {
         fn n_embd(&self) -> usize {
             4
@@ -371,10 +380,7 @@ mod tests {
         let mut kv = FakeKv::new(64, 4);
         let mut store = BranchStore::new(4, false);
         let h = root(&mut kv, &mut store, &[1, 2]);
-        let mut src = Fake {
-            encodes: 0,
-            fail: vec![],
-        };
+        let mut src = Fake::new(&[]);
         let pieces = [MediaPiece::Text(&[3]), IMAGE, MediaPiece::Text(&[4, 5])];
         store
             .prefill_media(&mut kv, h, &pieces, None, &mut src, &|| false)
@@ -408,10 +414,7 @@ mod tests {
             let mut kv = FakeKv::new(64, 4);
             let mut store = BranchStore::new(4, false);
             let h = root(&mut kv, &mut store, &[1]);
-            let mut src = Fake {
-                encodes: 0,
-                fail: vec![],
-            };
+            let mut src = Fake::new(&[]);
             store
                 .prefill_media(&mut kv, h, &pieces, None, &mut src, &|| false)
                 .unwrap();
@@ -420,10 +423,7 @@ mod tests {
         let mut kv = FakeKv::new(64, 4);
         let mut store = BranchStore::new(4, false);
         let h = root(&mut kv, &mut store, &[1]);
-        let mut src = Fake {
-            encodes: 0,
-            fail: vec![],
-        };
+        let mut src = Fake::new(&[]);
         let mut run = |store: &mut BranchStore, kv: &mut FakeKv, range| {
             store.prefill_media(kv, h, &pieces, Some(range), &mut src, &|| false)
         };
@@ -518,10 +518,7 @@ mod tests {
         let mut store = BranchStore::new(2, false);
         let h = root(&mut kv, &mut store, &[1, 2]);
         let cells = kv.snapshot();
-        let mut src = Fake {
-            encodes: 0,
-            fail: vec![2],
-        };
+        let mut src = Fake::new(&[2]);
         let pieces = [MediaPiece::Text(&[3]), IMAGE, IMAGE];
         let err = store
             .prefill_media(&mut kv, h, &pieces, None, &mut src, &|| false)
@@ -537,10 +534,7 @@ mod tests {
         // Past nCtx, or an image larger than one decode: refused before anything runs.
         let long = [IMAGE; 5];
         let code = |store: &mut BranchStore, kv: &mut FakeKv, p: &[MediaPiece]| {
-            let mut src = Fake {
-                encodes: 0,
-                fail: vec![],
-            };
+            let mut src = Fake::new(&[]);
             let e = store
                 .prefill_media(kv, h, p, None, &mut src, &|| false)
                 .unwrap_err();

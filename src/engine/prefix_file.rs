@@ -43,14 +43,15 @@ impl Prefix {
             format!("position {i}: an image's positions hold {IMAGE_POSITION} and only they do")
         })
     }
+}
 
-    fn images_section(&self) -> Option<Vec<u8>> {
-        (!self.images.is_empty()).then(|| {
-            let mut w = Writer::default();
-            write_spans(&mut w, &self.images);
-            w.0
-        })
-    }
+/// The images section of a prefix holding `images` (None without images: no section).
+fn images_section(images: &[ImageSpan]) -> Option<Vec<u8>> {
+    (!images.is_empty()).then(|| {
+        let mut w = Writer::default();
+        write_spans(&mut w, images);
+        w.0
+    })
 }
 
 /// The whole file for `prefix` holding `state`; ERR_INVALID_ARG when its tokens and images
@@ -64,7 +65,7 @@ pub fn prefix_file_bytes(
         return Err(Error::invalid(format!("_prefixFileWrite: {why}")));
     }
     let tokens: Vec<u8> = prefix.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-    let images = prefix.images_section();
+    let images = images_section(&prefix.images);
     let mut sections: Vec<(&str, &[u8])> = vec![("tokens", &tokens)];
     if let Some(images) = &images {
         sections.push(("images", images));
@@ -73,10 +74,16 @@ pub fn prefix_file_bytes(
     Ok(container_bytes(Payload::Prefix, fingerprint, &sections))
 }
 
-/// The size of the file `prefix_file_bytes` writes for `prefix` and `state_len` bytes.
-pub fn prefix_file_size(fingerprint: &Fingerprint, prefix: &Prefix, state_len: usize) -> usize {
-    let mut sections = vec![("tokens", 4 * prefix.tokens.len())];
-    if let Some(images) = prefix.images_section() {
+/// The size of the file `prefix_file_bytes` writes for a prefix of `n_tokens` tokens with
+/// `images` among them and `state_len` bytes of state.
+pub fn prefix_file_size(
+    fingerprint: &Fingerprint,
+    n_tokens: usize,
+    images: &[ImageSpan],
+    state_len: usize,
+) -> usize {
+    let mut sections = vec![("tokens", 4 * n_tokens)];
+    if let Some(images) = images_section(images) {
         sections.push(("images", images.len()));
     }
     sections.push(("state", state_len));
@@ -180,7 +187,7 @@ mod tests {
     #[test]
     fn an_entry_round_trips_and_its_tokens_are_checked() {
         let bytes = prefix_file_bytes(&fp(), &text(&[5, 6, 7]), b"state bytes").unwrap();
-        assert_eq!(prefix_file_size(&fp(), &text(&[5, 6, 7]), 11), bytes.len());
+        assert_eq!(prefix_file_size(&fp(), 3, &[], 11), bytes.len());
         let (prefix, state) = parse_prefix_file("f", &bytes, &LIMITS, &fp()).unwrap();
         assert_eq!((prefix, state), (text(&[5, 6, 7]), b"state bytes".to_vec()));
         let small = PrefixLimits {
@@ -233,7 +240,10 @@ mod tests {
     #[test]
     fn an_entry_with_an_image_round_trips_and_its_positions_must_agree() {
         let bytes = prefix_file_bytes(&fp(), &with_image(), b"s").unwrap();
-        assert_eq!(prefix_file_size(&fp(), &with_image(), 1), bytes.len());
+        assert_eq!(
+            prefix_file_size(&fp(), 5, &with_image().images, 1),
+            bytes.len()
+        );
         let (prefix, _) = parse_prefix_file("f", &bytes, &LIMITS, &fp()).unwrap();
         assert_eq!(prefix, with_image());
         for bad in [

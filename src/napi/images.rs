@@ -105,6 +105,15 @@ pub struct ImageSpanObject {
 }
 
 impl ImageSpanObject {
+    /// The span as the engine holds it (unchecked: `spans_from` checks).
+    pub(super) fn span(&self) -> ImageSpan {
+        ImageSpan {
+            start: self.start.min(i32::MAX as u32) as i32,
+            n_pos: self.n_pos.min(i32::MAX as u32) as i32,
+            id: Arc::from(self.id.as_str()),
+        }
+    }
+
     pub(super) fn of(s: &ImageSpan) -> ImageSpanObject {
         ImageSpanObject {
             start: s.start as u32,
@@ -123,12 +132,8 @@ pub(super) fn spans_from(
 ) -> crate::error::Result<Vec<ImageSpan>> {
     let spans: Vec<ImageSpan> = spans
         .unwrap_or_default()
-        .into_iter()
-        .map(|s| ImageSpan {
-            start: s.start.min(i32::MAX as u32) as i32,
-            n_pos: s.n_pos.min(i32::MAX as u32) as i32,
-            id: Arc::from(s.id),
-        })
+        .iter()
+        .map(ImageSpanObject::span)
         .collect();
     match crate::engine::media::spans_problem(&spans, len.clamp(0, i32::MAX as i64) as i32) {
         Some(why) => Err(Error::invalid(format!("{what}: {why}"))),

@@ -106,19 +106,17 @@ impl SessionContext {
         images: Option<Vec<ImageSpanObject>>,
     ) -> f64 {
         let fingerprint = fingerprint_of(&self.model, &self.info.kv);
-        let images = images.unwrap_or_default();
-        let prefix = Prefix {
-            tokens: vec![0; n_tokens as usize],
-            images: images
-                .iter()
-                .map(|s| crate::engine::media::ImageSpan {
-                    start: 0,
-                    n_pos: 0,
-                    id: s.id.as_str().into(),
-                })
-                .collect(),
-        };
-        prefix_file_size(&fingerprint, &prefix, state_bytes.max(0.0) as usize) as f64
+        let images: Vec<_> = images
+            .unwrap_or_default()
+            .iter()
+            .map(ImageSpanObject::span)
+            .collect();
+        prefix_file_size(
+            &fingerprint,
+            n_tokens as usize,
+            &images,
+            state_bytes.max(0.0) as usize,
+        ) as f64
     }
 
     /// Writes the prefix `tokens` (-1 at the positions of its `images`) with its `state` (from
