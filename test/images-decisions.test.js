@@ -9,7 +9,7 @@
 const assert = require('node:assert/strict');
 const { default: OpenAI } = require('openai');
 const { startServer, stopServer } = require('./serve-helpers');
-const { projectorPath, projectorMissing, needWriter, metric, png } = require('./helpers/images');
+const { projectorMissing, startProjectorServer, needWriter, metric, png } = require('./helpers/images');
 
 const IMAGE_TOKENS = 16;
 const MODEL = 'x';
@@ -41,18 +41,7 @@ describe('POST /v1/decisions with images (llama-branch serve --mmproj, the opena
   let client;
   before(async () => {
     needWriter();
-    server = await startServer([
-      '--mmproj',
-      projectorPath(),
-      '--parallel',
-      '2',
-      '--ctx-size',
-      '2048',
-      '--threads',
-      '2',
-      '--model-name',
-      MODEL,
-    ]);
+    server = await startProjectorServer();
     client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'x', maxRetries: 0, fetch });
   });
   after(async () => {

@@ -10,7 +10,15 @@
 const assert = require('node:assert/strict');
 const OpenAI = require('openai');
 const { startServer, stopServer, serveUntilExit } = require('./serve-helpers');
-const { projectorPath, projectorMissing, needWriter, metric, png, jpeg } = require('./helpers/images');
+const {
+  projectorPath,
+  projectorMissing,
+  startProjectorServer,
+  needWriter,
+  metric,
+  png,
+  jpeg,
+} = require('./helpers/images');
 
 const IMAGE_TOKENS = 16;
 
@@ -39,18 +47,7 @@ describe('llama-branch serve --mmproj: chat completions with images', function (
 
   before(async () => {
     needWriter();
-    server = await startServer([
-      '--mmproj',
-      projectorPath(),
-      '--parallel',
-      '2',
-      '--ctx-size',
-      '2048',
-      '--threads',
-      '2',
-      '--model-name',
-      'x',
-    ]);
+    server = await startProjectorServer();
     client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'x', maxRetries: 0, fetch });
   });
   after(async () => {

@@ -9,6 +9,7 @@ const os = require('node:os');
 const path = require('node:path');
 const zlib = require('node:zlib');
 const { spawnSync } = require('node:child_process');
+const { startServer } = require('../serve-helpers');
 
 const SCRIPT = path.join(__dirname, 'make-mmproj.py');
 
@@ -252,6 +253,15 @@ function needWriter() {
   if (!hasWriter) throw new Error(`${MISSING_WRITER}: CI installs it with node scripts/setup.js`);
 }
 
+/**
+ * `llama-branch serve --mmproj` with the test projector, as a process on 127.0.0.1 (2 slots,
+ * 2,048 cells, 2 threads, model name `x`): resolves what serve-helpers' `startServer` does.
+ */
+function startProjectorServer() {
+  const args = ['--parallel', '2', '--ctx-size', '2048', '--threads', '2', '--model-name', 'x'];
+  return startServer(['--mmproj', projectorPath(), ...args]);
+}
+
 /** The counter `name` in a server's /metrics text at `url`. */
 async function metric(url, name) {
   const body = await (await fetch(`${url}/metrics`)).text();
@@ -262,6 +272,7 @@ async function metric(url, name) {
 
 module.exports = {
   projectorMissing,
+  startProjectorServer,
   needWriter,
   metric,
   projectorPath,
