@@ -1,6 +1,6 @@
 'use strict';
 
-// Decisions about images (issue 49): `POST /v1/decisions` with `input_image` parts in its input,
+// Decisions about images (issue 49): `POST /v1/decisions` with `input_image` parts in its input and questions,
 // driven by the real `openai` client against `llama-branch serve --mmproj` on 127.0.0.1, on the
 // default model and the random-weight test projector (16 positions an image). Exact properties
 // only: answers in the clients' shape, usage counting the image, the prefix cache finding the same
@@ -84,7 +84,9 @@ describe('POST /v1/decisions with images (llama-branch serve --mmproj, the opena
     assert.equal(await encodes(), e0 + 2, 'another image: encoded');
   });
 
-  it('a question with an image is refused alone; bad input images are 400s naming the part', async () => {
+  it('a question with an image is answered, its image encoded once; bad images are 400s naming the part', async () => {
+    const encodes = () => metric(server.url, 'llamabranch_image_encodes_total');
+    const e0 = await encodes();
     const d = await client.decisions.create({
       model: MODEL,
       input: input(png(32, 32, { seed: 53 })),
@@ -99,9 +101,12 @@ describe('POST /v1/decisions with images (llama-branch serve --mmproj, the opena
         },
       ],
     });
-    assert.equal(d.answers.length, 2);
-    assert.ok(typeof d.answers[0].probability === 'number');
-    assert.equal(d.answers[1].type, 'refusal', 'a question with an image is refused; the input takes images');
+    assert.equal(await encodes(), e0 + 2, "the input's image and the question's, each once");
+    assert.deepEqual(
+      d.answers.map((a) => a.type),
+      ['predicate', 'predicate'],
+    );
+    for (const a of d.answers) assert.ok(a.probability >= 0 && a.probability <= 1);
     const cases = [
       [[{ role: 'user', content: [{ type: 'input_image', image_url: 'https://example.com/a.png' }] }], /never fetched/],
       [[{ role: 'user', content: [{ type: 'input_image', image_url: 'data:image/png;base64,' }] }], /data URL/],
@@ -111,6 +116,25 @@ describe('POST /v1/decisions with images (llama-branch serve --mmproj, the opena
         /output_text|refusal/,
       ],
     ];
+    const withImage = (url) => ({
+      type: 'predicate',
+      instructions: [
+        { type: 'input_text', text: 'Is this the same place?' },
+        { type: 'input_image', image_url: url },
+      ],
+    });
+    const questionCases = [
+      ['https://example.com/a.png', /never fetched|data: URL/],
+      [dataUrl(Buffer.from('not an image')), /./],
+    ];
+    for (const [url, message] of questionCases) {
+      const err = await client.decisions.create({ model: MODEL, input: 'x', questions: [withImage(url)] }).then(
+        () => assert.fail(`${url.slice(0, 40)} in a question was answered`),
+        (e) => e,
+      );
+      assert.equal(err.status, 400, `${err.message}`);
+      assert.match(err.message, message);
+    }
     for (const [body, message] of cases) {
       const err = await client.decisions.create({ model: MODEL, input: body, questions: [QUESTIONS[0]] }).then(
         () => assert.fail(`${JSON.stringify(body).slice(0, 80)} was answered`),

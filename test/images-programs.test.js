@@ -115,4 +115,80 @@ describe('branch programs with images', function () {
       plain.dispose();
     }
   });
+
+  it('decide: a question whose instructions hold an image forks one line holding it, for every permute order', async () => {
+    // A scheduler of its own: the question's head is cached when a lease is spare, as any
+    // program line's fork is, and the tests above leave every spare sequence to cached prefixes.
+    const c = await open({ mmprojPath: projectorPath(), nSeqMax: 8, nCtx: 1024 });
+    const own = new Scheduler(c);
+    try {
+      await askAboutImages(own, () => c.imageStats().encodes);
+    } finally {
+      await own.close();
+      c.dispose();
+    }
+  });
 });
+
+/** The question-images case above, on `scheduler` (`encodes`: its context's encoder runs). */
+async function askAboutImages(scheduler, encodes) {
+  const dataUrl = (bytes) => `data:image/png;base64,${Buffer.from(bytes).toString('base64')}`;
+  const ask = (image, permute, more = []) =>
+    scheduler.decide({
+      input: `${LEAD}Two photographs are compared.`,
+      permute,
+      questions: [
+        {
+          type: 'choice',
+          name: 'kind',
+          instructions: [
+            { type: 'input_text', text: 'What does this photograph show?' },
+            { type: 'input_image', image_url: dataUrl(image) },
+          ],
+          choices: [{ value: 'a street' }, { value: 'a field' }, { value: 'a room' }],
+        },
+        ...more,
+      ],
+    });
+  const image = png(48, 48, { seed: 61 });
+  const text = { type: 'predicate', name: 'old', instructions: 'Is the archive old?' };
+  const e0 = encodes();
+  const d = await ask(image, 3, [text]);
+  assert.equal(encodes(), e0 + 1, 'one encoder run for the three orders of the question');
+  assert.equal(d.answers.length, 2);
+  const probs = d.answers[0].probabilities.map((p) => p.probability);
+  assert.equal(probs.length, 3);
+  assert.ok(Math.abs(probs.reduce((a, b) => a + b, 0) - 1) < 1e-9, `${probs}`);
+  const textOnly = await scheduler.decide({ input: `${LEAD}Two photographs are compared.`, questions: [text] });
+  assert.ok(
+    d.usage.inputTokens >= textOnly.usage.inputTokens + IMAGE_TOKENS,
+    `the image's positions are input (${d.usage.inputTokens} against ${textOnly.usage.inputTokens} without it)`,
+  );
+  assert.equal(d.answers[1].name, 'old', 'the text question beside it is answered');
+  assert.ok(d.answers[1].probability >= 0 && d.answers[1].probability <= 1);
+
+  const again = await ask(Buffer.from(image), 3, [text]);
+  assert.equal(encodes(), e0 + 1, 'the same bytes: from the prefix cache, not encoded again');
+  // From the cache the question decodes in other batch shapes: close, not bitwise (CPU kernels).
+  again.answers[0].probabilities.forEach((p, i) =>
+    assert.ok(Math.abs(p.probability - probs[i]) < 0.15, `${p.probability} against ${probs[i]}`),
+  );
+  const other = await ask(png(48, 48, { seed: 62 }), 3, [text]);
+  assert.equal(encodes(), e0 + 2, 'another image: encoded');
+  assert.notDeepEqual(other.answers[0], d.answers[0], 'another image: other probabilities');
+
+  // An image in a question is checked as one in the input: a corrupt one is refused, coded.
+  await rejects(
+    () =>
+      scheduler.decide({
+        input: 'x',
+        questions: [
+          {
+            type: 'predicate',
+            instructions: [{ type: 'input_image', image_url: dataUrl(Buffer.from('not an image')) }],
+          },
+        ],
+      }),
+    'ERR_IMAGE_FORMAT',
+  );
+}

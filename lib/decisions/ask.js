@@ -77,6 +77,26 @@ async function scoreTask(stateLine, task, budget, forks) {
   }
 }
 
+/**
+ * One planned question's tasks, on forks of `stateLine`; a question with images on forks of one
+ * line holding its head (its text up to its instructions' end, images and all), which takes one
+ * line of the budget with what its widest task needs: each image is encoded once for every order.
+ */
+async function scoreItem(stateLine, { tasks, head }, budget, forks) {
+  if (!head) return Promise.all(tasks.map((t) => scoreTask(stateLine, t, budget, forks)));
+  const held = await budget.take(1 + Math.max(...tasks.map((t) => t.lines)));
+  const line = stateLine.fork(1)[0];
+  forks.push(line.id);
+  try {
+    line.append(head);
+    const own = lineBudget(held - 1); // the plan's width check leaves it ≥ the tasks' need
+    return await Promise.all(tasks.map((t) => scoreTask(line, t, own, forks)));
+  } finally {
+    line.release();
+    budget.give(held);
+  }
+}
+
 /** Softmax of log-scores. */
 function softmax(scores) {
   const max = Math.max(...scores);
@@ -103,9 +123,7 @@ function confidenceOf(p) {
 async function ask(stateLine, items, parallel) {
   const budget = lineBudget(parallel);
   const forks = items.map(() => []);
-  const scored = await Promise.all(
-    items.map(({ tasks }, q) => Promise.all(tasks.map((t) => scoreTask(stateLine, t, budget, forks[q])))),
-  );
+  const scored = await Promise.all(items.map((item, q) => scoreItem(stateLine, item, budget, forks[q])));
   const probabilities = scored.map((runs, q) => {
     const ps = runs.map(softmax);
     return items[q].question.options.map((_, i) => ps.reduce((s, r) => s + r[i], 0) / ps.length);

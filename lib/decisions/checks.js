@@ -11,8 +11,9 @@
  *   name?, instructions, choices | levels }] }`.
  *
  * Both become `{ source, questions: Question[], settings }`: `source` the state (its text, or chat
- * messages), every question `{ name, param, type: 'noul'|'choice'|'score', instructions, options:
- * [{ name, description, value }], refusal }` in the order given. Nothing here reads the model.
+ * messages), every question `{ name, param, type: 'noul'|'choice'|'score', instructions, images,
+ * options: [{ name, description, value }], refusal }` in the order given (`images`: the bytes of an
+ * OpenAI question's `input_image` parts, marked in its instructions). Nothing here reads the model.
  */
 
 const { invalidArg: refused } = require('../errors');
@@ -33,12 +34,11 @@ const LIBRARY_FIELDS = ['template', 'permute', 'read', 'maxQuestions', 'maxBranc
 const SYSTEMONE_FIELDS = ['state', 'questions', 'images', ...LIBRARY_FIELDS];
 const OPENAI_FIELDS = ['input', 'questions', 'promptCacheKey', 'safetyIdentifier', ...LIBRARY_FIELDS];
 const LINE_FIELDS = ['permute', 'read', 'maxQuestions', 'parallel'];
-/** Why a question with an image is refused: images go in the input (the state every question forks). */
-const NO_VISION = 'the question has an image part: put images in the input, which every question sees';
 
 /**
- * Where image `k` of a decision's input goes in its text, until the plan cuts the rendered state
- * there into text and images (./plan.js). Control characters: client text holding NUL is refused.
+ * Where image `k` of a decision's input (or of a question's instructions) goes in its text, until
+ * the plan cuts the text there into text and images (./plan.js). Control characters: client text
+ * holding NUL is refused.
  */
 const imageMark = (/** @type {number} */ k) => `\u0000\u0001image${k}\u0001\u0000`;
 // eslint-disable-next-line no-control-regex -- the marks are control characters on purpose (see above)
@@ -111,27 +111,28 @@ function checkCount(count, max, param, what, items) {
     throw refused(`${param}: ${what} has at most ${max} ${items}, got ${count}`, param, 'too_many_options');
 }
 
-/** The instructions of a question: non-empty text (System One), or text and parts (OpenAI). */
-function checkInstructions(value, param) {
+/**
+ * The instructions of a question: non-empty text (System One), or text and parts (OpenAI), whose
+ * `input_image` parts add their bytes to `images` and their marks to the text.
+ */
+function checkInstructions(value, param, images) {
   if (typeof value === 'string') {
     if (value.trim() === '') throw refused(`${param} must be a non-empty string: the question to answer`, param);
-    return { text: checkText(value.trim(), param), image: false };
+    return checkText(value.trim(), param);
   }
   if (!Array.isArray(value) || value.length === 0)
     throw refused(`${param} must be a non-empty string or a non-empty array of input parts`, param);
-  let image = false;
   const texts = value.map((part, i) => {
     const at = `${param}[${i}]`;
     if (part && part.type === 'input_image') {
-      if (typeof part.image_url !== 'string') throw refused(`${at}.image_url must be a string`, at);
-      image = true;
-      return '';
+      images.push(imageBytes(part, at));
+      return imageMark(images.length - 1);
     }
     return partText(part, at, ['input_text', 'input_json']);
   });
-  const text = texts.filter((t) => t !== '').join('\n');
-  if (text.trim() === '' && !image) throw refused(`${param} holds no text`, param);
-  return { text: text.trim(), image };
+  const text = texts.join('\n').trim();
+  if (text === '') throw refused(`${param} holds no text`, param);
+  return text;
 }
 
 /** The text of one content part (`input_text`, `input_json`, `output_text`, `refusal`). */
@@ -201,9 +202,9 @@ function systemOneQuestion(name, q, maxOptions) {
   }
   if (typeof q.instructions !== 'string')
     throw refused(`${at}.instructions must be a non-empty string: the question to answer`, `${at}.instructions`);
-  const { text } = checkInstructions(q.instructions, `${at}.instructions`);
+  const text = checkInstructions(q.instructions, `${at}.instructions`, []);
   const options = systemOneOptions(q.type, q.criteria, `${at}.criteria`, maxOptions);
-  return { name, param: at, type: q.type, instructions: text, options, refusal: null };
+  return { name, param: at, type: q.type, instructions: text, images: [], options, refusal: null };
 }
 
 /** System One's `questions` (name → question), checked, in their order. */
@@ -277,7 +278,9 @@ function openAIQuestion(q, i) {
   }
   if (q.name !== undefined && q.name !== null && (typeof q.name !== 'string' || q.name === '' || q.name.length > 256))
     throw refused(`${at}.name must be a non-empty string of at most 256 characters`, `${at}.name`);
-  const { text, image } = checkInstructions(q.instructions, `${at}.instructions`);
+  /** @type {Buffer[]} */
+  const images = [];
+  const instructions = checkInstructions(q.instructions, `${at}.instructions`, images);
   const options =
     q.type === 'predicate'
       ? [
@@ -291,9 +294,10 @@ function openAIQuestion(q, i) {
     name: typeof q.name === 'string' ? q.name : null,
     param: at,
     type: q.type === 'predicate' ? 'noul' : q.type,
-    instructions: text,
+    instructions,
+    images,
     options,
-    refusal: image ? NO_VISION : null,
+    refusal: null,
   };
 }
 

@@ -13,7 +13,7 @@
 
 const { invalidArg } = require('../errors');
 const { checkRequest, checkLineDecision } = require('./checks');
-const { planDecision, planOnLine, mediaStateOf } = require('./plan');
+const { planDecision, planOnLine, mediaStateOf, questionHeads, questionTokens } = require('./plan');
 const { ask } = require('./ask');
 const { answersOf } = require('./answers');
 
@@ -42,7 +42,8 @@ function stateLineOf(root, head) {
 async function decide(ctx, request, run, parseSpecial = false) {
   const started = performance.now();
   const checked = checkRequest(request);
-  // An input with images: its state is tokenized with them first (on the worker).
+  // An input or questions with images: tokenized with them first (on the worker).
+  await questionHeads(ctx, checked, parseSpecial);
   const plan = planDecision(ctx, checked, parseSpecial, await mediaStateOf(ctx, checked, parseSpecial));
   const position = new Map(plan.items.map((it, i) => [it, i]));
   const probabilities = plan.items.map(() => null);
@@ -54,7 +55,7 @@ async function decide(ctx, request, run, parseSpecial = false) {
     const { value, usage } = await run(
       async (s, emit) => {
         const state = stateLineOf(s, plan.head);
-        const asked = await ask(state, batch.items, batch.maxBranches - plan.head.length);
+        const asked = await ask(state, batch.items, batch.parallel);
         shown.push(...asked.shown);
         if (last) emit({ branch: state.id, questions: shown }); // one event per decision
         return asked.probabilities;
@@ -75,8 +76,7 @@ async function decide(ctx, request, run, parseSpecial = false) {
     if (b === 0) stateCached = Math.min(cached, plan.stateTokens);
     cachedTokens += b === 0 ? cached : Math.max(0, cached - plan.stateTokens);
   }
-  const questionTokens = plan.items.reduce((s, it) => s + it.tasks.reduce((t, task) => t + task.tokens, 0), 0);
-  const inputTokens = plan.stateTokens + questionTokens;
+  const inputTokens = plan.stateTokens + plan.items.reduce((s, it) => s + questionTokens(it), 0);
   const questions = plan.items.map((it) => it.question);
   return {
     answers: answersOf(checked.format, questions, probabilities),

@@ -188,7 +188,8 @@ function questionText(question, reading, shift) {
  */
 function taskOf(ctx, question, reading, look, shift, marks) {
   const { text, order } = questionText(question, reading, shift);
-  const full = `${marks.text(text)}${look.tail}`;
+  // A question with images: its head (questionHeads) is on the line the task forks.
+  const full = `${marks.text(question.head ? text.slice(headText(question).length) : text)}${look.tail}`;
   const n = question.options.length;
   const task = { text: full, tokens: tokenizeMarked(ctx, full, false).length, order, lines: 1 };
   if (reading.mode === 'label') {
@@ -207,17 +208,18 @@ function taskOf(ctx, question, reading, look, shift, marks) {
 /** Per question of `questions`, `{ question, reading, tasks }` (one task per `permute` order). */
 function itemsOf(ctx, questions, look, settings, marks) {
   return questions.map((question) => {
-    if (question.refusal) return { question, reading: null, tasks: [] };
+    if (question.refusal) return { question, reading: null, tasks: [], head: null };
     const reading = readingOf(ctx, question, look, settings.read);
     const shifts = Math.min(settings.permute, question.options.length);
     const tasks = Array.from({ length: shifts }, (_, shift) => taskOf(ctx, question, reading, look, shift, marks));
-    return { question, reading, tasks };
+    return { question, reading, tasks, head: question.head || null };
   });
 }
 
-/** Lines the widest task needs at once, checked against what the decision may hold. */
+/** Lines the widest item needs at once (its head's line, a task's), checked against what the decision may hold. */
 function checkWidth(items, total, param) {
-  const needs = items.some((it) => it.reading && it.reading.mode === 'text') ? 2 : 1;
+  const widthOf = (it) => (it.head ? 1 : 0) + (it.reading && it.reading.mode === 'text' ? 2 : 1);
+  const needs = Math.max(1, ...items.map(widthOf));
   if (total < needs)
     throw refused(
       `decide: ${total} line(s) at once is too few; scoring option texts needs ${needs} (raise ${param})`,
@@ -255,8 +257,40 @@ async function mediaStateOf(ctx, checked, parseSpecial) {
   return { look, head };
 }
 
+/** The text of a question up to the end of the line its instructions end: the head of its tasks. */
+const headText = (question) => `Question: ${question.instructions}\n`;
+
+/**
+ * The heads of the questions whose instructions hold images (async: the images are decoded on the
+ * worker): each such question's text up to its instructions' end, a MediaPrompt (the prefix cache
+ * keys its images by their bytes), put on the question as `head`. Its tasks (one per `permute`
+ * order) fork one line holding it, so each image is encoded once for all of them. A context without
+ * a projector refuses those questions alone; their text beside images is tokenized by the
+ * projector, which reads control tokens: client text that spells them is refused unless parsed.
+ * @param {import('../Context').SessionContext} ctx
+ */
+async function questionHeads(ctx, checked, parseSpecial) {
+  const withImages = checked.questions.filter((q) => q.images.length > 0 && !q.refusal);
+  for (const q of withImages) {
+    if (!ctx.hasProjector) {
+      q.refusal = 'the question has an image and this model takes none (no image projector: serve --mmproj)';
+      continue;
+    }
+    if (!parseSpecial && spellsSpecial(ctx, q.instructions))
+      throw imagesWithSpecialText('create the Scheduler with parseSpecial: true (serve --parse-special)', q.param);
+    const cut = headText(q).split(new RegExp(IMAGE_MARK.source, 'g')); // text, image index, text, …
+    q.head = await ctx.tokenizeParts(
+      cut.map((p, k) => (k % 2 === 0 ? p : q.images[Number(p)])),
+      false,
+    );
+  }
+}
+
 /** Positions a state piece takes: its tokens, or a MediaPrompt's positions. */
 const positionsOf = (piece) => (Array.isArray(piece) ? piece.length : piece.nPos);
+
+/** Positions a planned question decodes beyond the state: its head's and its tasks'. */
+const questionTokens = (it) => (it.head ? it.head.nPos : 0) + it.tasks.reduce((s, t) => s + t.tokens, 0);
 
 /**
  * The plan of `scheduler.decide` (either format): `{ look, head, stateTokens, items, batches,
@@ -264,7 +298,8 @@ const positionsOf = (piece) => (Array.isArray(piece) ? piece.length : piece.nPos
  * the state tokenized whole, so both doors decode the same tokens). A question whose forks cannot
  * fit beside the state is refused (`refusal` of the OpenAI format) or, in System One's, fails the
  * decision. `batches`: the items asked by one program each, in order, each within the cells a
- * program may write, so that a long list of questions runs on the state the first one cached.
+ * program may write, so that a long list of questions runs on the state the first one cached, with
+ * the lines its program may hold (`maxBranches`) and those its asking may hold at once (`parallel`).
  */
 function planDecision(ctx, checked, parseSpecial, media = null) {
   const { messages, settings, format } = checked;
@@ -274,11 +309,15 @@ function planDecision(ctx, checked, parseSpecial, media = null) {
   const stateTokens = head.reduce((s, t) => s + positionsOf(t), 0);
   const items = itemsOf(ctx, checked.questions, look, settings, marks);
   const stateCells = stateTokens + SLACK_PER_LINE * head.length;
-  const cellsOf = (it) => it.tasks.reduce((s, t) => s + t.tokens + SLACK_PER_LINE * t.lines, 0);
-  const linesOf = (it) => it.tasks.reduce((s, t) => s + t.lines, 0);
+  const cellsOf = (it) =>
+    (it.head ? it.head.nPos + SLACK_PER_LINE : 0) +
+    it.tasks.reduce((s, t) => s + t.tokens + SLACK_PER_LINE * t.lines, 0);
+  // A question's head: its line and a lease for the prefix cache's entry of it (its images are
+  // worth keeping: the same question about the same image skips the encoder).
+  const linesOf = (it) => (it.head ? 2 : 0) + it.tasks.reduce((s, t) => s + t.lines, 0);
   for (const it of items) {
     if (it.tasks.length === 0 || stateCells + cellsOf(it) <= ctx.nCtx) continue;
-    const tokens = it.tasks.reduce((s, t) => s + t.tokens, 0);
+    const tokens = questionTokens(it);
     const message = `decide: the state is ${stateTokens} tokens and ${it.question.param} ${tokens} more, past the context's ${ctx.nCtx} KV cells; shorten the state or the question, or lower permute`;
     if (format !== 'openai' || stateCells + SLACK_PER_LINE * 2 >= ctx.nCtx)
       throw refused(message, format === 'openai' ? 'input' : 'state', 'state_too_long');
@@ -304,7 +343,7 @@ function planDecision(ctx, checked, parseSpecial, media = null) {
   for (const it of items) {
     if (it.tasks.length === 0) continue;
     if (!batch || batch.cells + cellsOf(it) > budget) {
-      batch = { items: [], cells: stateCells, lines: head.length, maxBranches: 0 };
+      batch = { items: [], cells: stateCells, lines: head.length, maxBranches: 0, parallel: 0 };
       batches.push(batch);
     }
     batch.items.push(it);
@@ -312,7 +351,10 @@ function planDecision(ctx, checked, parseSpecial, media = null) {
     batch.lines += linesOf(it);
   }
   for (const b of batches) b.maxBranches = Math.min(b.lines, cap);
-  for (const b of batches) checkWidth(b.items, b.maxBranches - head.length, 'maxBranches');
+  for (const b of batches) {
+    b.parallel = b.maxBranches - head.length - b.items.filter((it) => it.head).length;
+    checkWidth(b.items, b.parallel, 'maxBranches');
+  }
   return { look, head, stateTokens, items, batches };
 }
 
@@ -327,4 +369,4 @@ function planOnLine(ctx, checked, parseSpecial) {
   return { look, items };
 }
 
-module.exports = { planDecision, planOnLine, mediaStateOf };
+module.exports = { planDecision, planOnLine, mediaStateOf, questionHeads, questionTokens };
