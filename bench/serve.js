@@ -12,7 +12,7 @@
  * plus time to first token of a lone request with a cold vs a cached system prompt, and the
  * decode step time at C = 16 against the total KV cells (16 unrelated prompts of 64..1000 tokens).
  *
- * Usage: node bench/serve.js [--c=1,4,8,16] [--reps=2] [--threads=2] [--parts=concurrency,ttft,cells]
+ * Usage: node bench/serve.js [--c=1,4,8,16] [--reps=2] [--threads=2] [--parts=concurrency,ttft,cells] [--deterministic]
  *        (or npm run bench -- --serve ...)
  * (--threads=1 on an oversubscribed machine: llama.cpp's spinning thread barriers degrade badly
  * when its threads lose their cores.)
@@ -30,6 +30,8 @@ const NEW_TOKENS = 64;
 const THREADS = Number(args.threads || 2);
 const CELL_PROMPTS = [64, 256, 512, 1000];
 const PARTS = new Set(String(args.parts || 'concurrency,ttft,cells').split(','));
+/** `--deterministic`: a deterministic context (issue 51's cost at C clients: run with and without). */
+const DETERMINISTIC = args.deterministic !== undefined && args.deterministic !== 'false';
 const MODEL = modelPath();
 
 const now = () => performance.now();
@@ -199,7 +201,13 @@ async function stepTimeVsCells(ctx, params) {
 
 async function main() {
   const started = now();
-  const ctx = await createContext({ modelPath: MODEL, nCtx: 18432, nSeqMax: 64, nThreads: THREADS });
+  const ctx = await createContext({
+    modelPath: MODEL,
+    nCtx: 18432,
+    nSeqMax: 64,
+    nThreads: THREADS,
+    deterministic: DETERMINISTIC,
+  });
   const params = greedyParams(ctx);
   const { messages: warmup } = workload(ctx, 2);
   await viaScheduler(ctx, warmup, params);
@@ -246,6 +254,7 @@ async function main() {
     date: new Date().toISOString(),
     system: systemInfo(),
     threads: THREADS,
+    deterministic: DETERMINISTIC,
     newTokens: NEW_TOKENS,
     reps: REPS,
     concurrency,
