@@ -8,6 +8,8 @@
 // message and the server keeps serving.
 
 const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const path = require('node:path');
 const OpenAI = require('openai');
 const { startServer, stopServer, serveUntilExit } = require('./serve-helpers');
 const {
@@ -178,6 +180,22 @@ describe('llama-branch serve --mmproj: chat completions with images', function (
     const { tokens } = await res.json();
     assert.equal(tokens.filter((t) => t < 0).length, IMAGE_TOKENS, "the image's keys");
     assert.equal(tokens.length, data.usage.prompt_tokens);
+  });
+
+  it('a WebP data URL through the openai client: 200, the positions of a PNG, one encoder run', async () => {
+    const file = fs.readFileSync(path.join(__dirname, 'fixtures', 'seed77-40x32-lossy.webp'));
+    const chat = (part) =>
+      client.chat.completions.create({
+        model: 'x',
+        messages: ask(text('What is in the picture?'), part),
+        max_tokens: 2,
+        temperature: 0,
+      });
+    const before = await metric(server.url, 'llamabranch_image_encodes_total');
+    const data = await chat(imagePart(dataUrl(file, 'image/webp')));
+    assert.equal(await metric(server.url, 'llamabranch_image_encodes_total'), before + 1);
+    const asPng = await chat(imagePart(dataUrl(png(40, 32, { seed: 77 }))));
+    assert.equal(data.usage.prompt_tokens, asPng.usage.prompt_tokens);
   });
 
   it('a streamed chat with an image streams its text', async () => {

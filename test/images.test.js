@@ -6,6 +6,7 @@
 // or different logits, coded errors, branches unchanged after a failure.
 
 const assert = require('node:assert/strict');
+const crypto = require('node:crypto');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
@@ -27,6 +28,9 @@ async function logitsAfter(ctx, prompt) {
     await b.prune();
   }
 }
+
+/** A WebP file of test/fixtures (`kind`: lossless, lossy, lossy-alpha). */
+const webpFixture = (kind) => fs.readFileSync(path.join(__dirname, 'fixtures', `seed77-40x32-${kind}.webp`));
 
 function maxAbsDiff(a, b) {
   let m = 0;
@@ -97,6 +101,25 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
     assert.notEqual(a.pieces[1].id, b.pieces[1].id, 'one changed pixel: another id');
     const [c] = [await ctx.tokenizeParts([png(64, 48, { seed: 1 })])];
     assert.equal(a.pieces[1].id, c.pieces[1].id, 'the same bytes: the same id');
+  });
+
+  it("WebP (decoded in Rust): lossless gives the PNG's logits bitwise; lossy and extended (alpha) decode", async () => {
+    // test/fixtures/seed77-40x32-*.webp were written by Pillow from png(40, 32, { seed: 77 }).
+    const fromPng = await logitsAfter(ctx, await ctx.tokenizeParts(['Look: ', png(40, 32, { seed: 77 })]));
+    const lossless = await ctx.tokenizeParts(['Look: ', webpFixture('lossless')]);
+    assert.equal(lossless.pieces[1].nPos, IMAGE_TOKENS);
+    assert.equal(
+      lossless.pieces[1].id,
+      crypto.createHash('sha256').update(webpFixture('lossless')).digest('hex'),
+      "its id is the SHA-256 of the file's bytes, as for the other formats",
+    );
+    assert.equal(maxAbsDiff(fromPng, await logitsAfter(ctx, lossless)), 0, 'the same pixels: the same logits');
+    for (const kind of ['lossy', 'lossy-alpha']) {
+      const prompt = await ctx.tokenizeParts(['Look: ', webpFixture(kind)]);
+      assert.equal(prompt.pieces[1].nPos, IMAGE_TOKENS, kind);
+      const d = maxAbsDiff(fromPng, await logitsAfter(ctx, prompt));
+      assert.ok(d > 0, `${kind}: lossy pixels are not the PNG's, so neither are the logits`);
+    }
   });
 
   it("a JPEG (baseline, made by test/helpers/images.js) decodes: 8×8 blocks of one grey give the PNG's logits bitwise", async () => {
@@ -276,7 +299,9 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
     it('corrupt, truncated and unsupported bytes', async () => {
       await rejects(() => ctx.tokenizeParts(['x', Buffer.from('not an image at all')]), 'ERR_IMAGE_FORMAT');
       const webp = Buffer.concat([Buffer.from('RIFF'), Buffer.alloc(4), Buffer.from('WEBPVP8 '), Buffer.alloc(32)]);
-      await rejects(() => ctx.tokenizeParts([webp]), 'ERR_IMAGE_FORMAT', /WebP/);
+      await rejects(() => ctx.tokenizeParts([webp]), 'ERR_IMAGE_DECODE', /WebP/);
+      const lossy = webpFixture('lossy');
+      await rejects(() => ctx.tokenizeParts([lossy.subarray(0, lossy.length / 2)]), 'ERR_IMAGE_DECODE', /WebP/);
       await rejects(() => ctx.tokenizeParts([image.subarray(0, 20)]), 'ERR_IMAGE_DECODE');
       await rejects(() => ctx.tokenizeParts([image.subarray(0, image.length - 30)]), 'ERR_IMAGE_DECODE');
       const garbled = Buffer.from(image);

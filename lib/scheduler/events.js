@@ -117,6 +117,14 @@ const SIGNATURES = [
   ['image/bmp', [0x42, 0x4d]],
 ];
 
+/** The media type of image file bytes (null: none of the formats above, nor WebP). */
+function mediaTypeOf(/** @type {Uint8Array} */ bytes) {
+  const head = Buffer.from(bytes.buffer, bytes.byteOffset, Math.min(12, bytes.length)).toString('latin1');
+  if (head.startsWith('RIFF') && head.slice(8) === 'WEBP') return 'image/webp'; // a RIFF container of form WEBP
+  const found = SIGNATURES.find(([, sig]) => sig.every((b, k) => bytes[k] === b));
+  return found ? found[0] : null;
+}
+
 /**
  * The `images` field of a request's `admit` event (docs/events.md): per image of its prompt, in
  * order, `{ id, nPos }` (`id`: the first 16 hex digits of the SHA-256 of its file bytes), with
@@ -141,11 +149,11 @@ function imagesOfPrompt(media, sources) {
     const image = { id: piece.id.slice(0, 16), nPos: piece.nPos };
     const bytes = bytesOf(i);
     if (!bytes) return image;
-    const type = SIGNATURES.find(([, sig]) => sig.every((b, k) => bytes[k] === b));
+    const type = mediaTypeOf(bytes);
     if (!type || bytes.length > THUMBNAIL_MAX_BYTES || urls >= THUMBNAILS_PER_REQUEST)
       return { ...image, bytes: bytes.length };
     urls++;
-    const url = `data:${type[0]};base64,${Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length).toString('base64')}`;
+    const url = `data:${type};base64,${Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length).toString('base64')}`;
     return { ...image, bytes: bytes.length, url };
   });
 }

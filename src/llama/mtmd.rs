@@ -245,6 +245,24 @@ pub struct Bitmap {
 unsafe impl Send for Bitmap {}
 
 impl Bitmap {
+    /// An image from RGB pixels decoded elsewhere (`pixels`: `nx × ny × 3` bytes, rows top
+    /// first), named `id` (the SHA-256 hex of its file's bytes, as `decode_image` names them).
+    pub fn from_rgb(nx: u32, ny: u32, pixels: &[u8], id: &str) -> Result<Bitmap> {
+        if pixels.len() as u64 != u64::from(nx) * u64::from(ny) * 3 {
+            return Err(Error::ImageDecode(format!(
+                "{} bytes of pixels for a {nx}×{ny} RGB image; send a complete image file",
+                pixels.len()
+            )));
+        }
+        let id = CString::new(id).map_err(|_| Error::invalid("an image id contains a NUL byte"))?;
+        // SAFETY: `pixels` holds nx × ny × 3 bytes (checked above), which mtmd copies.
+        let ptr = NonNull::new(unsafe { sys::mtmd_bitmap_init(nx, ny, pixels.as_ptr()) })
+            .ok_or_else(|| Error::ImageDecode("the image could not be allocated".into()))?;
+        // SAFETY: a bitmap we own; mtmd copies the id.
+        unsafe { sys::mtmd_bitmap_set_id(ptr.as_ptr(), id.as_ptr()) };
+        Ok(Bitmap { ptr })
+    }
+
     /// Width and height in pixels.
     pub fn size(&self) -> (u32, u32) {
         // SAFETY: reads fields of the bitmap we own.

@@ -14,10 +14,10 @@ use napi_derive::napi;
 use super::cancel::{run_cancellable, CancelArg};
 use super::context::{Engine, SessionContext};
 use super::convert::{Arg, Result};
-use crate::engine::image_header::{self, ImageLimits};
+use crate::engine::image_header::{self, Format, ImageLimits};
 use crate::engine::media::{ImageSource, ImageSpan, MediaPiece};
 use crate::error::Error;
-use crate::llama::{Chunks, Model, Part, Piece, Projector};
+use crate::llama::{Bitmap, Chunks, Model, Part, Piece, Projector};
 
 /// Encoder runs and their time, shared by the engine (which counts) and the JS object (which
 /// reads them without waiting for the worker).
@@ -334,8 +334,14 @@ impl SessionContext {
                         PartData::Text(t) => Loaded::Text(t),
                         image => {
                             let bytes = image_bytes(image, &limits)?;
-                            image_header::check(&bytes, &limits)?;
-                            let bitmap = projector.decode_image(&bytes)?;
+                            let (format, _, _) = image_header::check(&bytes, &limits)?;
+                            let bitmap = match format {
+                                Format::Webp => {
+                                    let (nx, ny, rgb) = image_header::decode_webp(&bytes)?;
+                                    Bitmap::from_rgb(nx, ny, &rgb, &image_header::file_id(&bytes))?
+                                }
+                                _ => projector.decode_image(&bytes)?,
+                            };
                             let (nx, ny) = bitmap.size();
                             // The header was checked; the decoder's own size is checked too.
                             if u64::from(nx) * u64::from(ny) > limits.max_pixels {
@@ -441,5 +447,5 @@ impl SessionContext {
 
 enum Loaded {
     Text(String),
-    Image(crate::llama::Bitmap),
+    Image(Bitmap),
 }
