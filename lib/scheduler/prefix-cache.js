@@ -159,9 +159,8 @@ class PrefixCache {
 
   /**
    * `listener(change)` hears each prefix entering a tier (`stored`: 'kv' once filled or restored,
-   * 'ram', 'disk' as its file is written or found) or leaving one (`removed`), with `tiers`: those
-   * holding it now; and `cleared` when `clear` frees the KV cells (see Scheduler.watchCache).
-   * Returns the unsubscribe.
+   * 'ram', 'disk' as its file is written or found) or leaving one (`removed`), with the `tiers`
+   * holding it now, and `cleared` from `clear` (see Scheduler.watchCache). Returns the unsubscribe.
    * @param {(change: CacheChange) => void} listener
    */
   onChange(listener) {
@@ -339,20 +338,19 @@ class PrefixCache {
 
   /**
    * Writes `state` to `e`'s file in the background (nothing without a disk tier). The file goes
-   * to whichever entry holds `e`'s tokens and this state when it lands (`open` may move it).
+   * to whichever entry holds this state when it lands (`open` may have moved it off `e`).
    */
   _write(e, state) {
     if (!this.diskOn || this._budget.disk === 0) return;
     e.writing = state;
     this._emit('stored', e, 'disk');
-    const { tokens, images } = e;
     const writer = () => [...this._entries].find((w) => w.writing === state);
     this._writes = this._writes.then(async () => {
       try {
         if (!this.diskOn || !writer()) return;
-        const size = files.entrySize(this._tiers.fingerprint, tokens, state, images);
+        const size = files.entrySize(this._tiers.fingerprint, e.tokens, state, e.images);
         this.makeRoom('disk', () => sum(this._sizes('disk')) + size <= this._budget.disk);
-        const file = await files.writeEntryFile(this._dir, this._tiers.fingerprint, tokens, state, images);
+        const file = await files.writeEntryFile(this._dir, this._tiers.fingerprint, e.tokens, state, e.images);
         const w = writer();
         if (w) w.file = file;
         if (w) this.counters.diskWrites++;
