@@ -16,7 +16,7 @@
 const { BranchStore } = require('./BranchStore');
 const { jsonSchemaToGrammar } = require('./schema');
 const { schedulerOptions } = require('./scheduler/options');
-const { PrefixCache } = require('./scheduler/prefix-cache');
+const { PrefixCache, tiersOn } = require('./scheduler/prefix-cache');
 const { requestProgram } = require('./scheduler/request');
 const { invalid } = require('./scheduler/checks');
 const { SystemPrompts } = require('./scheduler/system-prompts');
@@ -26,7 +26,6 @@ const { runProgram } = require('./scheduler/run');
 const { Programs } = require('./scheduler/programs');
 const { SchedulerEvents } = require('./scheduler/events');
 const { decide } = require('./decisions');
-const { tiersOn } = require('./scheduler/cache-tiers');
 const { prefillMedia } = require('./scheduler/media');
 
 /**
@@ -317,8 +316,7 @@ class Scheduler {
     const started = performance.now();
     await this._programs.collect();
     await this._prepareQueued();
-    // A prompt (or a program's fresh line) that starts with a prefix stored in RAM or on disk
-    // gets it back into the KV cells first, when it fits.
+    // The cache restores a prefix stored in RAM or on disk that a prompt or fresh line starts with.
     if (!this._closed)
       await this._cache.restoreOne(this._restorable(), (cells, leases) => this._programs.makeRoom(cells, leases));
     this._admit();
@@ -375,8 +373,7 @@ class Scheduler {
       const running = this._programs.list.filter((p) => p.countsAsRunning).length;
       if (item.countsAsRunning && running >= this._options.maxRunning) return;
       const need = item.needs(this._cache);
-      // A prompt the RAM or disk tier holds more of waits for its restore (one a step) rather
-      // than being prefilled from a shorter start now.
+      // A prompt the RAM or disk tier holds more of waits for its restore (one a step).
       if (item.restoreKey && this._cache.stored(item.restoreKey, need.start)) return;
       const { cells, leases } = need;
       if (!this._programs.makeRoom(cells, leases, need.entry)) {
@@ -392,25 +389,18 @@ class Scheduler {
   }
 
   /**
-   * What may start from a restored prefix, in order: ready requests (with what each needs
-   * beside it), then running programs' fresh lines waiting to start (a program reserved the
-   * cells of all its text already: the restored entry's cells and lease are the cache's).
+   * Who may start from a restored prefix, in order: ready requests, with what each needs beside it
+   * (one that does not fit while nothing runs is admitted as it is), then running programs' fresh
+   * lines waiting to start (their program reserved their cells: they need nothing beside).
    */
   *_restorable() {
-    for (const item of this._queue.slice()) {
-      if (item.state !== 'ready' || !item.restoreKey) continue;
-      const beside = (/** @type {number} */ keep) => item.needsFrom(keep);
-      const unfit = () => {
-        // Nothing running will give cells back: it never fits restored, admit it as it is.
-        if (this._programs.size === 0) item.skipRestore();
-      };
-      yield { tokens: item.restoreKey, beside, hinted: item.hinted, unfit };
+    for (const item of this._queue.filter((p) => p.state === 'ready' && p.restoreKey)) {
+      const unfit = () => this._programs.size === 0 && item.skipRestore();
+      yield { tokens: item.restoreKey, beside: (keep) => item.needsFrom(keep), hinted: item.hinted, unfit };
     }
-    for (const [, line] of this._programs.runningLines()) {
-      if (line.state !== 'waiting' || line.parent || !line.needed) continue;
-      const tokens = line.pending.slice(0, line.pending.length - line.scoring);
-      yield { tokens, beside: () => ({ cells: 0, leases: 0 }), hinted: false, unfit: () => {} };
-    }
+    for (const [, line] of this._programs.runningLines())
+      if (line.state === 'waiting' && !line.parent && line.needed)
+        yield { tokens: line.pending.slice(0, line.pending.length - line.scoring) };
   }
 
   // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 'use strict';
 
-// The prefix cache's RAM and disk tiers (lib/scheduler/cache-tiers.js) on the real model: an
+// The prefix cache's RAM and disk tiers (lib/scheduler/prefix-cache.js) on the real model: an
 // evicted prefix restored instead of prefilled, a restart finding the folder's files, and the
 // faults: corrupted and truncated files, a state from other KV settings, a folder that cannot
 // be written or disappears, a writer killed with SIGKILL mid-spill. Prompts are short and nCtx

@@ -3,7 +3,7 @@
 /**
  * The prefix cache's files: one stored prefix (its tokens and sequence state) per file, and the
  * folder they live in. This is the whole boundary between the cache's policy (./prefix-cache.js)
- * and its saved-state format: `fingerprintOf` (./cache-tiers.js), `makeFolder`, `entrySize`,
+ * and its saved-state format: `fingerprintOf` (./prefix-cache.js `tiersOn`), `makeFolder`, `entrySize`,
  * `writeEntryFile`, `readEntryFile`, `listEntryFiles`, `removeEntryFile` (and `entryName`, for
  * tests and tools). Files are named by `name` strings the cache only passes back.
  *

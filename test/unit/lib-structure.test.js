@@ -222,14 +222,8 @@ describe('lib/ structure', function () {
 
   it("writes no field of another file's class (a class's fields change through its own methods)", function () {
     this.timeout(120000); // the checker reads all of lib/
-    // The prefix cache's restore phase and admission still mark an entry warm from the Scheduler;
-    // the cache's own rewrite (issue 47, item 3) replaces both.
-    const pending = /^Scheduler\.js:\d+: .*\.hinted \(CacheEntry, scheduler\/prefix-cache\.js\)$/;
     const root = fs.realpathSync(LIB);
-    assert.deepEqual(
-      foreignWrites(libProgram(), root).filter((w) => !pending.test(w)),
-      [],
-    );
+    assert.deepEqual(foreignWrites(libProgram(), root), []);
   });
 
   it('the checks find what they look for (a cycle, a lazy require, a foreign underscore, a foreign write)', function () {

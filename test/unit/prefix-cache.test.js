@@ -136,7 +136,7 @@ describe('PrefixCache (no model)', () => {
     const cache = new PrefixCache({ slidingWindow: 64, tiers });
     const tokens = range(0, 40);
     const e = cached(cache, tokens);
-    cache.evict(e);
+    cache.demote(e, 'kv');
     assert.equal(cache.bestStart(tokens).entry, null, 'in RAM only: not a start');
     assert.equal(cache.stored([...tokens, 5], 0), e);
     assert.equal(cache.stored([...tokens, 5], 40 - 15), null, 'saves fewer than MIN_GAIN tokens');
@@ -182,7 +182,7 @@ describe('PrefixCache (no model)', () => {
       'the entry a request is about to fork is kept',
     );
     assert.equal(cache.size, 2);
-    cache.evict(d, false); // an unfilled entry whose request ended: not an eviction
+    cache.demote(d, 'kv', false); // an unfilled entry whose request ended: not an eviction
     assert.equal(cache.evictions, 2);
     cache.clear();
     assert.equal(cache.size, 0);
@@ -321,9 +321,9 @@ describe('PrefixCache (no model)', () => {
     const unfilled = cache.open(range(50, 70), fakeBranch(20));
     cache.forget(unfilled); // never filled: nobody was told it was there
     const [a, b] = [0, 100].map((k) => cached(cache, range(k, k + 20)));
-    cache.evict(a);
+    cache.demote(a, 'kv');
     const short = cached(cache, range(200, 205)); // too short to keep below the KV cells
-    cache.evict(short);
+    cache.demote(short, 'kv');
     cache.clear();
     assert.deepEqual(changes, [
       ['stored', 'kv', 0, 'kv'],
