@@ -64,6 +64,7 @@ fn build_chat_shim() {
     // but their logits would depend on where the KV cells sit: refuse it, saying how to fix it.
     println!("cargo:rerun-if-changed=patches/ggml/deterministic.cmake");
     println!("cargo:rerun-if-changed=patches/ggml/flash-attn-order-independent.inc");
+    println!("cargo:rerun-if-changed=patches/ggml/kquant-cols.inc");
     assert!(
         cache
             .lines()

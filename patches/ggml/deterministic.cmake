@@ -7,7 +7,10 @@
 #     sgemm computes every output element with the same instructions in the same order whatever
 #     the tile shape, and the same as their one-row vec_dot (Q8_0, Q4_0, Q5_0 against Q8_0), so
 #     a row's product does not depend on how many rows its decode has, and prompts and wide
-#     decodes keep sgemm's speed.
+#     decodes keep sgemm's speed;
+#   - ggml-cpu.c and arch/x86/quants.c: the reference mul_mat takes Q4_K and Q6_K weights 4
+#     columns at a time (kquant-cols.inc: the weight row unpacked once for 4 activation rows,
+#     each column's arithmetic exactly the one-row vec_dot's), the remaining columns one by one.
 #
 # How it is applied: .cargo/config.toml sets CMAKE_PROJECT_ggml_INCLUDE to this file, which
 # llama-cpp-sys-2 forwards to CMake, which includes it right after ggml's project() call. It
@@ -81,7 +84,70 @@ static bool ggml_mul_mat_sgemm_batch_invariant(enum ggml_type type) {
 
 void ggml_compute_forward_mul_mat(
 ]==])
+    llama_branch_replace(text "ggml-cpu/ggml-cpu.c" "the definition of ggml_compute_forward_mul_mat_one_chunk"
+        "static void ggml_compute_forward_mul_mat_one_chunk(\n"
+[==[// llama-branch: Q4_K and Q6_K dot products of one weight row with 4 columns, each column bitwise
+// the one-row vec_dot's (arch/x86/quants.c, patches/ggml/kquant-cols.inc)
+void ggml_vec_dot_q4_K_q8_K_cols4(int n, float * GGML_RESTRICT s, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, size_t by);
+void ggml_vec_dot_q6_K_q8_K_cols4(int n, float * GGML_RESTRICT s, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, size_t by);
+
+static void ggml_compute_forward_mul_mat_one_chunk(
+]==])
+    llama_branch_replace(text "ggml-cpu/ggml-cpu.c" "the block tiling of ggml_compute_forward_mul_mat_one_chunk"
+        "    // attempt to reduce false-sharing (does not seem to make a difference)\n"
+[==[#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))
+    // llama-branch: the reference path takes Q4_K and Q6_K weights 4 columns at a time (the
+    // weight row unpacked once for the 4), the remaining columns one by one; both compute each
+    // element with the same arithmetic, so a row's product does not depend on its decode's rows
+    if (params->use_ref && num_rows_per_vec_dot == 1 && (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) &&
+            ne12 == 1 && ne13 == 1 && (src1_cont || src1->type != vec_dot_type)) {
+        void (*const cols4)(int, float *, const void *, const void *, size_t) =
+            type == GGML_TYPE_Q4_K ? ggml_vec_dot_q4_K_q8_K_cols4 : ggml_vec_dot_q6_K_q8_K_cols4;
+        const char * rows = (const char *) src0->data;
+        for (int64_t iir1 = ir1_start; iir1 < ir1_end; iir1 += 16) {
+            const int64_t end1 = MIN(iir1 + 16, ir1_end);
+            for (int64_t iir0 = ir0_start; iir0 < ir0_end; iir0 += 16) {
+                const int64_t end0 = MIN(iir0 + 16, ir0_end);
+                int64_t ir1 = iir1;
+                for (; ir1 + 4 <= end1; ir1 += 4) {
+                    const char * cols = (const char *) wdata + ir1 * row_size;
+                    for (int64_t ir0 = iir0; ir0 < end0; ++ir0) {
+                        float out[4];
+                        cols4(ne00, out, rows + ir0 * nb01, cols, row_size);
+                        for (int c = 0; c < 4; ++c) {
+                            ((float *) ((char *) dst->data + (ir1 + c) * nb1))[ir0] = out[c];
+                        }
+                    }
+                }
+                for (; ir1 < end1; ++ir1) {
+                    const char * col = (const char *) wdata + ir1 * row_size;
+                    float * dst_col = (float *) ((char *) dst->data + ir1 * nb1);
+                    for (int64_t ir0 = iir0; ir0 < end0; ++ir0) {
+                        vec_dot(ne00, &dst_col[ir0], 0, rows + ir0 * nb01, 0, col, 0, 1);
+                    }
+                }
+            }
+        }
+        return;
+    }
+#endif
+
+    // attempt to reduce false-sharing (does not seem to make a difference)
+]==])
     llama_branch_write("ggml-cpu/ggml-cpu.c" "${text}")
+
+    # arch/x86/quants.c (x86 builds only): the 4-column Q4_K and Q6_K kernels, appended
+    if(EXISTS "${src}/ggml-cpu/arch/x86/quants.c")
+        file(READ "${src}/ggml-cpu/arch/x86/quants.c" text)
+        file(READ "${LLAMA_BRANCH_PATCH_DIR}/kquant-cols.inc" kernels)
+        # the copy lives elsewhere: its includes relative to arch/x86/ made absolute
+        foreach(header IN ITEMS "quants.h" "ggml-cpu-impl.h")
+            llama_branch_replace(text "ggml-cpu/arch/x86/quants.c" "the include of ${header}"
+                "#include \"../../${header}\"" "#include \"${src}/ggml-cpu/${header}\"")
+        endforeach()
+        llama_branch_write("ggml-cpu/arch/x86/quants.c" "${text}${kernels}")
+        set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${LLAMA_BRANCH_PATCH_DIR}/kquant-cols.inc")
+    endif()
 
     # the CPU targets are made in ggml/src or in ggml/src/ggml-cpu, depending on the build
     set(targets "")
@@ -102,14 +168,16 @@ void ggml_compute_forward_mul_mat(
             continue()
         endif()
         set(found 0)
-        foreach(rel IN ITEMS "ggml-cpu/ops.cpp" "ggml-cpu/ggml-cpu.c")
+        foreach(rel IN ITEMS "ggml-cpu/ops.cpp" "ggml-cpu/ggml-cpu.c" "ggml-cpu/arch/x86/quants.c")
             list(FIND sources "${rel}" i)
             if(i EQUAL -1)
                 continue()
             endif()
             list(REMOVE_AT sources ${i})
             list(INSERT sources ${i} "${CMAKE_BINARY_DIR}/llama-branch-patched/${rel}")
-            math(EXPR found "${found} + 1")
+            if(NOT rel MATCHES "/arch/")
+                math(EXPR found "${found} + 1")
+            endif()
         endforeach()
         if(found EQUAL 0)
             continue()

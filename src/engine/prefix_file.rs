@@ -11,7 +11,7 @@
 use super::fingerprint::Fingerprint;
 use super::media::{read_spans, spans_problem, write_spans, ImageSpan, IMAGE_POSITION};
 use super::saved_state::{
-    container_bytes, container_size, parse_container, read_section, Payload, Reader, Writer,
+    container_bytes, container_size, parse_container, read_section, Limits, Payload, Reader, Writer,
 };
 use crate::error::{Error, Result};
 use crate::llama::{Pos, Token};
@@ -90,13 +90,7 @@ pub fn prefix_file_size(
     container_size(Payload::Prefix, fingerprint, &sections)
 }
 
-/// What the reading context allows in a file.
-pub struct PrefixLimits {
-    pub n_ctx: u32,
-    pub n_vocab: i32,
-}
-
-fn read_tokens(mut r: Reader, limits: &PrefixLimits) -> Result<Vec<Token>> {
+fn read_tokens(mut r: Reader, limits: &Limits) -> Result<Vec<Token>> {
     if !r.remaining().is_multiple_of(4) || r.remaining() / 4 > limits.n_ctx as usize {
         return Err(r.bad(format!(
             "{} bytes of tokens, not whole tokens within nCtx = {}",
@@ -131,7 +125,7 @@ fn prefix_of(tokens: Vec<Token>, images: Option<Reader>, bad: &Reader) -> Result
 pub fn parse_prefix_file(
     path: &str,
     bytes: &[u8],
-    limits: &PrefixLimits,
+    limits: &Limits,
     here: &Fingerprint,
 ) -> Result<(Prefix, Vec<u8>)> {
     let sections = parse_container(path, bytes, Payload::Prefix, here)?;
@@ -151,7 +145,7 @@ pub fn parse_prefix_file(
 /// verified when the state is read with `parse_prefix_file`).
 pub fn read_prefix_tokens(
     path: &str,
-    limits: &PrefixLimits,
+    limits: &Limits,
     here: &Fingerprint,
 ) -> Result<(Prefix, usize)> {
     let (tokens, size) = read_section(path, Payload::Prefix, here, "tokens")?;
@@ -175,7 +169,7 @@ pub fn read_prefix_tokens(
 mod tests {
     use super::*;
 
-    const LIMITS: PrefixLimits = PrefixLimits {
+    const LIMITS: Limits = Limits {
         n_ctx: 8,
         n_vocab: 100,
     };
@@ -190,7 +184,7 @@ mod tests {
         assert_eq!(prefix_file_size(&fp(), 3, &[], 11), bytes.len());
         let (prefix, state) = parse_prefix_file("f", &bytes, &LIMITS, &fp()).unwrap();
         assert_eq!((prefix, state), (text(&[5, 6, 7]), b"state bytes".to_vec()));
-        let small = PrefixLimits {
+        let small = Limits {
             n_ctx: 2,
             n_vocab: 100,
         };

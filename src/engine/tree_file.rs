@@ -1,5 +1,5 @@
 //! Branch tree files (`store.saveTree` / `BranchStore.restoreTree`): the payload of a
-//! saved-state container (engine/saved_state.rs: header, fingerprint, checksum, atomic write),
+//! saved-state container (engine/saved_state/: header, fingerprint, checksum, atomic write),
 //! written and parsed here without llama.cpp. Pure: unit-tested on bytes.
 //!
 //! Sections (little-endian, primitives of `saved_state::{Writer, Reader}`):
@@ -10,22 +10,21 @@
 //!           each branch in the same order u32 count and each image's u32 start, u32 positions
 //!           and str id (the SHA-256 of its file, 64 lowercase hex digits)
 //! ```
-//! Every read is bounds-checked and every sampler value goes through the validator that checks
-//! it when a user sets it (sampling/config.rs): a bad file is `ERR_STATE_CORRUPT`, never a panic.
+//! Every read is bounds-checked and sampler values go through the validators of the options a
+//! user sets (`SamplingConfig::check`): a bad file is `ERR_STATE_CORRUPT`, never a panic.
 //!
-//! The images section is a section of its own, written only when an image is saved, so a tree
-//! without images is the same bytes as before it existed and files saved before it still read
-//! (no new container version). Its spans are checked like the rest: inside the branch's
-//! positions, ordered, apart, each id a SHA-256; a child's images in the cells it shares with
-//! its parent are its parent's there.
+//! The images section is written only when an image is saved, so a tree without images is the
+//! same bytes as before it existed and older files still read (no new container version). Its
+//! spans are checked as every saved span is (media.rs `read_spans`); a child's images in the
+//! cells it shares with its parent must be its parent's there.
 
 use super::fingerprint::Fingerprint;
-use super::media::{read_spans, write_spans, ImageSpan};
+use super::media::{images_below, read_spans, write_spans, ImageSpan};
 use super::sampling::config::{self, Dry, Mirostat, Penalties, Xtc};
 use super::sampling::SamplingConfig;
-use super::saved_state::{container_bytes, parse_container, Payload, Reader, Writer};
+use super::saved_state::{container_bytes, parse_container, Limits, Payload, Reader, Writer};
 use crate::error::Result;
-use crate::llama::Token;
+use crate::llama::{Pos, Token};
 
 const NO_PARENT: u32 = u32::MAX;
 
@@ -91,6 +90,15 @@ pub struct TreeFile {
 // ---------------------------------------------------------------------------------------------
 // Writing
 
+/// (token, bias) pairs: a config's logit biases, a branch's steer.
+fn write_pairs(w: &mut Writer, pairs: &[(Token, f32)]) {
+    w.u32(pairs.len() as u32);
+    for &(t, b) in pairs {
+        w.i32(t);
+        w.f32(b);
+    }
+}
+
 fn write_config(w: &mut Writer, c: &SamplingConfig) {
     w.f32(c.temperature);
     w.i32(c.top_k);
@@ -121,11 +129,7 @@ fn write_config(w: &mut Writer, c: &SamplingConfig) {
         w.f32(x.threshold);
     });
     w.opt(&c.top_n_sigma, |w, n| w.f32(*n));
-    w.u32(c.logit_bias.len() as u32);
-    for &(t, b) in &c.logit_bias {
-        w.i32(t);
-        w.f32(b);
-    }
+    write_pairs(w, &c.logit_bias);
     w.opt(&c.grammar, |w, g| w.str(g));
 }
 
@@ -147,20 +151,14 @@ pub fn tree_file_bytes(tree: &TreeFile) -> Vec<u8> {
             SavedLogits::Own(row) => {
                 w.u8(1);
                 w.u32(row.len() as u32);
-                for &x in row {
-                    w.f32(x);
-                }
+                row.iter().for_each(|&x| w.f32(x));
             }
         }
         w.f64(b.model_ppl.0);
         w.u32(b.model_ppl.1);
         w.f64(b.sampling_ppl.0);
         w.u32(b.sampling_ppl.1);
-        w.u32(b.steer.len() as u32);
-        for &(t, x) in &b.steer {
-            w.i32(t);
-            w.f32(x);
-        }
+        write_pairs(&mut w, &b.steer);
         let s = &b.sampling;
         write_config(&mut w, &s.config);
         w.u32(s.seed);
@@ -174,142 +172,73 @@ pub fn tree_file_bytes(tree: &TreeFile) -> Vec<u8> {
         });
         w.bytes(&b.kv);
     }
-    let images = images_section(&tree.branches);
     let mut sections: Vec<(&str, &[u8])> = vec![("meta", tree.meta.as_bytes()), ("branches", &w.0)];
-    if let Some(images) = &images {
-        sections.push(("images", images));
+    // Only when a branch holds an image: a count (the branches'), then each branch's spans.
+    let mut images = Writer::default();
+    if tree.branches.iter().any(|b| !b.images.is_empty()) {
+        images.u32(tree.branches.len() as u32);
+        tree.branches
+            .iter()
+            .for_each(|b| write_spans(&mut images, &b.images));
+        sections.push(("images", &images.0));
     }
     container_bytes(Payload::Tree, &tree.fingerprint, &sections)
-}
-
-/// The images section (None when no branch holds an image: the section is left out).
-fn images_section(branches: &[SavedBranch]) -> Option<Vec<u8>> {
-    if branches.iter().all(|b| b.images.is_empty()) {
-        return None;
-    }
-    let mut w = Writer::default();
-    w.u32(branches.len() as u32);
-    for b in branches {
-        write_spans(&mut w, &b.images);
-    }
-    Some(w.0)
 }
 
 // ---------------------------------------------------------------------------------------------
 // Parsing
 
-/// Limits a parse checks everything against (the restoring context's).
-pub struct Limits {
-    pub n_ctx: u32,
-    pub n_vocab: i32,
-}
-
-/// A float the validator `check` accepts (the same one a user's option goes through).
-fn checked(r: &mut Reader, check: impl FnOnce(f64) -> Result<f32>) -> Result<f32> {
-    let v = r.f32()?;
-    r.valid(check(v as f64))
-}
-
-/// (token, bias) pairs, each through the validators of `what`'s token and bias.
-fn biases(r: &mut Reader, l: &Limits, what: &str) -> Result<Vec<(Token, f32)>> {
+fn read_pairs(r: &mut Reader) -> Result<Vec<(Token, f32)>> {
     let n = r.count(8)?;
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (t, b) = (r.i32()?, r.f32()?);
-        let t = r.valid(config::token(t as f64, l.n_vocab, &format!("{what} token")))?;
-        out.push((t, r.valid(config::bias(&format!("{what} bias"), b as f64))?));
-    }
-    Ok(out)
+    (0..n).map(|_| Ok((r.i32()?, r.f32()?))).collect()
 }
 
-/// A sampler saved as on whose values its validator turns off is as corrupt as a refused one.
-fn on<T>(r: &Reader, what: &str, v: Option<T>) -> Result<T> {
-    v.ok_or_else(|| {
-        r.bad(format!(
-            "{what} is saved as on with values that turn it off"
-        ))
-    })
-}
-
+/// What `write_config` wrote, then through the validators a user's options go through.
 fn read_config(r: &mut Reader, l: &Limits) -> Result<SamplingConfig> {
-    let temperature = checked(r, |v| config::finite("temperature", v))?;
-    let top_k = r.i32()?;
-    let top_k = r.valid(config::integer("topK", top_k as f64, 0))?;
-    let top_p = checked(r, |v| config::probability("topP", v, false))?;
-    let min_p = checked(r, |v| config::probability("minP", v, true))?;
-    let typical_p = checked(r, |v| config::probability("advanced.typicalP", v, false))?;
-    // Every u32 is a seed (RANDOM_SEED included).
-    let seed = r.u32()?;
-    let penalties = if r.flag()? {
-        let (repeat, frequency, presence) = (r.f32()?, r.f32()?, r.f32()?);
-        let last_n = r.i32()?;
-        Some(r.valid(Penalties::from_options(
-            Some(repeat as f64),
-            Some(frequency as f64),
-            Some(presence as f64),
-            Some(last_n as f64),
-        ))?)
-    } else {
-        None
+    let config = SamplingConfig {
+        temperature: r.f32()?,
+        top_k: r.i32()?,
+        top_p: r.f32()?,
+        min_p: r.f32()?,
+        typical_p: r.f32()?,
+        // Every u32 is a seed (RANDOM_SEED included).
+        seed: r.u32()?,
+        penalties: r.opt(|r| {
+            Ok(Penalties {
+                repeat: r.f32()?,
+                frequency: r.f32()?,
+                presence: r.f32()?,
+                last_n: r.i32()?,
+            })
+        })?,
+        mirostat: r.opt(|r| {
+            Ok(Mirostat {
+                mode: r.u8()?,
+                tau: r.f32()?,
+                eta: r.f32()?,
+            })
+        })?,
+        dry: r.opt(|r| {
+            Ok(Dry {
+                multiplier: r.f32()?,
+                base: r.f32()?,
+                allowed_length: r.i32()?,
+                penalty_last_n: r.i32()?,
+                sequence_breakers: r.strs()?,
+            })
+        })?,
+        xtc: r.opt(|r| {
+            Ok(Xtc {
+                probability: r.f32()?,
+                threshold: r.f32()?,
+            })
+        })?,
+        top_n_sigma: r.opt(|r| r.f32())?,
+        logit_bias: read_pairs(r)?,
+        grammar: r.opt(|r| r.str())?,
     };
-    let mirostat = if r.flag()? {
-        let (mode, tau, eta) = (r.u8()?, r.f32()?, r.f32()?);
-        let m = r.valid(Mirostat::from_options(
-            Some(mode as f64),
-            Some(tau as f64),
-            Some(eta as f64),
-        ))?;
-        Some(on(r, "advanced.mirostat", m)?)
-    } else {
-        None
-    };
-    let dry = if r.flag()? {
-        let (multiplier, base) = (r.f32()?, r.f32()?);
-        let (allowed_length, penalty_last_n) = (r.i32()?, r.i32()?);
-        let breakers = r.strs()?;
-        let d = r.valid(Dry::from_options(
-            Some(multiplier as f64),
-            Some(base as f64),
-            Some(allowed_length as f64),
-            Some(penalty_last_n as f64),
-            Some(breakers),
-        ))?;
-        Some(on(r, "advanced.dry", d)?)
-    } else {
-        None
-    };
-    let xtc = if r.flag()? {
-        let (probability, threshold) = (r.f32()?, r.f32()?);
-        let x = r.valid(Xtc::from_options(
-            Some(probability as f64),
-            Some(threshold as f64),
-        ))?;
-        Some(on(r, "advanced.xtc", x)?)
-    } else {
-        None
-    };
-    let top_n_sigma = if r.flag()? {
-        Some(checked(r, config::top_n_sigma)?)
-    } else {
-        None
-    };
-    let logit_bias = biases(r, l, "logitBias")?;
-    let grammar = if r.flag()? { Some(r.str()?) } else { None };
-    Ok(SamplingConfig {
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        typical_p,
-        seed,
-        penalties,
-        mirostat,
-        dry,
-        xtc,
-        top_n_sigma,
-        logit_bias,
-        grammar,
-    })
+    r.valid(config.check(l.n_vocab))?;
+    Ok(config)
 }
 
 fn read_branch(r: &mut Reader, l: &Limits, index: usize) -> Result<SavedBranch> {
@@ -322,9 +251,6 @@ fn read_branch(r: &mut Reader, l: &Limits, index: usize) -> Result<SavedBranch> 
             )))
         }
     };
-    if index > 0 && parent.is_none() {
-        return Err(r.bad(format!("branch {index} has no parent")));
-    }
     let position = r.i32()?;
     if position < 0 || position as i64 > l.n_ctx as i64 {
         return Err(r.bad(format!(
@@ -332,10 +258,7 @@ fn read_branch(r: &mut Reader, l: &Limits, index: usize) -> Result<SavedBranch> 
             l.n_ctx
         )));
     }
-    let fork_head = r.i32()?;
-    let n_batch = r.u32()?;
-    let shared = r.u32()?;
-    let cells = r.u32()?;
+    let (fork_head, n_batch, shared, cells) = (r.i32()?, r.u32()?, r.u32()?, r.u32()?);
     if shared > cells || cells as i64 > position as i64 || (parent.is_none() && shared > 0) {
         return Err(r.bad(format!(
             "branch {index} shares {shared} of its {cells} cells at position {position}"
@@ -352,33 +275,15 @@ fn read_branch(r: &mut Reader, l: &Limits, index: usize) -> Result<SavedBranch> 
                     l.n_vocab
                 )));
             }
-            let raw = r.take(4 * n)?;
-            SavedLogits::Own(
-                raw.chunks_exact(4)
-                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                    .collect(),
-            )
+            SavedLogits::Own((0..n).map(|_| r.f32()).collect::<Result<_>>()?)
         }
         x => return Err(r.bad(format!("logits kind {x}"))),
     };
-    let model_ppl = (r.f64()?, r.u32()?);
-    let sampling_ppl = (r.f64()?, r.u32()?);
-    let steer = biases(r, l, "steer")?;
-    let config = read_config(r, l)?;
-    let seed = r.u32()?;
-    let draws = r.u64()?;
-    let accepted = r.tokens(l.n_vocab)?;
-    let grammar = if r.flag()? {
-        Some(SavedGrammar {
-            gbnf: r.str()?,
-            trigger_patterns: r.strs()?,
-            trigger_tokens: r.tokens(l.n_vocab)?,
-            accepted: r.tokens(l.n_vocab)?,
-        })
-    } else {
-        None
-    };
-    let kv = r.bytes()?.to_vec();
+    let (model_ppl, sampling_ppl) = ((r.f64()?, r.u32()?), (r.f64()?, r.u32()?));
+    let steer = read_pairs(r)?;
+    for &(t, b) in &steer {
+        r.valid(config::token_bias(t as f64, b as f64, l.n_vocab, "steer"))?;
+    }
     Ok(SavedBranch {
         parent,
         position,
@@ -386,18 +291,25 @@ fn read_branch(r: &mut Reader, l: &Limits, index: usize) -> Result<SavedBranch> 
         n_batch,
         shared,
         cells,
-        kv,
         logits,
         model_ppl,
         sampling_ppl,
         steer,
         sampling: SavedSampling {
-            config,
-            seed,
-            draws,
-            accepted,
-            grammar,
+            config: read_config(r, l)?,
+            seed: r.u32()?,
+            draws: r.u64()?,
+            accepted: r.tokens(l.n_vocab)?,
+            grammar: r.opt(|r| {
+                Ok(SavedGrammar {
+                    gbnf: r.str()?,
+                    trigger_patterns: r.strs()?,
+                    trigger_tokens: r.tokens(l.n_vocab)?,
+                    accepted: r.tokens(l.n_vocab)?,
+                })
+            })?,
         },
+        kv: r.bytes()?.to_vec(),
         images: Vec::new(),
     })
 }
@@ -413,25 +325,18 @@ fn read_images(r: &mut Reader, branches: &mut [SavedBranch]) -> Result<()> {
         )));
     }
     for i in 0..n {
-        let b = &branches[i];
+        let (b, shared) = (&branches[i], branches[i].shared as Pos);
         let spans = read_spans(r, b.position)?;
-        if let Some(p) = b.parent {
-            let shared = b.shared as i64;
-            let below = |s: &&ImageSpan| (s.start as i64 + s.n_pos as i64) <= shared;
-            let mine = spans.iter().filter(below);
-            let theirs = branches[p as usize].images.iter().filter(below);
-            if !mine.eq(theirs) {
-                return Err(r.bad(format!(
-                    "branch {i}'s images in the {shared} cells it shares with its parent are not its parent's"
-                )));
-            }
+        let theirs = b.parent.map(|p| &branches[p as usize].images);
+        if theirs.is_some_and(|theirs| images_below(theirs, shared) != images_below(&spans, shared))
+        {
+            return Err(r.bad(format!(
+                "branch {i}'s images in the {shared} cells it shares with its parent are not its parent's"
+            )));
         }
         branches[i].images = spans;
     }
-    if !r.done() {
-        return Err(r.bad("trailing bytes after the last branch's images"));
-    }
-    Ok(())
+    r.end("the last branch's images")
 }
 
 /// Parses a tree file saved by a context with fingerprint `here` (else `ERR_STATE_MISMATCH`),
@@ -454,9 +359,7 @@ pub fn parse_tree_file(
     let mut branches = (0..n)
         .map(|i| read_branch(&mut r, limits, i))
         .collect::<Result<Vec<_>>>()?;
-    if !r.done() {
-        return Err(r.bad("trailing bytes after the last branch"));
-    }
+    r.end("the last branch")?;
     // Absent: no branch holds an image (and every file saved before images could be).
     if let Ok(mut r) = sections.reader("images") {
         read_images(&mut r, &mut branches)?;
@@ -471,18 +374,14 @@ pub fn parse_tree_file(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llama::Pos;
+    use crate::engine::saved_state::checksum;
     use std::sync::Arc;
 
+    /// A root, and a child with steer, a grammar, every sampler and images beside its parent's.
     fn sample_tree() -> TreeFile {
         let sampling = SavedSampling {
             config: SamplingConfig {
-                penalties: Some(Penalties {
-                    repeat: 1.1,
-                    frequency: 0.0,
-                    presence: 0.2,
-                    last_n: 64,
-                }),
+                penalties: Some(Penalties::from_options(Some(1.1), None, Some(0.2), None).unwrap()),
                 logit_bias: vec![(3, -1.0), (4, f32::NEG_INFINITY)],
                 ..SamplingConfig::default()
             },
@@ -512,6 +411,14 @@ mod tests {
             trigger_tokens: vec![7],
             accepted: vec![2],
         });
+        let c = &mut child.sampling.config;
+        (c.temperature, c.top_k, c.seed, c.top_n_sigma) = (0.0, 7, 99, Some(1.5));
+        // Built as a user's options would be: every sampler on.
+        c.mirostat = Mirostat::from_options(Some(1.0), Some(4.0), Some(0.2)).unwrap();
+        let breakers = Some(vec!["x".into(), "\n".into()]);
+        c.dry = Dry::from_options(Some(0.5), Some(1.5), Some(3.0), None, breakers).unwrap();
+        c.xtc = Xtc::from_options(Some(0.3), Some(0.2)).unwrap();
+        c.grammar = Some("root ::= \"b\"".into());
         let root = SavedBranch {
             parent: None,
             position: 10,
@@ -553,76 +460,95 @@ mod tests {
     }
 
     #[test]
-    fn a_tree_round_trips() {
+    fn a_tree_round_trips_in_the_layout_saved_trees_have() {
         let tree = sample_tree();
         let bytes = tree_file_bytes(&tree);
         assert_eq!(parse(&bytes, &LIMITS).unwrap(), tree);
+        // Pinned: files saved by earlier builds must still read, so these bytes never change.
+        assert_eq!(
+            (bytes.len(), checksum(&bytes)),
+            (911, 0x072f_8009_fdff_5103)
+        );
+    }
+
+    /// `tree`'s file with its section `name` edited (in a sound container: the payload's checks).
+    fn with_section(tree: &TreeFile, name: &str, edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let bytes = tree_file_bytes(tree);
+        let sections = parse_container("t", &bytes, Payload::Tree, &tree.fingerprint).unwrap();
+        let mut all = ["meta", "branches", "images"].map(|n| {
+            let mut r = sections.reader(n).unwrap();
+            (n, r.take(r.remaining()).unwrap().to_vec())
+        });
+        edit(&mut all.iter_mut().find(|(n, _)| *n == name).unwrap().1);
+        let all = all.each_ref().map(|(n, b)| (*n, &b[..]));
+        container_bytes(Payload::Tree, &tree.fingerprint, &all)
     }
 
     #[test]
-    fn every_truncation_and_every_flipped_byte_is_corrupt() {
-        let bytes = tree_file_bytes(&sample_tree());
-        for n in 0..bytes.len() {
-            let e = parse(&bytes[..n], &LIMITS).unwrap_err();
-            assert_eq!(e.code(), "ERR_STATE_CORRUPT", "truncated to {n}: {e}");
-        }
+    fn every_cut_section_and_every_flipped_byte_is_corrupt() {
+        let (tree, bytes) = (sample_tree(), tree_file_bytes(&sample_tree()));
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x40;
             let e = parse(&bad, &LIMITS).unwrap_err();
             assert_eq!(e.code(), "ERR_STATE_CORRUPT", "byte {i} flipped: {e}");
         }
+        for name in ["branches", "images"] {
+            let mut len = 0;
+            with_section(&tree, name, |b| len = b.len());
+            for n in 0..len {
+                let e = parse(&with_section(&tree, name, |b| b.truncate(n)), &LIMITS);
+                assert_eq!(
+                    e.unwrap_err().code(),
+                    "ERR_STATE_CORRUPT",
+                    "{name} cut at {n}"
+                );
+            }
+        }
     }
 
     #[test]
     fn contents_are_checked_against_the_restoring_context() {
         let bytes = tree_file_bytes(&sample_tree());
-        let small_vocab = Limits {
-            n_ctx: 64,
-            n_vocab: 8,
-        };
-        let e = parse(&bytes, &small_vocab).unwrap_err();
-        assert!(e.to_string().contains("vocabulary"), "{e}");
-        let small_ctx = Limits {
-            n_ctx: 11,
-            n_vocab: 16,
-        };
-        let e = parse(&bytes, &small_ctx).unwrap_err();
-        assert!(e.to_string().contains("position 12"), "{e}");
+        let e = |n_ctx, n_vocab| parse(&bytes, &Limits { n_ctx, n_vocab }).unwrap_err();
+        assert!(e(64, 8).to_string().contains("vocabulary"));
+        assert!(e(11, 16).to_string().contains("position 12"));
     }
 
     #[test]
-    fn a_parent_must_come_first() {
-        let mut tree = sample_tree();
-        tree.branches[1].parent = Some(1);
-        let e = parse(&tree_file_bytes(&tree), &LIMITS).unwrap_err();
-        assert!(e.to_string().contains("not an earlier branch"), "{e}");
-    }
-
-    #[test]
-    fn sampler_values_go_through_the_option_validators() {
-        type Spoil = fn(&mut SamplingConfig);
-        let cases: [(Spoil, &str); 4] = [
-            (|c| c.top_p = 1.5, "topP must be in (0, 1]"),
+    fn bad_values_are_corrupt_saying_why() {
+        type Spoil = fn(&mut [SavedBranch]);
+        let cases: [(Spoil, &str); 8] = [
+            (|b| b[1].parent = Some(1), "not an earlier branch"),
+            // Sampler values go through the validators a user's options go through.
             (
-                |c| c.temperature = f32::NAN,
-                "temperature must be a finite number",
+                |b| b[1].sampling.config.top_p = 1.5,
+                "topP must be in (0, 1]",
             ),
             (
-                |c| c.logit_bias[0].1 = f32::INFINITY,
-                "logitBias bias must be",
+                |b| b[0].sampling.config.logit_bias[0].0 = 16,
+                "logitBias token",
             ),
+            (|b| b[1].steer[0].1 = f32::NAN, "steer bias must be"),
             (
-                |c| c.penalties.as_mut().unwrap().last_n = -2,
-                "penalties.lastN must be an integer",
+                |b| b[1].sampling.config.mirostat.as_mut().unwrap().mode = 0,
+                "advanced.mirostat is on with values that turn it off",
             ),
+            // Image spans: inside the branch, ordered, SHA-256 ids, the parent's where shared.
+            (
+                |b| b[0].images = vec![span(8, 3, 'a')],
+                "inside the 10 positions",
+            ),
+            (|b| b[1].images[1] = span(10, 2, 'A'), "not a SHA-256"),
+            (|b| drop(b[1].images.remove(0)), "not its parent's"),
         ];
         for (spoil, why) in cases {
             let mut tree = sample_tree();
-            spoil(&mut tree.branches[1].sampling.config);
+            spoil(&mut tree.branches);
             let e = parse(&tree_file_bytes(&tree), &LIMITS).unwrap_err();
-            assert_eq!(e.code(), "ERR_STATE_CORRUPT");
+            assert_eq!(e.code(), "ERR_STATE_CORRUPT", "{e}");
             assert!(e.to_string().contains(why), "{e} should say {why}");
+            assert!(e.to_string().contains(" section)"), "{e} should say where");
         }
     }
 
@@ -635,15 +561,9 @@ mod tests {
     }
 
     #[test]
-    fn images_round_trip_and_a_tree_without_them_has_no_images_section() {
-        let tree = sample_tree();
-        let parsed = parse(&tree_file_bytes(&tree), &LIMITS).unwrap();
-        assert_eq!(parsed.branches[0].images, vec![span(2, 3, 'a')]);
-        assert_eq!(parsed.branches[1].images, tree.branches[1].images);
+    fn a_tree_without_images_has_no_images_section() {
         let mut plain = sample_tree();
-        for b in &mut plain.branches {
-            b.images.clear();
-        }
+        plain.branches.iter_mut().for_each(|b| b.images.clear());
         let bytes = tree_file_bytes(&plain);
         let sections = parse_container("t", &bytes, Payload::Tree, &plain.fingerprint).unwrap();
         assert!(sections.reader("images").is_err(), "no images, no section");
@@ -651,72 +571,24 @@ mod tests {
     }
 
     #[test]
-    fn bad_image_spans_are_corrupt() {
-        type Spoil = fn(&mut [SavedBranch]);
-        let cases: [(Spoil, &str); 9] = [
-            (
-                |b| b[0].images = vec![span(8, 3, 'a')],
-                "inside the 10 positions",
-            ),
-            (
-                |b| b[0].images = vec![span(-1, 3, 'a')],
-                "at position 4294967295",
-            ),
-            (|b| b[0].images = vec![span(2, 0, 'a')], "[2, 2)"),
-            (|b| b[1].images[1].start = 3, "not ordered, apart"),
-            (|b| b[1].images.reverse(), "not ordered, apart"),
-            (|b| b[0].images[0].id = Arc::from("ab"), "not a SHA-256"),
-            (|b| b[1].images[1] = span(10, 2, 'A'), "not a SHA-256"),
-            (|b| b[1].images[1] = span(10, 2, 'g'), "not a SHA-256"),
-            (|b| drop(b[1].images.remove(0)), "not its parent's"),
-        ];
-        for (spoil, why) in cases {
-            let mut tree = sample_tree();
-            spoil(&mut tree.branches);
-            let e = parse(&tree_file_bytes(&tree), &LIMITS).unwrap_err();
-            assert_eq!(e.code(), "ERR_STATE_CORRUPT", "{e}");
-            assert!(e.to_string().contains(why), "{e} should say {why}");
-            assert!(e.to_string().contains("images section"), "{e}");
-        }
-    }
-
-    #[test]
     fn an_images_section_that_does_not_fit_the_branches_is_corrupt() {
         let tree = sample_tree();
-        let bytes = tree_file_bytes(&tree);
-        let sections = parse_container("t", &bytes, Payload::Tree, &tree.fingerprint).unwrap();
-        let all = |name| {
-            let mut r = sections.reader(name).unwrap();
-            r.take(r.remaining()).unwrap().to_vec()
-        };
-        let (meta, branches, images) = (all("meta"), all("branches"), all("images"));
-        let with = |images: &[u8]| {
-            container_bytes(
-                Payload::Tree,
-                &tree.fingerprint,
-                &[("meta", &meta), ("branches", &branches), ("images", images)],
-            )
-        };
-        assert_eq!(parse(&with(&images), &LIMITS).unwrap(), tree);
-        let mut one_branch = images.clone();
-        one_branch[..4].copy_from_slice(&1u32.to_le_bytes());
-        let mut huge_start = images.clone();
-        huge_start[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
-        let mut longer = images.clone();
-        longer.push(0);
-        for (bad, why) in [
-            (one_branch, "images for 1 branches"),
-            (huge_start, "at position 4294967295"),
-            (longer, "trailing bytes"),
-            (vec![], "truncated"),
-        ] {
-            let e = parse(&with(&bad), &LIMITS).unwrap_err();
+        type Edit = fn(&mut Vec<u8>);
+        let cases: [(Edit, &str); 3] = [
+            (
+                |b| b[..4].copy_from_slice(&1u32.to_le_bytes()),
+                "images for 1 branches",
+            ),
+            (
+                |b| b[8..12].copy_from_slice(&u32::MAX.to_le_bytes()),
+                "at position 4294967295",
+            ),
+            (|b| b.push(0), "trailing bytes"),
+        ];
+        for (edit, why) in cases {
+            let e = parse(&with_section(&tree, "images", edit), &LIMITS).unwrap_err();
             assert_eq!(e.code(), "ERR_STATE_CORRUPT", "{e}");
             assert!(e.to_string().contains(why), "{e} should say {why}");
-        }
-        for n in 0..images.len() {
-            let e = parse(&with(&images[..n]), &LIMITS).unwrap_err();
-            assert_eq!(e.code(), "ERR_STATE_CORRUPT", "cut at {n}: {e}");
         }
     }
 }

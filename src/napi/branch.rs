@@ -296,12 +296,7 @@ impl SessionContext {
         let h = self.ids.from_js(handle).map_err(js)?;
         let list = biases
             .iter()
-            .map(|b| {
-                Ok((
-                    config::token(b.token, self.info.n_vocab, "steer token")?,
-                    config::bias("steer bias", b.bias)?,
-                ))
-            })
+            .map(|b| config::token_bias(b.token, b.bias, self.info.n_vocab, "steer"))
             .collect::<crate::error::Result<Vec<_>>>()
             .map_err(js)?;
         self.sync("steer", |e| e.store.set_steer(h, list))

@@ -171,10 +171,8 @@ impl SamplingParams {
             }
         }
         for b in self.logit_bias.iter().flatten() {
-            c.logit_bias.push((
-                config::token(b.token, n_vocab, "logitBias token")?,
-                config::bias("logitBias bias", b.bias)?,
-            ));
+            let pair = config::token_bias(b.token, b.bias, n_vocab, "logitBias")?;
+            c.logit_bias.push(pair);
         }
         c.grammar = self.grammar.clone().filter(|g| !g.is_empty());
         Ok(c)

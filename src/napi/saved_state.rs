@@ -15,9 +15,8 @@ use crate::engine::kv_types::KvConfig;
 use crate::engine::media::IMAGE_POSITION;
 use crate::engine::prefix_file::{
     parse_prefix_file, prefix_file_bytes, prefix_file_size, read_prefix_tokens, Prefix,
-    PrefixLimits,
 };
-use crate::engine::saved_state::{check_path, read_file, write_atomically};
+use crate::engine::saved_state::{check_path, read_file, write_atomically, Limits};
 use crate::error::Error;
 use crate::llama::{Model, SEQ_FILE_VERSION, SEQ_STATE_MAGIC};
 
@@ -221,8 +220,8 @@ impl SessionContext {
 }
 
 impl SessionContext {
-    fn prefix_limits(&self) -> PrefixLimits {
-        PrefixLimits {
+    fn prefix_limits(&self) -> Limits {
+        Limits {
             n_ctx: self.info.n_ctx,
             n_vocab: self.info.n_vocab,
         }

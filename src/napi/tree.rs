@@ -12,9 +12,9 @@ use napi_derive::napi;
 use super::context::{Engine, SessionContext};
 use super::convert::{Arg, Result};
 use super::saved_state::fingerprint_of;
-use crate::engine::saved_state::{check_path, read_file, write_atomically};
+use crate::engine::saved_state::{check_path, read_file, write_atomically, Limits};
 use crate::engine::tree::restore_sampling;
-use crate::engine::tree_file::{parse_tree_file, tree_file_bytes, Limits, SavedLogits, TreeFile};
+use crate::engine::tree_file::{parse_tree_file, tree_file_bytes, SavedLogits, TreeFile};
 
 /// What `store.saveTree` resolves (sizes in bytes).
 #[napi(object)]

@@ -87,6 +87,54 @@ impl SamplingConfig {
             && self.mirostat.is_none();
         eligible.then_some(self.top_k as usize)
     }
+
+    /// Checks a config that was not built from options (a saved tree's) with the validators its
+    /// options go through; a sampler kept on must have values that keep it on.
+    pub fn check(&self, n_vocab: i32) -> Result<()> {
+        let some = |v: f32| Some(v as f64);
+        let on = |name: &str, kept: bool| match kept {
+            true => Ok(()),
+            false => Err(Error::invalid(format!(
+                "{name} is on with values that turn it off"
+            ))),
+        };
+        finite("temperature", self.temperature as f64)?;
+        integer("topK", self.top_k as f64, 0)?;
+        probability("topP", self.top_p as f64, false)?;
+        probability("minP", self.min_p as f64, true)?;
+        probability("advanced.typicalP", self.typical_p as f64, false)?;
+        if let Some(p) = &self.penalties {
+            let last_n = Some(p.last_n as f64);
+            Penalties::from_options(some(p.repeat), some(p.frequency), some(p.presence), last_n)?;
+        }
+        if let Some(m) = &self.mirostat {
+            let kept = Mirostat::from_options(Some(m.mode as f64), some(m.tau), some(m.eta))?;
+            on("advanced.mirostat", kept.is_some())?;
+        }
+        if let Some(d) = &self.dry {
+            let (allowed, last_n) = (d.allowed_length as f64, d.penalty_last_n as f64);
+            let breakers = Some(d.sequence_breakers.clone());
+            let kept = Dry::from_options(
+                some(d.multiplier),
+                some(d.base),
+                Some(allowed),
+                Some(last_n),
+                breakers,
+            )?;
+            on("advanced.dry", kept.is_some())?;
+        }
+        if let Some(x) = &self.xtc {
+            let kept = Xtc::from_options(some(x.probability), some(x.threshold))?;
+            on("advanced.xtc", kept.is_some())?;
+        }
+        if let Some(n) = self.top_n_sigma {
+            top_n_sigma(n as f64)?;
+        }
+        for &(t, b) in &self.logit_bias {
+            token_bias(t as f64, b as f64, n_vocab, "logitBias")?;
+        }
+        Ok(())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -171,6 +219,19 @@ pub fn bias(name: &str, v: f64) -> Result<f32> {
         )));
     }
     Ok(v as f32)
+}
+
+/// A (token, bias) pair of `what` (logitBias, steer): its token and its bias validated.
+pub fn token_bias(
+    token_id: f64,
+    bias_value: f64,
+    n_vocab: i32,
+    what: &str,
+) -> Result<(Token, f32)> {
+    Ok((
+        token(token_id, n_vocab, &format!("{what} token"))?,
+        bias(&format!("{what} bias"), bias_value)?,
+    ))
 }
 
 impl Penalties {
@@ -350,6 +411,39 @@ mod tests {
         assert_eq!(bias("b", f64::NEG_INFINITY).unwrap(), f32::NEG_INFINITY);
         assert_eq!(Mirostat::from_options(Some(0.0), None, None).unwrap(), None);
         assert_eq!(Xtc::from_options(Some(0.0), None).unwrap(), None);
+    }
+
+    #[test]
+    fn a_config_not_built_from_options_is_checked_by_their_validators() {
+        let dry = Dry::from_options(None, None, None, None, None).unwrap();
+        let ok = SamplingConfig {
+            dry,
+            logit_bias: vec![(9, f32::NEG_INFINITY)],
+            ..SamplingConfig::default()
+        };
+        assert!(ok.check(10).is_ok());
+        type Spoil = fn(&mut SamplingConfig);
+        let cases: [(Spoil, &str); 5] = [
+            (|c| c.temperature = f32::NAN, "temperature"),
+            (|c| c.min_p = -0.5, "minP"),
+            (|c| c.logit_bias[0].0 = 10, "logitBias token"),
+            (|c| c.top_n_sigma = Some(0.0), "advanced.topNSigma"),
+            (
+                |c| c.dry.as_mut().unwrap().multiplier = 0.0,
+                "advanced.dry is on with values that turn it off",
+            ),
+        ];
+        for (spoil, why) in cases {
+            let mut c = ok.clone();
+            spoil(&mut c);
+            let e = c.check(10).unwrap_err();
+            assert_eq!(e.code(), "ERR_INVALID_ARG");
+            assert!(e.to_string().contains(why), "{e} should say {why}");
+        }
+        let pair = token_bias(3.0, -1.5, 10, "steer").unwrap();
+        assert_eq!(pair, (3, -1.5));
+        let e = token_bias(3.0, f64::INFINITY, 10, "steer").unwrap_err();
+        assert!(e.to_string().starts_with("steer bias must be"), "{e}");
     }
 
     #[test]

@@ -90,6 +90,13 @@ impl<'a> Reader<'a> {
     pub fn done(&self) -> bool {
         self.at == self.bytes.len()
     }
+    /// Payloads refuse trailing bytes: corruption when any is left after `what`.
+    pub fn end(&self, what: &str) -> Result<()> {
+        match self.done() {
+            true => Ok(()),
+            false => Err(self.bad(format!("trailing bytes after {what}"))),
+        }
+    }
     /// Where the next read starts.
     pub fn pos(&self) -> usize {
         self.at
@@ -161,6 +168,13 @@ impl<'a> Reader<'a> {
             0 => Ok(false),
             1 => Ok(true),
             x => Err(self.bad(format!("flag {x}"))),
+        }
+    }
+    /// What `Writer::opt` wrote: a flag, then the value when it is set.
+    pub fn opt<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<Option<T>> {
+        match self.flag()? {
+            true => f(self).map(Some),
+            false => Ok(None),
         }
     }
     /// A value a validator refused (`check`'s error, reworded as corruption of this file).

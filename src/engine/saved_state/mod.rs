@@ -30,6 +30,12 @@ pub const VERSION: u32 = 1;
 /// Bytes at most before the first section: a head longer than this is not ours.
 const MAX_HEAD: usize = 64 * 1024;
 
+/// What the reading context allows in a payload.
+pub struct Limits {
+    pub n_ctx: u32,
+    pub n_vocab: i32,
+}
+
 /// What a container holds: its payload tag in the file, and how messages name such a file.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Payload {
