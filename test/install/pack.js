@@ -53,6 +53,10 @@ const REQUIRED_FILES = [
   'Cargo.lock',
   'build.rs',
   '.cargo/config.toml',
+  // the vendored ggml's deterministic patch, which .cargo/config.toml points CMake at
+  'patches/ggml/deterministic.cmake',
+  'patches/ggml/flash-attn-order-independent.inc',
+  'patches/ggml/kquant-cols.inc',
   'scripts/build.js',
   'scripts/env.js',
 ];
