@@ -52,16 +52,20 @@ class Generation {
 
   /** Resolves with its choices and `usage` (a request aborted before it began: n choices ended 'abort'). */
   finish(_outcome, usage) {
+    if (this._settled) return;
     if (this._choices.length === 0)
       for (let i = 0; i < this._n; i++) this.choice(i, null).end({ text: '', tokens: [], finishReason: 'abort' }, '');
-    this._settle(() => this._resolve({ choices: this._choices.map((c) => c.result), usage: this._shown(usage) }));
+    this._settled = true;
+    this._resolve({ choices: this._choices.map((c) => c.result), usage: this._shown(usage) });
+    this._wake();
   }
 
   fail(error) {
-    this._settle(() => {
-      this._error = error;
-      this._reject(error);
-    });
+    if (this._settled) return;
+    this._settled = true;
+    this._error = error;
+    this._reject(error);
+    this._wake();
   }
 
   _shown(usage) {
@@ -71,13 +75,6 @@ class Generation {
 
   _push(event) {
     this._events.push(event);
-    this._wake();
-  }
-
-  _settle(settle) {
-    if (this._settled) return;
-    this._settled = true;
-    settle();
     this._wake();
   }
 

@@ -15,9 +15,8 @@ const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
 const { ScoreJob } = require('./jobs');
 
 /**
- * What a program's lines wrote, for its leases, usage and maxCells (each line counts its own in,
- * and a freed line's stay): leases taken (a line's branch, a fork of each cache entry it filled),
- * KV cells committed, tokens taken by gens, draft tokens drafted and accepted.
+ * What a program's lines wrote (each counts its own in; a freed line's stay): leases taken (its
+ * branch, a fork of each cache entry it filled), KV cells committed, tokens taken, drafts.
  */
 class Tally {
   leases = 0;
@@ -28,8 +27,7 @@ class Tally {
 }
 
 /**
- * `program`: its id in the events; `hinted`: the cache entries its lines fill are kept warm (a
- * request's cacheKey); `tally`: its program's, which the line counts what it writes into.
+ * `program`: its id in the events; `hinted`: the entries its lines fill are kept warm longer.
  * @typedef {{ ctx: any, cache: any, events: import('./events').SchedulerEvents, program: string, hinted: boolean, tally: Tally }} LineEnv
  */
 
@@ -38,10 +36,10 @@ class Line {
   /** @type {import('./line-start').LineStart} */ #kv;
   /** @type {number[]} */ #tokens;
   /** @type {number[]} */ #pending;
-  #text;
-  #stops;
+  #text = '';
+  /** @type {string[]} */ #stops = [];
   /** @type {null | 'open' | 'replied'} whether the line started with messages, and its assistant turn */
-  #chat;
+  #chat = null;
   #state = 'waiting';
   #branch = null;
   /** @type {import('./jobs').GenJob | import('./jobs').ScoreJob | import('./jobs').PeekJob | null} */
@@ -53,8 +51,7 @@ class Line {
   #forks = [];
 
   /**
-   * @param {LineEnv} env
-   * @param {string} id the line's id in the events (`p1.0`, `p1.1`, ...)
+   * @param {LineEnv} env @param {string} id the line's id in the events (`p1.0`, `p1.1`, ...)
    * @param {import('./line-start').LineStart} start how it gets its KV: a fork of its parent, fresh, or a prompt
    * @param {number[]} tokens its tokens so far (a fork: a copy of the parent's at the fork point)
    */
@@ -65,58 +62,49 @@ class Line {
     this.#kv = start;
     this.#tokens = tokens;
     this.#pending = parent ? [] : tokens.slice();
-    // A fork starts with its parent's text and chat turn, and its end-of-turn stop strings.
-    this.#text = parent ? parent.text : '';
-    this.#stops = parent ? parent.stops : [];
-    this.#chat = parent ? parent.chat : null;
-    if (parent) parent.#forks.push(this);
+    if (parent) {
+      // A fork starts with its parent's text, chat turn and end-of-turn stop strings.
+      [this.#text, this.#stops, this.#chat] = [parent.text, parent.stops, parent.chat];
+      parent.#forks.push(this);
+    }
     this.#emit('fork', { branch: id, parent: parent ? parent.id : null, at: start.anchor });
   }
 
+  // What other files read of it (only its own methods change it).
   get tokens() {
     return this.#tokens;
   }
-
   /** Tokens not in the branch's KV yet. */
   get pending() {
     return this.#pending;
   }
-
   /** What was appended as text and what its gens produced. */
   get text() {
     return this.#text;
   }
-
   /** Stop strings every gen adds (the chat template's end of turn). */
   get stops() {
     return this.#stops;
   }
-
   get chat() {
     return this.#chat;
   }
-
   get state() {
     return this.#state;
   }
-
   get branch() {
     return this.#branch;
   }
-
   get job() {
     return this.#job;
   }
-
   get released() {
     return this.#released;
   }
-
   /** How it gets its KV, and the cache entries it fills (./line-start.js). */
   get kv() {
     return this.#kv;
   }
-
   /** The line it forks until it took its branch (null: a fresh line). */
   get parent() {
     return this.#kv.parent;
@@ -195,9 +183,8 @@ class Line {
 
   /**
    * Takes the branch of `winner`, a scoring line holding this line's tokens then exactly the
-   * winner's (logits included), so the winner, appended next, is not decoded again; the scorer
-   * frees this line's old branch. False when either line is not in a state to swap (forks still
-   * waiting fork at their anchor, before the winner).
+   * winner's, so the winner, appended next, is not decoded again (the scorer frees the old one).
+   * False unless both are live and idle (forks still waiting fork at their anchor, before it).
    */
   adopt(winner) {
     const idle = (/** @type {Line} */ l) => l.#state === 'live' && l.#pending.length === 0 && l.#forks.length === 0;
@@ -206,10 +193,7 @@ class Line {
     return true;
   }
 
-  /**
-   * Gives the branch back at the next step (a job in flight rejects with ERR_ABORTED); idempotent.
-   * `announce`: a `prune` event (a request's choice ends with its `finish` alone).
-   */
+  /** Gives the branch back at the next step (a job in flight rejects); `announce`: a `prune` event. */
   release(announce = true) {
     if (this.#released || this.#state === 'freed') return;
     this.#released = true;
@@ -266,11 +250,7 @@ class Line {
     return this.scoring > 0 && start < take ? start : undefined;
   }
 
-  /**
-   * Gives a needed waiting line (its program has a lease for it) its branch, once its start can
-   * (./line-start.js `begin`). A line whose own text is worth a cache entry fills one if a lease
-   * is `spare()`.
-   */
+  /** Gives a needed waiting line its branch once its start can; its own text fills a cache entry if a lease is `spare()`. */
   materialize(spare) {
     const begun = this.#kv.begin(this.#env, this.#tokens, this.#pending, this.scoring);
     if (!begun) return;
@@ -293,10 +273,9 @@ class Line {
   }
 
   /**
-   * Where a scoring line's prefill stops this step: the next point where a line forked ahead of
-   * it (a `select` path where options part) waits to fork it, so that the fork takes the KV and
-   * logits there instead of decoding a token again (`filled`: one waits right there, for a lease a
-   * line released this step still holds until the next step frees it).
+   * Where a scoring line's prefill stops this step: the next point where a line forked ahead of it
+   * (a `select` path) waits to fork it, so the fork takes the KV and logits there instead of
+   * decoding a token again (`filled`: one waits right there, for a lease freed at the next step).
    */
   nextForkPoint() {
     const waiting = this.#forks.filter((l) => l.#state === 'waiting' && l.needed && l.#kv.anchor >= this.filled);
@@ -312,7 +291,8 @@ class Line {
     const from = this.scoreFrom(count);
     const scored = from === undefined ? null : this.#pending.slice(from, count);
     this.#pending = this.#pending.slice(count);
-    const next = this.#kv.segmentEnd === this.filled && this.#kv.filled(this.#env.cache, this.#pending.length === 0, spare);
+    const next =
+      this.#kv.segmentEnd === this.filled && this.#kv.filled(this.#env.cache, this.#pending.length === 0, spare);
     if (next) {
       this.#branch = next.branch;
       if (next.lease) this.#env.tally.leases++; // the fork: the filled branch is the cache's now
@@ -415,10 +395,7 @@ class Line {
     }
   }
 
-  /**
-   * Gives the branch back (unless a fork still waits to fork it and not `force`), its prune's
-   * promise into `prunes`; a job still in flight rejects with `error` (its program's ended error).
-   */
+  /** Gives the branch back (unless a fork waits on it and not `force`), its prune into `prunes`; a job rejects with `error`. */
   free(force, prunes, error) {
     if (this.#state === 'freed' || (!force && this.#forks.length > 0)) return;
     this.#kv.free(this.#env.cache);

@@ -110,28 +110,15 @@ async function prepare({ request, n, gen, grammarPending, chatOptions, parseSpec
   if (tokens.length === 0) throw invalid('the prompt tokenized to nothing; give a non-empty prompt');
   cachePoints.push(tokens.length);
   if (grammarPending) gen.grammar = await grammarPending;
-  const cells = tokens.length + n * gen.maxTokens;
-  if (cells > ctx.nCtx) {
-    throw invalid(
-      `the request needs up to ${cells} KV cells (prompt ${tokens.length} + n ${n} × maxTokens ${gen.maxTokens}) but the context has nCtx ${ctx.nCtx}; lower maxTokens or n, or create the context with a larger nCtx`,
-    );
-  }
-  const leases = n + cachePoints.length;
-  if (leases > ctx.nSeqMax) {
-    throw invalid(
-      `the request needs ${leases} sequence leases (n ${n} + ${cachePoints.length} prompt branches) but the context has nSeqMax ${ctx.nSeqMax}; lower n or create the context with a larger nSeqMax`,
-    );
-  }
-  // The prompt's text as events show it: the rendered chat (with images, each as `<__media__>`,
-  // not the request's random marker), a prompt string, or its token count.
-  const rendered = chat && (images ? images.shown(chat.formatted.prompt) : chat.formatted.prompt);
-  const text = chat ? rendered : typeof prompt === 'string' ? prompt : `(${tokens.length} prompt tokens)`;
+  checkFits(ctx, tokens.length, n, gen.maxTokens, cachePoints.length);
+  const text = promptText(chat, images, prompt, tokens.length);
+  const shown = media ? { images: imagesOfPrompt(media.prompt, images ? images.images : prompt) } : {};
   const admit = {
     kind: chat ? 'chat' : 'completion',
     n,
     maxTokens: gen.maxTokens,
     promptTokens: tokens.length,
-    ...(media ? { images: imagesOfPrompt(media.prompt, images ? images.images : prompt) } : {}),
+    ...shown,
   };
   const budget = {
     prompt: { tokens, cachePoints, text, ...(media ? { media } : {}) },
@@ -141,6 +128,31 @@ async function prepare({ request, n, gen, grammarPending, chatOptions, parseSpec
     admit,
   };
   return { budget, chat };
+}
+
+/** Throws ERR_INVALID_ARG unless the request's cells and leases (n + a prompt branch per cache point) fit the context. */
+function checkFits(ctx, nTokens, n, maxTokens, nPoints) {
+  const cells = nTokens + n * maxTokens;
+  if (cells > ctx.nCtx) {
+    throw invalid(
+      `the request needs up to ${cells} KV cells (prompt ${nTokens} + n ${n} × maxTokens ${maxTokens}) but the context has nCtx ${ctx.nCtx}; lower maxTokens or n, or create the context with a larger nCtx`,
+    );
+  }
+  const leases = n + nPoints;
+  if (leases > ctx.nSeqMax) {
+    throw invalid(
+      `the request needs ${leases} sequence leases (n ${n} + ${nPoints} prompt branches) but the context has nSeqMax ${ctx.nSeqMax}; lower n or create the context with a larger nSeqMax`,
+    );
+  }
+}
+
+/**
+ * The prompt's text as events show it: the rendered chat (with images, each as `<__media__>`, not
+ * the request's random marker), a prompt string, or its token count.
+ */
+function promptText(chat, images, prompt, nTokens) {
+  if (chat) return images ? images.shown(chat.formatted.prompt) : chat.formatted.prompt;
+  return typeof prompt === 'string' ? prompt : `(${nTokens} prompt tokens)`;
 }
 
 module.exports = { requestProgram };

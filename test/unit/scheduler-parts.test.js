@@ -198,7 +198,11 @@ describe('Scheduler parts (no model)', () => {
       const line = LineStart.fresh();
       assert.equal(line.cachedStart(cache, tokens).length, 0, 'nothing cached yet');
       line.open(env(cache), tokens, 0, fakeBranch(0, pruned));
-      assert.equal(line.filled(cache, true, () => false), null, 'no spare lease: nothing is cached');
+      assert.equal(
+        line.filled(cache, true, () => false),
+        null,
+        'no spare lease: nothing is cached',
+      );
       assert.equal(cache.size, 0);
       line.open(env(cache), tokens, 0, fakeBranch(0, pruned));
       assert.equal(line.filled(cache, true, () => true).lease, true);
