@@ -266,16 +266,15 @@ class Program {
     for (const line of this.lines) if (line.job) line.endJob(abort ? 'abort' : null, abort ? null : this.endedError());
   }
 
-  /** Its signal fired: a running program ends at the next step; a queued one settles now. */
-  abort() {
-    const outcome = this.config.endsOpen === 'abort' ? { abort: true } : { error: abortedProgram(this.signal) };
+  /** Its signal fired, or (`error`) the scheduler closes: a running program ends at the next step; a queued one settles now. */
+  abort(error = abortedProgram(this.signal)) {
+    const outcome = this.config.endsOpen === 'abort' ? { abort: true } : { error };
     if (this.state === 'running') this.end(outcome);
     else if (this.state === 'queued' || this.state === 'ready') this.settle(outcome);
   }
 
-  /** The scheduler closes: open gens end 'abort', or the program rejects with `error`. */
   close(error) {
-    this.end(this.config.endsOpen === 'abort' ? { abort: true } : { error });
+    this.abort(error);
   }
 
   hasWork() {
