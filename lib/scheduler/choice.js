@@ -5,7 +5,7 @@
  * (`{choice, token, text, logprob?, top?, delta?}`), then one ending event, and the choice the
  * result holds (text, tokens, finishReason, perplexity, logprobs, and a chat reply's content,
  * reasoning and tool calls). Its gen (./jobs.js) feeds it; a choice of a request that ended
- * before it started is ended 'abort' without one. Its `state`: 'generating', then 'ended'.
+ * before it began is ended 'abort' without one (./generation.js). Its `state`: 'generating', then 'ended'.
  */
 class Choice {
   /**
@@ -57,13 +57,6 @@ class Choice {
     this.push(chat ? { ...ending, delta, message: chat.message } : ending);
     this.result = { text, tokens, finishReason, perplexity, ...(logprobs ? { logprobs } : {}), ...message };
     this.state = 'ended';
-  }
-
-  /** A choice that never started, ended 'abort' (its request was aborted before admission). */
-  static unstarted(index, push) {
-    const choice = new Choice(index, push, null);
-    choice.end({ text: '', tokens: [], finishReason: 'abort' }, '');
-    return choice;
   }
 }
 

@@ -1,50 +1,141 @@
 'use strict';
 
 /**
- * How a line (./line.js) gets its KV, given at its construction — a fork of its parent
- * (`LineStart.fork`), fresh tokens (`fresh`) or a request's prompt cut into cache entries at its
- * cache points (`prompt`) — and the prefix-cache bookkeeping that goes with it: the longest cached
- * start it forks, the entry it fills (its segment) for others to fork, the entries it pins. It
- * answers with branches and counts; the line applies them to itself.
+ * How a line (./line.js) gets its KV, given at its construction — a fork of its parent at an
+ * anchor (`LineStart.fork`), fresh tokens (`fresh`) or a request's prompt cut into cache entries
+ * at its cache points (`prompt`) — and the prefix-cache bookkeeping that goes with it: the
+ * longest cached start it forks, the entry it fills (its segment) for others to fork, the entries
+ * it pins, and what its program counts of it (`cached`, `starts`). It answers with branches; the
+ * line applies them to itself.
  */
 
 const { Branch } = require('../Branch');
 const { MIN_PARTIAL_REUSE } = require('./prefix-cache');
 const { imagesBelow } = require('./image-keys');
+const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
+
+/**
+ * A line's branch as `begin` gives it: its tokens still `pending` (not in the branch), `lease`
+ * (false: the branch is a filled prompt entry's own) and `reusable` (its own text is worth a
+ * cache entry, kept if a lease is spare).
+ * @typedef {{ branch: any, pending: number[], lease: boolean, reusable: boolean }} Begun
+ */
 
 class LineStart {
   /**
-   * @param {any} parent the line it forks (null: a fresh line)
+   * @param {any} parent the line it forks until it takes its branch (null: a fresh line)
+   * @param {number} anchor the parent's token count at the fork: the branch forks the parent there
    * @param {number[] | null} cachePoints a request's prompt: where it is cut into cache entries,
    *   leases reserved at admission; it never grows, so once filled it uses its last entry's branch
    *   as is (`borrowed`). null: a program's line, whose entries are kept only with a spare lease.
+   * @param {import('./image-keys').ImageSpan[]} [images] the images among its tokens (./image-keys.js)
    */
-  constructor(parent, cachePoints, images = []) {
+  constructor(parent, anchor, cachePoints, images = []) {
     this.parent = parent;
+    this.anchor = anchor;
     this.cachePoints = cachePoints;
-    /** @type {import('./image-keys').ImageSpan[]} a prompt's images (its tokens key them: ./image-keys.js) */
     this.images = images;
+    /** @type {{ prompt: any, at: number }[]} prompts with images among its pending positions, in order */
+    this.media = [];
     /** @type {any} the cache entry the line's branch is filling (its prompt, for others to fork), if any */
     this.segment = null;
     /** @type {any[]} cache entries pinned until the line is freed */
     this.pins = [];
     /** The line's branch is its filled prompt entry's own: no lease of its own, nothing to free. */
     this.borrowed = false;
+    /** Prompt tokens its start took from the prefix cache, and how often it started (again after a failed branch). */
+    this.cached = 0;
+    this.starts = 0;
   }
 
-  /** A fork of `parent` at `at` tokens (default: its end); the images below are its too. */
+  /** A fork of `parent` at `at` tokens; the images below are its too. */
   static fork(parent, at) {
-    const images = parent.kv ? parent.kv.images : [];
-    return new LineStart(parent, null, at === undefined ? images : imagesBelow(images, at));
+    return new LineStart(parent, at, null, imagesBelow(parent.kv.images, at));
   }
 
   static fresh() {
-    return new LineStart(null, null);
+    return new LineStart(null, 0, null);
   }
 
   /** A request's prompt (`images`: the images among its tokens, ./media.js). */
   static prompt(cachePoints, images = []) {
-    return new LineStart(null, cachePoints, images);
+    return new LineStart(null, 0, cachePoints, images);
+  }
+
+  /** The line took its branch, or never will: returns the parent it no longer waits on (null: none). */
+  leave() {
+    const parent = this.parent;
+    this.parent = null;
+    return parent;
+  }
+
+  /**
+   * The line's branch, once it can have one (null: not yet): a fork of a cache entry holding more
+   * of its text than its parent, of its parent once the parent's KV reaches the anchor, or for a
+   * fresh line of its longest cached prefix (or a new branch). `tokens` are the line's, `pending`
+   * those not decoded yet, the last `scoring` of them to be scored by the line itself (their
+   * logits rows are the score; the first is scored from the logits at the fork point, which a
+   * partial fork lacks).
+   * @returns {Begun | null}
+   */
+  begin(env, tokens, pending, scoring) {
+    if (!this.parent) return this.#fresh(env, pending, pending.length - scoring);
+    const { parent, anchor } = this;
+    const cached = this.fromCache(env.cache, tokens.slice(0, tokens.length - scoring), anchor);
+    if (cached) {
+      this.#started(cached.length - anchor);
+      return { branch: cached.branch, pending: tokens.slice(cached.length), lease: true, reusable: false };
+    }
+    if (parent.state !== 'live' || parent.filled < anchor) return null;
+    let branch;
+    if (parent.filled === anchor) {
+      branch = parent.branch.fork();
+    } else if (parent.tokens[anchor - 1] < 0) {
+      // The fork point ends an image: its last position cannot be decoded alone, so the fork
+      // takes the cells without the logits there; its own pending tokens give it logits.
+      if (pending.length === 0)
+        throw schedulerError(
+          Code.PROGRAM_STATE,
+          'fork(): this line went on past an image its fork ends with; append text to the fork before it generates, or fork before going on',
+        );
+      branch = parent.branch.forkAt(anchor);
+    } else {
+      // The parent went on past the fork point: fork it one token before and decode that token
+      // again, for the logits at the fork point.
+      branch = parent.branch.forkAt(anchor - 1);
+      pending = [parent.tokens[anchor - 1], ...pending];
+    }
+    // The next fork of the same state with the same text (a decision's question asked again, a
+    // sub-agent's instructions) may start from it.
+    return { branch, pending, lease: true, reusable: pending.length >= MIN_PARTIAL_REUSE };
+  }
+
+  /**
+   * A fresh line's start for the first `wanted` of its `pending` tokens: a fork of the longest
+   * cached prefix, a prompt's entry's own when the prompt is cached whole (`borrowed`, logits
+   * included), or a new branch (a prompt is never sampled); a prompt then fills its first entry.
+   * Null while the prefix it wants is still being filled by someone else.
+   */
+  #fresh(env, pending, wanted) {
+    const { cache } = env;
+    const { entry, length, fork } = this.cachedStart(cache, pending.slice(0, wanted));
+    if (entry && !entry.ready && entry.branch.position < length) return null;
+    if (entry && this.cachePoints) this.pins.push(cache.pin(entry));
+    else if (entry) cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
+    this.#started(length);
+    if (entry && this.cachePoints && length === pending.length) {
+      this.borrowed = true;
+      return { branch: entry.branch, pending: [], lease: false, reusable: false };
+    }
+    const branch = entry ? fork() : Branch.create(env.ctx, 0, { temperature: 0 });
+    if (this.cachePoints) this.open(env, pending, length, branch);
+    const rest = pending.slice(length);
+    return { branch, pending: rest, lease: true, reusable: !this.cachePoints && rest.length >= MIN_PARTIAL_REUSE };
+  }
+
+  #started(cached) {
+    this.cached = cached;
+    this.starts++;
   }
 
   /**
@@ -71,25 +162,6 @@ class LineStart {
   }
 
   /**
-   * A fresh line's start for `tokens` (of its `pending` ones): how many the cache gives, and
-   * `take()`, its branch — a fork of the longest cached prefix, a prompt's entry's own when the
-   * prompt is cached whole (`borrowed`, logits included), or a new one (a prompt is never sampled).
-   * Null while the prefix it wants is still being filled by someone else.
-   */
-  fresh(env, tokens, pending) {
-    const { cache } = env;
-    const { entry, length, fork } = this.cachedStart(cache, tokens);
-    if (entry && !entry.ready && entry.branch.position < length) return null;
-    if (entry && this.cachePoints) this.pins.push(cache.pin(entry));
-    else if (entry) cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
-    if (entry && this.cachePoints && length === pending) {
-      this.borrowed = true;
-      return { length, take: () => entry.branch };
-    }
-    return { length, take: () => (entry ? fork() : Branch.create(env.ctx, 0, { temperature: 0 })) };
-  }
-
-  /**
    * The line's `branch` fills a new cache entry up to its next cache point (a program's line: all
    * its `tokens`), so that programs and requests starting with the same text fork it instead of
    * prefilling it again.
@@ -104,9 +176,20 @@ class LineStart {
     else cache.pin(this.segment);
   }
 
-  /** The line appended a prompt with images: their places in it. @param {import('./image-keys').ImageSpan[]} images */
-  addImages(images) {
+  /**
+   * The line appended a prompt with images (a MediaPrompt) at `at`: its images' places in the line
+   * (`images`), and its positions to prefill through ./media.js.
+   * @param {import('./image-keys').ImageSpan[]} images
+   */
+  addMedia(prompt, at, images) {
+    this.media.push({ prompt, at });
     this.images = [...this.images, ...images];
+  }
+
+  /** The prompt with images whose positions come next after `filled` (null: none; one a cached start covered is dropped). */
+  nextMedia(filled) {
+    while (this.media.length > 0 && filled >= this.media[0].at + this.media[0].prompt.nPos) this.media.shift();
+    return this.media.length > 0 ? this.media[0] : null;
   }
 
   /** The end of the entry being filled (null: none). */
@@ -114,16 +197,11 @@ class LineStart {
     return this.segment ? this.segment.tokens.length : null;
   }
 
-  /** Whether filling up to `filled` tokens fills a cache entry no lease was reserved for (a program's line). */
-  fillsUnreserved(filled) {
-    return this.segment !== null && !this.cachePoints && filled === this.segment.tokens.length;
-  }
-
   /**
    * The segment is filled: the cache keeps that branch, and the line goes on in the branch this
    * returns — a fork of it (`lease`: one taken), or, for a prompt filled to its end (`done`), the
    * entry's own. Null: the line keeps its branch and nothing is cached (a program's line with no
-   * `spare` lease now: one admitted since may count on it; several may have opened entries).
+   * lease `spare()` now: one admitted since may count on it; several may have opened entries).
    */
   filled(cache, done, spare) {
     const entry = this.segment;
@@ -134,7 +212,7 @@ class LineStart {
       this.borrowed = true;
       return { branch: entry.branch, lease: false };
     }
-    if (!this.cachePoints && !spare) {
+    if (!this.cachePoints && !spare()) {
       cache.forget(entry);
       return null;
     }
@@ -162,6 +240,7 @@ class LineStart {
     this.drop(cache);
     for (const entry of this.pins) cache.unpin(entry);
     this.pins = [];
+    this.parent = null;
   }
 }
 

@@ -110,7 +110,7 @@ async function prefillMedia(programs) {
     const media = line.nextMedia;
     if (!media || !line.wantsPrefill || line.filled < media.at) continue; // its text first
     const { prompt, at } = media;
-    const end = Math.min(line.segmentEnd ?? Infinity, at + prompt.nPos);
+    const end = Math.min(line.kv.segmentEnd ?? Infinity, at + prompt.nPos);
     const take = end - line.filled;
     if (program.cellsUsed + take > program.maxCells) {
       program.lineFailed(line, program.cellsExceeded(take));
@@ -119,7 +119,7 @@ async function prefillMedia(programs) {
     try {
       await line.branch.prefill(prompt, { from: line.filled - at, to: end - at });
       program.prefilled(line, take);
-      line.prefilled(take, null, line.fillsUnreservedEntry(take) && programs.fits(0, 1));
+      line.prefilled(take, null, () => programs.fits(0, 1));
     } catch (e) {
       program.lineFailed(line, e);
       continue;

@@ -1,25 +1,19 @@
 'use strict';
 
 /**
- * The Scheduler's one kind of work item: a program of lines (./line.js). Each front door builds
- * this one class from values it computes (`ProgramConfig`), and nothing here asks which door a
- * program came through: `scheduler.run` (./run.js) a JavaScript function driving its lines through
- * `ProgramLine`, `scheduler.generate` (./request.js) a prompt line forked n times, each fork running
- * a gen. The Scheduler serves what their lines need in its own steps, in ONE `store.prefill` and
- * ONE `store.commit`. A program's life cycle is one explicit `state`:
+ * The Scheduler's one kind of work item: a program of lines (./line.js), built by each front door
+ * (./run.js, ./request.js) from values it computes (`ProgramConfig`); nothing here asks which.
  *
  *   queued ──▶ ready ──▶ running ──▶ ending ──▶ done
  *     │          │                     │
  *     └──────────┴─────────────────────┴──▶ failed
  *
- * queued: its preparation (a request's tokenization) waits; ready: it waits for its leases and
- * cells; ending: it returned or threw, its signal fired or the scheduler closed: the next step
- * frees what it holds and settles it (one aborted before it ran settles at once).
+ * queued: its preparation waits; ready: its leases and cells; ending: the next step frees its
+ * lines and settles it.
  *
- * A program is admitted only when the leases it needs are free beyond what running programs may
- * still take, and a `fork` past them throws ERR_TOO_MANY_BRANCHES at once: two programs never
- * wait on each other's leases. A gen or prefill past its `maxCells` (KV cells it writes, a shared
- * prefix counted once) rejects with ERR_KV_FULL.
+ * It is admitted only when its leases are free beyond what running programs may still take, so a
+ * `fork` past them throws ERR_TOO_MANY_BRANCHES at once; a gen or prefill past its `maxCells`
+ * rejects with ERR_KV_FULL.
  */
 
 const { makeError } = require('../errors');
@@ -44,31 +38,25 @@ const TRANSITIONS = {
 };
 
 /**
- * What admitting a program takes: `cells` and `leases` it may write and hold, on top of its
- * `prompt` if it has one (a line made at admission, cut into cache entries at its `cachePoints`:
- * its cached start is planned then, its other cells and a lease per cache point beyond that start
- * are added; its tokens are the key the cache's RAM and disk tiers may restore a prefix of).
- * `planned`: its lines are all made at admission (a request), so it reserves only what they may
- * still take and ends when none has a job left; else (a run) it reserves all it declared until
- * its function ends. `admit`: the `admit` event's fields (a prompt's `cachedTokens` is added).
- * @typedef {{ prompt: { tokens: number[], cachePoints: number[], text: string, media?: import('./media').PromptMedia } | null, cells: number,
- *   leases: number, planned: boolean, admit: object }} Budget
+ * What admitting a program takes: `cells` and `leases` beyond its `prompt` line (made at admission,
+ * cut into cache entries at its `cachePoints`; the tiers may restore a prefix of its tokens).
+ * `planned`: its lines are all made at admission, so it reserves only what they may still take and
+ * ends when none has a job left (else it holds all it declared until its function ends).
+ * @typedef {{ prompt: { tokens: number[], cachePoints: number[], text: string, media?: import('./media').PromptMedia } | null,
+ *   cells: number, leases: number, planned: boolean, admit: object }} Budget
  */
 
 /**
- * What a front door computes for its program: its `budget`, or `prepare` (run between steps, in
- * order) resolving with it; `countsAsRunning`: a request (`maxRunning`, `stats().running` and
- * `completed`); `hinted`: the cache entries it starts from or fills are kept warm longer (a
- * cacheKey); `failsWhole`: a line's failure is the whole program's (else the line's job rejects);
- * `endsOpen`: at an abort or close, open gens end 'abort' and it resolves, or ('reject') every
- * open job and the program reject; `begin(program, prompt)`: its lines start; `sink`: where it
- * settles (`finish(outcome, usage)`: resolved with what its front door makes of them, or `fail`);
- * `doneUsage(usage)`: the `done` event's usage (null: none); `seed`: where
- * `nextSeed` counts on from.
- * @typedef {{ id: string, signal: any, sink: { finish: (outcome: any, usage: any) => void, fail: (error: any) => void },
- *   budget?: Budget, prepare?: (ctx: any, systemPrompts: any) => Promise<Budget>, countsAsRunning: boolean,
- *   hinted?: boolean, failsWhole: boolean, endsOpen: 'abort' | 'reject', begin: (program: Program, prompt: Line | null) => void,
- *   doneUsage: (usage: any) => any, seed?: number }} ProgramConfig
+ * What a front door computes: its `budget` or `prepare` (between steps, in order) resolving with
+ * it; `countsAsRunning` (`maxRunning`, `stats()`); `hinted`: its cache entries are kept warm
+ * longer; `failsWhole`: a line's failure is the program's (else the line's job rejects);
+ * `endsOpen`: at an abort or close, open gens end 'abort' and it resolves, or ('reject') they and
+ * it reject; `begin` starts its lines; `sink` settles it and says what its `done` event shows of
+ * its usage (null: nothing); `seed`: where `nextSeed` counts on from.
+ * @typedef {{ finish: (outcome: any, usage: any) => void, fail: (error: any) => void, doneUsage: (usage: any) => any }} Sink
+ * @typedef {{ id: string, signal: any, sink: Sink, budget?: Budget, prepare?: (ctx: any, systemPrompts: any) => Promise<Budget>,
+ *   countsAsRunning: boolean, hinted?: boolean, failsWhole: boolean, endsOpen: 'abort' | 'reject',
+ *   begin: (program: Program, prompt: Line | null) => void, seed?: number }} ProgramConfig
  */
 
 class Program {
@@ -92,15 +80,14 @@ class Program {
     this.hinted = Boolean(config.hinted);
     this.countsAsRunning = config.countsAsRunning;
     this.seed = config.seed || 0;
-    /** Lines made so far (for their ids). */
     this.lineCount = 0;
     /** @type {Line[]} every line made, released ones until they are freed */
     this.lines = [];
-    /** What its lines wrote, freed ones included (each line counts its own into it). */
+    /** What its lines wrote, freed ones included. */
     this.tally = new Tally();
-    /** What its lines are given (./line.js `LineEnv`), from its admission on. */
-    this.lineEnv = null;
-    /** Once admitted: its prompt line (if its budget has one), the cached start planned for it and its entry. */
+    /** @type {import('./line').LineEnv} what its lines are given */
+    this.lineEnv = { ...env, program: this.id, hinted: this.hinted, tally: this.tally };
+    /** Once admitted: its prompt line and the cached start planned for it. */
     this.promptLine = null;
     this.plannedStart = 0;
     this.plannedEntry = null;
@@ -109,7 +96,7 @@ class Program {
     this.promptTokens = 0;
     this.cachedPromptTokens = 0;
     this.prefilledCells = 0;
-    /** Why the program ends: `{ value }`, `{ error }` or `{ abort: true }` (set once, when it moves to `ending`). */
+    /** Why it ends: `{ value }`, `{ error }` or `{ abort: true }` (set once, as it moves to `ending`). */
     this.outcome = null;
   }
 
@@ -127,12 +114,10 @@ class Program {
     if (this.env.events.on) this.env.events.emit(type, { request: this.id, ...fields });
   }
 
-  /** Runs its preparation (if any) when its turn comes; then it waits for admission. */
   async prepare(ctx, systemPrompts) {
     if (!this.config.prepare) return;
-    const budget = await this.config.prepare(ctx, systemPrompts);
-    this.budget = budget;
-    this.restoreKey = budget.prompt ? budget.prompt.tokens : null;
+    this.budget = await this.config.prepare(ctx, systemPrompts);
+    this.restoreKey = this.budget.prompt ? this.budget.prompt.tokens : null;
   }
 
   /** The Scheduler's tiers could not make room for its restore: it is admitted as it is. */
@@ -151,7 +136,7 @@ class Program {
     return { entry, ...this.needsFrom(length) };
   }
 
-  /** The KV cells and leases it needs beyond a cached start of `start` prompt tokens. */
+  /** The KV cells and leases it needs beyond a cached start of `start` prompt tokens (a lease per cache point past it). */
   needsFrom(start) {
     const { prompt, cells, leases } = this.budget;
     if (!prompt) return { start, cells, leases };
@@ -164,20 +149,19 @@ class Program {
     return this.config.failsWhole ? this : line;
   }
 
-  /** `line`'s work failed (its caller, ./programs.js, says so): the program ends, or the line's job rejects. */
   lineFailed(line, error) {
     if (this.config.failsWhole) this.end({ error });
     else line.endJob(null, error);
   }
 
-  /** A line started with `line.cached` of its tokens from the prefix cache; true: its prompt line (the hit rate counts it). */
+  /** `line` started with `line.kv.cached` tokens from the prefix cache; true: its prompt line (the hit rate counts it). */
   started(line) {
     this.unpinPlanned();
-    this.cachedPromptTokens += line.cached;
+    this.cachedPromptTokens += line.kv.cached;
     return line === this.promptLine;
   }
 
-  /** `count` pending tokens of `line` were prefilled (a prompt line's count from admission on). */
+  /** (A prompt line's tokens count from admission on.) */
   prefilled(line, count) {
     this.prefilledCells += count;
     if (line !== this.promptLine) this.promptTokens += count;
@@ -188,7 +172,6 @@ class Program {
     return this.lines.filter((line) => line.holdsLease).length;
   }
 
-  /** KV cells the program wrote: prompt tokens prefilled and tokens committed. */
   get cellsUsed() {
     return this.prefilledCells + this.tally.cells;
   }
@@ -216,12 +199,6 @@ class Program {
     return cells;
   }
 
-  /** Whether a planned program did all it was to do: no line has a job left. */
-  get complete() {
-    return this.budget.planned && this.lines.every((line) => !line.job);
-  }
-
-  /** The next seed for a gen that gives none. */
   nextSeed() {
     this.seed = (this.seed + 1) % SEED_SPACE;
     return this.seed;
@@ -233,25 +210,20 @@ class Program {
     if (live + n > this.maxBranches) throw tooManyBranches(this.maxBranches, live, n);
   }
 
-  /** A new line getting its KV as `start` says (./line-start.js), holding `tokens` so far. */
-  makeLine(start, tokens, id = `${this.id}.${this.lineCount++}`) {
-    const line = new Line(/** @type {import('./line').LineEnv} */ (this.lineEnv), id, start, tokens);
+  #makeLine(start, tokens, id = `${this.id}.${this.lineCount++}`) {
+    const line = new Line(this.lineEnv, id, start, tokens);
     this.lines.push(line);
     return line;
   }
 
-  /** A new line holding only `tokens` (decoded when it first needs its KV). */
   freshLine(tokens) {
-    return this.makeLine(LineStart.fresh(), tokens.slice());
+    return this.#makeLine(LineStart.fresh(), tokens.slice());
   }
 
-  /**
-   * `n` children of `line` (fresh lines when it is empty; leases were reserved). `at`: their tokens,
-   * when they fork the line further on than it is now (a `select` path, where its options part).
-   */
+  /** `n` forks of `line` (fresh when it is empty) at `at`, its tokens or further on (a `select` path). */
   spawn(line, n, at = line.tokens) {
     const start = () => (line.tokens.length === 0 ? LineStart.fresh() : LineStart.fork(line, at.length));
-    return Array.from({ length: n }, () => this.makeLine(start(), at.slice()));
+    return Array.from({ length: n }, () => this.#makeLine(start(), at.slice()));
   }
 
   endedError() {
@@ -260,35 +232,31 @@ class Program {
   }
 
   /**
-   * Admitted with what `needs` found: its prompt line (named by the program's own id) and the
-   * front door's lines start. The entry admission counted on stays pinned until a line starts
-   * (`started`): admitting the next program could otherwise evict it first, and this one would
-   * prefill more of its prompt than it reserved cells for (ERR_KV_FULL from llama.cpp mid-step).
+   * Admitted with what `needs` found: its prompt line (named by its id) and its front door's lines
+   * start. The entry admission counted on stays pinned until a line starts (`started`), or the
+   * next admission could evict it and this one prefill more than it reserved cells for.
    */
   start({ entry, start, leases }) {
     this.to('running');
-    const { ctx, cache, events } = this.env;
     const { prompt, cells, admit } = this.budget;
-    this.lineEnv = { ctx, cache, events, program: this.id, hinted: this.hinted, tally: this.tally };
     this.maxBranches = leases;
     this.maxCells = (prompt ? prompt.tokens.length : 0) + cells;
     this.emit('admit', prompt ? { ...admit, cachedTokens: start } : admit);
     if (prompt) {
       this.plannedStart = start;
-      this.plannedEntry = entry && start > 0 ? cache.pin(entry) : null;
+      this.plannedEntry = entry && start > 0 ? this.env.cache.pin(entry) : null;
       this.promptTokens = prompt.tokens.length;
-      const kv = LineStart.prompt(prompt.cachePoints, prompt.media ? prompt.media.images : []);
-      const line = this.makeLine(kv, [], this.id);
-      if (prompt.media) line.pushMedia(prompt.media.prompt, prompt.tokens, [], prompt.text);
-      else line.push(prompt.tokens, prompt.text);
-      this.promptLine = line;
+      const media = prompt.media;
+      this.promptLine = this.#makeLine(LineStart.prompt(prompt.cachePoints, media ? media.images : []), [], this.id);
+      if (media) this.promptLine.pushMedia(media.prompt, prompt.tokens, [], prompt.text);
+      else this.promptLine.push(prompt.tokens, prompt.text);
     }
     this.config.begin(this, this.promptLine);
   }
 
   /**
-   * Ends the program (first reason wins); the next step frees what it holds and settles it (who
-   * ends it from outside a step — the function's end, an abort — wakes the Scheduler).
+   * Ends the program (first reason wins): its open jobs end as `endsOpen` says, and the next step
+   * frees what it holds and settles it (who ends it from outside a step wakes the Scheduler).
    */
   end(outcome) {
     if (this.state !== 'running') return;
@@ -298,26 +266,30 @@ class Program {
     for (const line of this.lines) if (line.job) line.endJob(abort ? 'abort' : null, abort ? null : this.endedError());
   }
 
-  /** Its signal fired: a running program ends at the next step; a queued one settles now. */
-  abort() {
-    const outcome = this.config.endsOpen === 'abort' ? { abort: true } : { error: abortedProgram(this.signal) };
+  /** Its signal fired, or (`error`) the scheduler closes: a running program ends at the next step; a queued one settles now. */
+  abort(error = abortedProgram(this.signal)) {
+    const outcome = this.config.endsOpen === 'abort' ? { abort: true } : { error };
     if (this.state === 'running') this.end(outcome);
     else if (this.state === 'queued' || this.state === 'ready') this.settle(outcome);
   }
 
-  /** The scheduler closes: open gens end 'abort', or the program rejects with `error`. */
   close(error) {
-    this.end(this.config.endsOpen === 'abort' ? { abort: true } : { error });
+    this.abort(error);
   }
 
   hasWork() {
-    if (this.state === 'ending' || (this.state === 'running' && this.complete)) return true;
+    if (this.state === 'ending' || (this.state === 'running' && this.#complete)) return true;
     return this.lines.some((l) => l.needed || l.collectable);
+  }
+
+  /** Whether a planned program did all it was to do: no line has a job left. */
+  get #complete() {
+    return this.budget.planned && this.lines.every((line) => !line.job);
   }
 
   /** At a step's start: frees released lines, or all of an ending program's (then true: settle once `prunes` are). */
   collect(prunes) {
-    if (this.state === 'running' && this.complete) this.end({});
+    if (this.state === 'running' && this.#complete) this.end({});
     const ending = this.state === 'ending';
     for (const line of this.lines)
       if (ending || line.released) line.free(ending, prunes, line.job && this.endedError());
@@ -325,26 +297,24 @@ class Program {
     return ending;
   }
 
-  /**
-   * Settles the program with `outcome`: once its branches are back (then a `done` event), or
-   * before it started (rejected, or aborted by its signal).
-   */
+  /** Settles it through its sink: once its branches are back (then a `done` event), or before it started. */
   settle(outcome = this.outcome) {
     const started = this.state === 'ending';
     const { error, abort } = (this.outcome = outcome);
     this.to(error ? 'failed' : 'done');
     if (this.signal && this.onAbort) this.signal.removeEventListener('abort', this.onAbort);
     this.unpinPlanned();
+    const { sink } = this.config;
     const usage = this.usage;
     if (started && this.env.events.on) {
       const status = error ? (error.code === 'ERR_ABORTED' ? 'abort' : 'error') : abort ? 'abort' : 'ok';
-      const shown = this.config.doneUsage(usage);
+      const shown = sink.doneUsage(usage);
       const failed = error ? { error: { code: error.code || 'ERR_UNKNOWN', message: String(error.message) } } : {};
       this.emit('done', { status, ...(shown ? { usage: { ...shown } } : {}), ...failed });
     }
     if (this.countsAsRunning && !error) this.env.counters.completed++; // stats().completed
-    if (error) this.config.sink.fail(error);
-    else this.config.sink.finish(outcome, usage);
+    if (error) sink.fail(error);
+    else sink.finish(outcome, usage);
   }
 
   /** A queued program that will never start (closed scheduler, never fits, a failed preparation). */
@@ -356,7 +326,7 @@ class Program {
     return cellsExceeded(this.cellsUsed, more, this.maxCells);
   }
 
-  /** Queued: its signal's abort calls `onAbort` from now until it settles. */
+  /** Its signal's abort calls `onAbort` from now until it settles. */
   listen(onAbort) {
     if (!this.signal) return;
     this.onAbort = onAbort;

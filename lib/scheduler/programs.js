@@ -117,14 +117,14 @@ class Programs {
   materialize() {
     for (const [program, line] of this.runningLines()) {
       if (line.state !== 'waiting' || !line.needed || program.leasesHeld >= program.maxBranches) continue;
-      const starts = line.starts;
+      const starts = line.kv.starts;
       let error = null;
       try {
-        if (line.materialize() && this.fits(0, 1)) line.openSegment();
+        line.materialize(() => this.fits(0, 1));
       } catch (e) {
         error = e;
       }
-      if (line.starts !== starts) this.started(program, line);
+      if (line.kv.starts !== starts) this.started(program, line);
       if (error) program.lineFailed(line, error);
     }
   }
@@ -133,7 +133,7 @@ class Programs {
   started(program, line) {
     if (!program.started(line)) return;
     this.promptTokens += line.tokens.length;
-    this.cachedPromptTokens += line.cached;
+    this.cachedPromptTokens += line.kv.cached;
   }
 
   /** Lines whose pending tokens are prefilled this step, `{program, line, take}`, within `budget` tokens. */
@@ -148,7 +148,7 @@ class Programs {
       if (media && line.filled >= media.at) continue;
       if (media) take = Math.min(take, media.at - line.filled);
       // A cache entry being filled ends where the next one starts: it is filled first.
-      const end = line.segmentEnd;
+      const end = line.kv.segmentEnd;
       if (end !== null) take = Math.min(take, end - line.filled);
       // A scored entry has a logits row per token and must fit one decode; a longer text to
       // score goes on in the next step (its first token scored from the logits left then).
@@ -193,7 +193,7 @@ class Programs {
       tokens += take;
       program.prefilled(line, take);
       try {
-        line.prefilled(take, scores[i], line.fillsUnreservedEntry(take) && this.fits(0, 1));
+        line.prefilled(take, scores[i], () => this.fits(0, 1));
       } catch (e) {
         program.lineFailed(line, e); // e.g. no lease for a request's next segment after all
       }
@@ -205,7 +205,7 @@ class Programs {
   /** The step's prefill failed (all or nothing: no line advanced): each line's job fails with `error`. */
   prefillFailed(lines, error) {
     for (const { program, line } of lines) {
-      line.dropSegment();
+      line.kv.drop(this.cache);
       program.lineFailed(line, error);
     }
   }

@@ -44,7 +44,11 @@ function runProgram(fn, options, env, decision = false) {
   const program = new Program(env, {
     id: env.events.nextId('program'),
     signal,
-    sink: { finish: ({ value }, usage) => settle.resolve(decision ? { value, usage } : value), fail: settle.reject },
+    sink: {
+      finish: ({ value }, usage) => settle.resolve(decision ? { value, usage } : value),
+      fail: settle.reject,
+      doneUsage: (usage) => usage,
+    },
     // What its lines will write is not known yet: no cached start is planned for it.
     budget: {
       prompt: null,
@@ -68,7 +72,6 @@ function runProgram(fn, options, env, decision = false) {
         )
         .then(p.wake);
     },
-    doneUsage: (usage) => usage,
     seed: seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed,
   });
   return { program, promise };

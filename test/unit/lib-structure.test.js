@@ -226,6 +226,14 @@ describe('lib/ structure', function () {
     assert.deepEqual(foreignWrites(libProgram(), root), []);
   });
 
+  it("keeps a Line's state private: other files read it through getters and change it through its verbs", function () {
+    // Issue 47: `Line` was a bag of public fields four other files wrote; only its id is public now.
+    const src = read('scheduler/line.js');
+    const publicFields = [...src.matchAll(/\bthis\.([A-Za-z]\w*)\s*=[^=]/g)].map((m) => m[1]);
+    assert.deepEqual([...new Set(publicFields)], ['id']);
+    assert.match(src, /^ {2}#state = 'waiting';$/m);
+  });
+
   it('the checks find what they look for (a cycle, a lazy require, a foreign underscore, a foreign write)', function () {
     this.timeout(120000); // a TypeScript program over two files
     // The rules above pass on lib/; these inputs show they would fail on a violation.

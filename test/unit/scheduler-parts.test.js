@@ -163,8 +163,9 @@ describe('Scheduler parts (no model)', () => {
       const whole = cache.open(prompt, fakeBranch(30, pruned));
       cache.filled(whole);
       const start = LineStart.prompt([30]);
-      const got = start.fresh(env(cache), prompt, prompt.length);
-      assert.deepEqual([got.length, got.take(), start.borrowed], [30, whole.branch, true]);
+      const got = start.begin(env(cache), prompt, prompt.slice(), 0);
+      assert.deepEqual([got.branch, got.pending, got.lease, start.borrowed], [whole.branch, [], false, true]);
+      assert.deepEqual([start.cached, start.starts], [30, 1]);
       assert.equal(whole.pins, 1, 'pinned until the line is freed');
       start.free(cache);
       assert.equal(whole.pins, 0);
@@ -173,12 +174,12 @@ describe('Scheduler parts (no model)', () => {
       const branch = fakeBranch(0, pruned);
       other.open(env(cache), range(100, 120), 0, branch);
       assert.equal(other.segmentEnd, 10);
-      assert.equal(other.fillsUnreserved(10), false, "a request's leases were reserved");
-      const next = other.filled(cache, false, false);
+      const noSpare = () => assert.fail("a request's leases were reserved: it never asks for a spare one");
+      const next = other.filled(cache, false, noSpare);
       assert.equal(next.lease, true, 'it goes on in a fork of the filled entry');
       other.open(env(cache), range(100, 120), 10, next.branch);
       assert.equal(other.segmentEnd, 20);
-      assert.equal(other.filled(cache, true, false).lease, false);
+      assert.equal(other.filled(cache, true, noSpare).lease, false);
       assert.equal(other.borrowed, true);
       const opened = [...cache.entries()].filter((e) => e.tokens[0] === 100);
       assert.deepEqual(
@@ -195,19 +196,26 @@ describe('Scheduler parts (no model)', () => {
       const pruned = [];
       const tokens = range(0, MIN_PARTIAL_REUSE + 4);
       const line = LineStart.fresh();
-      const got = line.fresh(env(cache), tokens, tokens.length);
-      assert.equal(got.length, 0, 'nothing cached yet');
+      assert.equal(line.cachedStart(cache, tokens).length, 0, 'nothing cached yet');
       line.open(env(cache), tokens, 0, fakeBranch(0, pruned));
-      assert.equal(line.fillsUnreserved(tokens.length), true);
-      assert.equal(line.filled(cache, true, false), null, 'no spare lease: nothing is cached');
+      assert.equal(
+        line.filled(cache, true, () => false),
+        null,
+        'no spare lease: nothing is cached',
+      );
       assert.equal(cache.size, 0);
       line.open(env(cache), tokens, 0, fakeBranch(0, pruned));
-      assert.equal(line.filled(cache, true, true).lease, true);
+      assert.equal(line.filled(cache, true, () => true).lease, true);
       assert.equal(cache.size, 1);
-      const fork = LineStart.fork({ id: 'parent' });
+      const parent = { kv: { images: [] }, state: 'waiting' };
+      const fork = LineStart.fork(parent, 2);
       assert.equal(fork.fromCache(cache, tokens.slice(0, 3), 2), null, 'too little of its own text');
       const from = fork.fromCache(cache, [...tokens, 99], 2);
       assert.equal(from.length, tokens.length);
+      // Its parent has no branch yet, but the entry holds the fork's own text: it starts from there.
+      const begun = fork.begin(env(cache), [...tokens, 99], [], 0);
+      assert.deepEqual([begun.pending, begun.lease, fork.cached], [[99], true, tokens.length - 2]);
+      assert.equal(LineStart.fork(parent, 2).begin(env(cache), [1, 2, 3], [], 0), null, 'it waits for its parent');
     });
   });
 
