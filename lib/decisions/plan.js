@@ -222,10 +222,17 @@ function checkWidth(items, total, param) {
   const needs = Math.max(1, ...items.map(widthOf));
   if (total < needs)
     throw refused(
-      `decide: ${total} line(s) at once is too few; scoring option texts needs ${needs} (raise ${param})`,
+      `decide: ${total} line(s) at once is too few; ${needs} are needed at once (scoring option texts takes 2, a question with images 1 more; raise ${param})`,
       param,
     );
 }
+
+/** How to keep text that spells special tokens beside images: parse it (the refusals' advice). */
+const PARSE_SPECIAL = 'create the Scheduler with parseSpecial: true (serve --parse-special)';
+
+/** `text` cut at its image marks into prompt parts: text, the image a mark names, text, …. */
+const markedParts = (/** @type {string} */ text, /** @type {Buffer[]} */ images) =>
+  text.split(new RegExp(IMAGE_MARK.source, 'g')).map((p, k) => (k % 2 === 0 ? p : images[Number(p)]));
 
 /**
  * The state of a decision whose input holds images, laid out and tokenized (async: the images are
@@ -243,15 +250,13 @@ async function mediaStateOf(ctx, checked, parseSpecial) {
       'decide: the input has an image, and this context has no image projector; create it with mmprojPath (serve --mmproj)',
     );
   if (!parseSpecial && checked.messages.some((m) => spellsSpecial(ctx, m.content)))
-    throw imagesWithSpecialText('create the Scheduler with parseSpecial: true (serve --parse-special)', 'input');
+    throw imagesWithSpecialText(PARSE_SPECIAL, 'input');
   const marks = { ...markerOf(ctx, parseSpecial), content: (/** @type {string} */ text) => text };
   const look = layout(ctx, checked.messages, checked.settings.template, marks);
   const head = await Promise.all(
     look.pieces.map((piece, i) => {
-      const cut = piece.split(new RegExp(IMAGE_MARK.source, 'g')); // text, image index, text, …
-      if (cut.length === 1) return tokenizeMarked(ctx, piece, i === 0);
-      const parts = cut.map((p, k) => (k % 2 === 0 ? p : checked.images[Number(p)]));
-      return ctx.tokenizeParts(parts, i === 0);
+      const parts = markedParts(piece, checked.images);
+      return parts.length === 1 ? tokenizeMarked(ctx, piece, i === 0) : ctx.tokenizeParts(parts, i === 0);
     }),
   );
   return { look, head };
@@ -276,13 +281,8 @@ async function questionHeads(ctx, checked, parseSpecial) {
       q.refusal = 'the question has an image and this model takes none (no image projector: serve --mmproj)';
       continue;
     }
-    if (!parseSpecial && spellsSpecial(ctx, q.instructions))
-      throw imagesWithSpecialText('create the Scheduler with parseSpecial: true (serve --parse-special)', q.param);
-    const cut = headText(q).split(new RegExp(IMAGE_MARK.source, 'g')); // text, image index, text, …
-    q.head = await ctx.tokenizeParts(
-      cut.map((p, k) => (k % 2 === 0 ? p : q.images[Number(p)])),
-      false,
-    );
+    if (!parseSpecial && spellsSpecial(ctx, q.instructions)) throw imagesWithSpecialText(PARSE_SPECIAL, q.param);
+    q.head = await ctx.tokenizeParts(markedParts(headText(q), q.images), false);
   }
 }
 
