@@ -227,9 +227,6 @@ function checkWidth(items, total, param) {
     );
 }
 
-/** How to keep text that spells special tokens beside images: parse it (the refusals' advice). */
-const PARSE_SPECIAL = 'create the Scheduler with parseSpecial: true (serve --parse-special)';
-
 /** `text` cut at its image marks into prompt parts: text, the image a mark names, text, …. */
 const markedParts = (/** @type {string} */ text, /** @type {Buffer[]} */ images) =>
   text.split(new RegExp(IMAGE_MARK.source, 'g')).map((p, k) => (k % 2 === 0 ? p : images[Number(p)]));
@@ -250,7 +247,7 @@ async function mediaStateOf(ctx, checked, parseSpecial) {
       'decide: the input has an image, and this context has no image projector; create it with mmprojPath (serve --mmproj)',
     );
   if (!parseSpecial && checked.messages.some((m) => spellsSpecial(ctx, m.content)))
-    throw imagesWithSpecialText(PARSE_SPECIAL, 'input');
+    throw imagesWithSpecialText('input');
   const marks = { ...markerOf(ctx, parseSpecial), content: (/** @type {string} */ text) => text };
   const look = layout(ctx, checked.messages, checked.settings.template, marks);
   const head = await Promise.all(
@@ -281,7 +278,7 @@ async function questionHeads(ctx, checked, parseSpecial) {
       q.refusal = 'the question has an image and this model takes none (no image projector: serve --mmproj)';
       continue;
     }
-    if (!parseSpecial && spellsSpecial(ctx, q.instructions)) throw imagesWithSpecialText(PARSE_SPECIAL, q.param);
+    if (!parseSpecial && spellsSpecial(ctx, q.instructions)) throw imagesWithSpecialText(q.param);
     q.head = await ctx.tokenizeParts(markedParts(headText(q), q.images), false);
   }
 }

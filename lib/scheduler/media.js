@@ -84,13 +84,13 @@ function mediaText(ctx, prompt) {
 
 /**
  * Text beside images is tokenized by mtmd with special tokens parsed: until it can be kept plain
- * (./plain-text.js), text that spells them is refused rather than read as control tokens.
- * @param {string} option how the caller turns parsing on
+ * (./plain-text.js), text that spells them is refused rather than read as control tokens. One
+ * refusal for requests and decisions, naming both ways to turn parsing on.
  * @param {string} [param]
  */
-function imagesWithSpecialText(option, param) {
+function imagesWithSpecialText(param) {
   return invalid(
-    `text beside images that spells the model's special tokens cannot be kept as plain text yet: remove that text, or ${option}`,
+    "text beside images that spells the model's special tokens cannot be kept as plain text yet: remove that text, or create the Scheduler with parseSpecial: true (serve --parse-special)",
     param,
   );
 }

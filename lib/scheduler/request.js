@@ -89,7 +89,7 @@ async function prepare({ request, n, gen, grammarPending, chatOptions, parseSpec
     chat = await formatTurn(ctx, images ? images.messages : rendered, chatOptions);
     if (images) ({ media, tokens } = await mediaPromptOf(ctx, images.parts(chat.formatted.prompt)));
     else tokens = chat.tokens;
-    if (images && rendered !== messages) throw imagesWithSpecialText('create the Scheduler with parseSpecial: true');
+    if (images && rendered !== messages) throw imagesWithSpecialText();
     gen.stops.push(...chat.formatted.stopTokens.filter((s) => s !== ''));
     if (chat.grammar) {
       if (gen.grammar || grammarPending) throw invalid('give tools or a grammar / jsonSchema, not both');
@@ -102,7 +102,7 @@ async function prepare({ request, n, gen, grammarPending, chatOptions, parseSpec
     ({ media, tokens } = await mediaPromptOf(ctx, prompt));
     const texts = Array.isArray(prompt) ? prompt.map((p) => (typeof p === 'string' ? p : p && p.text)) : [];
     if (!parseSpecial && texts.some((t) => typeof t === 'string' && spellsSpecial(ctx, t)))
-      throw imagesWithSpecialText('create the Scheduler with parseSpecial: true');
+      throw imagesWithSpecialText();
   } else {
     // A raw prompt is all client text: special tokens parsed only when the Scheduler says so.
     tokens = given !== undefined ? given.slice() : ctx.tokenizeSync(prompt, true, parseSpecial === true);
