@@ -37,7 +37,7 @@ class LineStart {
     this.images = images;
     /** @type {{ prompt: any, at: number }[]} prompts with images among its pending positions, in order */
     this.media = [];
-    /** @type {any} the cache entry the line's branch is filling (its prompt, for others to fork), if any */
+    /** @type {import('./prefix-cache').CacheEntry | null} the cache entry the line's branch is filling (its prompt, for others to fork), if any */
     this.segment = null;
     /** @type {any[]} cache entries pinned until the line is freed */
     this.pins = [];
@@ -170,8 +170,7 @@ class LineStart {
     const { cache } = env;
     const end = this.cachePoints ? this.cachePoints.find((p) => p > filled) : tokens.length;
     if (end === undefined) return;
-    this.segment = cache.open(tokens.slice(0, end), branch, imagesBelow(this.images, end));
-    if (env.hinted) this.segment.hinted = true;
+    this.segment = cache.open(tokens.slice(0, end), branch, imagesBelow(this.images, end), env.hinted);
     if (this.cachePoints) this.pins.push(cache.pin(this.segment));
     else cache.pin(this.segment);
   }

@@ -208,9 +208,13 @@ class PrefixCache {
     return e;
   }
 
-  /** A new KV entry for `tokens` (`images` among them) held by `branch`, not ready until its opener calls `filled`. */
-  open(tokens, branch, images = []) {
-    return Object.assign(this._at(tokens, true, images), { branch, ready: false, logits: true });
+  /**
+   * A new KV entry for `tokens` (`images` among them) held by `branch`, not ready until its opener
+   * calls `filled`; `hinted`: its opener's client asked to keep it warm.
+   */
+  open(tokens, branch, images = [], hinted = false) {
+    const e = this._at(tokens, true, images);
+    return Object.assign(e, { branch, ready: false, logits: true, hinted: e.hinted || hinted });
   }
 
   /** A prompt starts from `entry` (admitted): a KV hit unless restored (its tier's hit), kept warm if asked. */
