@@ -263,7 +263,7 @@ class Scheduler {
   async close() {
     this._closed = true;
     for (const item of this._queue.splice(0)) item.reject(closedError(false));
-    for (const item of this._programs.list) item.close(closedError());
+    for (const item of this._programs.list) item.abort(closedError());
     this._kick();
     while (this._loop) await this._loop;
     this._cache.clear();

@@ -7,6 +7,7 @@
 
 const { invalidArg: invalid } = require('../errors');
 const { isMediaInput, checkMediaPrompt } = require('./media');
+const { signalOf } = require('../cancel');
 
 const SEED_SPACE = 2 ** 32;
 
@@ -77,8 +78,34 @@ function checkSampling(request) {
   return { params, seed, grammar: grammar || null };
 }
 
+/** A seed to count on from: the one given, or a random one (none given, or -1). */
+function seedBase(seed) {
+  return seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
+}
+
+/** What a program may hold unless it says: a few lines, and about what 4 requests of 256 tokens write. */
+const DEFAULT_MAX_BRANCHES = 4;
+const DEFAULT_MAX_CELLS = 1024;
+
+/** `run(fn, options)`'s arguments checked against `ctx` (throws ERR_INVALID_ARG): its signal, leases, cells and seed. */
+function checkRun(fn, options, ctx) {
+  if (typeof fn !== 'function') throw invalid('run(program, options?): program must be a function (s) => ...');
+  if (options === null || typeof options !== 'object')
+    throw invalid('run(program, options?): options must be an object');
+  const signal = signalOf({ signal: options.signal }, 'run');
+  const maxBranches = positiveInt(options.maxBranches, 'options.maxBranches', DEFAULT_MAX_BRANCHES);
+  if (maxBranches > ctx.nSeqMax)
+    throw invalid(`options.maxBranches is ${maxBranches} but the context has nSeqMax ${ctx.nSeqMax}`);
+  const maxCells = positiveInt(options.maxCells, 'options.maxCells', Math.min(DEFAULT_MAX_CELLS, ctx.nCtx));
+  if (maxCells > ctx.nCtx) throw invalid(`options.maxCells is ${maxCells} but the context has nCtx ${ctx.nCtx}`);
+  const { seed } = checkSampling({ seed: options.seed });
+  return { signal, maxBranches, maxCells, seed: seedBase(seed) };
+}
+
 module.exports = {
   SEED_SPACE,
+  seedBase,
+  checkRun,
   invalid,
   positiveInt,
   isTokenIds,

@@ -4,7 +4,8 @@
  * One of a request's n choices, as its Generation sees it: the events of its tokens
  * (`{choice, token, text, logprob?, top?, delta?}`), then one ending event, and the choice the
  * result holds (text, tokens, finishReason, perplexity, logprobs, and a chat reply's content,
- * reasoning and tool calls). Its gen (./jobs.js) feeds it; a choice of a request that ended
+ * reasoning and tool calls). It is its gen's sink (./jobs.js), and the gen is its line's last
+ * job (`endsLine`); a choice of a request that ended
  * before it began is ended 'abort' without one (./generation.js). Its `state`: 'generating', then 'ended'.
  */
 class Choice {
@@ -15,6 +16,7 @@ class Choice {
    */
   constructor(index, push, chat) {
     this.state = 'generating';
+    this.endsLine = true;
     this.index = index;
     this.push = push;
     this.chat = chat;
@@ -40,7 +42,7 @@ class Choice {
   /**
    * The gen ended with `gen` (its text, tokens, finishReason, logprobs); `rest`: the text its stop
    * matcher held back until now; `perplexity`: its line's (Infinity: none). A chat reply is parsed
-   * whole (a call's end: 'tool_calls').
+   * whole (a call's end: 'tool_calls'). Returns the result's choice.
    */
   end(gen, rest, perplexity = Infinity) {
     const { text, tokens, logprobs } = gen;
@@ -57,6 +59,7 @@ class Choice {
     this.push(chat ? { ...ending, delta, message: chat.message } : ending);
     this.result = { text, tokens, finishReason, perplexity, ...(logprobs ? { logprobs } : {}), ...message };
     this.state = 'ended';
+    return this.result;
   }
 }
 

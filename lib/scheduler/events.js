@@ -63,6 +63,13 @@ class SchedulerEvents {
     }
   }
 
+  /** A started program's `done` event: how it ended, the usage its sink shows (null: none), its error. */
+  done(request, { error, abort }, usage) {
+    const status = error ? (error.code === 'ERR_ABORTED' ? 'abort' : 'error') : abort ? 'abort' : 'ok';
+    const failed = error ? { error: { code: error.code || 'ERR_UNKNOWN', message: String(error.message) } } : {};
+    this.emit('done', { request, status, ...(usage ? { usage: { ...usage } } : {}), ...failed });
+  }
+
   /**
    * The events of one scheduler step: an `evict` event when cached prefixes were evicted since
    * the last `step` event, then the `step` event, what the step did and the gauges after it.

@@ -26,16 +26,28 @@ function deferred() {
 }
 
 /**
- * A gen: one token sampled per step until a stop, an end-of-generation token or maxTokens. A
- * request's choice is a gen with a `choice` (./choice.js), which hears every token and the end.
- * Its `state`: 'waiting' (the line's sampler not set yet), 'sampling', 'ended'.
+ * Where a gen's tokens and end go: a program's line (`LINE_SINK`: the result is the gen's own) or
+ * a request's `Choice` (./choice.js). `endsLine`: the gen is its line's last job, so its last
+ * token goes into the branch (perplexity counts it) and the branch goes back as it ends; else
+ * that token stays pending for the line's next use.
+ * @typedef {{ endsLine: boolean, token: (token: number, text: string, lp: any, matcher: StopMatcher) => void,
+ *   end: (result: any, rest: string, perplexity: number) => any }} GenSink
+ */
+
+/** @type {GenSink} */
+const LINE_SINK = { endsLine: false, token() {}, end: (result) => result };
+
+/**
+ * A gen: one token sampled per step until a stop, an end-of-generation token or maxTokens; every
+ * token and the end go to its `sink`. Its `state`: 'waiting' (the line's sampler not set yet),
+ * 'sampling', 'ended'.
  */
 class GenJob {
   /**
    * @param {{ maxTokens: number, stops: string[], params: any, grammar: string | null, lazy?: any, logprobs?: number,
-   *   choice?: import('./choice').Choice | null }} options
+   *   sink?: GenSink }} options
    */
-  constructor({ maxTokens, stops, params, grammar, lazy = null, logprobs, choice = null }) {
+  constructor({ maxTokens, stops, params, grammar, lazy = null, logprobs, sink = LINE_SINK }) {
     /** @type {'gen'} */
     this.kind = 'gen';
     this.state = 'waiting';
@@ -49,7 +61,7 @@ class GenJob {
     this.logprobs = logprobs;
     this.tokenLogprobs = [];
     this.tokens = [];
-    this.choice = choice;
+    this.sink = sink;
     /** Speculating: the line's drafter and draft length, and the token verification sampled next. */
     this.drafter = null;
     this.draftLength = null;
@@ -77,8 +89,8 @@ class GenJob {
 
   /**
    * Takes a sampled (or accepted draft) token that is not end-of-generation: its text through the
-   * stop matcher, its log-probability (from the logits of `branch` it was sampled from), a
-   * request choice's event. Returns why the gen ends with it ('stop', 'length'), or null.
+   * stop matcher, its log-probability (from the logits of `branch` it was sampled from), to its
+   * sink. Returns why the gen ends with it ('stop', 'length'), or null.
    */
   take(produced, branch) {
     this.next = undefined;
@@ -89,7 +101,7 @@ class GenJob {
       const { logprob, top } = branch.logprob(produced.token, this.logprobs);
       this.tokenLogprobs.push((lp = { token: produced.token, text: produced.text, logprob, top }));
     }
-    if (this.choice) this.choice.token(produced.token, text, lp, this.matcher);
+    this.sink.token(produced.token, text, lp, this.matcher);
     return this.matcher.stopped ? 'stop' : this.tokens.length >= this.maxTokens ? 'length' : null;
   }
 
@@ -105,8 +117,9 @@ class GenJob {
   }
 
   /**
-   * Ends the gen with `reason` and returns its result (a request's choice's: its own, e.g. a chat
-   * reply's calls ending 'tool_calls', with the line's `perplexity`), or rejects it with `error`.
+   * Ends the gen with `reason` and returns its sink's result (a request's choice's is its own,
+   * e.g. a chat reply's calls ending 'tool_calls', with the line's `perplexity`), or rejects it
+   * with `error`.
    */
   finish(reason, error, perplexity = Infinity) {
     this.state = 'ended';
@@ -118,9 +131,7 @@ class GenJob {
     const result = { text: this.matcher.text, tokens: this.tokens, finishReason: reason };
     if (this.logprobs !== undefined) result.logprobs = this.tokenLogprobs;
     this.done.resolve(result);
-    if (!this.choice) return result;
-    this.choice.end(result, rest, perplexity);
-    return this.choice.result;
+    return this.sink.end(result, rest, perplexity);
   }
 }
 

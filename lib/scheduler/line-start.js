@@ -29,12 +29,16 @@ class LineStart {
    *   leases reserved at admission; it never grows, so once filled it uses its last entry's branch
    *   as is (`borrowed`). null: a program's line, whose entries are kept only with a spare lease.
    * @param {import('./image-keys').ImageSpan[]} [images] the images among its tokens (./image-keys.js)
+   * @param {{ start: number, entry: any }} [planned] a prompt's cached start its admission counted on: its
+   *   entry pinned until the line starts, or the next admission could evict it and the prompt
+   *   prefill more than its program reserved cells for
    */
-  constructor(parent, anchor, cachePoints, images = []) {
+  constructor(parent, anchor, cachePoints, images = [], planned = { start: 0, entry: null }) {
     this.parent = parent;
     this.anchor = anchor;
     this.cachePoints = cachePoints;
     this.images = images;
+    this.planned = planned;
     /** @type {{ prompt: any, at: number }[]} prompts with images among its pending positions, in order */
     this.media = [];
     /** @type {import('./prefix-cache').CacheEntry | null} the cache entry the line's branch is filling (its prompt, for others to fork), if any */
@@ -57,9 +61,9 @@ class LineStart {
     return new LineStart(null, 0, null);
   }
 
-  /** A request's prompt (`images`: the images among its tokens, ./media.js). */
-  static prompt(cachePoints, images = []) {
-    return new LineStart(null, 0, cachePoints, images);
+  /** A request's prompt (`images`: the images among its tokens, ./media.js; `planned`: its entry pinned by the caller). */
+  static prompt(cachePoints, images = [], planned = undefined) {
+    return new LineStart(null, 0, cachePoints, images, planned);
   }
 
   /** The line took its branch, or never will: returns the parent it no longer waits on (null: none). */
@@ -122,7 +126,7 @@ class LineStart {
     if (entry && !entry.ready && entry.branch.position < length) return null;
     if (entry && this.cachePoints) this.pins.push(cache.pin(entry));
     else if (entry) cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
-    this.#started(length);
+    this.#started(length, cache);
     if (entry && this.cachePoints && length === pending.length) {
       this.borrowed = true;
       return { branch: entry.branch, pending: [], lease: false, reusable: false };
@@ -133,9 +137,15 @@ class LineStart {
     return { branch, pending: rest, lease: true, reusable: !this.cachePoints && rest.length >= MIN_PARTIAL_REUSE };
   }
 
-  #started(cached) {
+  #started(cached, cache = null) {
     this.cached = cached;
     this.starts++;
+    if (cache) this.#unpinPlanned(cache);
+  }
+
+  #unpinPlanned(cache) {
+    if (this.planned.entry) cache.unpin(this.planned.entry);
+    this.planned.entry = null;
   }
 
   /**
@@ -237,6 +247,7 @@ class LineStart {
   /** The line is freed: its segment leaves the cache and its pins go. */
   free(cache) {
     this.drop(cache);
+    this.#unpinPlanned(cache);
     for (const entry of this.pins) cache.unpin(entry);
     this.pins = [];
     this.parent = null;

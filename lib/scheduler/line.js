@@ -15,20 +15,8 @@ const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
 const { ScoreJob } = require('./jobs');
 
 /**
- * What a program's lines wrote (each counts its own in; a freed line's stay): leases taken (its
- * branch, a fork of each cache entry it filled), KV cells committed, tokens taken, drafts.
- */
-class Tally {
-  leases = 0;
-  cells = 0;
-  completionTokens = 0;
-  draftTokens = 0;
-  acceptedDraftTokens = 0;
-}
-
-/**
  * `program`: its id in the events; `hinted`: the entries its lines fill are kept warm longer.
- * @typedef {{ ctx: any, cache: any, events: import('./events').SchedulerEvents, program: string, hinted: boolean, tally: Tally }} LineEnv
+ * @typedef {{ ctx: any, cache: any, events: import('./events').SchedulerEvents, program: string, hinted: boolean, tally: import('./usage').Tally }} LineEnv
  */
 
 class Line {
@@ -257,7 +245,7 @@ class Line {
     this.#branch = begun.branch;
     this.#state = 'live';
     this.#pending = begun.pending;
-    if (begun.lease) this.#env.tally.leases++;
+    if (begun.lease) this.#env.tally.leaseTaken();
     this.#leaveParent();
     if (begun.reusable && spare()) this.#openSegment();
   }
@@ -295,7 +283,7 @@ class Line {
       this.#kv.segmentEnd === this.filled && this.#kv.filled(this.#env.cache, this.#pending.length === 0, spare);
     if (next) {
       this.#branch = next.branch;
-      if (next.lease) this.#env.tally.leases++; // the fork: the filled branch is the cache's now
+      if (next.lease) this.#env.tally.leaseTaken(); // the fork: the filled branch is the cache's now
       if (next.lease && this.#pending.length > 0) this.#openSegment();
     }
     if (!scored) return;
@@ -311,16 +299,15 @@ class Line {
       return false;
     }
     if (committed) this.committed(produced.token);
-    this.#env.tally.completionTokens++;
+    this.#env.tally.generated();
     const gen = /** @type {import('./jobs').GenJob} */ (this.#job);
     const reason = gen.take(produced, this.#branch);
     this.#emitToken(produced.text, this.#tokens.length + (committed ? 0 : 1), committed ? 'draft' : null);
     if (!reason) return true;
-    // Its last token, sampled but not decoded: a program's line keeps it pending for its next
-    // use; a request's choice accepts it, so perplexity counts it.
+    // Its last token, sampled but not decoded (./jobs.js GenSink `endsLine`).
     if (!committed) this.#tokens.push(produced.token);
-    if (!committed && !gen.choice) this.#pending.push(produced.token);
-    if (!committed && gen.choice) this.#acceptLast(produced.token);
+    if (!committed && !gen.sink.endsLine) this.#pending.push(produced.token);
+    if (!committed && gen.sink.endsLine) this.#acceptLast(produced.token);
     this.endJob(reason);
     return false;
   }
@@ -336,8 +323,7 @@ class Line {
   /** A speculative step's outcome: accepted draft tokens are taken, the token sampled next kept for the next step. */
   verified({ token, accepted, next, drafted }) {
     const gen = /** @type {import('./jobs').GenJob} */ (this.#job);
-    this.#env.tally.draftTokens += drafted;
-    this.#env.tally.acceptedDraftTokens += accepted.length;
+    this.#env.tally.drafted(drafted, accepted.length);
     for (const produced of accepted) {
       if (this.#job !== gen) return;
       this.take(produced, true);
@@ -355,7 +341,7 @@ class Line {
   /** The token `take` kept is in the KV now. */
   committed(token) {
     this.#tokens.push(token);
-    this.#env.tally.cells++;
+    this.#env.tally.committed();
   }
 
   /** `n`: the line's length with the token; `mark`: 'draft' (an accepted draft token) or 'forced' (scored, no perplexity). */
@@ -375,12 +361,12 @@ class Line {
     if (error) return void job.finish(null, error);
     const gen = /** @type {import('./jobs').GenJob} */ (job);
     const ppl = perplexityOf(this.#branch);
-    const result = gen.finish(reason, null, gen.choice ? this.#perplexity() : Infinity);
+    const result = gen.finish(reason, null, gen.sink.endsLine ? this.#perplexity() : Infinity);
     this.#text += result.text;
     this.#emit('finish', { branch: this.id, reason: result.finishReason, n: this.#tokens.length, ppl });
     if (this.#chat === 'open') this.#chat = 'replied';
-    if (gen.choice) {
-      // A request's choice is done with its branch: it goes back now, not at the next step.
+    if (gen.sink.endsLine) {
+      // Its branch goes back now, not at the next step.
       this.release(false);
       this.free(false, [], null);
     }
@@ -406,4 +392,4 @@ class Line {
   }
 }
 
-module.exports = { Line, Tally };
+module.exports = { Line };

@@ -112,7 +112,7 @@ async function prefillMedia(programs) {
     const { prompt, at } = media;
     const end = Math.min(line.kv.segmentEnd ?? Infinity, at + prompt.nPos);
     const take = end - line.filled;
-    if (program.cellsUsed + take > program.maxCells) {
+    if (program.tally.cellsUsed + take > program.maxCells) {
       program.lineFailed(line, program.cellsExceeded(take));
       continue;
     }

@@ -17,7 +17,8 @@
  */
 
 const { makeError } = require('../errors');
-const { Line, Tally } = require('./line');
+const { Line } = require('./line');
+const { Tally } = require('./usage');
 const { LineStart } = require('./line-start');
 const {
   SchedulerErrorCode: Code,
@@ -83,19 +84,14 @@ class Program {
     this.lineCount = 0;
     /** @type {Line[]} every line made, released ones until they are freed */
     this.lines = [];
-    /** What its lines wrote, freed ones included. */
+    /** What its lines used, freed ones included (./usage.js). */
     this.tally = new Tally();
     /** @type {import('./line').LineEnv} what its lines are given */
     this.lineEnv = { ...env, program: this.id, hinted: this.hinted, tally: this.tally };
-    /** Once admitted: its prompt line and the cached start planned for it. */
+    /** Once admitted: its prompt line. */
     this.promptLine = null;
-    this.plannedStart = 0;
-    this.plannedEntry = null;
     this.maxBranches = 0;
     this.maxCells = 0;
-    this.promptTokens = 0;
-    this.cachedPromptTokens = 0;
-    this.prefilledCells = 0;
     /** Why it ends: `{ value }`, `{ error }` or `{ abort: true }` (set once, as it moves to `ending`). */
     this.outcome = null;
   }
@@ -156,30 +152,18 @@ class Program {
 
   /** `line` started with `line.kv.cached` tokens from the prefix cache; true: its prompt line (the hit rate counts it). */
   started(line) {
-    this.unpinPlanned();
-    this.cachedPromptTokens += line.kv.cached;
+    this.tally.started(line.kv.cached);
     return line === this.promptLine;
   }
 
   /** (A prompt line's tokens count from admission on.) */
   prefilled(line, count) {
-    this.prefilledCells += count;
-    if (line !== this.promptLine) this.promptTokens += count;
+    this.tally.prefilled(count, line === this.promptLine);
   }
 
   /** Leases its lines hold now (a line released this step holds its lease until the next frees it). */
   get leasesHeld() {
     return this.lines.filter((line) => line.holdsLease).length;
-  }
-
-  get cellsUsed() {
-    return this.prefilledCells + this.tally.cells;
-  }
-
-  get usage() {
-    const { completionTokens, draftTokens, acceptedDraftTokens } = this.tally;
-    const { promptTokens, cachedPromptTokens } = this;
-    return { promptTokens, cachedPromptTokens, completionTokens, draftTokens, acceptedDraftTokens };
   }
 
   /** Leases it may still take: a planned program's are taken once each (a filled prompt's goes to the cache). */
@@ -192,9 +176,11 @@ class Program {
   /** Cells it may still write: a planned program's unfilled prompt and each open gen's rest. */
   cellsToCome() {
     if (this.state !== 'running') return 0;
-    if (!this.budget.planned) return Math.max(0, this.maxCells - this.cellsUsed);
+    if (!this.budget.planned) return Math.max(0, this.maxCells - this.tally.cellsUsed);
     const prompt = this.promptLine;
-    let cells = prompt ? prompt.tokens.length - (prompt.state === 'waiting' ? this.plannedStart : prompt.filled) : 0;
+    let cells = prompt
+      ? prompt.tokens.length - (prompt.state === 'waiting' ? prompt.kv.planned.start : prompt.filled)
+      : 0;
     for (const line of this.lines) cells += line.genCellsLeft;
     return cells;
   }
@@ -232,9 +218,8 @@ class Program {
   }
 
   /**
-   * Admitted with what `needs` found: its prompt line (named by its id) and its front door's lines
-   * start. The entry admission counted on stays pinned until a line starts (`started`), or the
-   * next admission could evict it and this one prefill more than it reserved cells for.
+   * Admitted with what `needs` found: its prompt line (named by its id, planned to start from
+   * `entry`: ./line-start.js) and its front door's lines start.
    */
   start({ entry, start, leases }) {
     this.to('running');
@@ -243,11 +228,14 @@ class Program {
     this.maxCells = (prompt ? prompt.tokens.length : 0) + cells;
     this.emit('admit', prompt ? { ...admit, cachedTokens: start } : admit);
     if (prompt) {
-      this.plannedStart = start;
-      this.plannedEntry = entry && start > 0 ? this.env.cache.pin(entry) : null;
-      this.promptTokens = prompt.tokens.length;
+      this.tally.admitted(prompt.tokens.length);
       const media = prompt.media;
-      this.promptLine = this.#makeLine(LineStart.prompt(prompt.cachePoints, media ? media.images : []), [], this.id);
+      const planned = { start, entry: entry && start > 0 ? this.env.cache.pin(entry) : null };
+      this.promptLine = this.#makeLine(
+        LineStart.prompt(prompt.cachePoints, media ? media.images : [], planned),
+        [],
+        this.id,
+      );
       if (media) this.promptLine.pushMedia(media.prompt, prompt.tokens, [], prompt.text);
       else this.promptLine.push(prompt.tokens, prompt.text);
     }
@@ -273,10 +261,6 @@ class Program {
     else if (this.state === 'queued' || this.state === 'ready') this.settle(outcome);
   }
 
-  close(error) {
-    this.abort(error);
-  }
-
   hasWork() {
     if (this.state === 'ending' || (this.state === 'running' && this.#complete)) return true;
     return this.lines.some((l) => l.needed || l.collectable);
@@ -300,18 +284,12 @@ class Program {
   /** Settles it through its sink: once its branches are back (then a `done` event), or before it started. */
   settle(outcome = this.outcome) {
     const started = this.state === 'ending';
-    const { error, abort } = (this.outcome = outcome);
+    const { error } = (this.outcome = outcome);
     this.to(error ? 'failed' : 'done');
     if (this.signal && this.onAbort) this.signal.removeEventListener('abort', this.onAbort);
-    this.unpinPlanned();
     const { sink } = this.config;
-    const usage = this.usage;
-    if (started && this.env.events.on) {
-      const status = error ? (error.code === 'ERR_ABORTED' ? 'abort' : 'error') : abort ? 'abort' : 'ok';
-      const shown = sink.doneUsage(usage);
-      const failed = error ? { error: { code: error.code || 'ERR_UNKNOWN', message: String(error.message) } } : {};
-      this.emit('done', { status, ...(shown ? { usage: { ...shown } } : {}), ...failed });
-    }
+    const usage = this.tally.usage;
+    if (started && this.env.events.on) this.env.events.done(this.id, this.outcome, sink.doneUsage(usage));
     if (this.countsAsRunning && !error) this.env.counters.completed++; // stats().completed
     if (error) sink.fail(error);
     else sink.finish(outcome, usage);
@@ -323,7 +301,7 @@ class Program {
   }
 
   cellsExceeded(more) {
-    return cellsExceeded(this.cellsUsed, more, this.maxCells);
+    return cellsExceeded(this.tally.cellsUsed, more, this.maxCells);
   }
 
   /** Its signal's abort calls `onAbort` from now until it settles. */
@@ -331,11 +309,6 @@ class Program {
     if (!this.signal) return;
     this.onAbort = onAbort;
     this.signal.addEventListener('abort', onAbort, { once: true });
-  }
-
-  unpinPlanned() {
-    if (this.plannedEntry) this.env.cache.unpin(this.plannedEntry);
-    this.plannedEntry = null;
   }
 }
 

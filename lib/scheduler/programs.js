@@ -156,7 +156,7 @@ class Programs {
         take = Math.min(take, program.ctx.nOutputs, program.ctx.nBatch, line.nextForkPoint() - line.filled);
         if (take === 0) continue; // a fork waits for its lease where this line's KV ends
       }
-      if (program.cellsUsed + take > program.maxCells) {
+      if (program.tally.cellsUsed + take > program.maxCells) {
         program.lineFailed(line, program.cellsExceeded(take));
         continue;
       }
@@ -223,7 +223,7 @@ class Programs {
         continue;
       }
       const job = /** @type {import('./jobs').GenJob} */ (line.job);
-      if (program.cellsUsed >= program.maxCells) {
+      if (program.tally.cellsUsed >= program.maxCells) {
         program.lineFailed(line, program.cellsExceeded(1));
         continue;
       }

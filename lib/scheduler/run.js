@@ -7,13 +7,8 @@
  */
 
 const { ProgramLine } = require('../ProgramLine');
-const { signalOf } = require('../cancel');
 const { Program } = require('./program');
-const { positiveInt, invalid, checkSampling, SEED_SPACE } = require('./checks');
-
-/** What a program may hold unless it says: a few lines, and about what 4 requests of 256 tokens write. */
-const DEFAULT_MAX_BRANCHES = 4;
-const DEFAULT_MAX_CELLS = 1024;
+const { checkRun } = require('./checks');
 
 /**
  * Checks `fn` and `options` (throws ERR_INVALID_ARG) and builds its program, ready at once; the
@@ -28,17 +23,7 @@ const DEFAULT_MAX_CELLS = 1024;
  * @returns {{ program: Program, promise: Promise<any> }}
  */
 function runProgram(fn, options, env, decision = false) {
-  if (typeof fn !== 'function') throw invalid('run(program, options?): program must be a function (s) => ...');
-  if (options === null || typeof options !== 'object')
-    throw invalid('run(program, options?): options must be an object');
-  const signal = signalOf({ signal: options.signal }, 'run');
-  const { ctx } = env;
-  const maxBranches = positiveInt(options.maxBranches, 'options.maxBranches', DEFAULT_MAX_BRANCHES);
-  if (maxBranches > ctx.nSeqMax)
-    throw invalid(`options.maxBranches is ${maxBranches} but the context has nSeqMax ${ctx.nSeqMax}`);
-  const maxCells = positiveInt(options.maxCells, 'options.maxCells', Math.min(DEFAULT_MAX_CELLS, ctx.nCtx));
-  if (maxCells > ctx.nCtx) throw invalid(`options.maxCells is ${maxCells} but the context has nCtx ${ctx.nCtx}`);
-  const { seed } = checkSampling({ seed: options.seed });
+  const { signal, maxBranches, maxCells, seed } = checkRun(fn, options, env.ctx);
   let settle = { resolve: (_value) => {}, reject: (_error) => {} };
   const promise = new Promise((resolve, reject) => (settle = { resolve, reject }));
   const program = new Program(env, {
@@ -72,7 +57,7 @@ function runProgram(fn, options, env, decision = false) {
         )
         .then(p.wake);
     },
-    seed: seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed,
+    seed,
   });
   return { program, promise };
 }

@@ -126,7 +126,8 @@ describe('Scheduler parts (no model)', () => {
       assert.deepEqual(need, { entry: cached, start: 3, cells: 2 + 2 * 5, leases: 2 + 1 });
       req.start(need);
       assert.equal(req.state, 'running');
-      assert.deepEqual([req.plannedStart, req.leasesToCome, req.usage.promptTokens], [3, 3, 5]);
+      assert.deepEqual([req.promptLine.kv.planned.start, req.leasesToCome, req.tally.usage.promptTokens], [3, 3, 5]);
+      assert.equal(cached.pins, 1, 'the cached start admission counted on is pinned until the prompt line starts');
       assert.deepEqual(
         req.lines.slice(1).map((l) => l.job.params.seed),
         [5, 6],
@@ -147,7 +148,7 @@ describe('Scheduler parts (no model)', () => {
       // Log-probabilities need every token sampled, not drafted: arming with a spec opens no drafter.
       const branch = { setSamplerParams: () => {}, setGrammar: () => {} };
       const gen = req.lines[1].job;
-      assert.equal(gen.choice.index, 0);
+      assert.equal(gen.sink.index, 0);
       gen.arm(branch, [], { source: { open: () => assert.fail('drafted') }, maxDraft: 4 });
       assert.deepEqual([gen.state, gen.drafter], ['sampling', null]);
     });
