@@ -6,6 +6,7 @@
  */
 
 const { makeError } = require('./errors');
+const { SchedulerErrorCode: Code, schedulerError } = require('./scheduler/errors');
 const { positiveInt, invalid, isTokenIds, checkStops, checkSampling, checkLogprobs } = require('./scheduler/checks');
 const { GenJob, PeekJob } = require('./scheduler/jobs');
 const { regexGrammar, choicesGrammar } = require('./scheduler/grammars');
@@ -27,6 +28,8 @@ class ProgramLine {
   #line;
   /** @type {import('./scheduler/program').Program} */
   #program;
+  /** A select or multi-token logprob runs on the line (its options are scored in forks). */
+  #selecting = false;
 
   /** Made by `Scheduler.run` (the root) and `fork`, never directly. */
   constructor(line, program) {
@@ -192,7 +195,7 @@ class ProgramLine {
     const bos = method === 'unconditional' ? ctx.tokenizeSync('', true) : [];
     if (method === 'unconditional' && bos.length === 0)
       throw makeError('ERR_UNSUPPORTED', "select: method 'unconditional' needs a model with a BOS token");
-    return scoreTexts(this.#program, line, tokens, bos.length > 0 ? bos : null, (sums, base, leafOf) => {
+    return this.#scoreTexts(tokens, bos.length > 0 ? bos : null, (sums, base, leafOf) => {
       const scores = sums.map((sum, i) => {
         if (method === 'normalized') return sum / tokens[i].length;
         return base ? sum - base[i] : sum;
@@ -223,7 +226,7 @@ class ProgramLine {
     if (line.tokens.length === 0) throw invalid('logprob(): the line is empty; append a prompt first');
     const top = checkLogprobs((options && options.top) || 0, 'options.top');
     if (tokens.length === 1) return this.#start(new PeekJob(tokens[0], top));
-    return scoreTexts(this.#program, line, [tokens], null, ([logprob]) => ({ logprob, top: [] }));
+    return this.#scoreTexts([tokens], null, ([logprob]) => ({ logprob, top: [] }));
   }
 
   /**
@@ -269,9 +272,26 @@ class ProgramLine {
 
   /** The line, once `op` may start on it: throws unless the program runs and the line is live and idle. */
   #checkIdle(op) {
+    const line = this.#line;
     if (this.#program.state !== 'running') throw this.#program.endedError();
-    this.#line.checkIdle(op);
-    return this.#line;
+    if (line.released || line.state === 'freed')
+      throw schedulerError(Code.PROGRAM_STATE, `${op}(): this line was released; use another line`);
+    if (line.job || this.#selecting)
+      throw schedulerError(Code.PROGRAM_STATE, `${op}(): a gen or select is running on this line; await it first`);
+    return line;
+  }
+
+  /** Scores `texts` in forks of the line (./scheduler/scoring.js); the line takes no other work until `use` runs. */
+  async #scoreTexts(texts, bos, use) {
+    this.#selecting = true;
+    try {
+      return await scoreTexts(this.#program, this.#line, texts, bos, (sums, base, leafOf) => {
+        this.#selecting = false;
+        return use(sums, base, leafOf);
+      });
+    } finally {
+      this.#selecting = false;
+    }
   }
 
   /** Starts `job` on the line and wakes the Scheduler, which serves it from its next step. */

@@ -399,7 +399,7 @@ class Scheduler {
       yield { tokens: item.restoreKey, beside: (keep) => item.needsFrom(keep), hinted: item.hinted, unfit };
     }
     for (const [, line] of this._programs.runningLines())
-      if (line.state === 'waiting' && !line.parent && line.needed)
+      if (line.state === 'waiting' && !line.kv.parent && line.needed)
         yield { tokens: line.pending.slice(0, line.pending.length - line.scoring) };
   }
 

@@ -26,13 +26,18 @@ function roundedPerplexity(ppl) {
   return Number.isFinite(ppl) ? Math.round(ppl * 1000) / 1000 : undefined;
 }
 
-/** A branch's perplexity so far, or undefined (busy, disposed, nothing accepted yet). */
-function perplexityOf(branch) {
+/** A branch's perplexity so far (Infinity: it cannot be read — busy, disposed — or nothing accepted yet). */
+function branchPerplexity(branch) {
   try {
-    return roundedPerplexity(branch && !branch.disposed ? branch.perplexity : Infinity);
+    return branch && !branch.disposed ? branch.perplexity : Infinity;
   } catch {
-    return undefined;
+    return Infinity;
   }
+}
+
+/** A branch's perplexity so far as events show it: rounded, or undefined. */
+function perplexityOf(branch) {
+  return roundedPerplexity(branchPerplexity(branch));
 }
 
 /** @type {WeakMap<object, BranchTrace>} the active trace of each context */
@@ -177,6 +182,7 @@ module.exports = {
   traceFreed,
   TRACE_VERSION,
   clipped,
+  branchPerplexity,
   perplexityOf,
   roundedPerplexity,
 };

@@ -10,7 +10,7 @@
  * The format's shared pieces (version, clipped text, rounded perplexity) are lib/trace.js's.
  */
 
-const { TRACE_VERSION, clipped, perplexityOf, roundedPerplexity } = require('../trace');
+const { TRACE_VERSION, clipped, branchPerplexity, perplexityOf, roundedPerplexity } = require('../trace');
 
 class SchedulerEvents {
   constructor() {
@@ -170,6 +170,7 @@ module.exports = {
   TRACE_VERSION,
   THUMBNAIL_MAX_BYTES,
   clipped,
+  branchPerplexity,
   perplexityOf,
   roundedPerplexity,
   imagesOfPrompt,

@@ -43,6 +43,8 @@ class LineStart {
     this.media = [];
     /** @type {import('./prefix-cache').CacheEntry | null} the cache entry the line's branch is filling (its prompt, for others to fork), if any */
     this.segment = null;
+    /** @type {import('./line').Line[]} lines forking this start's line that have not taken their branch from it yet */
+    this.forks = [];
     /** @type {any[]} cache entries pinned until the line is freed */
     this.pins = [];
     /** The line's branch is its filled prompt entry's own: no lease of its own, nothing to free. */
@@ -66,11 +68,26 @@ class LineStart {
     return new LineStart(null, 0, cachePoints, images, planned);
   }
 
-  /** The line took its branch, or never will: returns the parent it no longer waits on (null: none). */
-  leave() {
-    const parent = this.parent;
+  /** `line`, a fork starting with this, waits on its parent until it takes its branch. */
+  join(line) {
+    if (this.parent) this.parent.kv.forks.push(line);
+  }
+
+  /** `line` took its branch, or never will: it no longer waits on its parent. */
+  leave(line) {
+    const forks = this.parent ? this.parent.kv.forks : [];
+    if (forks.includes(line)) forks.splice(forks.indexOf(line), 1);
     this.parent = null;
-    return parent;
+  }
+
+  /**
+   * Where the line's scoring prefill stops this step: the next point where a line forked ahead of
+   * it (a `select` path) waits to fork it, so the fork takes the KV and logits there instead of
+   * decoding a token again (`filled`: one waits right there, for a lease freed at the next step).
+   */
+  nextForkPoint(filled) {
+    const waiting = this.forks.filter((l) => l.state === 'waiting' && l.needed && l.kv.anchor >= filled);
+    return Math.min(Infinity, ...waiting.map((l) => l.kv.anchor));
   }
 
   /**

@@ -10,8 +10,7 @@
  */
 
 const { makeError } = require('../errors');
-const { clipped, perplexityOf } = require('./events');
-const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
+const { clipped, branchPerplexity, perplexityOf } = require('./events');
 const { ScoreJob } = require('./jobs');
 
 /**
@@ -33,10 +32,6 @@ class Line {
   /** @type {import('./jobs').GenJob | import('./jobs').ScoreJob | import('./jobs').PeekJob | null} */
   #job = null;
   #released = false;
-  /** A select or multi-token logprob runs on this line (its options are scored in forks). */
-  #selecting = false;
-  /** @type {Line[]} forks of this line that have not taken their branch from it yet */
-  #forks = [];
 
   /**
    * @param {LineEnv} env @param {string} id the line's id in the events (`p1.0`, `p1.1`, ...)
@@ -53,7 +48,7 @@ class Line {
     if (parent) {
       // A fork starts with its parent's text, chat turn and end-of-turn stop strings.
       [this.#text, this.#stops, this.#chat] = [parent.text, parent.stops, parent.chat];
-      parent.#forks.push(this);
+      start.join(this);
     }
     this.#emit('fork', { branch: id, parent: parent ? parent.id : null, at: start.anchor });
   }
@@ -93,31 +88,13 @@ class Line {
   get kv() {
     return this.#kv;
   }
-  /** The line it forks until it took its branch (null: a fresh line). */
-  get parent() {
-    return this.#kv.parent;
-  }
 
   #emit(type, fields) {
     if (this.#env.events.on) this.#env.events.emit(type, { request: this.#env.program, ...fields });
   }
 
-  #leaveParent() {
-    const parent = this.#kv.leave();
-    const at = parent ? parent.#forks.indexOf(this) : -1;
-    if (at !== -1) parent.#forks.splice(at, 1);
-  }
-
   // -------------------------------------------------------------------------------------------
   // What the user's ProgramLine does through it.
-
-  /** Throws unless the line can start `op` (it is live and idle; its program's state is ProgramLine's check). */
-  checkIdle(op) {
-    if (this.#released || this.#state === 'freed')
-      throw schedulerError(Code.PROGRAM_STATE, `${op}(): this line was released; use another line`);
-    if (this.#job || this.#selecting)
-      throw schedulerError(Code.PROGRAM_STATE, `${op}(): a gen or select is running on this line; await it first`);
-  }
 
   /** Appends `tokens` (and the `text` they stand for); after an open chat turn, they are the assistant's reply. */
   push(tokens, text) {
@@ -148,11 +125,6 @@ class Line {
     return this.start(new ScoreJob(tokens.length));
   }
 
-  /** A select or multi-token logprob scores its options in forks of the line (`on`), or is done. */
-  setSelecting(on) {
-    this.#selecting = on;
-  }
-
   /** The tokens just appended are in the branch already (adopted from the scorer that decoded them). */
   pendingDecoded() {
     this.#pending = [];
@@ -175,7 +147,7 @@ class Line {
    * False unless both are live and idle (forks still waiting fork at their anchor, before it).
    */
   adopt(winner) {
-    const idle = (/** @type {Line} */ l) => l.#state === 'live' && l.#pending.length === 0 && l.#forks.length === 0;
+    const idle = (/** @type {Line} */ l) => l.#state === 'live' && l.#pending.length === 0 && l.#kv.forks.length === 0;
     if (!winner || !idle(winner) || !idle(this) || this.#released) return false;
     [this.#branch, winner.#branch] = [winner.#branch, this.#branch];
     return true;
@@ -187,7 +159,7 @@ class Line {
     this.#released = true;
     if (announce) this.#emit('prune', { branch: this.id });
     if (this.#job) this.endJob(null, makeError('ERR_ABORTED', 'the line was released while it generated'));
-    this.#leaveParent();
+    this.#kv.leave(this);
   }
 
   // -------------------------------------------------------------------------------------------
@@ -195,7 +167,7 @@ class Line {
 
   /** Whether the line needs its KV now: a job runs on it, or a fork waits to fork it. */
   get needed() {
-    return this.#state !== 'freed' && (this.#job !== null || this.#forks.length > 0);
+    return this.#state !== 'freed' && (this.#job !== null || this.#kv.forks.length > 0);
   }
 
   /** Tokens in the branch's KV. */
@@ -214,7 +186,7 @@ class Line {
 
   /** Released, and no fork waits to fork it: free it at the next step. */
   get collectable() {
-    return this.#released && this.#state !== 'freed' && this.#forks.length === 0;
+    return this.#released && this.#state !== 'freed' && this.#kv.forks.length === 0;
   }
 
   /** Whether the line holds a lease of its program's: a branch of its own (not a cache entry's). */
@@ -246,28 +218,13 @@ class Line {
     this.#state = 'live';
     this.#pending = begun.pending;
     if (begun.lease) this.#env.tally.leaseTaken();
-    this.#leaveParent();
+    this.#kv.leave(this);
     if (begun.reusable && spare()) this.#openSegment();
   }
 
   /** The line's branch fills a cache entry from now on (./line-start.js `open`); a prompt to score is nobody's. */
   #openSegment() {
     if (this.scoring === 0) this.#kv.open(this.#env, this.#tokens, this.filled, this.#branch);
-  }
-
-  /** The prompt with images whose positions come next (null: none; ./media.js prefills it). */
-  get nextMedia() {
-    return this.#kv.nextMedia(this.filled);
-  }
-
-  /**
-   * Where a scoring line's prefill stops this step: the next point where a line forked ahead of it
-   * (a `select` path) waits to fork it, so the fork takes the KV and logits there instead of
-   * decoding a token again (`filled`: one waits right there, for a lease freed at the next step).
-   */
-  nextForkPoint() {
-    const waiting = this.#forks.filter((l) => l.#state === 'waiting' && l.needed && l.#kv.anchor >= this.filled);
-    return Math.min(Infinity, ...waiting.map((l) => l.#kv.anchor));
   }
 
   /**
@@ -361,7 +318,7 @@ class Line {
     if (error) return void job.finish(null, error);
     const gen = /** @type {import('./jobs').GenJob} */ (job);
     const ppl = perplexityOf(this.#branch);
-    const result = gen.finish(reason, null, gen.sink.endsLine ? this.#perplexity() : Infinity);
+    const result = gen.finish(reason, null, gen.sink.endsLine ? branchPerplexity(this.#branch) : Infinity);
     this.#text += result.text;
     this.#emit('finish', { branch: this.id, reason: result.finishReason, n: this.#tokens.length, ppl });
     if (this.#chat === 'open') this.#chat = 'replied';
@@ -372,18 +329,9 @@ class Line {
     }
   }
 
-  /** The branch's perplexity (Infinity when it cannot be read: busy or disposed). */
-  #perplexity() {
-    try {
-      return this.#branch && !this.#branch.disposed ? this.#branch.perplexity : Infinity;
-    } catch {
-      return Infinity;
-    }
-  }
-
   /** Gives the branch back (unless a fork waits on it and not `force`), its prune into `prunes`; a job rejects with `error`. */
   free(force, prunes, error) {
-    if (this.#state === 'freed' || (!force && this.#forks.length > 0)) return;
+    if (this.#state === 'freed' || (!force && this.#kv.forks.length > 0)) return;
     this.#kv.free(this.#env.cache);
     if (this.#job) this.endJob(null, error);
     if (this.holdsLease && !this.#branch.disposed) prunes.push(this.#branch.prune().catch(() => {}));

@@ -107,7 +107,7 @@ async function prefillMedia(programs) {
   programs.materialize();
   let positions = 0;
   for (const [program, line] of [...programs.runningLines()]) {
-    const media = line.nextMedia;
+    const media = line.kv.nextMedia(line.filled);
     if (!media || !line.wantsPrefill || line.filled < media.at) continue; // its text first
     const { prompt, at } = media;
     const end = Math.min(line.kv.segmentEnd ?? Infinity, at + prompt.nPos);

@@ -144,7 +144,7 @@ class Programs {
       if (budget === 0 || !line.wantsPrefill) continue;
       let take = Math.min(line.pending.length, budget);
       // A prompt with images is prefilled by ./media.js: the text before it here, first.
-      const media = line.nextMedia;
+      const media = line.kv.nextMedia(line.filled);
       if (media && line.filled >= media.at) continue;
       if (media) take = Math.min(take, media.at - line.filled);
       // A cache entry being filled ends where the next one starts: it is filled first.
@@ -153,7 +153,12 @@ class Programs {
       // A scored entry has a logits row per token and must fit one decode; a longer text to
       // score goes on in the next step (its first token scored from the logits left then).
       if (line.scoreFrom(take) !== undefined) {
-        take = Math.min(take, program.ctx.nOutputs, program.ctx.nBatch, line.nextForkPoint() - line.filled);
+        take = Math.min(
+          take,
+          program.ctx.nOutputs,
+          program.ctx.nBatch,
+          line.kv.nextForkPoint(line.filled) - line.filled,
+        );
         if (take === 0) continue; // a fork waits for its lease where this line's KV ends
       }
       if (program.tally.cellsUsed + take > program.maxCells) {

@@ -94,7 +94,7 @@ function scorePaths(program, line, paths, tokens, bos) {
 /**
  * Scores `texts` (token arrays) as `line`'s continuation, each path of their trie in a fork (see
  * scorePaths); with `bos`, each also after only the BOS (`base`). The forks count against the
- * program's maxBranches, and the line takes no other work while they score. `use(sums, base,
+ * program's maxBranches (the line's ProgramLine takes no other work while they score). `use(sums, base,
  * leafOf)` runs before the forks are released (a select's winner takes its fork's branch then).
  * @template T
  * @param {import('./program').Program} program
@@ -107,16 +107,13 @@ function scorePaths(program, line, paths, tokens, bos) {
 async function scoreTexts(program, line, texts, bos, use) {
   const paths = scoringPaths(texts);
   program.reserveLines(paths.length * (bos ? 2 : 1));
-  line.setSelecting(true);
   const scorers = scorePaths(program, line, paths, texts, null);
   const unconditional = bos ? scorePaths(program, line, paths, texts, bos) : null;
   program.wake(); // the Scheduler serves the scoring lines from its next step
   try {
     const [sums, base] = await Promise.all([scorers.sums, unconditional && unconditional.sums]);
-    line.setSelecting(false);
     return use(sums, base, scorers.leafOf);
   } finally {
-    line.setSelecting(false);
     for (const scorer of [...scorers.lines, ...(unconditional ? unconditional.lines : [])]) scorer.release();
     program.wake(); // the next step frees them
   }

@@ -133,7 +133,7 @@ describe('Scheduler parts (no model)', () => {
         [5, 6],
       );
       assert.deepEqual(
-        req.lines.map((l) => [l.id, l.parent && l.parent.id, l.tokens.length]),
+        req.lines.map((l) => [l.id, l.kv.parent && l.kv.parent.id, l.tokens.length]),
         [
           [req.id, null, 5],
           [`${req.id}.0`, req.id, 5],
