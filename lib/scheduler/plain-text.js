@@ -27,17 +27,42 @@ const OPEN = `LBtxtO${NONCE}O`;
 const CLOSE = `LBtxtC${NONCE}C`;
 const MARKS = new RegExp(`${OPEN}|${CLOSE}`, 'g');
 
+/** Characters of text whose {@link spellsSpecial} answer a context keeps (least recently used out). */
+const SPELLS_CACHE_CHARS = 4 * 1024 * 1024;
+/** @type {WeakMap<object, { answers: Map<string, boolean>, chars: number }>} */
+const spellsCache = new WeakMap();
+
 /**
  * Whether `text` spells a control token of `ctx`'s vocabulary (its tokens differ when special
- * tokens are parsed).
+ * tokens are parsed). Remembered per context: a conversation sends its whole history again on
+ * every turn, and each answer costs two synchronous tokenizations on the JS thread (which, on a
+ * machine with few cores, also takes a core from the decode's threads).
  * @param {import('../Context').SessionContext} ctx
  * @param {string} text
  */
 function spellsSpecial(ctx, text) {
   if (text === '') return false;
+  let cache = spellsCache.get(ctx);
+  if (!cache) spellsCache.set(ctx, (cache = { answers: new Map(), chars: 0 }));
+  const known = cache.answers.get(text);
+  if (known !== undefined) {
+    cache.answers.delete(text); // most recently used last
+    cache.answers.set(text, known);
+    return known;
+  }
   const parsed = ctx.tokenizeSync(text, false, true);
   const plain = ctx.tokenizeSync(text, false, false);
-  return parsed.length !== plain.length || parsed.some((t, i) => t !== plain[i]);
+  const spells = parsed.length !== plain.length || parsed.some((t, i) => t !== plain[i]);
+  if (text.length <= SPELLS_CACHE_CHARS / 4) {
+    cache.answers.set(text, spells);
+    cache.chars += text.length;
+    for (const old of cache.answers.keys()) {
+      if (cache.chars <= SPELLS_CACHE_CHARS) break;
+      cache.answers.delete(old);
+      cache.chars -= old.length;
+    }
+  }
+  return spells;
 }
 
 /**

@@ -4,7 +4,14 @@
 // `<ctl>` (id 1000 when special tokens are parsed; its characters' codes when not), and the BOS 1.
 
 const assert = require('node:assert/strict');
-const { clientText, clientContent, markMessages, tokenizeMarked, unmark } = require('../../lib/scheduler/plain-text');
+const {
+  spellsSpecial,
+  clientText,
+  clientContent,
+  markMessages,
+  tokenizeMarked,
+  unmark,
+} = require('../../lib/scheduler/plain-text');
 
 const CTL = '<ctl>';
 const calls = [];
@@ -83,5 +90,34 @@ describe('plain-text: client text is text (no model)', () => {
       message: /parseSpecial/,
     });
     assert.throws(() => tokenizeMarked(ctx, marked.slice(open.length), false), { code: 'ERR_INVALID_ARG' });
+  });
+
+  it('a context answers for a text once: a history sent again on the next turn is not tokenized again', () => {
+    const history = [
+      { role: 'user', content: 'first question' },
+      { role: 'assistant', content: `an answer that spells ${CTL}` },
+    ];
+    const first = markMessages(ctx, history);
+    calls.length = 0;
+    const again = markMessages(ctx, [...history, { role: 'user', content: 'next question' }]);
+    assert.deepEqual(
+      calls.map((c) => c.text),
+      ['next question', 'next question'],
+      'only the new message is tokenized (parsed and plain)',
+    );
+    assert.deepEqual(again.slice(0, 2), first, 'the same marks as the first time');
+    assert.equal(unmark(again[1].content), history[1].content);
+    assert.equal(spellsSpecial(ctx, 'first question'), false);
+    assert.equal(spellsSpecial(ctx, `x${CTL}`), true);
+    calls.length = 0;
+    assert.equal(spellsSpecial(ctx, `x${CTL}`), true);
+    assert.equal(spellsSpecial(ctx, 'first question'), false);
+    assert.deepEqual(calls, [], 'remembered answers, no tokenization');
+    const other = {
+      tokenizeSync: (text, addSpecial, parseSpecial) => ctx.tokenizeSync(text, addSpecial, !parseSpecial),
+    };
+    calls.length = 0;
+    assert.equal(spellsSpecial(other, 'first question'), false);
+    assert.equal(calls.length, 2, 'another context asks its own tokenizer');
   });
 });
