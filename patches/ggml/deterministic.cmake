@@ -1,8 +1,9 @@
 # llama-branch's change to the vendored ggml (docs/determinism.md), for the CPU backend's reference
 # path (`use_ref`, which deterministic contexts turn on):
 #   - ops.cpp: the reference flash attention made independent of the order of the KV cells, so a
-#     branch's logits do not depend on where llama.cpp placed its cells (and fast: query tiles,
-#     vectorized fixed-point sums; flash-attn-order-independent.inc);
+#     branch's logits do not depend on where llama.cpp placed its cells (each row adds its cells
+#     in an order given by their contents; fast: query tiles, f32 sums;
+#     flash-attn-order-independent.inc);
 #   - ggml-cpu.c: the reference mul_mat takes llamafile's sgemm for the weight types whose AVX2
 #     sgemm computes every output element with the same instructions in the same order whatever
 #     the tile shape, and the same as their one-row vec_dot (Q8_0, Q4_0, Q5_0 against Q8_0), so
