@@ -28,8 +28,8 @@ class ProgramLine {
   #line;
   /** @type {import('./scheduler/program').Program} */
   #program;
-  /** A select or multi-token logprob runs on the line (its options are scored in forks). */
-  #selecting = false;
+  /** @type {object | null} the select or multi-token logprob running on the line (its options are scored in forks) */
+  #selecting = null;
 
   /** Made by `Scheduler.run` (the root) and `fork`, never directly. */
   constructor(line, program) {
@@ -281,16 +281,24 @@ class ProgramLine {
     return line;
   }
 
-  /** Scores `texts` in forks of the line (./scheduler/scoring.js); the line takes no other work until `use` runs. */
+  /**
+   * Scores `texts` in forks of the line (./scheduler/scoring.js); the line takes no other work
+   * until `use` runs. Only this call's mark is cleared: once `use` ran, another select may have
+   * begun before this call's `finally`.
+   */
   async #scoreTexts(texts, bos, use) {
-    this.#selecting = true;
+    const mine = {};
+    const done = () => {
+      if (this.#selecting === mine) this.#selecting = null;
+    };
+    this.#selecting = mine;
     try {
       return await scoreTexts(this.#program, this.#line, texts, bos, (sums, base, leafOf) => {
-        this.#selecting = false;
+        done();
         return use(sums, base, leafOf);
       });
     } finally {
-      this.#selecting = false;
+      done();
     }
   }
 

@@ -27,8 +27,13 @@ const OPEN = `LBtxtO${NONCE}O`;
 const CLOSE = `LBtxtC${NONCE}C`;
 const MARKS = new RegExp(`${OPEN}|${CLOSE}`, 'g');
 
-/** Characters of text whose {@link spellsSpecial} answer a context keeps (least recently used out). */
+/**
+ * Characters of text whose {@link spellsSpecial} answer a context keeps (least recently used
+ * out); each entry counts `SPELLS_ENTRY_CHARS` more for its map slot, so many short texts are
+ * bounded too.
+ */
 const SPELLS_CACHE_CHARS = 4 * 1024 * 1024;
+const SPELLS_ENTRY_CHARS = 64;
 /** @type {WeakMap<object, { answers: Map<string, boolean>, chars: number }>} */
 const spellsCache = new WeakMap();
 
@@ -55,11 +60,11 @@ function spellsSpecial(ctx, text) {
   const spells = parsed.length !== plain.length || parsed.some((t, i) => t !== plain[i]);
   if (text.length <= SPELLS_CACHE_CHARS / 4) {
     cache.answers.set(text, spells);
-    cache.chars += text.length;
+    cache.chars += text.length + SPELLS_ENTRY_CHARS;
     for (const old of cache.answers.keys()) {
       if (cache.chars <= SPELLS_CACHE_CHARS) break;
       cache.answers.delete(old);
-      cache.chars -= old.length;
+      cache.chars -= old.length + SPELLS_ENTRY_CHARS;
     }
   }
   return spells;
