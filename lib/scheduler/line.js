@@ -165,9 +165,12 @@ class Line {
   // -------------------------------------------------------------------------------------------
   // What the Scheduler asks of it, between and within its steps.
 
-  /** Whether the line needs its KV now: a job runs on it, or a fork waits to fork it. */
+  /**
+   * Whether the line needs its KV now: a job runs on it, or a fork that needs it waits to fork it
+   * (a fork whose job failed to start keeps its place, but not its parent busy).
+   */
   get needed() {
-    return this.#state !== 'freed' && (this.#job !== null || this.#kv.forks.length > 0);
+    return this.#state !== 'freed' && (this.#job !== null || this.#kv.forks.some((fork) => fork.needed));
   }
 
   /** Tokens in the branch's KV. */

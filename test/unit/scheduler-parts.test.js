@@ -15,6 +15,9 @@ const { StepCost, DraftLength } = require('../../lib/decode/speculation');
 const { produceAll, commitRows } = require('../../lib/decode/rows');
 const { Programs } = require('../../lib/scheduler/programs');
 const { LineStart } = require('../../lib/scheduler/line-start');
+const { Line } = require('../../lib/scheduler/line');
+const { Tally } = require('../../lib/scheduler/usage');
+const { PeekJob } = require('../../lib/scheduler/jobs');
 
 const { fakeBranch, range } = require('./fakes');
 
@@ -217,6 +220,29 @@ describe('Scheduler parts (no model)', () => {
       const begun = fork.begin(env(cache), [...tokens, 99], [], 0);
       assert.deepEqual([begun.pending, begun.lease, fork.cached], [[99], true, tokens.length - 2]);
       assert.equal(LineStart.fork(parent, 2).begin(env(cache), [1, 2, 3], [], 0), null, 'it waits for its parent');
+    });
+
+    it('a waiting fork keeps its parent needed only while it needs its KV itself (not after its start failed)', () => {
+      const lineEnv = {
+        ctx: {},
+        cache: new PrefixCache(),
+        events: new SchedulerEvents(),
+        program: 'p1',
+        hinted: false,
+      };
+      const env = { ...lineEnv, tally: new Tally() };
+      const parent = new Line(env, 'p1.0', LineStart.fresh(), [1, 2, 3]);
+      const fork = new Line(env, 'p1.1', LineStart.fork(parent, 3), [1, 2, 3]);
+      assert.deepEqual([parent.needed, fork.needed], [false, false], 'nothing asked of either yet');
+      const failed = fork.start(new PeekJob(5)).catch((e) => e.message);
+      assert.deepEqual([parent.needed, fork.needed], [true, true], "the fork waits for its parent's KV");
+      fork.endJob(null, new Error('its start failed')); // what a run program's lineFailed does
+      assert.equal(parent.needed, false, 'a failed fork no longer keeps its parent (and the Scheduler) busy');
+      parent.release(false);
+      assert.equal(parent.collectable, false, 'the fork may still start: its parent stays');
+      fork.release(false);
+      assert.equal(parent.collectable, true);
+      return failed.then((message) => assert.equal(message, 'its start failed'));
     });
   });
 
