@@ -76,7 +76,8 @@ class LineStart {
   /** `line` took its branch, or never will: it no longer waits on its parent. */
   leave(line) {
     const forks = this.parent ? this.parent.kv.forks : [];
-    if (forks.includes(line)) forks.splice(forks.indexOf(line), 1);
+    const at = forks.indexOf(line);
+    if (at !== -1) forks.splice(at, 1);
     this.parent = null;
   }
 

@@ -10,7 +10,7 @@
  */
 
 const { makeError } = require('../errors');
-const { clipped, branchPerplexity, perplexityOf } = require('./events');
+const { clipped, branchPerplexity, perplexityOf, roundedPerplexity } = require('./events');
 const { ScoreJob } = require('./jobs');
 
 /**
@@ -320,9 +320,10 @@ class Line {
     if (!this.needed) this.#kv.drop(this.#env.cache);
     if (error) return void job.finish(null, error);
     const gen = /** @type {import('./jobs').GenJob} */ (job);
-    const ppl = perplexityOf(this.#branch);
-    const result = gen.finish(reason, null, gen.sink.endsLine ? branchPerplexity(this.#branch) : Infinity);
+    const perplexity = branchPerplexity(this.#branch); // one read for the result and the event
+    const result = gen.finish(reason, null, gen.sink.endsLine ? perplexity : Infinity);
     this.#text += result.text;
+    const ppl = roundedPerplexity(perplexity);
     this.#emit('finish', { branch: this.id, reason: result.finishReason, n: this.#tokens.length, ppl });
     if (this.#chat === 'open') this.#chat = 'replied';
     if (gen.sink.endsLine) {
