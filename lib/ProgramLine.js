@@ -201,9 +201,8 @@ class ProgramLine {
         return base ? sum - base[i] : sum;
       });
       const index = scores.reduce((best, s, i) => (s > scores[best] ? i : best), 0);
-      const adopted = line.adopt(leafOf(index));
       this.append(options[index]);
-      if (adopted) line.pendingDecoded(); // the branch came from the winner's fork
+      line.adopt(leafOf(index)); // the winner's fork holds its tokens: they are not decoded again
       return { choice: unmark(options[index]), index, scores };
     });
   }
@@ -257,7 +256,7 @@ class ProgramLine {
   decide(questions, options) {
     const line = this.#checkIdle('decide');
     const program = this.#program;
-    const emit = (fields) => program.emit('decision', { branch: line.id, ...fields });
+    const emit = (fields) => program.events.emit('decision', { branch: line.id, ...fields });
     return decideOnLine(this, program.ctx, questions, options, emit, program.env.parseSpecial);
   }
 

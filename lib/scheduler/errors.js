@@ -64,6 +64,11 @@ function cellsExceeded(used, more, maxCells) {
   );
 }
 
+/** A program asked to move from state `from` to `to`, which its life cycle does not allow: a bug of ours. */
+function noTransition(from, to) {
+  return makeError('ERR_INTERNAL', `Scheduler program: no transition from ${from} to ${to}; please report this bug`);
+}
+
 /** A program's AbortSignal fired (a request's resolves instead: its choices end 'abort'). */
 function abortedProgram(signal) {
   const err = makeError(
@@ -77,6 +82,7 @@ function abortedProgram(signal) {
 
 module.exports = {
   abortedProgram,
+  noTransition,
   SchedulerErrorCode,
   schedulerError,
   closedError,

@@ -63,13 +63,6 @@ class SchedulerEvents {
     }
   }
 
-  /** A started program's `done` event: how it ended, the usage its sink shows (null: none), its error. */
-  done(request, { error, abort }, usage) {
-    const status = error ? (error.code === 'ERR_ABORTED' ? 'abort' : 'error') : abort ? 'abort' : 'ok';
-    const failed = error ? { error: { code: error.code || 'ERR_UNKNOWN', message: String(error.message) } } : {};
-    this.emit('done', { request, status, ...(usage ? { usage: { ...usage } } : {}), ...failed });
-  }
-
   /**
    * The events of one scheduler step: an `evict` event when cached prefixes were evicted since
    * the last `step` event, then the `step` event, what the step did and the gauges after it.
@@ -100,6 +93,55 @@ class SchedulerEvents {
         ...(stats.cacheTiers ? { tiers: tierGauges(stats.cacheTiers) } : {}),
       },
     });
+  }
+}
+
+/**
+ * One program's events, each carrying its id as `request`: the program and its lines say what
+ * happened, this shapes what a listener gets.
+ */
+class ProgramEvents {
+  /** @param {SchedulerEvents} events @param {string} id */
+  constructor(events, id) {
+    this.events = events;
+    this.id = id;
+  }
+
+  get on() {
+    return this.events.on;
+  }
+
+  emit(type, fields) {
+    if (this.events.on) this.events.emit(type, { request: this.id, ...fields });
+  }
+
+  /** Line `branch` appended `text`, `n` its length after it. */
+  append(branch, text, n) {
+    if (this.events.on) this.emit('append', { branch, text: clipped(text), n });
+  }
+
+  /** Line `branch` scored `tokens` (forced, so no perplexity), `n` its length after them; their text only for a listener. */
+  scored(branch, tokens, n, ctx) {
+    if (this.events.on) this.token(branch, tokens.map((t) => ctx.tokenToText(t)).join(''), n, 'forced');
+  }
+
+  /** Line `branch`'s token, `n` its length with it; `mark`: 'draft' (an accepted draft token) or 'forced' (scored: no perplexity). */
+  token(branch, text, n, mark, /** @type {any} */ native) {
+    if (!this.events.on) return;
+    const ppl = mark === 'forced' ? {} : { ppl: perplexityOf(native) };
+    this.emit('token', { branch, text, n, ...ppl, ...(mark ? { [mark]: true } : {}) });
+  }
+
+  /** Line `branch`'s gen ended with `reason` at length `n`; `perplexity` as read (unrounded). */
+  finish(branch, reason, n, perplexity) {
+    this.emit('finish', { branch, reason, n, ppl: roundedPerplexity(perplexity) });
+  }
+
+  /** The started program's `done` event: how it ended, the usage its sink shows (null: none), its error. */
+  done({ error, abort }, usage) {
+    const status = error ? (error.code === 'ERR_ABORTED' ? 'abort' : 'error') : abort ? 'abort' : 'ok';
+    const failed = error ? { error: { code: error.code || 'ERR_UNKNOWN', message: String(error.message) } } : {};
+    this.emit('done', { status, ...(usage ? { usage: { ...usage } } : {}), ...failed });
   }
 }
 
@@ -167,6 +209,7 @@ function imagesOfPrompt(media, sources) {
 
 module.exports = {
   SchedulerEvents,
+  ProgramEvents,
   TRACE_VERSION,
   THUMBNAIL_MAX_BYTES,
   clipped,

@@ -105,6 +105,20 @@ class GenJob {
     return this.matcher.stopped ? 'stop' : this.tokens.length >= this.maxTokens ? 'length' : null;
   }
 
+  /**
+   * The gen ended on `token`, sampled but not decoded: true, it stays pending for the line's next
+   * use; else (its sink `endsLine`) it goes into `branch` now, so the perplexity counts it.
+   */
+  keepsLast(token, branch) {
+    if (!this.sink.endsLine) return true;
+    try {
+      branch.accept(token);
+    } catch {
+      // the perplexity then leaves it out; the text is complete either way
+    }
+    return false;
+  }
+
   /** A speculative step verified `token` and took `accepted`: the drafter hears them; `next` is sampled already. */
   drafted(token, accepted, next) {
     this.drafter.accept([token, ...accepted.map((p) => p.token)]);

@@ -10,12 +10,12 @@
  */
 
 const { makeError } = require('../errors');
-const { clipped, branchPerplexity, perplexityOf, roundedPerplexity } = require('./events');
+const { branchPerplexity } = require('./events');
 const { ScoreJob } = require('./jobs');
 
 /**
- * `program`: its id in the events; `hinted`: the entries its lines fill are kept warm longer.
- * @typedef {{ ctx: any, cache: any, events: import('./events').SchedulerEvents, program: string, hinted: boolean, tally: import('./usage').Tally }} LineEnv
+ * `events`: its program's; `hinted`: the entries its lines fill are kept warm longer.
+ * @typedef {{ ctx: any, cache: any, events: import('./events').ProgramEvents, hinted: boolean, tally: import('./usage').Tally }} LineEnv
  */
 
 class Line {
@@ -50,7 +50,7 @@ class Line {
       [this.#text, this.#stops, this.#chat] = [parent.text, parent.stops, parent.chat];
       start.join(this);
     }
-    this.#emit('fork', { branch: id, parent: parent ? parent.id : null, at: start.anchor });
+    env.events.emit('fork', { branch: id, parent: parent ? parent.id : null, at: start.anchor });
   }
 
   // What other files read of it (only its own methods change it).
@@ -89,10 +89,6 @@ class Line {
     return this.#kv;
   }
 
-  #emit(type, fields) {
-    if (this.#env.events.on) this.#env.events.emit(type, { request: this.#env.program, ...fields });
-  }
-
   // -------------------------------------------------------------------------------------------
   // What the user's ProgramLine does through it.
 
@@ -102,7 +98,7 @@ class Line {
     this.#pending.push(...tokens);
     this.#text += text;
     if (this.#chat === 'open' && (tokens.length > 0 || text !== '')) this.#chat = 'replied';
-    if (this.#env.events.on) this.#emit('append', { branch: this.id, text: clipped(text), n: this.#tokens.length });
+    this.#env.events.append(this.id, text, this.#tokens.length);
   }
 
   /** Appends a chat turn up to the assistant's, whose reply is open then (`stops`: a first turn's end-of-turn strings). */
@@ -125,11 +121,6 @@ class Line {
     return this.start(new ScoreJob(tokens.length));
   }
 
-  /** The tokens just appended are in the branch already (adopted from the scorer that decoded them). */
-  pendingDecoded() {
-    this.#pending = [];
-  }
-
   /** Starts `job` on the line (served from the next step on); resolves with its result. */
   start(job) {
     this.#job = job;
@@ -142,14 +133,17 @@ class Line {
   }
 
   /**
-   * Takes the branch of `winner`, a scoring line holding this line's tokens then exactly the
-   * winner's, so the winner, appended next, is not decoded again (the scorer frees the old one).
-   * False unless both are live and idle (forks still waiting fork at their anchor, before it).
+   * Takes the branch of `winner`, a scoring line whose KV holds exactly this line's tokens (the
+   * winning text just appended among them), so they are not decoded again (the scorer frees the
+   * old branch). False unless both are live and no fork waits on either (forks fork at their anchor).
    */
   adopt(winner) {
-    const idle = (/** @type {Line} */ l) => l.#state === 'live' && l.#pending.length === 0 && l.#kv.forks.length === 0;
-    if (!winner || !idle(winner) || !idle(this) || this.#released) return false;
+    const tokens = this.#tokens;
+    const holds = (/** @type {Line} */ l) => l.#state === 'live' && l.#kv.forks.length === 0;
+    if (!winner || !holds(winner) || !holds(this) || this.#released || winner.#pending.length > 0) return false;
+    if (winner.#tokens.length !== tokens.length || winner.#tokens.some((t, i) => t !== tokens[i])) return false;
     [this.#branch, winner.#branch] = [winner.#branch, this.#branch];
+    this.#pending = [];
     return true;
   }
 
@@ -157,7 +151,7 @@ class Line {
   release(announce = true) {
     if (this.#released || this.#state === 'freed') return;
     this.#released = true;
-    if (announce) this.#emit('prune', { branch: this.id });
+    if (announce) this.#env.events.emit('prune', { branch: this.id });
     if (this.#job) this.endJob(null, makeError('ERR_ABORTED', 'the line was released while it generated'));
     this.#kv.leave(this);
   }
@@ -247,8 +241,7 @@ class Line {
       if (next.lease && this.#pending.length > 0) this.#openSegment();
     }
     if (!scored) return;
-    if (this.#env.events.on)
-      this.#emitToken(scored.map((t) => this.#env.ctx.tokenToText(t)).join(''), this.filled, 'forced');
+    this.#env.events.scored(this.id, scored, this.filled, this.#env.ctx);
     if (/** @type {ScoreJob} */ (this.#job).scored(scored, logprobs)) this.#job = null;
   }
 
@@ -262,33 +255,21 @@ class Line {
     this.#env.tally.generated();
     const gen = /** @type {import('./jobs').GenJob} */ (this.#job);
     const reason = gen.take(produced, this.#branch);
-    this.#emitToken(produced.text, this.#tokens.length + (committed ? 0 : 1), committed ? 'draft' : null);
+    const n = this.#tokens.length + (committed ? 0 : 1);
+    this.#env.events.token(this.id, produced.text, n, committed ? 'draft' : null, this.#branch);
     if (!reason) return true;
-    // Its last token, sampled but not decoded (./jobs.js GenSink `endsLine`).
-    if (!committed) this.#tokens.push(produced.token);
-    if (!committed && !gen.sink.endsLine) this.#pending.push(produced.token);
-    if (!committed && gen.sink.endsLine) this.#acceptLast(produced.token);
+    if (!committed) this.#tokens.push(produced.token); // its last token, sampled but not decoded
+    if (!committed && gen.keepsLast(produced.token, this.#branch)) this.#pending.push(produced.token);
     this.endJob(reason);
     return false;
-  }
-
-  #acceptLast(token) {
-    try {
-      this.#branch.accept(token);
-    } catch {
-      // perplexity then leaves the last token out; the text is complete either way
-    }
   }
 
   /** A speculative step's outcome: accepted draft tokens are taken, the token sampled next kept for the next step. */
   verified({ token, accepted, next, drafted }) {
     const gen = /** @type {import('./jobs').GenJob} */ (this.#job);
     this.#env.tally.drafted(drafted, accepted.length);
-    for (const produced of accepted) {
-      if (this.#job !== gen) return;
-      this.take(produced, true);
-    }
-    if (this.#job === gen) gen.drafted(token, accepted, next);
+    for (const produced of accepted) if (!this.take(produced, true)) return; // the gen ended
+    gen.drafted(token, accepted, next);
   }
 
   /** A peek reads the logits the line holds (its pending tokens are in): nothing to decode. */
@@ -304,13 +285,6 @@ class Line {
     this.#env.tally.committed();
   }
 
-  /** `n`: the line's length with the token; `mark`: 'draft' (an accepted draft token) or 'forced' (scored, no perplexity). */
-  #emitToken(text, n, mark = null) {
-    if (!this.#env.events.on) return;
-    const ppl = mark === 'forced' ? {} : { ppl: perplexityOf(this.#branch) };
-    this.#emit('token', { branch: this.id, text, n, ...ppl, ...(mark ? { [mark]: true } : {}) });
-  }
-
   /** Settles the job in flight: a gen with `reason` as its finishReason, or rejected with `error`. */
   endJob(reason, error) {
     const job = this.#job;
@@ -323,8 +297,7 @@ class Line {
     const perplexity = branchPerplexity(this.#branch); // one read for the result and the event
     const result = gen.finish(reason, null, gen.sink.endsLine ? perplexity : Infinity);
     this.#text += result.text;
-    const ppl = roundedPerplexity(perplexity);
-    this.#emit('finish', { branch: this.id, reason: result.finishReason, n: this.#tokens.length, ppl });
+    this.#env.events.finish(this.id, result.finishReason, this.#tokens.length, perplexity);
     if (this.#chat === 'open') this.#chat = 'replied';
     if (gen.sink.endsLine) {
       // Its branch goes back now, not at the next step.

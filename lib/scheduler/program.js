@@ -16,7 +16,6 @@
  * rejects with ERR_KV_FULL.
  */
 
-const { makeError } = require('../errors');
 const { Line } = require('./line');
 const { Tally } = require('./usage');
 const { LineStart } = require('./line-start');
@@ -26,8 +25,10 @@ const {
   cellsExceeded,
   tooManyBranches,
   abortedProgram,
+  noTransition,
 } = require('./errors');
 const { SEED_SPACE } = require('./checks');
+const { ProgramEvents } = require('./events');
 
 const TRANSITIONS = {
   queued: ['ready', 'done', 'failed'],
@@ -86,8 +87,10 @@ class Program {
     this.lines = [];
     /** What its lines used, freed ones included (./usage.js). */
     this.tally = new Tally();
+    /** Its events (and its lines'), each with its id. */
+    this.events = new ProgramEvents(env.events, this.id);
     /** @type {import('./line').LineEnv} what its lines are given */
-    this.lineEnv = { ...env, program: this.id, hinted: this.hinted, tally: this.tally };
+    this.lineEnv = { ...env, events: this.events, hinted: this.hinted, tally: this.tally };
     /** Once admitted: its prompt line. */
     this.promptLine = null;
     this.maxBranches = 0;
@@ -97,17 +100,8 @@ class Program {
   }
 
   to(state) {
-    if (!TRANSITIONS[this.state].includes(state)) {
-      throw makeError(
-        'ERR_INTERNAL',
-        `Scheduler program: no transition from ${this.state} to ${state}; please report this bug`,
-      );
-    }
+    if (!TRANSITIONS[this.state].includes(state)) throw noTransition(this.state, state);
     this.state = state;
-  }
-
-  emit(type, fields) {
-    if (this.env.events.on) this.env.events.emit(type, { request: this.id, ...fields });
   }
 
   async prepare(ctx, systemPrompts) {
@@ -226,16 +220,13 @@ class Program {
     const { prompt, cells, admit } = this.budget;
     this.maxBranches = leases;
     this.maxCells = (prompt ? prompt.tokens.length : 0) + cells;
-    this.emit('admit', prompt ? { ...admit, cachedTokens: start } : admit);
+    this.events.emit('admit', prompt ? { ...admit, cachedTokens: start } : admit);
     if (prompt) {
       this.tally.admitted(prompt.tokens.length);
       const media = prompt.media;
       const planned = { start, entry: entry && start > 0 ? this.env.cache.pin(entry) : null };
-      this.promptLine = this.#makeLine(
-        LineStart.prompt(prompt.cachePoints, media ? media.images : [], planned),
-        [],
-        this.id,
-      );
+      const kv = LineStart.prompt(prompt.cachePoints, media ? media.images : [], planned);
+      this.promptLine = this.#makeLine(kv, [], this.id);
       if (media) this.promptLine.pushMedia(media.prompt, prompt.tokens, [], prompt.text);
       else this.promptLine.push(prompt.tokens, prompt.text);
     }
@@ -289,7 +280,7 @@ class Program {
     if (this.signal && this.onAbort) this.signal.removeEventListener('abort', this.onAbort);
     const { sink } = this.config;
     const usage = this.tally.usage;
-    if (started && this.env.events.on) this.env.events.done(this.id, this.outcome, sink.doneUsage(usage));
+    if (started && this.events.on) this.events.done(this.outcome, sink.doneUsage(usage));
     if (this.countsAsRunning && !error) this.env.counters.completed++; // stats().completed
     if (error) sink.fail(error);
     else sink.finish(outcome, usage);
@@ -300,8 +291,11 @@ class Program {
     this.settle({ error });
   }
 
-  cellsExceeded(more) {
-    return cellsExceeded(this.tally.cellsUsed, more, this.maxCells);
+  /** Whether `line` may write `more` KV cells; if not, it fails with ERR_KV_FULL (past the program's maxCells). */
+  fits(line, more) {
+    const fits = this.tally.cellsUsed + more <= this.maxCells;
+    if (!fits) this.lineFailed(line, cellsExceeded(this.tally.cellsUsed, more, this.maxCells));
+    return fits;
   }
 
   /** Its signal's abort calls `onAbort` from now until it settles. */

@@ -50,7 +50,7 @@ function runProgram(fn, options, env, decision = false) {
     begin: (p) => {
       const root = new ProgramLine(p.freshLine([]), p);
       Promise.resolve()
-        .then(() => (decision ? fn(root, (fields) => p.emit('decision', fields)) : fn(root)))
+        .then(() => (decision ? fn(root, (fields) => p.events.emit('decision', fields)) : fn(root)))
         .then(
           (value) => p.end({ value }),
           (error) => p.end({ error }),

@@ -9,7 +9,7 @@ const { RadixTree } = require('../../lib/scheduler/radix');
 const { StopMatcher } = require('../../lib/scheduler/stops');
 const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-cache');
 const { requestProgram } = require('../../lib/scheduler/request');
-const { SchedulerEvents } = require('../../lib/scheduler/events');
+const { SchedulerEvents, ProgramEvents } = require('../../lib/scheduler/events');
 const { schedulerOptions, parseBytes } = require('../../lib/scheduler/options');
 const { StepCost, DraftLength } = require('../../lib/decode/speculation');
 const { produceAll, commitRows } = require('../../lib/decode/rows');
@@ -226,8 +226,7 @@ describe('Scheduler parts (no model)', () => {
       const lineEnv = {
         ctx: {},
         cache: new PrefixCache(),
-        events: new SchedulerEvents(),
-        program: 'p1',
+        events: new ProgramEvents(new SchedulerEvents(), 'p1'),
         hinted: false,
       };
       const env = { ...lineEnv, tally: new Tally() };
