@@ -134,7 +134,7 @@ class ProgramEvents {
 
   /** Line `branch`'s gen ended with `reason` at length `n`; `perplexity` as read (unrounded). */
   finish(branch, reason, n, perplexity) {
-    this.emit('finish', { branch, reason, n, ppl: roundedPerplexity(perplexity) });
+    if (this.events.on) this.emit('finish', { branch, reason, n, ppl: roundedPerplexity(perplexity) });
   }
 
   /** The started program's `done` event: how it ended, the usage its sink shows (null: none), its error. */

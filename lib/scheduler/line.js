@@ -133,9 +133,9 @@ class Line {
   }
 
   /**
-   * Takes the branch of `winner`, a scoring line whose KV holds exactly this line's tokens (the
-   * winning text just appended among them), so they are not decoded again (the scorer frees the
-   * old branch). False unless both are live and no fork waits on either (forks fork at their anchor).
+   * Takes the branch of `winner`, a scoring line whose KV holds exactly this line's tokens (none
+   * pending, the winning text just appended last), so they are not decoded again (the scorer frees
+   * the old branch). False unless so, both are live and no fork waits on either (forks fork at their anchor).
    */
   adopt(winner) {
     const tokens = this.#tokens;
@@ -235,11 +235,9 @@ class Line {
     this.#pending = this.#pending.slice(count);
     const next =
       this.#kv.segmentEnd === this.filled && this.#kv.filled(this.#env.cache, this.#pending.length === 0, spare);
-    if (next) {
-      this.#branch = next.branch;
-      if (next.lease) this.#env.tally.leaseTaken(); // the fork: the filled branch is the cache's now
-      if (next.lease && this.#pending.length > 0) this.#openSegment();
-    }
+    if (next) this.#branch = next.branch;
+    if (next && next.lease) this.#env.tally.leaseTaken(); // the fork: the filled branch is the cache's now
+    if (next && next.lease && this.#pending.length > 0) this.#openSegment();
     if (!scored) return;
     this.#env.events.scored(this.id, scored, this.filled, this.#env.ctx);
     if (/** @type {ScoreJob} */ (this.#job).scored(scored, logprobs)) this.#job = null;
@@ -264,11 +262,11 @@ class Line {
     return false;
   }
 
-  /** A speculative step's outcome: accepted draft tokens are taken, the token sampled next kept for the next step. */
+  /** A speculative step's accepted draft tokens, taken until its gen ends (in take, or a token listener aborts it). */
   verified({ token, accepted, next, drafted }) {
     const gen = /** @type {import('./jobs').GenJob} */ (this.#job);
     this.#env.tally.drafted(drafted, accepted.length);
-    for (const produced of accepted) if (!this.take(produced, true)) return; // the gen ended
+    for (const produced of accepted) if (!this.take(produced, true) || this.#job !== gen) return;
     gen.drafted(token, accepted, next);
   }
 

@@ -112,7 +112,7 @@ async function prefillMedia(programs) {
     const { prompt, at } = media;
     const end = Math.min(line.kv.segmentEnd ?? Infinity, at + prompt.nPos);
     const take = end - line.filled;
-    if (!program.fits(line, take)) continue;
+    if (!program.checkCells(line, take)) continue;
     try {
       await line.branch.prefill(prompt, { from: line.filled - at, to: end - at });
       program.prefilled(line, take);

@@ -291,8 +291,8 @@ class Program {
     this.settle({ error });
   }
 
-  /** Whether `line` may write `more` KV cells; if not, it fails with ERR_KV_FULL (past the program's maxCells). */
-  fits(line, more) {
+  /** True: `line` may write `more` KV cells; false: past the program's maxCells, it failed with ERR_KV_FULL. */
+  checkCells(line, more) {
     const fits = this.tally.cellsUsed + more <= this.maxCells;
     if (!fits) this.lineFailed(line, cellsExceeded(this.tally.cellsUsed, more, this.maxCells));
     return fits;

@@ -161,7 +161,7 @@ class Programs {
         );
         if (take === 0) continue; // a fork waits for its lease where this line's KV ends
       }
-      if (!program.fits(line, take)) continue;
+      if (!program.checkCells(line, take)) continue;
       out.push({ program, line, take });
       budget -= take;
     }
@@ -225,7 +225,7 @@ class Programs {
         continue;
       }
       const job = /** @type {import('./jobs').GenJob} */ (line.job);
-      if (!program.fits(line, 1)) continue;
+      if (!program.checkCells(line, 1)) continue;
       try {
         job.arm(line.branch, line.tokens, program.env.spec);
       } catch (e) {

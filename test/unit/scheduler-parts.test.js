@@ -17,7 +17,7 @@ const { Programs } = require('../../lib/scheduler/programs');
 const { LineStart } = require('../../lib/scheduler/line-start');
 const { Line } = require('../../lib/scheduler/line');
 const { Tally } = require('../../lib/scheduler/usage');
-const { PeekJob } = require('../../lib/scheduler/jobs');
+const { PeekJob, GenJob } = require('../../lib/scheduler/jobs');
 
 const { fakeBranch, range } = require('./fakes');
 
@@ -242,6 +242,31 @@ describe('Scheduler parts (no model)', () => {
       fork.release(false);
       assert.equal(parent.collectable, true);
       return failed.then((message) => assert.equal(message, 'its start failed'));
+    });
+
+    it("a speculative step's accepted tokens stop at a gen a token listener ended (nothing taken after it)", async () => {
+      const tokens = range(0, MIN_PARTIAL_REUSE + 4);
+      const scheduler = new SchedulerEvents();
+      const env = { ctx: {}, cache: new PrefixCache(), events: new ProgramEvents(scheduler, 'p1'), hinted: false };
+      const lineEnv = { ...env, tally: new Tally() };
+      const cached = LineStart.fresh(); // the line starts from a cache entry holding its tokens
+      cached.open(env, tokens, 0, fakeBranch(0));
+      cached.filled(env.cache, true, () => true);
+      const line = new Line(lineEnv, 'p1.0', LineStart.fresh(), tokens.slice());
+      line.materialize(() => false);
+      assert.deepEqual([line.state, line.filled, line.decoding], ['live', tokens.length, false]);
+      const gen = new GenJob({ maxTokens: 8, stops: [], params: {}, grammar: null });
+      const done = line.start(gen);
+      scheduler.subscribe((e) => e.event === 'token' && line.endJob('abort')); // e.g. a listener's abort
+      const accepted = [
+        { token: 8, text: 'a' },
+        { token: 9, text: 'b' },
+      ];
+      line.verified({ token: 7, accepted, next: null, drafted: 2 });
+      const result = await done;
+      assert.deepEqual([result.finishReason, result.tokens], ['abort', [8]]);
+      assert.deepEqual(line.tokens, [...tokens, 8], 'the line holds what its gen returned');
+      assert.equal(lineEnv.tally.usage.completionTokens, 1, 'usage counts what its gen returned');
     });
   });
 
