@@ -134,7 +134,7 @@ class ProgramLine {
     const job = new GenJob({
       maxTokens: positiveInt(options.maxTokens, 'options.maxTokens', program.env.defaultMaxTokens),
       stops: [...checkStops(options.stop), ...line.stops],
-      params: { ...params, seed: seed === undefined || seed === -1 ? program.nextSeed() : seed },
+      params: { ...params, seed: seed === undefined ? program.nextSeed() : seed },
       grammar: grammar || choices,
       logprobs: checkLogprobs(options.logprobs, 'options.logprobs'),
     });

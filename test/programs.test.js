@@ -206,18 +206,18 @@ describe('Scheduler.run: branch programs', function () {
     );
   });
 
-  it('the same seed gives the same program output', async () => {
+  it('the same seed gives the same program output (a gen seed of -1 is none: the program picks it)', async () => {
     const s = start();
-    const program = async (line) => {
+    const program = (genSeed) => async (line) => {
       line.append('Here is a list of fruits:');
       const forks = line.fork(3);
-      return (await Promise.all(forks.map((f) => f.gen({ maxTokens: 8, params: { temperature: 1 } })))).map(
-        (o) => o.text,
-      );
+      const params = { temperature: 1, ...(genSeed === undefined ? {} : { seed: genSeed }) };
+      return (await Promise.all(forks.map((f) => f.gen({ maxTokens: 8, params })))).map((o) => o.text);
     };
-    const first = await s.run(program, { seed: 42 });
-    const second = await s.run(program, { seed: 42 });
+    const first = await s.run(program(undefined), { seed: 42 });
+    const second = await s.run(program(undefined), { seed: 42 });
     assert.deepEqual(second, first);
+    assert.deepEqual(await s.run(program(-1), { seed: 42 }), first);
   });
 
   it('a fork taken before more text was appended and decoded still sees only its own text', async () => {

@@ -63,7 +63,10 @@ function checkLogprobs(value, name) {
   return value;
 }
 
-/** Sampling params without seed and grammar, the seed, and the grammar (GBNF or null). */
+/**
+ * Sampling params without seed and grammar, the seed (undefined: none given, or -1; the caller
+ * picks one), and the grammar (GBNF or null).
+ */
 function checkSampling(request) {
   if (request.params !== undefined && (request.params === null || typeof request.params !== 'object'))
     throw invalid('request.params must be a SamplingParams object');
@@ -75,12 +78,12 @@ function checkSampling(request) {
   if (grammar !== undefined && grammar !== null && typeof grammar !== 'string')
     throw invalid('request.grammar must be a GBNF string');
   if (grammar && request.jsonSchema !== undefined) throw invalid('give grammar or jsonSchema, not both');
-  return { params, seed, grammar: grammar || null };
+  return { params, seed: seed === -1 ? undefined : seed, grammar: grammar || null };
 }
 
-/** A seed to count on from: the one given, or a random one (none given, or -1). */
+/** A seed to count on from: `seed` as checkSampling returns it, or a random one (none given). */
 function seedBase(seed) {
-  return seed === undefined || seed === -1 ? Math.floor(Math.random() * SEED_SPACE) : seed;
+  return seed === undefined ? Math.floor(Math.random() * SEED_SPACE) : seed;
 }
 
 /** What a program may hold unless it says: a few lines, and about what 4 requests of 256 tokens write. */
