@@ -22,6 +22,7 @@ const readline = require('node:readline');
 const { spawn } = require('node:child_process');
 const { createServer } = require('..');
 const { args, modelPath, median } = require('./common');
+const { testPython } = require('../scripts/python');
 
 const ROUNDS = Number(args.rounds || 4);
 const REQUESTS = Number(args.requests || 24);
@@ -62,9 +63,13 @@ async function run(server, list) {
 
 /** Dynamo's indexer subscribed to `address`; resolves once it is listening. */
 async function startConsumer(address) {
-  const child = spawn('python3', [path.join(__dirname, '..', 'test', 'kv-consumer.py'), `1=${address}`], {
-    stdio: ['pipe', 'pipe', 'inherit'],
-  });
+  const child = spawn(
+    testPython() || 'python3',
+    [path.join(__dirname, '..', 'test', 'kv-consumer.py'), `1=${address}`],
+    {
+      stdio: ['pipe', 'pipe', 'inherit'],
+    },
+  );
   const lines = readline.createInterface({ input: child.stdout });
   const waiting = [];
   lines.on('line', (line) => waiting.shift()?.(JSON.parse(line)));

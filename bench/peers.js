@@ -34,6 +34,7 @@ const { spawn, spawnSync } = require('node:child_process');
 const { pathToFileURL } = require('node:url');
 const { args, modelPath, median, percentile, freePort, startProcess, stopProcess } = require('./common');
 const { markdownTable, replaceSection } = require('./common');
+const { testPython } = require('../scripts/python');
 
 const QUICK = Boolean(args.quick);
 const PARTS = new Set(String(args.parts || 'library,server,decide').split(','));
@@ -100,7 +101,16 @@ function installPeers() {
   }
   const py = path.join(SCRATCH, 'py');
   if (!fs.existsSync(path.join(py, 'xllamacpp')))
-    run('python3', ['-m', 'pip', 'install', '--quiet', '--target', py, '--no-deps', PEERS.xllamacpp.pip]);
+    run(testPython() || 'python3', [
+      '-m',
+      'pip',
+      'install',
+      '--quiet',
+      '--target',
+      py,
+      '--no-deps',
+      PEERS.xllamacpp.pip,
+    ]);
   const xl = fs.readdirSync(py).find((f) => /^xllamacpp-.*\.dist-info$/.test(f));
   return {
     'node-llama-cpp': version('node-llama-cpp'),
@@ -455,7 +465,7 @@ async function startServers(model) {
   );
   const xlPort = await freePort();
   const cfg = JSON.stringify({ model, threads: THREADS, port: xlPort, ...config });
-  const xl = await startProcess('python3', ['-c', XLLAMACPP_LAUNCHER, cfg], xlPort, {
+  const xl = await startProcess(testPython() || 'python3', ['-c', XLLAMACPP_LAUNCHER, cfg], xlPort, {
     env: { ...process.env, PYTHONPATH: path.join(SCRATCH, 'py') },
   });
   return { ours, xllamacpp: xl, config };

@@ -8,7 +8,8 @@
  * build do not share a process), alternated over --reps rounds; medians and their ratio.
  *
  *   prebuilt  dist/'s three tarballs (npm run build:prebuilt -- --vulkan) installed offline into
- *             a scratch project: the CPU prebuilt plus llama-branch-<platform>-vulkan
+ *             a scratch project with an empty npm cache (test/install/scratch.js): the CPU
+ *             prebuilt plus llama-branch-<platform>-vulkan
  *   source    build/vulkan/ (LLAMA_BRANCH_FEATURES=vulkan npm run build -- --out build/vulkan)
  *
  * On a machine without a GPU the device is lavapipe (set GGML_VK_VISIBLE_DEVICES=0, as the GPU
@@ -23,6 +24,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const { args, modelPath, median } = require('./common');
+const { scratchInstall } = require('../test/install/scratch');
 
 const REPS = Number(args.reps || 3);
 const TOKENS = Number(args.tokens || 16);
@@ -67,13 +69,9 @@ async function main() {
     throw new Error('build/vulkan/ is missing: LLAMA_BRANCH_FEATURES=vulkan npm run build -- --out build/vulkan');
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-branch-bench-vk-'));
   try {
-    fs.writeFileSync(path.join(dir, 'package.json'), '{ "name": "bench", "version": "1.0.0", "private": true }\n');
-    const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm';
-    const installed = spawnSync(npm, ['install', '--offline', '--no-audit', '--no-fund', ...tarballs], {
-      cwd: dir,
-      encoding: 'utf8',
-    });
-    if (installed.status !== 0) throw new Error(installed.stderr);
+    const installed = scratchInstall({ dir, tarballs });
+    if (installed.status !== 0) throw new Error(installed.output);
+    const project = installed.project;
     const series = {
       prebuilt: PROGRAM("require('llama-branch')", model).replace('${LOAD_OPTIONS}', 'undefined'),
       source: PROGRAM(`require(${JSON.stringify(ROOT)})`, model).replace('${LOAD_OPTIONS}', "{ gpuVariant: 'vulkan' }"),
@@ -81,7 +79,7 @@ async function main() {
     const results = { prebuilt: [], source: [] };
     for (let r = 0; r < REPS; r++) {
       for (const name of r % 2 === 0 ? ['prebuilt', 'source'] : ['source', 'prebuilt']) {
-        const m = measure(series[name], name === 'prebuilt' ? dir : ROOT);
+        const m = measure(series[name], name === 'prebuilt' ? project : ROOT);
         results[name].push(m.tokS);
         log(`round ${r + 1} ${name}: ${m.tokS.toFixed(3)} tok/s on ${m.devices.join(', ')}`);
       }

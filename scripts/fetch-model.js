@@ -22,6 +22,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
+const { testPython } = require('./python');
 
 const MODEL_FILE = 'gemma-3-270m-q4_k_m.gguf';
 const MODEL_SHA256 = 'a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818';
@@ -87,12 +88,13 @@ function writeSidecar(file) {
 }
 
 function findPython() {
-  const candidates = [process.env.PYTHON, 'python3', 'python'].filter(Boolean);
+  // The venv setup makes where the machine's Python is externally managed has pip for certain.
+  const candidates = [process.env.PYTHON, testPython(), 'python3', 'python'].filter(Boolean);
   const python = candidates.find((py) => spawnSync(py, ['-m', 'pip', '--version'], { stdio: 'ignore' }).status === 0);
   if (python) return python;
   throw new Error(
     `python3 with pip is required to download the model (tried: ${candidates.join(', ')}).\n` +
-      `  Debian/Ubuntu: sudo apt-get install -y python3-pip\n  Or ${DO_IT_YOURSELF}`,
+      `  Debian/Ubuntu: sudo apt-get install -y python3-pip (or npm run setup, which makes a venv)\n  Or ${DO_IT_YOURSELF}`,
   );
 }
 

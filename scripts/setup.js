@@ -21,6 +21,7 @@ const {
   npmCommand,
   browserPath,
 } = require('./env');
+const { installPython } = require('./python');
 
 const log = logger('setup');
 
@@ -48,12 +49,14 @@ function buildPackages() {
  * seconds); SGLang's model gateway `sglang-router` (a Rust binary in a wheel), which
  * test/router.test.js puts in front of three replicas; NVIDIA Dynamo's KV indexer
  * (`ai-dynamo-runtime`, with `pyzmq` and `msgpack`), which test/kv-events.test.js reads the KV
- * event stream with. Never fatal here: outside CI those tests say they are skipped, and why; in CI
- * (CI set) the router and KV event tests fail without them.
+ * event stream with. Where the machine's Python is externally managed (Debian's), they go into a
+ * venv under ~/.cache/llama-branch (scripts/python.js), which the tests then run. Never fatal
+ * here: outside CI those tests say they are skipped, and why; in CI (CI set) the router and KV
+ * event tests fail without them.
  */
 function pythonClient() {
-  console.log('\n==> python test dependencies (systemone, decisions, router, kv-events tests)');
-  const python = ['python3', 'python'].find((py) => which(py));
+  console.log('\n==> python test dependencies (systemone, decisions, router, kv-events, images tests)');
+  const python = installPython({ log, aptInstall });
   const pip = (...pkgs) =>
     python && run(python, ['-m', 'pip', 'install', '--disable-pip-version-check', '--no-input', ...pkgs]) === 0;
   if (!pip('systemone-client==0.1.0', 'openai>=3.57,<4'))

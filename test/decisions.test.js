@@ -13,6 +13,7 @@ const { spawnSync, spawn } = require('node:child_process');
 const { default: OpenAI } = require('openai');
 const { DecisionsToolRunner } = require('openai/helpers/decisions-tool-runner');
 const { startServer, stopServer } = require('./serve-helpers');
+const { testPython } = require('../scripts/python');
 
 const KEY = 'decisions-key';
 const MODEL = 'gemma-3-270m-q4_k_m';
@@ -343,7 +344,7 @@ describe('POST /v1/decisions (llama-branch serve, OpenAI clients)', function () 
   });
 
   describe("OpenAI's Python client", function () {
-    const python = ['python3', 'python'].find((py) => spawnSync(py, ['--version'], { stdio: 'ignore' }).status === 0);
+    const python = testPython();
     const clientImports = () =>
       Boolean(python) &&
       spawnSync(

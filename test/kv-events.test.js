@@ -17,19 +17,23 @@ const { createServer } = require('..');
 const { blockHashes } = require('../lib/server/kv-events');
 const { MODEL } = require('./helpers');
 const { waitFor } = require('./serve-helpers');
+const { testPython } = require('../scripts/python');
 
 const CONSUMER = path.join(__dirname, 'kv-consumer.py');
+const PYTHON = testPython() || 'python3';
 
 function consumerMissing() {
-  const probe = spawnSync('python3', ['-c', 'import zmq, msgpack; from dynamo._core import RadixTree'], {
+  const probe = spawnSync(PYTHON, ['-c', 'import zmq, msgpack; from dynamo._core import RadixTree'], {
     encoding: 'utf8',
   });
-  return probe.status === 0 ? null : (probe.stderr || probe.error || 'python3 not found').toString().trim();
+  return probe.status === 0
+    ? null
+    : (probe.stderr || probe.error || 'no python3 (npm run setup installs the consumer)').toString().trim();
 }
 
 /** The consumer process: `ask(command)` writes one JSON line and resolves with its answer. */
 function startConsumer(endpoints) {
-  const child = spawn('python3', [CONSUMER, ...endpoints], { stdio: ['pipe', 'pipe', 'pipe'] });
+  const child = spawn(PYTHON, [CONSUMER, ...endpoints], { stdio: ['pipe', 'pipe', 'pipe'] });
   let stderr = '';
   child.stderr.on('data', (d) => (stderr += d));
   const lines = readline.createInterface({ input: child.stdout });

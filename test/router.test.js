@@ -18,13 +18,15 @@ const { spawn, spawnSync } = require('node:child_process');
 const OpenAI = require('openai');
 const { startServer, stopServer, waitFor } = require('./serve-helpers');
 const { freePort } = require('../bench/common');
+const { pythonTool } = require('../scripts/python');
 
 const REPLICA_ARGS = ['--ctx-size', '2048', '--threads', '1', '--parallel', '2', '--no-ui'];
 
 /** The sglang-router command on PATH, or null. */
 function routerCommand() {
-  const found = spawnSync('sglang-router', ['--help'], { encoding: 'utf8' });
-  return found.status === 0 ? 'sglang-router' : null;
+  const command = pythonTool('sglang-router');
+  const found = spawnSync(command, ['--help'], { encoding: 'utf8' });
+  return found.status === 0 ? command : null;
 }
 
 /**

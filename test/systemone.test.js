@@ -10,6 +10,7 @@ const path = require('node:path');
 const { spawnSync, spawn } = require('node:child_process');
 const Ajv2020 = require('ajv/dist/2020').default;
 const { startServer, stopServer } = require('./serve-helpers');
+const { testPython } = require('../scripts/python');
 
 const KEY = 'decisions-key';
 const ajv = new Ajv2020({ strict: false, allErrors: true });
@@ -183,7 +184,7 @@ describe('POST /v1/systemone (llama-branch serve)', function () {
   });
 
   describe('the Python systemone-client against the server', function () {
-    const python = ['python3', 'python'].find((py) => spawnSync(py, ['--version'], { stdio: 'ignore' }).status === 0);
+    const python = testPython();
     const hasClient = python && spawnSync(python, ['-c', 'import systemone'], { stdio: 'ignore' }).status === 0;
     const missing = python
       ? 'the systemone-client package is not installed (pip install systemone-client)'

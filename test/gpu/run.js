@@ -12,8 +12,9 @@
  *      packages): reused when `npm test` already built them (it does whenever the Vulkan build
  *      prerequisites are installed, as `.ci/run` arranges), else built now after installing
  *      those prerequisites with apt; the build's duration is printed;
- *   3. the three tarballs installed with `npm install --offline` into a scratch project (install
- *      time and the Vulkan package's size printed);
+ *   3. the three tarballs installed into a scratch project (test/install/scratch.js: offline, an
+ *      empty npm cache, the dependency closure packed from node_modules; install time and the
+ *      Vulkan package's size printed);
  *   4. the default model, then mocha on test/gpu/ against the installed package
  *      (LLAMA_BRANCH_PACKAGE);
  *   5. the fallback: with the Vulkan loader broken (a libvulkan.so.1 that is not a library first
@@ -34,7 +35,8 @@ const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const { repoRoot, run, formatDuration } = require('../../scripts/env');
 const { ensureVulkanDriver, installVulkanBuild } = require('../../scripts/vulkan');
-const { ensureTarballs, dependencyTarballs, noCompilerEnv, COMPILERS } = require('../install/prebuilt');
+const { ensureTarballs, noCompilerEnv, COMPILERS } = require('../install/prebuilt');
+const { scratchInstall } = require('../install/scratch');
 const { platformPackageName } = require('../../lib/loader');
 
 const node = process.execPath;
@@ -117,32 +119,16 @@ function main() {
         if (!spawnSync(tool, ['--version'], { env: scratch, stdio: 'ignore' }).error)
           throw new Error(`${tool} is reachable from the scratch PATH`);
       }
-      fs.mkdirSync(project);
-      fs.writeFileSync(
-        path.join(project, 'package.json'),
-        '{ "name": "scratch", "version": "1.0.0", "private": true }\n',
-      );
-      const started = Date.now();
-      const res = spawnSync(
-        path.join(dir, 'bin', 'npm'),
-        [
-          'install',
-          '--offline',
-          '--no-audit',
-          '--no-fund',
-          tarballs.main,
-          tarballs.platform,
-          tarballs.vulkan,
-          ...dependencyTarballs(dir),
-        ],
-        { cwd: project, env: scratch, encoding: 'utf8' },
-      );
-      if (res.status !== 0) throw new Error(`npm install exited with ${res.status}: ${res.stdout}\n${res.stderr}`);
+      const res = scratchInstall({
+        dir,
+        tarballs: [tarballs.main, tarballs.platform, tarballs.vulkan],
+        env: scratch,
+        npm: [path.join(dir, 'bin', 'npm'), []],
+      });
+      if (res.status !== 0) throw new Error(`npm install exited with ${res.status}: ${res.output}`);
       const vulkanDir = path.join(project, 'node_modules', platformPackageName('vulkan'));
       const size = fs.readdirSync(vulkanDir).reduce((sum, f) => sum + fs.statSync(path.join(vulkanDir, f)).size, 0);
-      console.error(
-        `installed in ${formatDuration(Date.now() - started)}; ${platformPackageName('vulkan')}: ${mib(size)} unpacked`,
-      );
+      console.error(`installed in ${formatDuration(res.ms)}; ${platformPackageName('vulkan')}: ${mib(size)} unpacked`);
       return 0;
     });
     step('llama-branch devices (in the scratch project)', () => {

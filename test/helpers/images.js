@@ -10,6 +10,7 @@ const path = require('node:path');
 const zlib = require('node:zlib');
 const { spawnSync } = require('node:child_process');
 const { startServer } = require('../serve-helpers');
+const { testPython } = require('../../scripts/python');
 
 const SCRIPT = path.join(__dirname, 'make-mmproj.py');
 
@@ -25,7 +26,7 @@ function projectorPath(nEmbd = 640) {
   if (fs.existsSync(file)) return file;
   fs.mkdirSync(dir, { recursive: true });
   const tmp = `${file}.${process.pid}.tmp`;
-  const res = spawnSync('python3', [SCRIPT, tmp, '--n-embd', String(nEmbd)], { encoding: 'utf8' });
+  const res = spawnSync(testPython() || 'python3', [SCRIPT, tmp, '--n-embd', String(nEmbd)], { encoding: 'utf8' });
   if (res.status !== 0) {
     throw new Error(
       `writing the test projector failed (${(res.stderr || res.error?.message || '').trim().split('\n').pop()}); ` +
@@ -231,7 +232,7 @@ function jpeg(width, height, { seed = 1, pixel } = {}) {
 }
 
 /** Whether PyPI `gguf`, the test projector's writer, is installed (`npm run setup` installs it). */
-const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
+const hasWriter = spawnSync(testPython() || 'python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
 const MISSING_WRITER = 'the Python gguf package is not installed (python3 -m pip install gguf==0.19.0)';
 
 /**
@@ -242,7 +243,7 @@ const MISSING_WRITER = 'the Python gguf package is not installed (python3 -m pip
 function projectorMissing() {
   if (hasWriter || process.env.CI === 'true') return false;
   it(`not run here: ${MISSING_WRITER}`, function () {
-    if (spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0)
+    if (spawnSync(testPython() || 'python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0)
       throw new Error('gguf is installed after all');
   });
   return true;

@@ -7,11 +7,11 @@
  *
  *   1. `npm pack` into a temporary directory, and check the file list (sources and build files
  *      in; tests, models and build outputs out);
- *   2. create a scratch project there and `npm install <tarball>` (offline: its one runtime
- *      dependency, the pure-JS @msgpack/msgpack of --kv-events, comes from npm's cache, where
- *      `npm ci` put it), which runs the package's install hook = the native build. The
- *      cargo target directory is the shared one (CARGO_TARGET_DIR, else ~/.cache/llama-branch/
- *      target), so llama.cpp is not compiled again; only this crate is;
+ *   2. install the tarball into a scratch project (test/install/scratch.js: offline, an empty npm
+ *      cache and HOME of its own, the runtime dependencies as tarballs packed from node_modules),
+ *      which runs the package's install hook = the native build. The cargo target directory is
+ *      the shared one (CARGO_TARGET_DIR, else ~/.cache/llama-branch/target), so llama.cpp is not
+ *      compiled again; only this crate is;
  *   3. in the scratch project, `require('llama-branch')` and generate a few tokens on the test
  *      model (LLAMA_TEST_MODEL, else the default model).
  *
@@ -23,6 +23,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const { repoRoot, cargoEnv, formatDuration, npmCommand } = require('../../scripts/env');
+const { scratchInstall } = require('./scratch');
 
 function log(msg) {
   console.log(`[test-pack] ${msg}`);
@@ -80,22 +81,16 @@ function main() {
     log(`packed ${info.filename}: ${files.length} files, ${(info.size / 1024).toFixed(0)} KiB`);
 
     // 2. Install into a scratch project (runs the install hook: the native build).
-    const project = path.join(dir, 'project');
-    fs.mkdirSync(project);
-    fs.writeFileSync(
-      path.join(project, 'package.json'),
-      JSON.stringify({ name: 'scratch', version: '1.0.0', private: true }, null, 2),
-    );
-    log(
-      'npm install <tarball> in a scratch project (builds the addon; llama.cpp comes from the shared cargo target dir) ...',
-    );
-    const installStarted = Date.now();
-    const installed = npm(
-      ['install', '--offline', '--no-audit', '--no-fund', '--foreground-scripts', path.join(dir, info.filename)],
-      project,
-    );
-    if (installed.status !== 0) die(`npm install exited with ${installed.status}`);
-    log(`installed in ${formatDuration(Date.now() - installStarted)}`);
+    log('npm install <tarball> offline in a scratch project, empty npm cache (builds the addon) ...');
+    const installed = scratchInstall({
+      dir,
+      tarballs: [path.join(dir, info.filename)],
+      env: cargoEnv(),
+      foregroundScripts: true,
+    });
+    if (installed.status !== 0) die(`npm install exited with ${installed.status}:\n${installed.output}`);
+    log(`installed in ${formatDuration(installed.ms)}`);
+    const { project } = installed;
 
     // 3. Use it like a consumer would.
     const program = `

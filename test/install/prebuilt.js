@@ -33,6 +33,7 @@ const { repoRoot, addonPath, formatDuration, npmCli } = require('../../scripts/e
 const { distDir, addonFileName } = require('../../scripts/build-prebuilt');
 const { platformKey, platformPackageName } = require('../../lib/loader');
 const { vulkanBuildEnv } = require('../../scripts/vulkan');
+const { scratchNpmEnv, scratchInstall } = require('./scratch');
 
 const INSTALL_LIMIT_MS = 60000;
 const COMPILERS = ['cargo', 'rustc', 'cmake', 'cc', 'gcc', 'g++', 'c++', 'clang', 'make'];
@@ -117,13 +118,13 @@ function ensureTarballs({ vulkan = vulkanBuildEnv() !== null } = {}) {
 
 /**
  * An environment without a compiler: PATH is one folder with node, npm and sh only; HOME,
- * CARGO_HOME, RUSTUP_HOME and the npm cache are empty scratch folders; no proxy, no registry.
+ * CARGO_HOME, RUSTUP_HOME and npm's cache and configuration are empty scratch folders
+ * (scratchNpmEnv); no proxy, no registry.
  */
 function noCompilerEnv(dir) {
   const bin = path.join(dir, 'bin');
   const home = path.join(dir, 'home');
   fs.mkdirSync(bin);
-  fs.mkdirSync(home);
   fs.symlinkSync(process.execPath, path.join(bin, 'node'));
   // npm runs lifecycle scripts through `sh` found on PATH.
   fs.symlinkSync(fs.existsSync('/bin/sh') ? '/bin/sh' : '/usr/bin/sh', path.join(bin, 'sh'));
@@ -135,53 +136,25 @@ function noCompilerEnv(dir) {
     // Keep the test's own settings; drop npm's per-run variables, llama-branch's build and
     // binary switches, cargo's and the compilers'.
     if (
-      /^(npm_|LLAMA_BRANCH_|CARGO|RUSTUP|RUSTC|CC$|CXX$|CMAKE|LIBCLANG|BINDGEN|HTTPS?_PROXY|https?_proxy|NODE_OPTIONS)/.test(
+      /^(npm_|LLAMA_BRANCH_|CARGO|RUSTUP|RUSTC|CC$|CXX$|CMAKE|CCACHE|LIBCLANG|BINDGEN|HTTPS?_PROXY|https?_proxy|NODE_OPTIONS)/.test(
         k,
       )
     )
       continue;
     env[k] = v;
   }
-  return {
+  return scratchNpmEnv(dir, {
     ...env,
     PATH: bin,
     HOME: home,
     CARGO_HOME: path.join(home, '.cargo'),
     RUSTUP_HOME: path.join(home, '.rustup'),
-    npm_config_cache: path.join(dir, 'npm-cache'),
-    npm_config_registry: 'http://127.0.0.1:9/',
-    npm_config_update_notifier: 'false',
-  };
+    CCACHE_DIR: path.join(home, '.ccache'),
+  });
 }
 
 function npmCliOrDie() {
   return npmCli() || die('cannot find npm-cli.js (run this through npm, or put npm on PATH)');
-}
-
-/**
- * Tarballs of the package's runtime dependencies (pure JS, e.g. @msgpack/msgpack), packed from
- * this repository's node_modules into `dir`: the registry is unreachable in the scratch install,
- * where a user's install would fetch them, so they are installed beside the two tarballs.
- */
-function dependencyTarballs(dir) {
-  const deps = Object.keys(JSON.parse(fs.readFileSync(path.join(repoRoot, 'package.json'), 'utf8')).dependencies || {});
-  return deps.map((dep) => {
-    const packed = spawnSync(
-      process.execPath,
-      [
-        npmCliOrDie(),
-        'pack',
-        '--ignore-scripts',
-        '--json',
-        '--pack-destination',
-        dir,
-        path.join(repoRoot, 'node_modules', dep),
-      ],
-      { encoding: 'utf8' },
-    );
-    if (packed.status !== 0) die(`npm pack of the dependency ${dep} failed:\n${packed.stdout}\n${packed.stderr}`);
-    return path.join(dir, JSON.parse(packed.stdout)[0].filename);
-  });
 }
 
 /** The program run in the scratch project: load, report, generate greedily. */
@@ -226,30 +199,15 @@ function main() {
     }
     log(`no compiler reachable (${COMPILERS.join(', ')} hidden), registry unreachable, --offline`);
 
-    // 2. Install both tarballs.
-    const project = path.join(dir, 'project');
-    fs.mkdirSync(project);
-    fs.writeFileSync(
-      path.join(project, 'package.json'),
-      JSON.stringify({ name: 'scratch', version: '1.0.0', private: true }, null, 2),
-    );
-    const installStarted = Date.now();
-    const installed = spawnSync(
-      path.join(dir, 'bin', 'npm'),
-      [
-        'install',
-        '--offline',
-        '--no-audit',
-        '--no-fund',
-        '--foreground-scripts',
-        tarballs.main,
-        tarballs.platform,
-        ...dependencyTarballs(dir),
-      ],
-      { cwd: project, env, encoding: 'utf8' },
-    );
-    const installMs = Date.now() - installStarted;
-    const output = `${installed.stdout}\n${installed.stderr}`;
+    // 2. Install both tarballs (and the dependency closure, packed from node_modules).
+    const installed = scratchInstall({
+      dir,
+      tarballs: [tarballs.main, tarballs.platform],
+      env,
+      npm: [path.join(dir, 'bin', 'npm'), []],
+      foregroundScripts: true,
+    });
+    const { project, output, ms: installMs } = installed;
     if (installed.status !== 0) die(`npm install exited with ${installed.status}:\n${output}`);
     if (!/using the prebuilt binary from llama-branch-/.test(output))
       die(`the install script did not report using the prebuilt binary:\n${output}`);
@@ -386,4 +344,4 @@ function main() {
 
 if (require.main === module) main();
 
-module.exports = { ensureTarballs, dependencyTarballs, noCompilerEnv, COMPILERS, INSTALL_LIMIT_MS };
+module.exports = { ensureTarballs, noCompilerEnv, COMPILERS, INSTALL_LIMIT_MS };

@@ -17,6 +17,7 @@ const { createContext, createServer } = require('../..');
 const { MODEL } = require('../helpers');
 const { projectorPath, png } = require('../helpers/images');
 const { browserPath } = require('../../scripts/env');
+const { testPython } = require('../../scripts/python');
 
 const ROOT = path.join(__dirname, '..', '..');
 const SHOTS = path.join(ROOT, 'build', 'ui-screenshots');
@@ -463,10 +464,10 @@ describe('the live page in Chromium', function () {
     }
   });
 
-  const hasWriter = spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
+  const hasWriter = spawnSync(testPython() || 'python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status === 0;
   if (!hasWriter && process.env.CI !== 'true') {
     it('not run here: the image thumbnail test needs the Python gguf package (python3 -m pip install gguf==0.19.0)', () =>
-      assert.notEqual(spawnSync('python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0));
+      assert.notEqual(spawnSync(testPython() || 'python3', ['-c', 'import gguf'], { stdio: 'ignore' }).status, 0));
     return;
   }
 
