@@ -33,6 +33,7 @@
  * | `ERR_CONTEXT_DISPOSED` | the context was disposed |
  * | `ERR_CONTEXT_BUSY` | a re-entrant call while the context's own state is borrowed (does not arise in ordinary use; sync calls wait for queued work) |
  * | `ERR_BRANCH_DISPOSED` | the branch was pruned, destroyed or released by `retainOnly` |
+ * | `ERR_BRANCH_PARKED` | the branch is parked (no sequence, no KV cells), or a parked child still needs its cells |
  * | `ERR_FOREIGN_BRANCH` | a branch of another context was passed to a `BranchStore` |
  * | `ERR_MODEL_NOT_FOUND` | `modelPath` does not name a file |
  * | `ERR_MODEL_LOAD` | the file is not a loadable GGUF model |
@@ -68,6 +69,7 @@ export type ErrorCode =
   | 'ERR_CONTEXT_DISPOSED'
   | 'ERR_CONTEXT_BUSY'
   | 'ERR_BRANCH_DISPOSED'
+  | 'ERR_BRANCH_PARKED'
   | 'ERR_FOREIGN_BRANCH'
   | 'ERR_MODEL_NOT_FOUND'
   | 'ERR_MODEL_LOAD'
@@ -600,6 +602,38 @@ export interface RestoredTree {
   meta: string;
   /** Size of the file. */
   bytes: number;
+}
+
+/** {@link Branch.parkedInfo} of a parked branch. */
+export interface ParkedInfo {
+  /** Cells it shared with its parent when parked: tagged back on resume, never copied. */
+  shared: number;
+  /** Its own cells, kept in RAM or in the spill file. */
+  own: number;
+  /** The spill file while its state is on disk; null while in RAM. */
+  file: string | null;
+}
+
+/** Options of {@link BranchStore.setParkSpill}. */
+export interface ParkSpillOptions {
+  /** Bytes of parked state kept in host memory; the oldest beyond it spill to `dir`. */
+  ramBytes?: number;
+  /** The folder of spill files (created when missing); required with `ramBytes`. */
+  dir?: string;
+}
+
+/** What {@link BranchStore.parkStats} returns (sizes in bytes). */
+export interface ParkStats {
+  /** Branches parked now. */
+  parked: number;
+  /** Host memory parked branches take: their cells, snapshots and kept sampling candidates. */
+  ramBytes: number;
+  /** Bytes of their spill files. */
+  diskBytes: number;
+  /** Parked branches whose state is in a spill file. */
+  spilled: number;
+  /** Why the last spill failed (those branches stayed in RAM); null when none did. */
+  lastSpillError: string | null;
 }
 
 /** Lazy-grammar triggers for {@link Branch.setGrammar}: unconstrained until one appears. */

@@ -431,6 +431,44 @@ class Branch {
     wrapFreed(this._ctx, freed);
   }
 
+  /**
+   * Parks the branch: it gives back its sequence and its own KV cells (those beyond the prefix it
+   * shares with its parent) and keeps what it needs to go on — those cells' state (in RAM, or in
+   * a spill file beyond `store.setParkSpill`'s budget), its logits snapshot, sampler, grammar and
+   * perplexities. Every operation that needs its KV is then `ERR_BRANCH_PARKED` until
+   * {@link resume}. Its children stay valid. Runs on the context's worker in call order.
+   * @returns {Promise<void>}
+   */
+  park() {
+    return this._live()._storePark([this._handle]);
+  }
+
+  /**
+   * Resumes a parked branch on a free sequence (and first its parked ancestors whose cells it
+   * needs): its own cells loaded back, the parent's prefix shared again, nothing re-decoded; it
+   * continues exactly where it was parked. `ERR_NO_FREE_SEQUENCE` / `ERR_KV_FULL` before
+   * anything changes; a damaged spill file is `ERR_STATE_CORRUPT` and the branch stays parked.
+   * @returns {Promise<void>}
+   */
+  async resume() {
+    await this._live()._storeResume([this._handle]);
+  }
+
+  /** True while parked ({@link park}). */
+  get parked() {
+    return this._info().parked;
+  }
+
+  /**
+   * While parked: `{ shared, own, file }` (cells shared with the parent, its own cells, the
+   * spill file or null while in RAM); null when not parked.
+   * @returns {import('./types').ParkedInfo | null}
+   */
+  get parkedInfo() {
+    const info = this._live()._branchParked(this._handle);
+    return info ? { shared: info.shared, own: info.own, file: info.file ?? null } : null;
+  }
+
   _info() {
     return this._live()._branchInfo(this._handle);
   }
@@ -443,7 +481,7 @@ class Branch {
   get disposed() {
     return isDisposed(this);
   }
-  /** The leased KV sequence id. */
+  /** The leased KV sequence id (-1 while parked). */
   get seqId() {
     return this._info().seqId;
   }

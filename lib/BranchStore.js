@@ -196,6 +196,71 @@ class BranchStore {
     return { root: branches[0], branches, parents: restored.parents, meta: restored.meta, bytes: restored.bytes };
   }
 
+  /**
+   * Parks several branches in one worker job (children before parents, so that each keeps only
+   * its own cells; see {@link Branch#park}). All or nothing.
+   * @param {readonly Branch[]} branches
+   * @returns {Promise<void>}
+   */
+  async park(branches) {
+    await nativeOf(this._ctx)._storePark(this._handles(branches, 'BranchStore.park'));
+  }
+
+  /**
+   * Resumes several parked branches (see {@link Branch#resume}), and first the parked ancestors
+   * they need; resolves every branch resumed, parents first. All or nothing.
+   * @param {readonly Branch[]} branches
+   * @returns {Promise<Branch[]>}
+   */
+  async resume(branches) {
+    const resumed = await nativeOf(this._ctx)._storeResume(this._handles(branches, 'BranchStore.resume'));
+    return resumed.map((handle) => wrapperOf(this._ctx, handle));
+  }
+
+  /**
+   * Where parked state goes: up to `ramBytes` of it stays in host memory, the oldest beyond it
+   * spills into `dir` (one checksummed file per branch, written atomically, removed when the
+   * branch resumes or is freed). Without options everything stays in RAM. For the context.
+   * @param {import('./types').ParkSpillOptions} [options]
+   * @returns {void}
+   */
+  setParkSpill(options) {
+    const where = 'BranchStore.setParkSpill';
+    if (options != null && typeof options !== 'object')
+      throw makeError('ERR_INVALID_ARG', `${where}: options must be an object { ramBytes, dir }`);
+    const { ramBytes, dir } = options || {};
+    if (dir !== undefined && (typeof dir !== 'string' || dir === ''))
+      throw makeError('ERR_INVALID_ARG', `${where}: options.dir must be a folder path`);
+    if (ramBytes !== undefined && typeof ramBytes !== 'number')
+      throw makeError('ERR_INVALID_ARG', `${where}: options.ramBytes must be a number of bytes`);
+    nativeOf(this._ctx)._storeParkSpill(ramBytes, dir);
+  }
+
+  /**
+   * `{ parked, ramBytes, diskBytes, spilled, lastSpillError }` of the context's parked branches.
+   * @returns {import('./types').ParkStats}
+   */
+  parkStats() {
+    const stats = nativeOf(this._ctx)._storeParkStats();
+    return { ...stats, lastSpillError: stats.lastSpillError ?? null };
+  }
+
+  /** Host memory parked branches take now (bytes; spilled ones not counted). */
+  get parkedBytes() {
+    return this.parkStats().ramBytes;
+  }
+
+  /**
+   * @param {readonly Branch[]} branches
+   * @param {string} where
+   * @returns {number[]}
+   */
+  _handles(branches, where) {
+    if (!Array.isArray(branches))
+      throw makeError('ERR_INVALID_ARG', `${where}(branches): pass an array of Branch objects`);
+    return branches.map((b) => branchHandle(this._ctx, b, where));
+  }
+
   /** Number of free sequence leases. Waits for queued operations. */
   get available() {
     return nativeOf(this._ctx)._storeAvailable();

@@ -181,6 +181,15 @@ export declare class SessionContext {
   clonePerplexityTracker(handle: number): number
   /** Frees a tracker. An unknown or already freed handle is an error. */
   freePerplexityTracker(handle: number): void
+  /** Parks the branches (children before parents); all or nothing. */
+  _storePark(handles: number[]): Promise<void>
+  /** Resumes the branches and the parked ancestors they need; resolves every handle resumed. */
+  _storeResume(handles: number[]): Promise<number[]>
+  /** Parked state beyond `ramBytes` spills into `dir` (both null: everything stays in RAM). */
+  _storeParkSpill(ramBytes?: number | undefined | null, dir?: string | undefined | null): void
+  _storeParkStats(): ParkStatsInfo
+  /** The parked record of a branch, or null when it is not parked. */
+  _branchParked(handle: number): ParkedInfo | null
   decode(tokens: number[], position: number, seqId?: number, cancel?: CancelToken): Promise<void>
   /**
    * Raw decode (as `decode`) that also returns a copy of the last token's logits, taken on
@@ -340,6 +349,7 @@ export interface AdvancedSamplingParams {
 }
 
 export interface BranchInfo {
+  /** -1 while parked (a parked branch holds no sequence). */
   seqId: number
   position: number
   forkHead: number
@@ -351,6 +361,7 @@ export interface BranchInfo {
   hasLogits: boolean
   stochastic: boolean
   hasGrammar: boolean
+  parked: boolean
 }
 
 /** Options for {@link createContext}. */
@@ -602,6 +613,30 @@ export interface OffloadInfo {
   totalLayers: number
   /** The devices that took layers, in order (empty: CPU only). */
   devices: Array<string>
+}
+
+/** What `branch.parkedInfo` returns for a parked branch. */
+export interface ParkedInfo {
+  /** Cells shared with its parent when parked (tagged back on resume, never copied). */
+  shared: number
+  /** Its own cells, kept in RAM or in the spill file. */
+  own: number
+  /** The spill file, while spilled; null while in RAM. */
+  file?: string
+}
+
+/** What `store.parkStats()` returns (sizes in bytes). */
+export interface ParkStatsInfo {
+  /** Branches parked now. */
+  parked: number
+  /** Host memory their cells, snapshots and kept sampling candidates take. */
+  ramBytes: number
+  /** Bytes of their spill files. */
+  diskBytes: number
+  /** Parked branches whose state is in a spill file. */
+  spilled: number
+  /** Why the last spill failed (those branches stayed in RAM); null when none did. */
+  lastSpillError?: string
 }
 
 /** Repetition penalties. Present (even `{}`) = enabled with these defaults. */

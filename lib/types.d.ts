@@ -48,4 +48,7 @@ export type {
   SaveTreeOptions,
   SavedTree,
   RestoredTree,
+  ParkedInfo,
+  ParkSpillOptions,
+  ParkStats,
 } from '../index';

@@ -20,6 +20,9 @@ pub enum Error {
     )]
     BranchDisposed,
 
+    #[error("{0}")]
+    BranchParked(String),
+
     #[error("{0}: the branch belongs to another context; pass branches of this store's context")]
     ForeignBranch(String),
 
@@ -169,6 +172,7 @@ codes! {
     ContextDisposed => "ERR_CONTEXT_DISPOSED",
     ContextBusy => "ERR_CONTEXT_BUSY",
     BranchDisposed => "ERR_BRANCH_DISPOSED",
+    BranchParked => "ERR_BRANCH_PARKED",
     ForeignBranch => "ERR_FOREIGN_BRANCH",
     ModelNotFound => "ERR_MODEL_NOT_FOUND",
     ModelLoad => "ERR_MODEL_LOAD",

@@ -460,6 +460,20 @@ const CASES = [
     },
   },
   {
+    name: 'park-search',
+    file: 'park-search.js',
+    args: ['--width', '3', '--depth', '3', '--n-seq-max', '4', '--spill-dir', 'build/park-spill', '--ram-mib', '0'],
+    validate(events) {
+      assert.equal(one(events, 'start').nSeqMax, 4);
+      const done = one(events, 'complete');
+      assert.equal(done.nodes, 3 + 9 + 27, 'every node of the tree was made');
+      assert.ok(done.nodes > 4 * 8, 'more nodes than nSeqMax x 8');
+      assert.ok(done.peakLeases <= 4, `peak leases ${done.peakLeases}`);
+      assert.ok(done.bestText.length > 0 && done.bestPerplexity >= 1, JSON.stringify(done));
+      assert.equal(done.spilledAtEnd, 0, 'every spill file went with its branch');
+    },
+  },
+  {
     name: 'embeddings',
     file: 'embeddings.js',
     validate(events) {

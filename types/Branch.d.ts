@@ -224,11 +224,36 @@ export class Branch implements AsyncIterable<BranchToken> {
      * @returns {number | undefined}
      */
     destroy(): number | undefined;
+    /**
+     * Parks the branch: it gives back its sequence and its own KV cells (those beyond the prefix it
+     * shares with its parent) and keeps what it needs to go on — those cells' state (in RAM, or in
+     * a spill file beyond `store.setParkSpill`'s budget), its logits snapshot, sampler, grammar and
+     * perplexities. Every operation that needs its KV is then `ERR_BRANCH_PARKED` until
+     * {@link resume}. Its children stay valid. Runs on the context's worker in call order.
+     * @returns {Promise<void>}
+     */
+    park(): Promise<void>;
+    /**
+     * Resumes a parked branch on a free sequence (and first its parked ancestors whose cells it
+     * needs): its own cells loaded back, the parent's prefix shared again, nothing re-decoded; it
+     * continues exactly where it was parked. `ERR_NO_FREE_SEQUENCE` / `ERR_KV_FULL` before
+     * anything changes; a damaged spill file is `ERR_STATE_CORRUPT` and the branch stays parked.
+     * @returns {Promise<void>}
+     */
+    resume(): Promise<void>;
+    /** True while parked ({@link park}). */
+    get parked(): boolean;
+    /**
+     * While parked: `{ shared, own, file }` (cells shared with the parent, its own cells, the
+     * spill file or null while in RAM); null when not parked.
+     * @returns {import('../lib/types').ParkedInfo | null}
+     */
+    get parkedInfo(): import("../lib/types").ParkedInfo | null;
     /** Opaque native handle (a non-zero integer), as used by {@link parent} and {@link children}. */
     get handle(): number;
     /** True once pruned, destroyed or released by `retainOnly`. Never throws. */
     get disposed(): boolean;
-    /** The leased KV sequence id. */
+    /** The leased KV sequence id (-1 while parked). */
     get seqId(): number;
     /** The next position to write (number of tokens in this branch's sequence). */
     get position(): number;

@@ -126,6 +126,35 @@ export class BranchStore {
      * @returns {Promise<import('../lib/types').SavedTree>}
      */
     saveTree(root: Branch, path: string, options?: import("../lib/types").SaveTreeOptions): Promise<import("../lib/types").SavedTree>;
+    /**
+     * Parks several branches in one worker job (children before parents, so that each keeps only
+     * its own cells; see {@link Branch#park}). All or nothing.
+     * @param {readonly Branch[]} branches
+     * @returns {Promise<void>}
+     */
+    park(branches: readonly Branch[]): Promise<void>;
+    /**
+     * Resumes several parked branches (see {@link Branch#resume}), and first the parked ancestors
+     * they need; resolves every branch resumed, parents first. All or nothing.
+     * @param {readonly Branch[]} branches
+     * @returns {Promise<Branch[]>}
+     */
+    resume(branches: readonly Branch[]): Promise<Branch[]>;
+    /**
+     * Where parked state goes: up to `ramBytes` of it stays in host memory, the oldest beyond it
+     * spills into `dir` (one checksummed file per branch, written atomically, removed when the
+     * branch resumes or is freed). Without options everything stays in RAM. For the context.
+     * @param {import('../lib/types').ParkSpillOptions} [options]
+     * @returns {void}
+     */
+    setParkSpill(options?: import("../lib/types").ParkSpillOptions): void;
+    /**
+     * `{ parked, ramBytes, diskBytes, spilled, lastSpillError }` of the context's parked branches.
+     * @returns {import('../lib/types').ParkStats}
+     */
+    parkStats(): import("../lib/types").ParkStats;
+    /** Host memory parked branches take now (bytes; spilled ones not counted). */
+    get parkedBytes(): number;
     /** Number of free sequence leases. Waits for queued operations. */
     get available(): number;
     /**

@@ -90,6 +90,8 @@ pub struct BranchState {
     pub(super) awaits_prefix: bool,
     /// The images whose positions this branch's cells hold, in order (engine/media.rs).
     pub images: Vec<super::media::ImageSpan>,
+    /// Set while parked (engine/park.rs): no sequence, no cells; `seq` and `runs` mean nothing.
+    pub(super) parked: Option<super::park::Parked>,
 }
 
 impl BranchState {
@@ -122,11 +124,15 @@ impl BranchState {
             runs,
             awaits_prefix: false,
             images: Vec::new(),
+            parked: None,
         }
     }
 
-    /// `ERR_INVALID_ARG` saying the supported order while the prefix has not arrived.
+    /// Every operation that reads or writes the branch's KV checks this first:
+    /// `ERR_BRANCH_PARKED` while parked, `ERR_INVALID_ARG` saying the supported order while the
+    /// prefix has not arrived.
     pub(super) fn check_has_prefix(&self) -> Result<()> {
+        self.check_not_parked()?;
         if self.awaits_prefix {
             return Err(Error::invalid(format!(
                 "the branch on sequence {seq} was created at position {pos} on an empty sequence and its prefix has not arrived: copy it in first with ctx.kvSeqCopy(src, {seq}) (or decode the prefix into sequence {seq} before creating the branch)",
@@ -165,11 +171,26 @@ impl BranchState {
         child
     }
 
+    /// `ERR_BRANCH_PARKED` while parked: its cells (and, once spilled, its snapshot) are elsewhere.
+    pub fn check_not_parked(&self) -> Result<()> {
+        match self.parked {
+            Some(_) => Err(Error::BranchParked(
+                "the branch is parked: it holds no sequence or KV cells until branch.resume() (or store.resume([...])) brings them back".into(),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    pub fn is_parked(&self) -> bool {
+        self.parked.is_some()
+    }
+
     pub fn has_logits(&self) -> bool {
         self.has_logits
     }
 
     pub fn logits(&self) -> Result<&[f32]> {
+        self.check_not_parked()?;
         if self.has_logits {
             Ok(&self.logits)
         } else {
@@ -192,6 +213,7 @@ impl BranchState {
     /// Samples from the snapshot (no KV write, no accept). `Ok(None)`: every token is masked.
     /// `scratch` receives the biased copy when there are biases.
     pub(super) fn sample(&mut self, scratch: &mut Vec<f32>) -> Result<Option<Token>> {
+        self.check_not_parked()?;
         if !self.has_logits {
             return Err(Error::NoLogits);
         }
@@ -321,6 +343,34 @@ impl BranchState {
                 self.has_logits = false;
             }
         }
+    }
+
+    /// Moves the snapshot row and its cached normalizer out (a spilled park writes them to disk).
+    pub(super) fn take_logits(&mut self) -> (Vec<f32>, Option<f64>) {
+        (std::mem::take(&mut self.logits), self.log_z.get())
+    }
+
+    /// Puts back what `take_logits` moved out, bit for bit (the normalizer is not recomputed:
+    /// a recomputed sum may differ in its last bits, and with it the perplexities).
+    pub(super) fn put_logits(&mut self, row: Vec<f32>, log_z: Option<f64>) {
+        self.logits = row;
+        self.log_z.set(log_z);
+    }
+
+    /// Frees the per-decode scratch a parked branch does not need: the pending row, and the
+    /// candidates unless a sampled token still waits for its accept (its sampling perplexity
+    /// reads them).
+    pub(super) fn free_scratch(&mut self) {
+        self.pending_logits = Vec::new();
+        if self.last_sampled.is_none() {
+            self.candidates = Vec::new();
+        }
+    }
+
+    /// Bytes of host memory the snapshot and the kept candidates take.
+    pub(super) fn snapshot_bytes(&self) -> u64 {
+        (self.logits.capacity() * 4 + self.candidates.capacity() * std::mem::size_of::<TokenData>())
+            as u64
     }
 
     /// Copies a logits row into the snapshot directly (after a raw decode).

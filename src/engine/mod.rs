@@ -14,6 +14,7 @@ pub mod kv_types;
 pub mod leases;
 pub mod media;
 pub mod metrics;
+pub mod park;
 pub mod placement;
 pub mod plan;
 pub mod pool;
@@ -26,12 +27,15 @@ pub mod speculate;
 pub mod state_file;
 pub mod step;
 pub mod store;
+pub mod store_sampling;
 pub mod tree;
 pub mod tree_file;
 pub mod warmup;
 
 #[cfg(test)]
 pub mod fake;
+#[cfg(test)]
+mod park_tests;
 #[cfg(test)]
 mod store_tests;
 

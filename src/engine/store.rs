@@ -14,7 +14,7 @@ use super::leases::LeasePool;
 use super::plan::Limits;
 use super::segments::{RunRef, Segments};
 use crate::error::{Error, Result};
-use crate::llama::{Batch, Pos, SeqId, Token};
+use crate::llama::{Batch, Pos, SeqId};
 
 /// `{nCtx, cellsUsed, remaining}`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -36,6 +36,8 @@ pub struct BranchStore {
     /// Whether a step of two single-token branches decodes as two 1-row batches (measured per
     /// machine, see `calibrate`).
     pub(super) split_pairs: bool,
+    /// Where parked branches' state goes beyond its RAM budget (engine/park.rs).
+    pub(super) park_spill: super::park::Spill,
 }
 
 /// A destroyed branch's sequence. It keeps referencing the runs it shared with live branches,
@@ -80,6 +82,7 @@ impl BranchStore {
             batch: Batch::default(),
             bias_scratch: Vec::new(),
             split_pairs,
+            park_spill: Default::default(),
         }
     }
 
@@ -121,10 +124,11 @@ impl BranchStore {
         if !self.leases.is_leased(seq) {
             return None;
         }
-        self.branches
-            .handles()
-            .into_iter()
-            .find(|&h| self.branches.get(h).is_some_and(|b| b.seq == seq))
+        self.branches.handles().into_iter().find(|&h| {
+            self.branches
+                .get(h)
+                .is_some_and(|b| b.seq == seq && !b.is_parked())
+        })
     }
 
     /// A sequence a throwaway decode may use and clear within one operation (see
@@ -394,12 +398,17 @@ impl BranchStore {
 
     /// Frees the branch and its KV tags; its children live on, re-parented to its parent.
     pub fn prune(&mut self, kv: &impl KvBackend, h: Handle) -> Result<Vec<Handle>> {
-        self.get(h)?;
+        if self.check_parked_children(kv, h).is_err() {
+            return self.keep_as_ghost(kv, h); // engine/park.rs: freed once nothing needs it
+        }
         self.unlink(h);
         let b = self.branches.remove(h).ok_or(Error::BranchDisposed)?;
-        self.segments.release_all(&b.runs);
-        kv.seq_rm(b.seq, -1, -1);
-        self.leases.release(b.seq);
+        if !b.is_parked() {
+            self.segments.release_all(&b.runs);
+            kv.seq_rm(b.seq, -1, -1);
+            self.leases.release(b.seq);
+        }
+        self.free_ghosts(kv);
         Ok(vec![h])
     }
 
@@ -422,8 +431,9 @@ impl BranchStore {
 
     /// Frees the branch but leaves its sequence's KV in place for raw `ctx` calls. The sequence
     /// id stays reserved until its cells are removed (e.g. `kvCacheRemove(seq, 0, -1)`).
-    pub fn destroy(&mut self, h: Handle) -> Result<SeqId> {
-        self.get(h)?;
+    pub fn destroy(&mut self, kv: &impl KvBackend, h: Handle) -> Result<SeqId> {
+        self.get(h)?.check_not_parked()?;
+        self.check_parked_children(kv, h)?;
         self.unlink(h);
         // The runs stay referenced by the detached sequence.
         let b = self.branches.remove(h).ok_or(Error::BranchDisposed)?;
@@ -438,6 +448,7 @@ impl BranchStore {
     /// Keeps only `winner` (one `seq_keep` pass); every other branch is freed.
     pub fn retain_only(&mut self, kv: &impl KvBackend, winner: Handle) -> Result<Vec<Handle>> {
         let w = self.get(winner)?;
+        w.check_not_parked()?;
         let (seq, held) = (w.seq, w.runs.iter().map(|r| r.used).sum::<u32>());
         kv.seq_keep(seq);
         let losers: Vec<Handle> = self
@@ -466,9 +477,10 @@ impl BranchStore {
     pub fn clear(&mut self, kv: &impl KvBackend) -> Vec<Handle> {
         let all = self.branches.handles();
         for &h in &all {
-            if let Some(b) = self.branches.remove(h) {
-                kv.seq_rm(b.seq, -1, -1);
-            }
+            match self.branches.remove(h) {
+                Some(b) if !b.is_parked() => kv.seq_rm(b.seq, -1, -1),
+                _ => true,
+            };
         }
         for d in self.detached.drain(..) {
             kv.seq_rm(d.seq, -1, -1);
@@ -497,88 +509,6 @@ impl BranchStore {
             cells_used,
             remaining: n_ctx.saturating_sub(cells_used),
         }
-    }
-
-    // -----------------------------------------------------------------------------------------
-    // Per-branch sampling state
-
-    /// Samples from the branch's snapshot (no KV write, no accept). `Ok(None)`: every token is masked.
-    pub fn sample(&mut self, h: Handle) -> Result<Option<Token>> {
-        let b = self.branches.get_mut(h).ok_or(Error::BranchDisposed)?;
-        b.sample(&mut self.bias_scratch)
-    }
-
-    /// `sample` for several branches, spread over the pool (each branch has its own sampler
-    /// state, so the order does not matter). One result per handle, in order.
-    pub fn sample_many(
-        &mut self,
-        handles: &[Handle],
-        pool: &super::pool::Pool,
-    ) -> Vec<Result<Option<Token>>> {
-        let _profile = super::profile::Phases::start("produce", handles.len());
-        let Some(branches) = self.branches.get_many_mut(handles) else {
-            // A stale or repeated handle: sample one by one, each gets its own result.
-            return handles.iter().map(|&h| self.sample(h)).collect();
-        };
-        let mut work: Vec<_> = branches.into_iter().map(|b| (b, Ok(None))).collect();
-        pool.for_each(&mut work, 4, |(b, result)| {
-            *result = b.sample(&mut Vec::new());
-        });
-        work.into_iter().map(|(_, r)| r).collect()
-    }
-
-    /// Advances the grammar and the penalty window, and records both perplexities.
-    pub fn accept(&mut self, h: Handle, token: Token) -> Result<()> {
-        let b = self.get_mut(h)?;
-        b.check_grammar(token)?;
-        let surprisal = b.surprisal_of(token);
-        b.apply_accept(token, surprisal);
-        Ok(())
-    }
-
-    /// Copies the context's last logits row into the branch (right after a raw decode for it).
-    pub fn capture_logits(&mut self, kv: &impl KvBackend, h: Handle) -> Result<()> {
-        let row = kv.logits_row(-1)?;
-        self.get_mut(h)?.capture(row);
-        Ok(())
-    }
-
-    pub fn set_steer(&mut self, h: Handle, biases: Vec<(Token, f32)>) -> Result<()> {
-        self.get_mut(h)?.steer = biases;
-        Ok(())
-    }
-
-    pub fn reseed(&mut self, h: Handle, seed: u32, n_vocab: i32) -> Result<()> {
-        self.get_mut(h)?.sampling.chain.reseed(seed, n_vocab)
-    }
-
-    /// Replaces the sampler chain (the penalty window and RNG start fresh); a new grammar, when
-    /// given, replaces the old one.
-    pub fn set_sampling(&mut self, h: Handle, sampling: BranchSampling) -> Result<()> {
-        let b = self.get_mut(h)?;
-        b.sampling.chain = sampling.chain;
-        b.sampling.history.chain.clear();
-        if sampling.grammar.is_some() {
-            b.sampling.grammar = sampling.grammar;
-            b.sampling.grammar_spec = sampling.grammar_spec;
-            b.sampling.history.grammar.clear();
-        }
-        Ok(())
-    }
-
-    /// Installs (or with `None`, removes) a grammar; lazy grammars wait for a trigger.
-    pub fn set_grammar(
-        &mut self,
-        h: Handle,
-        grammar: Option<(crate::llama::Sampler, super::branch::GrammarSpec)>,
-    ) -> Result<()> {
-        let s = &mut self.get_mut(h)?.sampling;
-        (s.grammar, s.grammar_spec) = match grammar {
-            Some((g, spec)) => (Some(g), Some(spec)),
-            None => (None, None),
-        };
-        s.history.grammar.clear();
-        Ok(())
     }
 }
 

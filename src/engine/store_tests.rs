@@ -222,7 +222,7 @@ fn a_branch_named_twice_or_stale_is_refused() {
 fn destroy_keeps_the_cells_until_raw_calls_remove_them() {
     let (mut kv, mut store, _pool) = setup(64, 2);
     let r = root(&mut kv, &mut store, &[1, 2, 3]);
-    let seq = store.destroy(r).unwrap();
+    let seq = store.destroy(&kv, r).unwrap();
     assert_eq!(store.available(&kv), 1, "the sequence stays reserved");
     assert_eq!(store.kv_pressure(&kv).cells_used, 3);
     kv.seq_rm(seq, -1, -1);

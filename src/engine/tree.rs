@@ -156,7 +156,12 @@ impl BranchStore {
     }
 
     /// How many of `child`'s first cells a restored `parent` can give it (0: save it whole).
-    fn shareable(&self, kv: &impl KvBackend, parent: &BranchState, child: &BranchState) -> u32 {
+    pub(super) fn shareable(
+        &self,
+        kv: &impl KvBackend,
+        parent: &BranchState,
+        child: &BranchState,
+    ) -> u32 {
         // Prefix sharing assumes both sequences start at position 0.
         if parent.position != held(parent) || child.position != held(child) {
             return 0;

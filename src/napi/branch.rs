@@ -49,6 +49,7 @@ pub struct TokenLogprob {
 
 #[napi(object)]
 pub struct BranchInfo {
+    /// -1 while parked (a parked branch holds no sequence).
     pub seq_id: i32,
     pub position: i32,
     pub fork_head: i32,
@@ -60,6 +61,7 @@ pub struct BranchInfo {
     pub has_logits: bool,
     pub stochastic: bool,
     pub has_grammar: bool,
+    pub parked: bool,
 }
 
 fn all_masked() -> Error {
@@ -197,7 +199,7 @@ impl SessionContext {
     #[napi(js_name = "_branchDestroy")]
     pub fn _branch_destroy(&self, handle: f64) -> Result<i32> {
         let h = self.ids.from_js(handle).map_err(js)?;
-        self.sync("destroy", |e| e.store.destroy(h))
+        self.sync("destroy", |e| e.store.destroy(&e.ctx, h))
     }
 
     #[napi(js_name = "_branchInfo")]
@@ -207,7 +209,7 @@ impl SessionContext {
         self.sync("branch getter", |e| {
             let b = e.store.get(h)?;
             Ok(BranchInfo {
-                seq_id: b.seq,
+                seq_id: if b.is_parked() { -1 } else { b.seq },
                 position: b.position,
                 fork_head: b.fork_head,
                 parent: ids.to_js_opt(b.parent),
@@ -217,6 +219,7 @@ impl SessionContext {
                 has_logits: b.has_logits(),
                 stochastic: b.is_stochastic(),
                 has_grammar: b.has_grammar(),
+                parked: b.is_parked(),
             })
         })
     }

@@ -15,6 +15,7 @@ pub mod images;
 pub mod load;
 pub mod logits_view;
 pub mod metrics;
+pub mod park;
 pub mod raw;
 pub mod sampling;
 pub mod saved_state;

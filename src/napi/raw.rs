@@ -219,7 +219,7 @@ impl SessionContext {
                 .store
                 .live_handles()
                 .into_iter()
-                .filter(|&h| e.store.get(h).is_ok_and(|b| b.seq != seq))
+                .filter(|&h| e.store.get(h).is_ok_and(|b| b.seq != seq || b.is_parked()))
                 .count();
             if others > 0 {
                 return Err(Error::invalid(format!(

@@ -231,7 +231,9 @@ impl SessionContext {
         let state = self.sync("branch state", |e| {
             // A branch holding images is copied too: its cells hold them, and the prefix cache
             // keeps the images' places beside the bytes (`_branchRestore`'s `images`).
-            let seq = e.store.get(h)?.seq;
+            let b = e.store.get(h)?;
+            b.check_not_parked()?;
+            let seq = b.seq;
             ensure_not_empty(e, seq)?;
             e.ctx.seq_state(seq)
         })?;

@@ -41,6 +41,7 @@ pub struct Limits {
 pub enum Payload {
     Tree,
     Prefix,
+    Parked,
 }
 
 impl Payload {
@@ -48,12 +49,14 @@ impl Payload {
         match self {
             Payload::Tree => "tree",
             Payload::Prefix => "prefix",
+            Payload::Parked => "parked",
         }
     }
     pub(crate) fn noun(self) -> &'static str {
         match self {
             Payload::Tree => "branch tree file",
             Payload::Prefix => "prefix-cache file",
+            Payload::Parked => "parked branch's spill file",
         }
     }
 }
