@@ -64,19 +64,18 @@ async function search(ctx, { prompt, width, depth, park, onNode = () => {} }) {
       measure();
       const child = { branch, depth: node.depth + 1, tokens: [...node.tokens, token], score: branch.perplexity };
       onNode(child);
-      if (child.depth < depth) children.push(child);
-      else {
+      if (child.depth < depth) {
+        children.push(child);
+        if (park) await branch.park(); // before the next sibling takes a sequence
+      } else {
         if (!best || better(child, best) < 0) best = { tokens: child.tokens, score: child.score };
         if (park) await branch.prune(); // a leaf is never expanded: nothing to keep
       }
     }
     frontier.push(...children);
-    if (park) {
-      await store.park(children.map((c) => c.branch));
-      // The path resumed for this node goes back too (the root, never parked, stays).
-      const path = resumed.filter((b) => b !== root);
-      if (path.length > 0) await store.park(path);
-    }
+    // The path resumed for this node goes back too (the root, never parked, stays).
+    const path = resumed.filter((b) => b !== root);
+    if (park && path.length > 0) await store.park(path);
   }
   await root.pruneSubtree(); // parked nodes too: their spill files go with them
   const stats = store.parkStats();

@@ -379,7 +379,8 @@ impl BranchStore {
         Ok(vec![h])
     }
 
-    /// Frees every ghost no parked child needs any more (a resume may have brought it back).
+    /// Frees every ghost no parked child needs any more, and parks again the ones a resume
+    /// brought back for a child that others still need (a ghost never holds a lease for long).
     pub(super) fn free_ghosts(&mut self, kv: &impl KvBackend) {
         while let Some(i) = (self.park_spill.ghosts.iter())
             .position(|&g| !self.is_live(g) || self.check_parked_children(kv, g).is_ok())
@@ -388,6 +389,12 @@ impl BranchStore {
             if self.is_live(g) {
                 let _ = self.prune(kv, g);
             }
+        }
+        let back: Vec<Handle> = (self.park_spill.ghosts.iter().copied())
+            .filter(|&g| self.get(g).is_ok_and(|b| !b.is_parked()))
+            .collect();
+        for g in back {
+            let _ = self.park_one(kv, g); // on failure it stays live, and is still a ghost
         }
     }
 

@@ -186,12 +186,32 @@ fn a_pruned_parent_a_parked_child_needs_stays_parked_until_the_child_is_back() {
     assert_eq!(kv.cells_used(), 4);
     assert_consistent(&kv, &store);
     step(&mut kv, &mut store, &pool, &[a]);
-    // A parked subtree goes with its root.
+    // A ghost with two parked children: resuming one brings it back for a moment, and it goes
+    // parked again for the other, holding no lease.
     let b = store.fork(&kv, a, ForkOptions::default()).unwrap();
     step(&mut kv, &mut store, &pool, &[b]);
+    let c = store.fork(&kv, a, ForkOptions::default()).unwrap();
+    step(&mut kv, &mut store, &pool, &[c]);
+    store.park(&kv, &[b, c, a]).unwrap();
+    store.prune(&kv, a).unwrap();
+    assert!(store.is_ghost(a));
+    assert_eq!(store.resume(&kv, &[b]).unwrap(), vec![b]);
+    assert!(
+        store.is_ghost(a) && store.get(a).unwrap().is_parked(),
+        "still needed by c"
+    );
+    assert_eq!(store.available(&kv), 2, "only b holds a lease");
+    store.resume(&kv, &[c]).unwrap();
+    assert!(!store.is_live(a), "freed once nobody needs it");
+    assert_consistent(&kv, &store);
+    // A parked subtree goes with its root.
     store.park(&kv, &[b]).unwrap();
-    store.prune_subtree(&kv, a).unwrap();
-    assert!(!store.is_live(b) && !store.is_live(a));
+    let d = store.fork(&kv, c, ForkOptions::default()).unwrap();
+    step(&mut kv, &mut store, &pool, &[d]);
+    store.park(&kv, &[d]).unwrap();
+    store.prune_subtree(&kv, c).unwrap();
+    store.prune(&kv, b).unwrap();
+    assert!(!store.is_live(c) && !store.is_live(d));
     assert_eq!(kv.cells_used(), 0);
     assert_eq!(store.park_stats().parked, 0);
 }
