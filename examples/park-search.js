@@ -50,6 +50,10 @@ async function search(ctx, { prompt, width, depth, park, onNode = () => {} }) {
     peak.leases = Math.max(peak.leases, ctx.nSeqMax - store.available);
     peak.cells = Math.max(peak.cells, store.kvPressure().cellsUsed);
   };
+  // Every node's Branch object stays reachable until the end: a wrapper the GC collects frees
+  // its branch, and a search that keeps its nodes live must keep them (so does the parked one,
+  // whose nodes come back later).
+  const all = [root];
   let nodes = 0;
   let best = null;
   while (frontier.length > 0) {
@@ -59,6 +63,7 @@ async function search(ctx, { prompt, width, depth, park, onNode = () => {} }) {
     const children = [];
     for (const token of topTokens(node.branch.getLogits(), width)) {
       const branch = node.branch.fork();
+      all.push(branch);
       await branch.commit(token);
       nodes++;
       measure();
@@ -78,6 +83,7 @@ async function search(ctx, { prompt, width, depth, park, onNode = () => {} }) {
     if (park && path.length > 0) await store.park(path);
   }
   await root.pruneSubtree(); // parked nodes too: their spill files go with them
+  all.length = 0;
   const stats = store.parkStats();
   return { best, nodes, peakLeases: peak.leases, peakCells: peak.cells, parkStats: stats };
 }
