@@ -182,6 +182,35 @@ describe('parked branches: park / resume', function () {
   });
 });
 
+describe('parked branches: past the sliding window', function () {
+  this.timeout(600000);
+
+  it('a fork 2,000 tokens long resumes bit for bit (Gemma 3 keeps most layers in a 512-cell window)', async () => {
+    const ctx = await open({ deterministic: true, nCtx: 4096, nBatch: 512, nSeqMax: 3 });
+    try {
+      const words = await ctx.tokenize('the quick brown fox jumps over the lazy dog '.repeat(250));
+      const run = async (park) => {
+        const root = Branch.create(ctx, 0, { temperature: 0 });
+        await root.prefill(words.slice(0, 64));
+        const child = root.fork();
+        await child.prefill(words.slice(64, 2064));
+        if (park) {
+          await child.park();
+          assert.deepEqual(child.parkedInfo, { shared: 64, own: 2000, file: null });
+          await child.resume();
+        }
+        const tokens = await steps(child, 4);
+        const logits = Buffer.from(child.getLogits().buffer).toString('base64');
+        await root.pruneSubtree();
+        return { tokens, logits };
+      };
+      assert.deepEqual(await run(true), await run(false));
+    } finally {
+      ctx.dispose();
+    }
+  });
+});
+
 describe('parked branches: a search bigger than the context', function () {
   this.timeout(600000);
   const { search } = require('../examples/park-search');
