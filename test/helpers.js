@@ -111,4 +111,15 @@ function cosine(a, b) {
   return dot / Math.sqrt(na * nb);
 }
 
-module.exports = { MODEL, cosine, open, rejects, throwsSync, argmax, topK, greedy, greedyRanks };
+/** `n` tokens of `b`, each sampled by its own chain and committed alone (one batch shape). */
+async function continueFor(b, n) {
+  const out = [];
+  for (let i = 0; i < n; i++) {
+    const { token } = b.produce();
+    out.push(token);
+    await b.commit(token);
+  }
+  return out;
+}
+
+module.exports = { MODEL, cosine, open, rejects, throwsSync, argmax, topK, greedy, greedyRanks, continueFor };

@@ -15,24 +15,13 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { Branch, BranchStore } = require('..');
-const { open, rejects, throwsSync, argmax, MODEL } = require('./helpers');
+const { open, rejects, throwsSync, argmax, continueFor, MODEL } = require('./helpers');
 const { projectorPath, projectorMissing, needWriter, png } = require('./helpers/images');
 
 const STEPS = 4;
 /** Image positions of the test projector: (128 / 8 / 4)². */
 const IMAGE_TOKENS = 16;
 const GREEDY = { temperature: 0 };
-
-/** `n` tokens of `b`, each sampled by its own chain and committed alone (one batch shape). */
-async function continueFor(b, n) {
-  const out = [];
-  for (let i = 0; i < n; i++) {
-    const { token } = b.produce();
-    out.push(token);
-    await b.commit(token);
-  }
-  return out;
-}
 
 /**
  * Runs `body(ctx, lib, file, data)` (an async function using nothing but its arguments and

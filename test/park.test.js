@@ -12,20 +12,11 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { Branch, BranchStore } = require('..');
-const { open, rejects } = require('./helpers');
+const { open, rejects, continueFor: steps } = require('./helpers');
+const { projectorPath, projectorMissing, needWriter, png } = require('./helpers/images');
 
 const PROMPT = 'A short history of the printing press: it began';
-
-/** `n` greedy steps of `b`; the tokens. */
-async function steps(b, n) {
-  const out = [];
-  for (let i = 0; i < n; i++) {
-    const { token } = b.produce();
-    out.push(token);
-    await b.commit(token);
-  }
-  return out;
-}
+const storeOf = (ctx) => new BranchStore(ctx);
 
 /**
  * root → a (2 tokens) → a2 (2 tokens); root → b (3 tokens). With `pause(branches)` between the
@@ -201,6 +192,39 @@ describe('parked branches: past the sliding window', function () {
         }
         const tokens = await steps(child, 4);
         const logits = Buffer.from(child.getLogits().buffer).toString('base64');
+        await root.pruneSubtree();
+        return { tokens, logits };
+      };
+      assert.deepEqual(await run(true), await run(false));
+    } finally {
+      ctx.dispose();
+    }
+  });
+});
+
+describe('parked branches: an image in the prefix', function () {
+  this.timeout(300000);
+  if (projectorMissing()) return;
+
+  it('a fork of an image prompt and a branch holding the image itself park and resume bit for bit', async () => {
+    needWriter();
+    const ctx = await open({ mmprojPath: projectorPath(), deterministic: true, nSeqMax: 4, nThreads: 1 });
+    try {
+      const prompt = await ctx.tokenizeParts(['Look at this picture: ', png(64, 48, { seed: 3 }), ' It shows']);
+      const run = async (park) => {
+        const root = Branch.create(ctx, 0, { temperature: 0 });
+        await root.prefill(prompt);
+        const a = root.fork();
+        await steps(a, 2);
+        if (park) {
+          await storeOf(ctx).park([a, root]); // the root's cells hold the image
+          assert.equal(storeOf(ctx).kvPressure().cellsUsed, 0);
+          await a.resume(); // the root first, image and all
+          assert.equal(root.parked, false);
+        }
+        const tokens = [await steps(a, 3), await steps(root, 2)];
+        const logits = [a, root].map((x) => Buffer.from(x.getLogits().buffer).toString('base64'));
+        assert.throws(() => root.forkAt(prompt.pieces[0].tokens.length + 1), { code: 'ERR_IMAGE_POSITIONS' });
         await root.pruneSubtree();
         return { tokens, logits };
       };

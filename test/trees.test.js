@@ -11,20 +11,9 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { Branch, BranchStore } = require('..');
-const { open, rejects, MODEL } = require('./helpers');
+const { open, rejects, continueFor, MODEL } = require('./helpers');
 
 const STEPS = 4;
-
-/** `n` tokens of `b`, each sampled by its own chain and committed alone. */
-async function continueFor(b, n) {
-  const out = [];
-  for (let i = 0; i < n; i++) {
-    const { token } = b.produce();
-    out.push(token);
-    await b.commit(token);
-  }
-  return out;
-}
 
 /**
  * root (greedy prompt) → a (greedy, 2 tokens) → a2 (seeded then reseeded, 2 tokens); root → b

@@ -4,10 +4,9 @@
 use super::fake::FakeKv;
 use super::fingerprint::Fingerprint;
 use super::handles::Handle;
-use super::kv::KvBackend;
 use super::pool::Pool;
 use super::store::{BranchStore, ForkOptions};
-use super::store_tests::root;
+use super::store_tests::{assert_consistent, root};
 use crate::error::Error;
 use crate::llama::Token;
 
@@ -35,21 +34,6 @@ fn step(kv: &mut FakeKv, store: &mut BranchStore, pool: &Pool, branches: &[Handl
         .collect();
     store.commit(kv, pool, &items, true, &|| false).unwrap();
     items.into_iter().map(|(_, t)| t).collect()
-}
-
-/// Accounting equals the backend's cells; each live branch ends where its sequence ends.
-fn assert_consistent(kv: &FakeKv, store: &BranchStore) {
-    assert_eq!(
-        store.kv_pressure(kv).cells_used,
-        kv.cells_used(),
-        "accounting"
-    );
-    for h in store.live_handles() {
-        let b = store.get(h).unwrap();
-        if !b.is_parked() {
-            assert_eq!(kv.seq_pos_max(b.seq), b.position - 1, "branch {h} position");
-        }
-    }
 }
 
 fn code(e: Error) -> &'static str {
