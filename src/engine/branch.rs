@@ -185,6 +185,25 @@ impl BranchState {
         self.parked.is_some()
     }
 
+    /// The KV cells the branch holds (its runs count them exactly; 0 while parked).
+    pub(super) fn held(&self) -> i32 {
+        self.runs.iter().map(|r| r.used as i32).sum()
+    }
+
+    /// `ERR_STATE` unless the branch's sequence still ends at its position (raw KV calls may
+    /// have changed it); `what` says what such a branch cannot do.
+    pub(super) fn check_cells_end(&self, kv: &impl super::kv::KvBackend, what: &str) -> Result<()> {
+        if kv.seq_pos_max(self.seq) + 1 != self.position
+            && !(self.position == 0 && self.held() == 0)
+        {
+            return Err(Error::State(format!(
+                "the cells of sequence {} no longer end at its branch's position {} (raw KV calls changed them); {what}",
+                self.seq, self.position
+            )));
+        }
+        Ok(())
+    }
+
     pub fn has_logits(&self) -> bool {
         self.has_logits
     }

@@ -13,7 +13,6 @@
 
 use std::path::PathBuf;
 
-use super::branch::BranchState;
 use super::fingerprint::Fingerprint;
 use super::handles::Handle;
 use super::kv::KvBackend;
@@ -74,6 +73,13 @@ pub struct Spill {
     ghosts: Vec<Handle>,
 }
 
+impl Spill {
+    /// After a retainOnly or clear removed every branch but one live winner: no ghost is left.
+    pub(super) fn forget_ghosts(&mut self) {
+        self.ghosts.clear();
+    }
+}
+
 /// `store.parkStats()`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ParkStats {
@@ -84,8 +90,8 @@ pub struct ParkStats {
     pub last_spill_error: Option<String>,
 }
 
-fn parked_error(msg: String) -> Error {
-    Error::BranchParked(msg)
+fn not_parked() -> Error {
+    Error::invalid("resume: the branch is not parked")
 }
 
 impl BranchStore {
@@ -114,16 +120,17 @@ impl BranchStore {
     /// Parks each branch (children before parents, so each keeps only its own cells); all or
     /// nothing: on a failure the ones parked here are resumed again.
     pub fn park(&mut self, kv: &impl KvBackend, handles: &[Handle]) -> Result<()> {
+        let mut order: Vec<Handle> = Vec::with_capacity(handles.len());
         for &h in handles {
             let b = self.get(h)?;
             b.check_has_prefix()?;
-            if kv.seq_pos_max(b.seq) + 1 != b.position && held(b) > 0 {
-                return Err(Error::State(format!("sequence {} does not end at the branch's position {}: raw KV calls changed it; prune the branch", b.seq, b.position)));
+            b.check_cells_end(kv, "such a branch cannot be parked; prune it")?;
+            // Once each: a second park of the same branch would overwrite its record.
+            if !order.contains(&h) {
+                order.push(h);
             }
         }
-        let mut order = handles.to_vec();
         order.sort_by_key(|&h| std::cmp::Reverse(self.depth(h)));
-        order.dedup();
         for (i, &h) in order.iter().enumerate() {
             if let Err(e) = self.park_one(kv, h) {
                 let _ = self.resume(kv, &order[..i]);
@@ -141,7 +148,7 @@ impl BranchStore {
             .and_then(|p| self.get(p).ok())
             .filter(|p| !p.is_parked());
         let mut shared = parent.map_or(0, |p| self.shareable(kv, p, b));
-        let (seq, cells, parent_seq) = (b.seq, held(b) as u32, parent.map(|p| p.seq));
+        let (seq, cells, parent_seq) = (b.seq, b.held() as u32, parent.map(|p| p.seq));
         // The own cells alone: the prefix's tags come off this sequence only (the parent keeps
         // its own). A memory that refuses a partial removal (recurrent) saves the whole sequence.
         if shared > 0 && !kv.seq_rm(seq, 0, shared as Pos) {
@@ -232,7 +239,7 @@ impl BranchStore {
                 let b = self.get(x)?;
                 let Some(p) = &b.parked else {
                     if x == h {
-                        return Err(Error::invalid("resume: the branch is not parked"));
+                        return Err(not_parked());
                     }
                     break;
                 };
@@ -256,10 +263,7 @@ impl BranchStore {
 
     fn resume_one(&mut self, kv: &impl KvBackend, h: Handle) -> Result<Parked> {
         let b = self.get_mut(h)?;
-        let mut parked = b
-            .parked
-            .take()
-            .ok_or(Error::invalid("resume: the branch is not parked"))?;
+        let mut parked = b.parked.take().ok_or_else(not_parked)?;
         let (position, parent) = (b.position, b.parent);
         let loaded = match &mut parked.cells {
             Cells::Ram(state) => Ok((std::mem::take(state), None)),
@@ -415,7 +419,7 @@ impl BranchStore {
         };
         for &c in &b.children {
             if self.parked_of(c).is_some_and(|p| p.shared > kept) {
-                return Err(parked_error(format!("a parked child of this branch needs {} of its cells; resume the child (or prune it) before freeing its parent", self.parked_of(c).map_or(0, |p| p.shared))));
+                return Err(Error::BranchParked(format!("a parked child of this branch needs {} of its cells; resume the child (or prune it) before freeing its parent", self.parked_of(c).map_or(0, |p| p.shared))));
             }
         }
         Ok(())
@@ -553,8 +557,4 @@ impl BranchStore {
             .then(|| f64::from_bits(u64::from_le_bytes(meta[1..9].try_into().unwrap())));
         Ok((state.to_vec(), Some((row, log_z))))
     }
-}
-
-fn held(b: &BranchState) -> i32 {
-    b.runs.iter().map(|r| r.used as i32).sum()
 }

@@ -36,6 +36,12 @@ fn step(kv: &mut FakeKv, store: &mut BranchStore, pool: &Pool, branches: &[Handl
     items.into_iter().map(|(_, t)| t).collect()
 }
 
+/// The spill file of a parked, spilled branch.
+fn spill_file(store: &BranchStore, h: Handle) -> std::path::PathBuf {
+    let parked = store.parked(h).unwrap().expect("parked");
+    parked.file().expect("spilled").to_path_buf()
+}
+
 fn code(e: Error) -> &'static str {
     e.code()
 }
@@ -73,6 +79,27 @@ fn a_parked_fork_gives_back_its_lease_and_own_cells_and_resumes_where_it_was() {
     );
     assert_consistent(&kv, &store);
     step(&mut kv, &mut store, &pool, &[a, r]);
+    assert_consistent(&kv, &store);
+}
+
+#[test]
+fn a_branch_named_twice_in_one_park_is_parked_once_and_keeps_its_cells() {
+    let (mut kv, mut store, pool) = setup(256, 4);
+    let r = root(&mut kv, &mut store, &[1, 2, 3]);
+    let a = store.fork(&kv, r, ForkOptions::default()).unwrap();
+    let b = store.fork(&kv, r, ForkOptions::default()).unwrap();
+    step(&mut kv, &mut store, &pool, &[a, b]);
+    store.park(&kv, &[a, b, a]).unwrap();
+    let p = store.parked(a).unwrap().unwrap();
+    assert_eq!(
+        (p.shared, p.own),
+        (3, 1),
+        "the first park's record, not an empty second one"
+    );
+    store.resume(&kv, &[a, b]).unwrap();
+    assert_eq!(store.get(a).unwrap().position, 4);
+    assert_consistent(&kv, &store);
+    step(&mut kv, &mut store, &pool, &[a, b]);
     assert_consistent(&kv, &store);
 }
 
@@ -236,13 +263,7 @@ fn beyond_the_ram_budget_parked_state_spills_to_a_file_and_comes_back_bit_for_bi
     step(&mut kv, &mut store, &pool, &[a]);
     let snapshot = store.get(a).unwrap().logits().unwrap().to_vec();
     store.park(&kv, &[a]).unwrap();
-    let file = store
-        .parked(a)
-        .unwrap()
-        .unwrap()
-        .file()
-        .unwrap()
-        .to_path_buf();
+    let file = spill_file(&store, a);
     assert!(file.exists());
     let stats = store.park_stats();
     assert_eq!((stats.spilled, stats.ram_bytes), (1, 0));
@@ -253,13 +274,7 @@ fn beyond_the_ram_budget_parked_state_spills_to_a_file_and_comes_back_bit_for_bi
 
     // A truncated file: ERR_STATE_CORRUPT, and the branch stays parked; prune removes the file.
     store.park(&kv, &[a]).unwrap();
-    let file = store
-        .parked(a)
-        .unwrap()
-        .unwrap()
-        .file()
-        .unwrap()
-        .to_path_buf();
+    let file = spill_file(&store, a);
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&file, &bytes[..bytes.len() - 10]).unwrap();
     assert_eq!(

@@ -287,8 +287,7 @@ impl BranchStore {
         let position = opts.position.unwrap_or(p.position);
         // The parent's cells span [base, position): its runs count them exactly (llama.cpp's
         // lowest position of a sequence is the sliding-window cache's, not the full cache's).
-        let held: i32 = p.runs.iter().map(|r| r.used as i32).sum();
-        let base = p.position - held;
+        let base = p.position - p.held();
         if position > p.position || (position < base && position != 0) {
             return Err(Error::invalid(format!(
                 "fork position {position} is outside the parent's cells [{base}, {}]",
@@ -449,7 +448,7 @@ impl BranchStore {
     pub fn retain_only(&mut self, kv: &impl KvBackend, winner: Handle) -> Result<Vec<Handle>> {
         let w = self.get(winner)?;
         w.check_not_parked()?;
-        let (seq, held) = (w.seq, w.runs.iter().map(|r| r.used).sum::<u32>());
+        let (seq, held) = (w.seq, w.held() as u32);
         kv.seq_keep(seq);
         let losers: Vec<Handle> = self
             .branches
@@ -461,6 +460,7 @@ impl BranchStore {
             self.branches.remove(h);
         }
         self.detached.clear();
+        self.park_spill.forget_ghosts(); // every ghost was a loser
         self.leases.retain_only(seq);
         self.segments.clear();
         let mut runs = Vec::new();
@@ -485,6 +485,7 @@ impl BranchStore {
         for d in self.detached.drain(..) {
             kv.seq_rm(d.seq, -1, -1);
         }
+        self.park_spill.forget_ghosts();
         self.leases = LeasePool::new(self.leases.capacity());
         self.segments.clear();
         all

@@ -45,10 +45,6 @@ fn shared_cells(a: &[RunRef], b: &[RunRef]) -> u32 {
     shared
 }
 
-fn held(b: &BranchState) -> i32 {
-    b.runs.iter().map(|r| r.used as i32).sum()
-}
-
 impl BranchStore {
     /// `root` and its live descendants, parents before children (depth first, children in
     /// the order they were forked).
@@ -78,12 +74,7 @@ impl BranchStore {
                     "a branch's grammar was set without its source, so it cannot be saved".into(),
                 ));
             }
-            if kv.seq_pos_max(b.seq) + 1 != b.position && !(b.position == 0 && held(b) == 0) {
-                return Err(Error::State(format!(
-                    "the cells of sequence {} no longer end at its branch's position {} (raw KV calls changed them); such a tree cannot be saved",
-                    b.seq, b.position
-                )));
-            }
+            b.check_cells_end(kv, "such a tree cannot be saved")?;
         }
         // Without a spare sequence every branch is saved whole: larger, never refused.
         let scratch = self.lease(kv, None).ok();
@@ -119,7 +110,7 @@ impl BranchStore {
                 (Some(p), Some(_)) => self.shareable(kv, p, b),
                 _ => 0,
             };
-            let kv_bytes = if b.position as u32 == shared || held(b) == 0 {
+            let kv_bytes = if b.position as u32 == shared || b.held() == 0 {
                 Vec::new()
             } else if shared == 0 {
                 kv.seq_state(b.seq)?
@@ -142,7 +133,7 @@ impl BranchStore {
                 fork_head: b.fork_head,
                 n_batch: b.n_batch,
                 shared,
-                cells: held(b).max(0) as u32,
+                cells: b.held().max(0) as u32,
                 kv: kv_bytes,
                 logits,
                 model_ppl: b.model_ppl.parts(),
@@ -163,7 +154,7 @@ impl BranchStore {
         child: &BranchState,
     ) -> u32 {
         // Prefix sharing assumes both sequences start at position 0.
-        if parent.position != held(parent) || child.position != held(child) {
+        if parent.position != parent.held() || child.position != child.held() {
             return 0;
         }
         let shared = shared_cells(&parent.runs, &child.runs)

@@ -67,14 +67,12 @@ impl Engine {
             Ok(mut list) => std::mem::take(&mut *list),
             Err(_) => return,
         };
-        // A branch the store still holds can be pruned unless a parked child needs its cells
-        // (engine/park.rs): that one waits in the list until the child is resumed or freed.
-        let waiting: Vec<_> = handles
-            .into_iter()
-            .filter(|&h| self.store.is_live(h) && self.store.prune(&self.ctx, h).is_err())
-            .collect();
-        if let (false, Ok(mut list)) = (waiting.is_empty(), self.released.lock()) {
-            list.extend(waiting);
+        for h in handles {
+            if self.store.is_live(h) {
+                // A branch the store still holds can always be pruned (one a parked child
+                // needs is kept parked out of sight: engine/park.rs); nothing to report.
+                let _ = self.store.prune(&self.ctx, h);
+            }
         }
     }
 
