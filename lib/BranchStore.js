@@ -203,7 +203,7 @@ class BranchStore {
    * @returns {Promise<void>}
    */
   async park(branches) {
-    await nativeOf(this._ctx)._storePark(this._handles(branches, 'BranchStore.park'));
+    await nativeOf(this._ctx)._storePark(batch.handlesOf(this._ctx, branches, 'BranchStore.park'));
   }
 
   /**
@@ -213,7 +213,7 @@ class BranchStore {
    * @returns {Promise<Branch[]>}
    */
   async resume(branches) {
-    const resumed = await nativeOf(this._ctx)._storeResume(this._handles(branches, 'BranchStore.resume'));
+    const resumed = await nativeOf(this._ctx)._storeResume(batch.handlesOf(this._ctx, branches, 'BranchStore.resume'));
     return resumed.map((handle) => wrapperOf(this._ctx, handle));
   }
 
@@ -248,17 +248,6 @@ class BranchStore {
   /** Host memory parked branches take now (bytes; spilled ones not counted). */
   get parkedBytes() {
     return this.parkStats().ramBytes;
-  }
-
-  /**
-   * @param {readonly Branch[]} branches
-   * @param {string} where
-   * @returns {number[]}
-   */
-  _handles(branches, where) {
-    if (!Array.isArray(branches))
-      throw makeError('ERR_INVALID_ARG', `${where}(branches): pass an array of Branch objects`);
-    return branches.map((b) => branchHandle(this._ctx, b, where));
   }
 
   /** Number of free sequence leases. Waits for queued operations. */

@@ -361,6 +361,7 @@ export interface BranchInfo {
   hasLogits: boolean
   stochastic: boolean
   hasGrammar: boolean
+  /** Whether the branch is parked (engine/park.rs). */
   parked: boolean
 }
 

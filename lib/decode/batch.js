@@ -47,14 +47,22 @@ function entriesOf(ctx, entries, where, third = false) {
 }
 
 /**
+ * The handles of an array of `ctx`'s branches (`ERR_INVALID_ARG` for anything else).
+ * @param {SessionContext} ctx @param {unknown} branches @param {string} where
+ * @returns {number[]}
+ */
+function handlesOf(ctx, branches, where) {
+  if (!Array.isArray(branches)) throw makeError('ERR_INVALID_ARG', `${where}: expected an array of branches`);
+  return branches.map((b) => branchHandle(ctx, b, where));
+}
+
+/**
  * Samples every branch in one native call (no KV write, no accept).
  * @param {SessionContext} ctx @param {unknown} branches @param {string} where
  * @returns {import('../types').Produced[]}
  */
 function produce(ctx, branches, where) {
-  if (!Array.isArray(branches)) throw makeError('ERR_INVALID_ARG', `${where}: expected an array of branches`);
-  const handles = branches.map((b) => branchHandle(ctx, b, where));
-  return nativeOf(ctx)._storeProduce(handles);
+  return nativeOf(ctx)._storeProduce(handlesOf(ctx, branches, where));
 }
 
 /**
@@ -129,4 +137,4 @@ async function prefill(ctx, entries, options, where, perToken = false) {
   return traced(ctx, done, (trace) => entries.forEach(([b, tokens]) => trace.grew(b, tokens, false)));
 }
 
-module.exports = { produce, commit, commitDrafts, prefill };
+module.exports = { handlesOf, produce, commit, commitDrafts, prefill };

@@ -61,6 +61,7 @@ pub struct BranchInfo {
     pub has_logits: bool,
     pub stochastic: bool,
     pub has_grammar: bool,
+    /// Whether the branch is parked (engine/park.rs).
     pub parked: bool,
 }
 
