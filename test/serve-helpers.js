@@ -9,9 +9,12 @@ const { MODEL } = require('./helpers');
 
 const BIN = path.join(__dirname, '..', 'bin', 'llama-branch.js');
 
-/** Starts the server; resolves `{ child, url }` once it printed its `listening on` line. */
-function startServer(args, env = process.env) {
-  const child = spawn(process.execPath, [BIN, 'serve', '--model', MODEL, '--port', '0', ...args], {
+/**
+ * Starts the server (on `model`, the test model unless given); resolves `{ child, url }` once it
+ * printed its `listening on` line.
+ */
+function startServer(args, env = process.env, model = MODEL) {
+  const child = spawn(process.execPath, [BIN, 'serve', '--model', model, '--port', '0', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env,
   });

@@ -12,9 +12,12 @@
 const { randomBytes } = require('node:crypto');
 const { makeError } = require('../errors');
 const { tokenizeMarked, unmark } = require('./plain-text');
+const { readToolCalls, readForcedCalls, forcedCallSchema } = require('./tool-calls');
 
 /** Kinds of lazy-grammar triggers in a formatChat result (llama.cpp's common_grammar_trigger_type). */
 const GrammarTriggerType = Object.freeze({ TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 });
+/** The shim's own JSON tool-call format (ChatFormat.GENERIC): it parses its calls itself. */
+const GENERIC_FORMAT = 5;
 
 const CHAT_FIELDS = ['tools', 'toolChoice', 'parallelToolCalls', 'reasoningFormat', 'enableThinking'];
 const TOOL_CHOICES = ['auto', 'none', 'required'];
@@ -109,8 +112,10 @@ class ChatTurn {
    * @param {import('../Context').SessionContext} ctx
    * @param {any} formatted the formatChat result
    * @param {boolean} parse whether choices are parsed (tools given, or a reasoning format)
+   * @param {{ tools: any[], forced: boolean } | null} calls the declared tools a reply may call
+   *   beyond the template's syntax (./tool-calls.js); `forced`: the grammar is a bare call's
    */
-  constructor(ctx, formatted, parse) {
+  constructor(ctx, formatted, parse, calls = null) {
     this.ctx = ctx;
     /** The prompt's tokens (client text that was marked kept plain: ./plain-text.js), with the BOS. */
     this.tokens = tokenizeMarked(ctx, formatted.prompt, true);
@@ -121,6 +126,7 @@ class ChatTurn {
     this.parse = parse;
     this.grammar = formatted.grammar || null;
     this.lazy = formatted.grammarLazy ? lazyTriggers(formatted) : null;
+    this.calls = calls;
   }
 
   /**
@@ -131,6 +137,20 @@ class ChatTurn {
    * @param {boolean} partial
    */
   parseText(text, partial) {
+    const calls = this.calls;
+    if (calls && calls.forced) {
+      // The grammar allows nothing but the call: shown once whole, or as text when cut off.
+      const found = partial ? null : readForcedCalls(text, calls.tools);
+      if (found) return { content: '', reasoningContent: '', toolCalls: found };
+      return { content: partial ? '' : text, reasoningContent: '', toolCalls: [] };
+    }
+    const parsed = this.#parseTemplate(text, partial);
+    if (!parsed || !calls || parsed.toolCalls.length > 0) return parsed;
+    const read = readToolCalls(parsed.content, calls.tools, partial);
+    return { ...parsed, content: read.content, toolCalls: read.calls };
+  }
+
+  #parseTemplate(text, partial) {
     try {
       const options = partial ? this.partialOptions : this.formatted;
       const { content, reasoningContent, toolCalls } = this.ctx.parseChatOutput(text, this.formatted.format, options);
@@ -218,14 +238,26 @@ class ChatStream {
  */
 async function formatTurn(ctx, messages, options) {
   const formatted = await ctx.formatChat(messages, options);
+  const calling = Boolean(options && options.tools && options.toolChoice !== 'none');
   // Parsed only when there is something to split: calls, or a thinking section (a template
   // without one keeps plain chat off the per-token parse).
-  const parse = Boolean(
-    options &&
-    ((options.tools && options.toolChoice !== 'none') ||
-      ((options.reasoningFormat || 'none') !== 'none' && formatted.supportsThinking)),
-  );
-  return new ChatTurn(ctx, formatted, parse);
+  const parse =
+    calling || Boolean(options && (options.reasoningFormat || 'none') !== 'none' && formatted.supportsThinking);
+  let calls = null;
+  if (calling && formatted.format !== GENERIC_FORMAT) {
+    // A forced choice is a bare call object, its grammar ours: the template's grammar lets the
+    // model write prose first (where Qwen2.5 writes its call as a fenced block, then spells out
+    // the end-of-turn token it may not sample) and starts with the generation prompt.
+    const forced = options.toolChoice === 'required';
+    calls = { tools: options.tools, forced };
+    if (forced) {
+      formatted.grammar = await ctx.jsonSchemaToGrammar(
+        forcedCallSchema(options.tools, options.parallelToolCalls === true),
+      );
+      formatted.grammarLazy = false;
+    }
+  }
+  return new ChatTurn(ctx, formatted, parse, calls);
 }
 
 /**
