@@ -39,6 +39,7 @@ const CLIENT_ERRORS = {
   ERR_IMAGE_DECODE: [400, 'invalid_request_error'],
   ERR_IMAGE_TOO_LARGE: [400, 'invalid_request_error'],
   ERR_IMAGE_POSITIONS: [400, 'invalid_request_error'],
+  ERR_UNSUPPORTED: [400, 'invalid_request_error'],
   ERR_QUEUE_FULL: [429, 'rate_limit_error'],
   ERR_SCHEDULER_CLOSED: [503, 'server_error'],
 };

@@ -337,6 +337,14 @@ impl Model {
         Some(String::from_utf8_lossy(&buf).into_owned())
     }
 
+    /// The architecture's name when its attention is not causal (`<arch>.attention.causal` false:
+    /// BERT-type encoders such as nomic-bert), which make embeddings, not text; None otherwise.
+    pub fn encoder_arch(&self) -> Option<String> {
+        let arch = self.meta("general.architecture").unwrap_or_default();
+        let causal = self.meta(&format!("{arch}.attention.causal"));
+        (causal.as_deref().map(str::trim) == Some("false")).then_some(arch)
+    }
+
     /// Values per attention head in K and in V: the GGUF's `<arch>.attention.key_length` and
     /// `value_length` where given, else `n_embd / n_head` (how llama.cpp reads them).
     pub fn head_sizes(&self) -> (u32, u32) {

@@ -89,6 +89,7 @@ impl SessionContext {
         n_batch: Option<f64>,
         seq_id: Option<f64>,
     ) -> Result<f64> {
+        self.check_generates().map_err(js)?;
         let sampling = self.branch_sampling(params.as_ref()).map_err(js)?;
         let position = position_from(position, self.info.n_ctx).map_err(js)?;
         let n_batch = n_batch

@@ -115,6 +115,8 @@ pub struct ContextInfo {
     pub pooling: i32,
     /// `typeK`, `typeV` and `flashAttention` as resolved.
     pub kv: KvConfig,
+    /// The model's attention is causal: false for an encoder (embeddings only, no text).
+    pub causal: bool,
 }
 
 #[napi]

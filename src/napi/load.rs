@@ -379,6 +379,7 @@ fn load_context(
         embeddings: resolved.config.embeddings,
         pooling: ctx.pooling_type(),
         kv: resolved.config.kv,
+        causal: model.encoder_arch().is_none(),
     };
     let images = match &resolved.mmproj {
         Some(path) => Images::load(

@@ -180,6 +180,20 @@ impl SamplingParams {
 }
 
 impl SessionContext {
+    /// Refuses to make a branch on an encoder: its non-causal attention pools vectors, and a
+    /// branch sampled from it would write noise (nomic-embed answered "[unused18]").
+    pub(super) fn check_generates(&self) -> crate::error::Result<()> {
+        if self.info.causal {
+            return Ok(());
+        }
+        let arch = self.model.encoder_arch().unwrap_or_default();
+        Err(crate::error::Error::Unsupported(format!(
+            "this model ({arch}) is an encoder: its attention is not causal, so it makes embeddings, not text; \
+             create the context with embeddings: true and call encode() / getEmbeddings() (serve --embeddings), \
+             or load a text model to generate"
+        )))
+    }
+
     /// A branch's chain (and grammar, when the params have one) from optional JS params.
     pub(super) fn branch_sampling(
         &self,
