@@ -13,7 +13,7 @@ const { PromptLookup, DraftModel } = require('./speculative');
 const { Scheduler } = require('./Scheduler');
 const { ProgramLine } = require('./ProgramLine');
 const server = require('./server');
-const { PoolingType, ReasoningFormat } = require('./constants');
+const { PoolingType, ReasoningFormat, ChatFormat } = require('./constants');
 const { GrammarTriggerType } = require('./scheduler/chat');
 const { readEntryFile, fingerprintOf } = require('./scheduler/cache-file');
 
@@ -270,16 +270,6 @@ async function readPrefixCacheFile(ctx, file) {
   const { tokens, images, state } = await readEntryFile(file, fingerprintOf(ctx));
   return { tokens, images, stateBytes: state.length };
 }
-
-/** "peg-simple" → "PEG_SIMPLE": llama.cpp's chat format names as constant names. */
-function constantName(name) {
-  return name.toUpperCase().replace(/[^A-Z0-9]+/g, '_');
-}
-
-/** llama.cpp's chat formats by name: the numbers `formatChat` reports as `format`. */
-const ChatFormat = Object.freeze(
-  Object.fromEntries(native._chatFormatNames().map((name, i) => [constantName(name), i])),
-);
 
 module.exports = {
   createContext,

@@ -11,13 +11,12 @@
 
 const { randomBytes } = require('node:crypto');
 const { makeError } = require('../errors');
+const { ChatFormat } = require('../constants');
 const { tokenizeMarked, unmark } = require('./plain-text');
 const { readToolCalls, readForcedCalls, forcedCallSchema } = require('./tool-calls');
 
 /** Kinds of lazy-grammar triggers in a formatChat result (llama.cpp's common_grammar_trigger_type). */
 const GrammarTriggerType = Object.freeze({ TOKEN: 0, WORD: 1, PATTERN: 2, PATTERN_FULL: 3 });
-/** The shim's own JSON tool-call format (ChatFormat.GENERIC): it parses its calls itself. */
-const GENERIC_FORMAT = 5;
 
 const CHAT_FIELDS = ['tools', 'toolChoice', 'parallelToolCalls', 'reasoningFormat', 'enableThinking'];
 const TOOL_CHOICES = ['auto', 'none', 'required'];
@@ -244,7 +243,8 @@ async function formatTurn(ctx, messages, options) {
   const parse =
     calling || Boolean(options && (options.reasoningFormat || 'none') !== 'none' && formatted.supportsThinking);
   let calls = null;
-  if (calling && formatted.format !== GENERIC_FORMAT) {
+  // The shim's generic format (templates that cannot render tools) parses its own calls.
+  if (calling && formatted.format !== ChatFormat.GENERIC) {
     // A forced choice is a bare call object, its grammar ours: the template's grammar lets the
     // model write prose first (where Qwen2.5 writes its call as a fenced block, then spells out
     // the end-of-turn token it may not sample) and starts with the generation prompt.

@@ -177,11 +177,13 @@ function callRun(text, at, tools, partial) {
 
 /** Where lines start in `text`, at their first non-blank character. */
 function* lineStarts(text) {
-  for (let i = 0; i < text.length; i = text.indexOf('\n', i) + 1) {
+  for (let i = 0; i < text.length;) {
     let at = i;
     while (at < text.length && (text[at] === ' ' || text[at] === '\t')) at++;
     yield at;
-    if (text.indexOf('\n', i) < 0) return;
+    const newline = text.indexOf('\n', at);
+    if (newline < 0) return;
+    i = newline + 1;
   }
 }
 
