@@ -60,8 +60,8 @@
  * | `ERR_NATIVE_LOAD` | no build of the native addon could be loaded, or it loaded no compute backend (thrown by `require`, `loadBinary`, and `createContext` with a `gpuVariant`) |
  * | `ERR_QUEUE_FULL` | {@link Scheduler.generate}: `maxQueue` requests are waiting already |
  * | `ERR_SCHEDULER_CLOSED` | {@link Scheduler.generate} after {@link Scheduler.close}, or a request still queued when it was called |
- * | `ERR_TOO_MANY_BRANCHES` | {@link ProgramLine.fork} past the program's `maxBranches` |
- * | `ERR_PROGRAM_STATE` | a program line used while a gen runs on it, after `release()`, or after its program ended |
+ * | `ERR_TOO_MANY_BRANCHES` | {@link ProgramLine.fork} or {@link ProgramLine.resume} past the program's `maxBranches` |
+ * | `ERR_PROGRAM_STATE` | a program line used while a gen runs on it, while parked, after `release()`, or after its program ended |
  * | `ERR_VOCAB_MISMATCH` | a {@link DraftModel}'s vocabulary differs from the target model's |
  */
 export type ErrorCode =

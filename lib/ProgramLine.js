@@ -8,7 +8,7 @@
 const { makeError } = require('./errors');
 const { SchedulerErrorCode: Code, schedulerError } = require('./scheduler/errors');
 const { positiveInt, invalid, isTokenIds, checkStops, checkSampling, checkLogprobs } = require('./scheduler/checks');
-const { GenJob, PeekJob } = require('./scheduler/jobs');
+const { GenJob, PeekJob, MoveJob } = require('./scheduler/jobs');
 const { regexGrammar, choicesGrammar } = require('./scheduler/grammars');
 const { scoreTexts } = require('./scheduler/scoring');
 const { decideOnLine } = require('./decisions');
@@ -52,6 +52,11 @@ class ProgramLine {
     return this.#line.id;
   }
 
+  /** True while the line is parked ({@link park}). */
+  get parked() {
+    return this.#line.state === 'parked';
+  }
+
   /** Whether release() was called or the program ended. */
   get released() {
     return this.#line.released || this.#line.state === 'freed';
@@ -71,7 +76,7 @@ class ProgramLine {
    * @returns {this}
    */
   append(input) {
-    const line = this.#checkIdle('append');
+    const line = this.#checkIdle('append', false);
     const ctx = this.#program.ctx;
     if (Array.isArray(input) && input.length > 0 && input.every((m) => m !== null && typeof m === 'object')) {
       // Messages' text that spells control tokens stays plain text unless the Scheduler parses it.
@@ -261,6 +266,55 @@ class ProgramLine {
   }
 
   /**
+   * Parks the line at the next step: its branch gives back its lease and its own KV cells and
+   * keeps, in host memory (or a spill file: `BranchStore.setParkSpill`), what it needs to go on
+   * (Branch#park). It counts against `maxBranches` no more, so a program may hold more lines than
+   * it has leases; `append` still works on it, `gen`, `fork`, `select`, `logprob(s)` and `decide`
+   * throw `ERR_PROGRAM_STATE` until {@link resume}. A line with no KV yet (before its first gen)
+   * or with a fork that has not started cannot park (`ERR_PROGRAM_STATE`).
+   * @returns {Promise<void>}
+   */
+  async park() {
+    const line = this.#checkIdle('park');
+    if (line.state !== 'live')
+      throw schedulerError(Code.PROGRAM_STATE, 'park(): the line has no KV yet (it starts at its first gen or fork)');
+    if (line.kv.forks.length > 0)
+      throw schedulerError(
+        Code.PROGRAM_STATE,
+        'park(): a fork of this line has not started yet; gen on it (or release it) first',
+      );
+    return this.#start(new MoveJob('parked'));
+  }
+
+  /**
+   * Resumes a parked line at the next step (once its program has a lease free): its KV, logits
+   * and sampler exactly as they were when it parked. Throws `ERR_TOO_MANY_BRANCHES` at once past
+   * `maxBranches` (as `fork` does), and `ERR_PROGRAM_STATE` when the line is not parked or its
+   * parent line is parked holding cells it shares (resume that one first); resolves once resumed
+   * (`ERR_KV_FULL` past the program's `maxCells`: it stays parked).
+   * @returns {Promise<void>}
+   */
+  async resume() {
+    const line = this.#checkIdle('resume', false);
+    if (line.state !== 'parked') throw schedulerError(Code.PROGRAM_STATE, 'resume(): the line is not parked');
+    const parent = this.#parkedParent(line);
+    if (parent)
+      throw schedulerError(
+        Code.PROGRAM_STATE,
+        `resume(): its parent line ${parent.id} is parked and holds cells this one shares; resume ${parent.id} first`,
+      );
+    this.#program.reserveLines(1);
+    return this.#start(new MoveJob('live'));
+  }
+
+  /** The parked line of this program whose cells `line`'s parked branch shares (null: none). */
+  #parkedParent(line) {
+    const handle = line.branch.parent;
+    if (handle === null || line.branch.parkedInfo.shared === 0) return null;
+    return this.#program.lines.find((l) => l.state === 'parked' && l.branch.handle === handle) || null;
+  }
+
+  /**
    * Gives the line's branch back at the next step (a gen in flight rejects with ERR_ABORTED).
    * Idempotent. Everything a program holds is released when it returns anyway.
    */
@@ -269,14 +323,19 @@ class ProgramLine {
     this.#program.wake(); // the next step frees it
   }
 
-  /** The line, once `op` may start on it: throws unless the program runs and the line is live and idle. */
-  #checkIdle(op) {
+  /** The line, once `op` may start on it: throws unless the program runs and the line is live (or parked, unless `needsKv`) and idle. */
+  #checkIdle(op, needsKv = true) {
     const line = this.#line;
     if (this.#program.state !== 'running') throw this.#program.endedError();
     if (line.released || line.state === 'freed')
       throw schedulerError(Code.PROGRAM_STATE, `${op}(): this line was released; use another line`);
     if (line.job || this.#selecting)
-      throw schedulerError(Code.PROGRAM_STATE, `${op}(): a gen or select is running on this line; await it first`);
+      throw schedulerError(
+        Code.PROGRAM_STATE,
+        `${op}(): a gen, select, park or resume is running on this line; await it first`,
+      );
+    if (needsKv && line.state === 'parked')
+      throw schedulerError(Code.PROGRAM_STATE, `${op}(): this line is parked; await line.resume() first`);
     return line;
   }
 

@@ -315,6 +315,7 @@ class Scheduler {
   async _step() {
     const started = performance.now();
     await this._programs.collect();
+    await this._programs.moveLines(); // parks give cells and leases back before admission counts them
     await this._prepareQueued();
     // The cache restores a prefix stored in RAM or on disk that a prompt or fresh line starts with.
     if (!this._closed)

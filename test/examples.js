@@ -474,6 +474,29 @@ const CASES = [
     },
   },
   {
+    name: 'backtrack-search',
+    file: 'backtrack-search.js',
+    traced: true,
+    args: ['--k', '3', '--expansions', '5', '--max-tokens', '8'],
+    validate(events) {
+      const start = one(events, 'start');
+      assert.equal(start.maxBranches, 4);
+      const expansions = byEvent(events, 'expand');
+      assert.equal(expansions.length, 5);
+      assert.deepEqual(
+        expansions.map((e) => e.frontier),
+        [3, 5, 7, 9, 11],
+        'each expansion takes one line off the frontier and adds k',
+      );
+      for (const e of expansions) assert.equal(e.parked, e.frontier, 'every frontier line is parked');
+      const done = one(events, 'complete');
+      assert.ok(done.peakLeases <= start.maxBranches, `peak leases ${done.peakLeases}`);
+      assert.ok(done.peakParked > start.maxBranches, 'the program held more lines than leases');
+      assert.equal(done.steps.length, done.depth, 'one step per level of the best line');
+      assert.equal(done.parkedAtEnd, 0, 'parked lines are freed with their program');
+    },
+  },
+  {
     name: 'embeddings',
     file: 'embeddings.js',
     validate(events) {

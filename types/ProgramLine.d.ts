@@ -15,6 +15,8 @@ export class ProgramLine {
     get tokens(): number[];
     /** The line's id in the Scheduler's events (`p1.0`, `p1.1`, …: docs/events.md). */
     get id(): string;
+    /** True while the line is parked ({@link park}). */
+    get parked(): boolean;
     /** Whether release() was called or the program ended. */
     get released(): boolean;
     /**
@@ -96,6 +98,25 @@ export class ProgramLine {
      * @returns {Promise<Record<string, import('../lib/types').DecisionAnswer>>}
      */
     decide(questions: Record<string, import("../lib/types").DecisionQuestion>, options?: import("../lib/types").LineDecideOptions): Promise<Record<string, import("../lib/types").DecisionAnswer>>;
+    /**
+     * Parks the line at the next step: its branch gives back its lease and its own KV cells and
+     * keeps, in host memory (or a spill file: `BranchStore.setParkSpill`), what it needs to go on
+     * (Branch#park). It counts against `maxBranches` no more, so a program may hold more lines than
+     * it has leases; `append` still works on it, `gen`, `fork`, `select`, `logprob(s)` and `decide`
+     * throw `ERR_PROGRAM_STATE` until {@link resume}. A line with no KV yet (before its first gen)
+     * or with a fork that has not started cannot park (`ERR_PROGRAM_STATE`).
+     * @returns {Promise<void>}
+     */
+    park(): Promise<void>;
+    /**
+     * Resumes a parked line at the next step (once its program has a lease free): its KV, logits
+     * and sampler exactly as they were when it parked. Throws `ERR_TOO_MANY_BRANCHES` at once past
+     * `maxBranches` (as `fork` does), and `ERR_PROGRAM_STATE` when the line is not parked or its
+     * parent line is parked holding cells it shares (resume that one first); resolves once resumed
+     * (`ERR_KV_FULL` past the program's `maxCells`: it stays parked).
+     * @returns {Promise<void>}
+     */
+    resume(): Promise<void>;
     /**
      * Gives the line's branch back at the next step (a gen in flight rejects with ERR_ABORTED).
      * Idempotent. Everything a program holds is released when it returns anyway.

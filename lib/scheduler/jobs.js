@@ -6,10 +6,12 @@
  *   GenJob    sample a token per step: stops, maxTokens, log-probabilities, drafts
  *   ScoreJob  prefill tokens as a scored entry (a logits row each) and resolve their log-probabilities
  *   PeekJob   read log-probabilities from the logits the line holds (no decode)
+ *   MoveJob   park the line's branch, or resume it (between a step's decodes)
  *
  * Its `kind` says how the Scheduler's steps serve it ('gen': a row of the decode phase; 'score':
- * its tokens prefilled with a logits row each; 'peek': read once the line's KV is in), and each
- * job settles its own promise (`finish` with an error rejects it).
+ * its tokens prefilled with a logits row each; 'peek': read once the line's KV is in; 'move':
+ * parked or resumed right after the step frees released lines), and each job settles its own
+ * promise (`finish` with an error rejects it).
  */
 
 const { StopMatcher } = require('./stops');
@@ -212,4 +214,26 @@ class PeekJob {
   }
 }
 
-module.exports = { GenJob, ScoreJob, PeekJob };
+/**
+ * A park (`to: 'parked'`: the branch gives back its lease and own cells, ../Branch.js `park`) or a
+ * resume (`to: 'live'`) of the line, made by the step between its decodes; resolves once done.
+ */
+class MoveJob {
+  /** @param {'parked' | 'live'} to */
+  constructor(to) {
+    /** @type {'move'} */
+    this.kind = 'move';
+    this.to = to;
+    this.done = deferred();
+  }
+
+  moved() {
+    this.done.resolve();
+  }
+
+  finish(_reason, error) {
+    this.done.reject(error);
+  }
+}
+
+module.exports = { GenJob, ScoreJob, PeekJob, MoveJob };

@@ -6,7 +6,8 @@
  * asks what it needs — a branch (`materialize`), a prefill (`wantsPrefill`), a sample (`decoding`,
  * `take`) — and serves it in the same decode as everything else. How it gets its KV, and the
  * cache entries it fills, is the `kv` it is given (./line-start.js). `state`: 'waiting' (no branch
- * yet) → 'live' → 'freed'. The user's `ProgramLine` (lib/ProgramLine.js) holds one.
+ * yet) → 'live' ⇄ 'parked' (its branch parked: no lease, no cells, ./programs.js `moveLines`) →
+ * 'freed'. The user's `ProgramLine` (lib/ProgramLine.js) holds one.
  */
 
 const { makeError } = require('../errors');
@@ -29,7 +30,7 @@ class Line {
   #chat = null;
   #state = 'waiting';
   #branch = null;
-  /** @type {import('./jobs').GenJob | import('./jobs').ScoreJob | import('./jobs').PeekJob | null} */
+  /** @type {import('./jobs').GenJob | import('./jobs').ScoreJob | import('./jobs').PeekJob | import('./jobs').MoveJob | null} */
   #job = null;
   #released = false;
 
@@ -173,12 +174,24 @@ class Line {
   }
 
   get wantsPrefill() {
-    return this.#state === 'live' && this.needed && this.#pending.length > 0;
+    return this.#state === 'live' && this.needed && !this.moving && this.#pending.length > 0;
   }
 
   /** Whether the line samples (or peeks) this step. */
   get decoding() {
-    return this.#job !== null && this.#job.kind !== 'score' && this.#state === 'live' && this.#pending.length === 0;
+    const kind = this.#job === null ? null : this.#job.kind;
+    return (kind === 'gen' || kind === 'peek') && this.#state === 'live' && this.#pending.length === 0;
+  }
+
+  /** Whether the line waits to be parked or resumed (a MoveJob). */
+  get moving() {
+    return this.#job !== null && this.#job.kind === 'move';
+  }
+
+  /** Whether it counts against its program's `maxBranches`: not freed or about to be, and not parked (unless resuming). */
+  get countsAsBranch() {
+    if (this.#state === 'freed' || this.collectable) return false;
+    return this.#state !== 'parked' || this.moving;
   }
 
   /** Released, and no fork waits to fork it: free it at the next step. */
@@ -243,6 +256,24 @@ class Line {
     if (/** @type {ScoreJob} */ (this.#job).scored(scored, logprobs)) this.#job = null;
   }
 
+  /** Its branch was parked (by ./programs.js): it holds no lease and no cell until it resumes. */
+  parked() {
+    this.#state = 'parked';
+    this.#settleMove();
+  }
+
+  /** Its branch was resumed: it holds a lease again, its KV and logits as they were. */
+  resumed() {
+    this.#state = 'live';
+    this.#settleMove();
+  }
+
+  #settleMove() {
+    const job = /** @type {import('./jobs').MoveJob} */ (this.#job);
+    this.#job = null;
+    job.moved();
+  }
+
   /** Takes a produced token into the gen (`committed`: an accepted draft token); true: commit it now. */
   take(produced, committed = false) {
     if (produced.isStop) {
@@ -290,7 +321,8 @@ class Line {
     this.#job = null;
     // A prompt nobody will finish filling must not keep others waiting to fork it.
     if (!this.needed) this.#kv.drop(this.#env.cache);
-    if (error) return void job.finish(null, error);
+    if (error || job.kind === 'move')
+      return void job.finish(null, error || makeError('ERR_ABORTED', 'the program ended before the line moved'));
     const gen = /** @type {import('./jobs').GenJob} */ (job);
     const perplexity = branchPerplexity(this.#branch); // one read for the result and the event
     const result = gen.finish(reason, null, gen.sink.endsLine ? perplexity : Infinity);
@@ -309,7 +341,8 @@ class Line {
     if (this.#state === 'freed' || (!force && this.#kv.forks.length > 0)) return;
     this.#kv.free(this.#env.cache);
     if (this.#job) this.endJob(null, error);
-    if (this.holdsLease && !this.#branch.disposed) prunes.push(this.#branch.prune().catch(() => {}));
+    const own = this.holdsLease || this.#state === 'parked'; // (a parked branch is freed with its parked state)
+    if (own && !this.#branch.disposed) prunes.push(this.#branch.prune().catch(() => {}));
     this.#state = 'freed';
     this.#branch = null;
   }

@@ -186,7 +186,7 @@ class Program {
 
   /** Throws ERR_TOO_MANY_BRANCHES unless `n` more lines fit in `maxBranches`. */
   reserveLines(n) {
-    const live = this.lines.filter((l) => l.state !== 'freed' && !l.collectable).length;
+    const live = this.lines.filter((l) => l.countsAsBranch).length;
     if (live + n > this.maxBranches) throw tooManyBranches(this.maxBranches, live, n);
   }
 

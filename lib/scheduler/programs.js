@@ -101,6 +101,35 @@ class Programs {
   }
 
   /**
+   * Right after `collect`: parks and resumes the lines whose `park()` / `resume()` wait (one
+   * native call each, measured: what a park frees and a resume takes is what the program's cells
+   * count, so admission never counts on a parked line's cells twice). A resume waits while its
+   * program holds all its leases (a line released this step gives its lease back at the next); a
+   * failure rejects that line's park or resume and changes nothing.
+   */
+  async moveLines() {
+    for (const [program, line] of [...this.runningLines()]) {
+      if (!line.moving || program.state !== 'running') continue;
+      const job = /** @type {import('./jobs').MoveJob} */ (line.job);
+      if (job.to === 'live' && program.leasesHeld >= program.maxBranches) continue;
+      const cells = job.to === 'live' ? line.branch.parkedInfo.own : 0;
+      if (cells > 0 && !program.checkCells(line, cells)) continue;
+      if (cells > 0) this.cellsFor(cells);
+      if (job.to === 'parked') line.kv.drop(this.cache); // an entry it was filling leaves the cache first
+      const before = this.store.kvPressure().remaining;
+      try {
+        await (job.to === 'parked' ? line.branch.park() : line.branch.resume());
+      } catch (e) {
+        line.endJob(null, e);
+        continue;
+      }
+      program.tally.moved(this.store.kvPressure().remaining - before);
+      if (job.to === 'parked') line.parked();
+      else line.resumed();
+    }
+  }
+
+  /**
    * Each running program's lines, as `[program, line]`.
    * @returns {Generator<[import('./program').Program, import('./line').Line]>}
    */

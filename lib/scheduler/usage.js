@@ -3,14 +3,16 @@
 /**
  * What a program's lines used, counted as they work (./line.js; a freed line's counts stay): the
  * leases they took (a line's branch, a fork of each cache entry it filled), the KV cells they
- * wrote (prefilled, then committed tokens: what `maxCells` bounds), and the usage its result and
- * `done` event report.
+ * hold (prefilled, then committed tokens, less what parked lines gave back: what `maxCells`
+ * bounds), and the usage its result and `done` event report.
  */
 class Tally {
   leases = 0;
   /** Tokens committed after sampling (prefilled ones are `prefilledCells`). */
   cells = 0;
   prefilledCells = 0;
+  /** Cells parked lines gave back (less what resumed ones took again): free for its other lines. */
+  returnedCells = 0;
   completionTokens = 0;
   draftTokens = 0;
   acceptedDraftTokens = 0;
@@ -56,8 +58,13 @@ class Tally {
     this.cells++;
   }
 
+  /** A line was parked (`freed` cells came free) or resumed (`freed` < 0: cells taken again). */
+  moved(freed) {
+    this.returnedCells += freed;
+  }
+
   get cellsUsed() {
-    return this.prefilledCells + this.cells;
+    return this.prefilledCells + this.cells - this.returnedCells;
   }
 
   get usage() {
