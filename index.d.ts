@@ -1519,6 +1519,12 @@ export interface ServerOptions {
    * picks one; topic `kv@<pod>@<model>`) for KV-aware routers; docs/serving.md.
    */
   kvEvents?: string;
+  /**
+   * The KV events' encoding: `'map'` (default: what current vLLM sends, maps tagged by `type` with
+   * `group_idx`, `kv_cache_spec_kind`, and `extra_keys` naming the images in a block) or `'array'`
+   * (vLLM's earlier positional arrays, for consumers that read only those).
+   */
+  kvEventsFormat?: 'map' | 'array';
 }
 
 /** An OpenAI-compatible HTTP server over a {@link Scheduler}; see docs/serving.md. */
@@ -1529,7 +1535,11 @@ export interface LlamaBranchServer {
   /** The underlying node:http server. */
   readonly http: import('node:http').Server;
   /** With `kvEvents`: the bound address and topic of the KV event stream; null without. */
-  readonly kvEvents: { address: string; topic: string; publisher: { readonly sequence: number } } | null;
+  readonly kvEvents: {
+    address: string;
+    topic: string;
+    publisher: { readonly sequence: number; readonly format: 'map' | 'array' };
+  } | null;
   /** Starts listening (default port 8080 on 127.0.0.1; port 0 = any free port). */
   listen(port?: number, host?: string): Promise<{ host: string; port: number; url: string }>;
   /** Stops listening, ends running requests, closes the scheduler (and disposes a loaded context). */

@@ -201,11 +201,12 @@ class Scheduler {
   }
 
   /**
-   * The prefixes the cache holds now (any tier), each with its tokens and the tiers holding it.
-   * @returns {{ tokens: number[], tiers: string[] }[]}
+   * The prefixes the cache holds now (any tier), each with its tokens, the tiers holding it and
+   * the images among its positions (`{ start, nPos, id }`, id: the SHA-256 of the file bytes).
+   * @returns {{ tokens: number[], tiers: string[], images: { start: number, nPos: number, id: string }[] }[]}
    */
   cachedPrefixes() {
-    return [...this._cache.held()].map((e) => ({ tokens: e.tokens, tiers: e.media }));
+    return [...this._cache.held()].map((e) => ({ tokens: e.tokens, tiers: e.media, images: e.images }));
   }
 
   /**

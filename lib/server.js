@@ -36,7 +36,7 @@ const { EventFeed } = require('./server/events');
 const { uiRoutes } = require('./server/ui');
 const { systemoneRoute } = require('./server/systemone');
 const { decisionsRoute } = require('./server/decisions');
-const { KvEventPublisher } = require('./server/kv-events');
+const { KvEventPublisher, KV_EVENT_FORMATS } = require('./server/kv-events');
 
 const defaults = require('./defaults');
 const { PoolingType } = require('./constants');
@@ -360,7 +360,7 @@ async function createServer(options, createContext) {
       (options.modelPath ? path.basename(String(options.modelPath)).replace(/\.gguf$/i, '') : 'llama-branch');
     const feed = new EventFeed(scheduler, { model: modelName, ctx, traceFile: config.traceFile });
     const app = createApp({ scheduler, ctx, modelName, metrics, embedder, feed, parallel, ...config });
-    const kvEvents = await kvEventsOf(options.kvEvents, scheduler, modelName);
+    const kvEvents = await kvEventsOf(options, scheduler, modelName);
     return listening(http.createServer(app), { ctx, scheduler, modelName, owned, feed, kvEvents });
   } catch (e) {
     for (const c of owned) c.dispose();
@@ -370,14 +370,23 @@ async function createServer(options, createContext) {
 
 /**
  * With `options.kvEvents` (`tcp://HOST:PORT`), the publisher of the prefix cache's KV events
- * (lib/server/kv-events.js), bound; null without. A failed bind closes it (pushed to `owned` only
- * once bound, so that createServer's cleanup disposes of contexts alone).
+ * (lib/server/kv-events.js) in `options.kvEventsFormat` ('map', the default, or 'array'), bound;
+ * null without. A failed bind closes it (pushed to `owned` only once bound, so that
+ * createServer's cleanup disposes of contexts alone).
  */
-async function kvEventsOf(endpoint, scheduler, modelName) {
+async function kvEventsOf({ kvEvents: endpoint, kvEventsFormat: format = 'map' }, scheduler, modelName) {
+  if (!KV_EVENT_FORMATS.includes(format))
+    throw makeError(
+      'ERR_INVALID_ARG',
+      `options.kvEventsFormat must be 'map' or 'array', got ${JSON.stringify(format)}`,
+    );
   if (endpoint === undefined || endpoint === null) return null;
   if (typeof endpoint !== 'string' || !/^tcp:\/\/(\[[^\]]+\]|[^:/]+):\d+$/.test(endpoint))
     throw makeError('ERR_INVALID_ARG', `options.kvEvents must be tcp://HOST:PORT (port 0 picks one), got ${endpoint}`);
-  const publisher = new KvEventPublisher(scheduler, { model: modelName });
+  const publisher = new KvEventPublisher(scheduler, {
+    model: modelName,
+    format: /** @type {'map' | 'array'} */ (format),
+  });
   try {
     const address = await publisher.bind(endpoint);
     return { publisher, address, topic: publisher.topic.toString() };

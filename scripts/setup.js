@@ -48,7 +48,7 @@ function buildPackages() {
  * and OpenAI's `openai` 3.5x, whose `client.decisions.create` test/decisions.test.js calls (a few
  * seconds); SGLang's model gateway `sglang-router` (a Rust binary in a wheel), which
  * test/router.test.js puts in front of three replicas; NVIDIA Dynamo's KV indexer
- * (`ai-dynamo-runtime`, with `pyzmq` and `msgpack`), which test/kv-events.test.js reads the KV
+ * (`ai-dynamo-runtime`, with `pyzmq` and `msgspec`), which test/kv-events.test.js reads the KV
  * event stream with. Where the machine's Python is externally managed (Debian's), they go into a
  * venv under ~/.cache/llama-branch (scripts/python.js), which the tests then run. Never fatal
  * here: outside CI those tests say they are skipped, and why; in CI (CI set) the router and KV
@@ -64,8 +64,8 @@ function pythonClient() {
   if (!pip('sglang-router==0.3.2')) log('sglang-router not installed: test/router.test.js cannot run');
   // The writer of test/images.test.js's random-weight projector (test/helpers/make-mmproj.py).
   if (!pip('gguf==0.19.0')) log('gguf not installed: test/images.test.js cannot write its test projector');
-  // NVIDIA Dynamo's KV indexer (a 75 MB wheel) and the ZeroMQ and msgpack it reads the stream with.
-  if (!pip('ai-dynamo-runtime==1.6.1', 'pyzmq==27.3.0', 'msgpack==1.2.4'))
+  // NVIDIA Dynamo's KV indexer (a 75 MB wheel); ZeroMQ and msgspec (vLLM's event structs) to read the stream.
+  if (!pip('ai-dynamo-runtime==1.6.1', 'pyzmq==27.3.0', 'msgspec==0.23.0'))
     log('the KV event consumer is not installed: test/kv-events.test.js cannot run');
 }
 

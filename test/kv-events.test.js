@@ -1,17 +1,21 @@
 'use strict';
 
-// `serve --kv-events`: the prefix cache of two servers published as KV events in vLLM's format,
-// consumed by NVIDIA Dynamo's KV indexer (ai-dynamo-runtime 1.6.1's RadixTree, through pyzmq and
-// msgpack: test/kv-consumer.py), a consumer from the field, not a decoder written here. The
-// consumer joins late (after the first server filled its cache: the replay), a small context makes
-// the cache evict (BlockRemoved), and then: the blocks Dynamo believes each server holds are the
-// whole 16-token blocks of the prefixes its cache holds, and `find_matches` for a held prompt
-// names the server holding it. Outside CI a machine without the Python packages skips with the
-// reason; in CI (CI set) it fails.
+// `serve --kv-events`: the prefix cache of two servers published as KV events in vLLM's format —
+// the first as maps (`--kv-events-format map`, the default: what current vLLM sends), the second
+// as the earlier positional arrays — read by consumers from the field, not decoders written here:
+// (1) msgspec decoding strictly into vLLM's event structs, applied to NVIDIA Dynamo's KV indexer
+// tree (ai-dynamo-runtime 1.6.1's RadixTree: test/kv-consumer.py); (2) Dynamo's standalone KV
+// indexer service itself (`run_kv_indexer`), which subscribes and decodes the wire on its own and
+// answers `POST /query`. The consumer joins late (after the first server filled its cache: the
+// replay), a small context makes the cache evict (BlockRemoved), and then: the blocks Dynamo
+// believes each server holds are the whole 16-token blocks of the prefixes its cache holds, and a
+// match for a held prompt names the server holding it. Outside CI a machine without the Python
+// packages skips with the reason; in CI (CI set) it fails.
 
 const assert = require('node:assert/strict');
 const path = require('node:path');
 const readline = require('node:readline');
+const net = require('node:net');
 const { spawn, spawnSync } = require('node:child_process');
 const { createServer } = require('..');
 const { blockHashes } = require('../lib/server/kv-events');
@@ -23,12 +27,44 @@ const CONSUMER = path.join(__dirname, 'kv-consumer.py');
 const PYTHON = testPython() || 'python3';
 
 function consumerMissing() {
-  const probe = spawnSync(PYTHON, ['-c', 'import zmq, msgpack; from dynamo._core import RadixTree'], {
+  const probe = spawnSync(PYTHON, ['-c', 'import zmq, msgspec; from dynamo._core import RadixTree, run_kv_indexer'], {
     encoding: 'utf8',
   });
   return probe.status === 0
     ? null
     : (probe.stderr || probe.error || 'no python3 (npm run setup installs the consumer)').toString().trim();
+}
+
+/** A free loopback port (for Dynamo's indexer service). */
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const probe = net.createServer().listen(0, '127.0.0.1', () => {
+      const { port } = /** @type {import('node:net').AddressInfo} */ (probe.address());
+      probe.close(() => resolve(port));
+    });
+    probe.on('error', reject);
+  });
+}
+
+/** Dynamo's standalone KV indexer subscribed to `workers` (`id=tcp://...`); its HTTP port. */
+async function startIndexer(workers) {
+  const port = await freePort();
+  const args = ['--port', String(port), '--block-size', '16', '--threads', '1', '--workers', workers.join(',')];
+  const code = `import sys; from dynamo._core import run_kv_indexer; run_kv_indexer(${JSON.stringify(args)})`;
+  const child = spawn(PYTHON, ['-c', code], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (d) => (stderr += d));
+  const url = `http://127.0.0.1:${port}`;
+  await waitFor(
+    () =>
+      fetch(`${url}/health`).then(
+        (r) => r.ok,
+        () => false,
+      ),
+    `Dynamo's indexer on ${url} (${stderr})`,
+    30000,
+  );
+  return { child, url, stderr: () => stderr };
 }
 
 /** The consumer process: `ask(command)` writes one JSON line and resolves with its answer. */
@@ -68,7 +104,7 @@ describe('KV events (serve --kv-events) read by Dynamo’s indexer', function ()
   // CI installs the consumer (scripts/setup.js --system), so there it must run. Elsewhere the
   // title says why it does not run, and the test checks that reason (as test/systemone.test.js does).
   if (missing && !process.env.CI) {
-    it(`not run here: ${missing.split('\n').pop()} (npm run setup installs ai-dynamo-runtime, pyzmq, msgpack)`, function () {
+    it(`not run here: ${missing.split('\n').pop()} (npm run setup installs ai-dynamo-runtime, pyzmq, msgspec)`, function () {
       assert.ok(consumerMissing());
     });
     return;
@@ -85,14 +121,17 @@ describe('KV events (serve --kv-events) read by Dynamo’s indexer', function ()
         parallel: 1,
         ui: false,
         kvEvents: 'tcp://127.0.0.1:0',
+        kvEventsFormat: i === 0 ? 'map' : 'array',
       });
       await server.listen(0, '127.0.0.1');
       servers.push(server);
     }
   });
 
+  let indexer;
   after(async () => {
     if (consumer) consumer.child.kill();
+    if (indexer) indexer.child.kill();
     for (const s of servers) await s.close();
   });
 
@@ -111,7 +150,9 @@ describe('KV events (serve --kv-events) read by Dynamo’s indexer', function ()
     // Before the consumer joins: it learns this from the replay.
     await complete(a, text(topics[0], 0));
 
-    consumer = startConsumer([`1=${a.kvEvents.address}`, `2=${b.kvEvents.address}`]);
+    assert.equal(a.kvEvents.publisher.format, 'map');
+    assert.equal(b.kvEvents.publisher.format, 'array');
+    consumer = startConsumer([`1:map=${a.kvEvents.address}`, `2:array=${b.kvEvents.address}`]);
     await consumer.ready;
     await waitFor(
       async () => {
@@ -136,7 +177,16 @@ describe('KV events (serve --kv-events) read by Dynamo’s indexer', function ()
       'the consumer to reach the last sequence number of both servers',
       30000,
     );
-    assert.deepEqual(state.errors, [], 'Dynamo applied every event');
+    assert.deepEqual(
+      state.errors,
+      [],
+      "msgspec decoded every batch into vLLM's structs, and Dynamo applied every event",
+    );
+    assert.deepEqual(
+      state.groups,
+      { 1: [[0, 'full_attention']], 2: [[null, null]] },
+      'one full-attention group (maps)',
+    );
     servers.forEach((srv, i) => {
       const expected = heldBlocks(srv);
       assert.ok(expected.size > 0);
@@ -151,6 +201,43 @@ describe('KV events (serve --kv-events) read by Dynamo’s indexer', function ()
       const other = String(2 - i);
       assert.equal(scores[mine], Math.floor(held.tokens.length / 16), JSON.stringify(scores));
       assert.ok((scores[other] || 0) < scores[mine], JSON.stringify(scores));
+    }
+  });
+
+  it("Dynamo's own indexer service decodes both encodings and matches each prompt to its holder", async () => {
+    indexer = await startIndexer(servers.map((srv, i) => `${i + 1}=${srv.kvEvents.address}`));
+    // One more prompt each, live: the service learns what came before from the replay.
+    await complete(
+      servers[0],
+      `The map of the river delta. ${'Each channel is named by the village at its mouth. '.repeat(6)}`,
+    );
+    await complete(
+      servers[1],
+      `The tide tables of the bay. ${'Each high water is given to the minute for the port. '.repeat(6)}`,
+    );
+    for (const [i, srv] of servers.entries()) {
+      const held = srv.scheduler.cachedPrefixes().sort((x, y) => y.tokens.length - x.tokens.length)[0];
+      const whole = Math.floor(held.tokens.length / 16) * 16;
+      const query = async () => {
+        const body = JSON.stringify({ token_ids: held.tokens, model_name: 'default' });
+        const r = await fetch(`${indexer.url}/query`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body,
+        });
+        return r.json();
+      };
+      const answer = await waitFor(
+        async () => {
+          const a = await query();
+          return a.scores && a.scores[String(i + 1)] && a;
+        },
+        `Dynamo's indexer to hold server ${i + 1}'s blocks (${indexer.stderr().slice(-2000)})`,
+        30000,
+      );
+      assert.deepEqual(answer.scores[String(i + 1)], { 0: whole }, JSON.stringify(answer));
+      const other = answer.scores[String(2 - i)];
+      assert.ok(!other || other['0'] < whole, JSON.stringify(answer));
     }
   });
 });

@@ -79,12 +79,18 @@ export class Scheduler {
      */
     promptTokens(request: import("../lib/types").GenerateRequest): Promise<number[]>;
     /**
-     * The prefixes the cache holds now (any tier), each with its tokens and the tiers holding it.
-     * @returns {{ tokens: number[], tiers: string[] }[]}
+     * The prefixes the cache holds now (any tier), each with its tokens, the tiers holding it and
+     * the images among its positions (`{ start, nPos, id }`, id: the SHA-256 of the file bytes).
+     * @returns {{ tokens: number[], tiers: string[], images: { start: number, nPos: number, id: string }[] }[]}
      */
     cachedPrefixes(): {
         tokens: number[];
         tiers: string[];
+        images: {
+            start: number;
+            nPos: number;
+            id: string;
+        }[];
     }[];
     /**
      * Calls `listener(event)` for everything that happens from now on — requests and programs

@@ -130,6 +130,11 @@ const options = {
     type: 'string',
     help: 'publish the prefix cache as KV events (vLLM format, ZeroMQ PUB, topic kv@<pod>@<model>) on tcp://HOST:PORT, for KV-aware routers',
   },
+  'kv-events-format': {
+    type: 'string',
+    default: 'map',
+    help: "the KV events' encoding: map (what current vLLM sends: maps tagged by type, with group_idx, kv_cache_spec_kind, extra_keys for images) or array (vLLM's earlier positional arrays)",
+  },
   trace: {
     type: 'string',
     help: 'record every scheduler event to this JSONL file (open it in the page to replay the run)',
@@ -284,7 +289,7 @@ async function run(values, { log }) {
     ui: !values['no-ui'],
     ...(values['no-warmup'] ? { warmup: false } : {}),
     traceFile: values.trace,
-    ...(values['kv-events'] ? { kvEvents: values['kv-events'] } : {}),
+    ...(values['kv-events'] ? { kvEvents: values['kv-events'], kvEventsFormat: values['kv-events-format'] } : {}),
   }).catch((e) => {
     // createContext's ERR_DEVICE speaks of its options (`gpu`, `nGpuLayers`); on the command
     // line the flag is what the user typed, so name it.

@@ -38,7 +38,7 @@ const sum = (/** @type {number[]} */ sizes) => sizes.reduce((total, size) => tot
  * @typedef {{ position: number, disposed?: boolean, prune(): Promise<void>, fork(): any, forkAt(position: number): any }} CachedBranch
  * @typedef {'kv' | 'ram' | 'disk'} Medium
  * @typedef {NonNullable<import('../types').SchedulerStats['cacheTiers']>} TierStats
- * @typedef {{ type: 'stored' | 'removed', tokens: number[], medium: Medium, tiers: Medium[] } | { type: 'cleared', medium: 'kv' }} CacheChange
+ * @typedef {{ type: 'stored' | 'removed', tokens: number[], images: ImageSpan[], medium: Medium, tiers: Medium[] } | { type: 'cleared', medium: 'kv' }} CacheChange
  * @typedef {import('./image-keys').ImageSpan} ImageSpan
  * What the lower tiers are made of (`tiersOn`): budgets in bytes, the folder (null: RAM only),
  * a branch's state copied now (null once the context is gone) and a state restored as a root
@@ -169,7 +169,7 @@ class PrefixCache {
   }
 
   _emit(type, e, medium) {
-    const change = { type, tokens: e.tokens, medium, tiers: e.media };
+    const change = { type, tokens: e.tokens, images: e.images, medium, tiers: e.media };
     for (const listener of this._listeners) listener(change);
   }
 

@@ -92,7 +92,7 @@ describe('KvEventPublisher (fake scheduler)', function () {
   it('replays what is held to a late subscriber, then publishes stored and removed blocks as the tiers change', async () => {
     const shared = tokens(100, 40); // 2 whole blocks + 8 tokens
     const scheduler = fakeScheduler([{ tokens: shared, tiers: ['kv'] }]);
-    publisher = new KvEventPublisher(scheduler, { model: 'm', pod: 'p' });
+    publisher = new KvEventPublisher(scheduler, { model: 'm', pod: 'p', format: 'array' });
     const address = await publisher.bind('tcp://127.0.0.1:0');
     sub = await subscriber(address);
 
@@ -139,6 +139,55 @@ describe('KvEventPublisher (fake scheduler)', function () {
     const last = await sub.next();
     assert.deepEqual(last.batch[1], [['BlockRemoved', [h2, h1], 'DISK']]);
     assert.equal(last.seq, 6);
+  });
+
+  it('maps (the default) carry the group, the spec kind and, for blocks with image positions, the image ids', async () => {
+    const scheduler = fakeScheduler();
+    publisher = new KvEventPublisher(scheduler, { model: 'm', pod: 'p' });
+    assert.equal(publisher.format, 'map');
+    sub = await subscriber(await publisher.bind('tcp://127.0.0.1:0'));
+    assert.deepEqual((await sub.next()).batch[1], [{ type: 'AllBlocksCleared' }]);
+
+    // Text, an image of 20 positions from 10 (its keys negative, as the cache holds them), text: 3 whole blocks.
+    const id = 'ab'.repeat(32);
+    const prefix = [...tokens(100, 10), ...Array.from({ length: 20 }, (_, k) => -2 - 2 * k), ...tokens(200, 20)];
+    scheduler.listener({
+      type: 'stored',
+      tokens: prefix,
+      images: [{ start: 10, nPos: 20, id }],
+      medium: 'kv',
+      tiers: ['kv'],
+    });
+    const hashes = blockHashes(prefix);
+    const [stored] = (await sub.next()).batch[1];
+    assert.deepEqual(stored, {
+      type: 'BlockStored',
+      block_hashes: hashes,
+      parent_block_hash: null,
+      token_ids: prefix.slice(0, 48).map((t) => (t < 0 ? 0 : t)),
+      block_size: 16,
+      lora_id: null,
+      medium: 'GPU',
+      lora_name: null,
+      extra_keys: [[[id, 10]], [[id, -6]], null],
+      group_idx: 0,
+      kv_cache_spec_kind: 'full_attention',
+    });
+
+    // Text only: no extra_keys at all (vLLM omits a field at its default).
+    const text = tokens(700, 16);
+    scheduler.listener({ type: 'stored', tokens: text, images: [], medium: 'ram', tiers: ['ram'] });
+    const [plain] = (await sub.next()).batch[1];
+    assert.equal('extra_keys' in plain, false);
+    assert.deepEqual(plain.token_ids, text);
+    scheduler.listener({ type: 'removed', tokens: text, images: [], medium: 'ram', tiers: [] });
+    assert.deepEqual((await sub.next()).batch[1], [
+      { type: 'BlockRemoved', block_hashes: blockHashes(text), medium: 'CPU', group_idx: 0 },
+    ]);
+    assert.throws(
+      () => new KvEventPublisher(fakeScheduler(), { model: 'm', format: /** @type {any} */ ('json') }),
+      /map or array/,
+    );
   });
 
   it('refuses an endpoint that is not tcp://HOST:PORT', async () => {
