@@ -54,6 +54,8 @@ const server = Object.freeze({
   reasoningFormat: 'auto',
   /** KV cells (and batch) of the embeddings context `--embeddings` creates: the longest input. */
   embeddingsCtx: 2048,
+  /** Inputs the server's embeddings context embeds in one decode (its `nSeqMax`). */
+  embeddingsBatch: 8,
   /** Inputs per /v1/embeddings request at most. */
   maxEmbeddingInputs: 256,
   /** `--spec-max-draft`: the longest draft one line verifies in a step. */

@@ -457,7 +457,7 @@ async function embeddingsContextOf(createContext, options, owned) {
     embeddings: true,
     nCtx: size,
     nBatch: size,
-    nSeqMax: 1,
+    nSeqMax: defaults.server.embeddingsBatch,
     poolingType: PoolingType.MEAN,
   });
   owned.push(ctx);

@@ -413,6 +413,61 @@ describe('Context API: sample, metrics, grammar handles, embeddings', function (
       }
     });
 
+    it('embedBatch: a vector per input as encode gives it, several per decode; bad input changes nothing', async () => {
+      const batch = await open({ nCtx: 512, nBatch: 128, embeddings: true, poolingType: 1, nSeqMax: 4 });
+      try {
+        const texts = [
+          'The cat sat on the mat',
+          'Stock prices rose sharply',
+          'A cat rested on the rug',
+          'I love eating pizza with cheese.',
+          'The function returns a null pointer.',
+          `A long line ${'about the harbour and the sea '.repeat(12)}`, // over half of nBatch: a decode of its own
+        ];
+        const inputs = await Promise.all(texts.map((t) => batch.tokenize(t)));
+        assert.ok(inputs[5].length > 64 && inputs[5].length <= 128, `${inputs[5].length} tokens`);
+        const vectors = await batch.embedBatch(inputs);
+        assert.equal(vectors.length, texts.length);
+        assert.equal(batch.kvSeqPosMax(0), -1, 'its sequences are cleared after');
+        for (const [i, tokens] of inputs.entries()) {
+          await batch.encode(tokens);
+          const alone = batch.getEmbeddings();
+          // Not batch-invariant on CPU (a Q4 model, other batch shapes): near, not equal.
+          assert.ok(cosine(vectors[i], alone) > 0.999, `input ${i}: cosine ${cosine(vectors[i], alone)}`);
+          assert.ok(Math.abs(norm(vectors[i]) - 1) < 0.01);
+        }
+        assert.ok(cosine(vectors[0], vectors[2]) > cosine(vectors[0], vectors[1]), 'the cats are nearer each other');
+        const [raw] = await batch.embedBatch([inputs[1]], false);
+        assert.ok(Math.abs(norm(raw) - 1) > 0.01 && cosine(raw, vectors[1]) > 0.999);
+
+        await rejects(() => batch.embedBatch([inputs[0], []]), 'ERR_INVALID_ARG', /inputs\[1\]/);
+        await rejects(() => batch.embedBatch([new Array(129).fill(inputs[0][1])]), 'ERR_INVALID_ARG', /nBatch/);
+        await rejects(() => batch.embedBatch([[batch.vocabSize]]), 'ERR_TOKEN_OUT_OF_RANGE');
+        await rejects(() => batch.embedBatch(/** @type {any} */ ('text')), 'ERR_INVALID_ARG');
+        await batch.encode(inputs[3]);
+        const before = batch.getEmbeddings();
+        const b = Branch.create(batch, batch.kvSeqPosMax(0) + 1, { temperature: 0 });
+        await rejects(() => batch.embedBatch(inputs.slice(0, 3)), 'ERR_INVALID_ARG', /leased/);
+        await b.prune();
+        assert.deepEqual(Array.from(batch.getEmbeddings()), Array.from(before), 'a refused batch changed nothing');
+      } finally {
+        batch.dispose();
+      }
+    });
+
+    it('embedBatch needs a pooled embedding context: ERR_UNSUPPORTED otherwise', async () => {
+      // llama.cpp aborts reserving mean pooling's graph when nBatch / nSeqMax does not divide.
+      const odd = { nCtx: 256, nBatch: 256, embeddings: true, poolingType: 1, nSeqMax: 3 };
+      await rejects(() => open(odd), 'ERR_INVALID_ARG', /multiple of nSeqMax/);
+      const none = await open({ nCtx: 256, nBatch: 256, embeddings: true, poolingType: 0 });
+      try {
+        await rejects(() => none.embedBatch([[1, 2]]), 'ERR_UNSUPPORTED', /pooled/);
+      } finally {
+        none.dispose();
+      }
+      await rejects(() => ctx.embedBatch([[1, 2]]), 'ERR_UNSUPPORTED', /embeddings: true/);
+    });
+
     it('a context without embeddings refuses encode/getEmbeddings with ERR_UNSUPPORTED', async () => {
       assert.equal(ctx.hasPooling(), false);
       assert.ok(ctx.getEmbeddingDimension() > 0);

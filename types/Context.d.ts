@@ -534,6 +534,19 @@ export class SessionContext {
      */
     encode(tokens: number[]): Promise<void>;
     /**
+     * Embeds several inputs (token arrays) at once, each on a sequence of its own: as many per
+     * decode as fit `nBatch` tokens and `nSeqMax` sequences (create the context with `nSeqMax` > 1
+     * to batch), so N short texts cost ⌈N / nSeqMax⌉ decodes, not N. Resolves one pooled vector per
+     * input, in order, L2-normalised unless `normalize` is false; sequences 0.. are cleared before
+     * and after (no KV growth). Every input is checked first: `ERR_INVALID_ARG` for an empty or too
+     * long one or when a live branch leases a sequence it needs, `ERR_UNSUPPORTED` without pooling
+     * (`PoolingType.NONE` or `RANK`: use {@link encode}) or on a context without `embeddings: true`.
+     * @param {number[][]} inputs
+     * @param {boolean} [normalize]
+     * @returns {Promise<Float32Array[]>}
+     */
+    embedBatch(inputs: number[][], normalize?: boolean): Promise<Float32Array[]>;
+    /**
      * A copy of the embedding of the last {@link encode} (length {@link getEmbeddingDimension}):
      * pooled over sequence 0 (`poolingType` MEAN, CLS or LAST), or the last token's vector with
      * `PoolingType.NONE`. L2-normalised unless `normalize` is false. Throws `ERR_NO_LOGITS` before

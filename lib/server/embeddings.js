@@ -2,9 +2,10 @@
 
 /**
  * POST /v1/embeddings over a context created with `embeddings: true` (the server's `--embeddings`
- * makes one beside the chat context: a chat context keeps logits, not pooled vectors). Inputs
- * are embedded one after another, each in one decode; an encode and the read of its vector are
- * one critical section, so concurrent requests cannot read each other's vectors.
+ * makes one beside the chat context: a chat context keeps logits, not pooled vectors). A
+ * request's inputs are embedded together (`ctx.embedBatch`: as many per decode as the context
+ * has sequences); without pooling, one after another, an encode and the read of its vector one
+ * critical section. Requests take turns, so none reads another's vectors.
  */
 
 const { HttpError, badRequest } = require('./http');
@@ -53,11 +54,17 @@ class Embedder {
     this.queue = Promise.resolve();
   }
 
-  /** The vector of one input, encode and read in one critical section. */
-  embedOne(tokens) {
+  /** The vectors of `inputs` (token arrays), in one turn: batched when the context pools. */
+  embedAll(inputs) {
+    const ctx = this.ctx;
     const run = this.queue.then(async () => {
-      await this.ctx.encode(tokens);
-      return this.ctx.getEmbeddings(true);
+      if (ctx.hasPooling()) return ctx.embedBatch(inputs, true);
+      const vectors = [];
+      for (const tokens of inputs) {
+        await ctx.encode(tokens);
+        vectors.push(ctx.getEmbeddings(true));
+      }
+      return vectors;
     });
     this.queue = run.catch(() => {});
     return run;
@@ -83,13 +90,13 @@ class Embedder {
         'dimensions',
       );
     const inputs = inputsOf(body, this.ctx);
-    const data = [];
-    let tokens = 0;
-    for (const [index, input] of inputs.entries()) {
-      const vector = await this.embedOne(input);
-      tokens += input.length;
-      data.push({ object: 'embedding', index, embedding: format === 'base64' ? base64Of(vector) : Array.from(vector) });
-    }
+    const vectors = await this.embedAll(inputs);
+    const tokens = inputs.reduce((sum, input) => sum + input.length, 0);
+    const data = vectors.map((vector, index) => ({
+      object: 'embedding',
+      index,
+      embedding: format === 'base64' ? base64Of(vector) : Array.from(vector),
+    }));
     return { object: 'list', data, model: modelName, usage: { prompt_tokens: tokens, total_tokens: tokens } };
   }
 }

@@ -405,6 +405,7 @@ impl Drop for Context {
 /// `llama_pooling_type` values we distinguish.
 pub const POOLING_NONE: i32 = sys::LLAMA_POOLING_TYPE_NONE;
 pub const POOLING_RANK: i32 = sys::LLAMA_POOLING_TYPE_RANK;
+pub const POOLING_MEAN: i32 = sys::LLAMA_POOLING_TYPE_MEAN;
 
 /// First bytes of every buffer `llama_state_seq_get_data` writes (llama.cpp's `io_magic`).
 pub const SEQ_STATE_MAGIC: u32 = 0xaf14_3cd8;

@@ -18,8 +18,8 @@ pub use backend::{
 };
 pub use batch::Batch;
 pub use context::{
-    Context, ContextConfig, POOLING_NONE, POOLING_RANK, SEQ_FILE_MAGIC, SEQ_FILE_VERSION,
-    SEQ_STATE_MAGIC,
+    Context, ContextConfig, POOLING_MEAN, POOLING_NONE, POOLING_RANK, SEQ_FILE_MAGIC,
+    SEQ_FILE_VERSION, SEQ_STATE_MAGIC,
 };
 pub use devices::{
     gguf_block_count, install_abort_hook, local_devices, rpc_add_server, rpc_available,

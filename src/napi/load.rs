@@ -21,7 +21,7 @@ use crate::engine::kv_types::KvConfig;
 use crate::engine::pool::Pool;
 use crate::engine::store::BranchStore;
 use crate::error::Error;
-use crate::llama::{self, Context, ContextConfig, Model};
+use crate::llama::{self, Context, ContextConfig, Model, POOLING_MEAN};
 
 /// Options for {@link createContext}.
 #[napi(object)]
@@ -228,6 +228,14 @@ fn resolve_options(o: &ContextOptions) -> crate::error::Result<Resolved> {
         -1,
         4,
     )? as i32;
+    // llama.cpp builds mean pooling's graph for nBatch / nSeqMax tokens per sequence and
+    // aborts while reserving it when that does not divide (ggml_can_mul_mat).
+    if embeddings && pooling_type == POOLING_MEAN && !n_batch.is_multiple_of(n_seq_max) {
+        return Err(Error::invalid(format!(
+            "a mean-pooled embedding context needs nBatch a multiple of nSeqMax (got nBatch {n_batch}, nSeqMax {n_seq_max}): e.g. nBatch {} with nSeqMax {n_seq_max}",
+            n_batch.div_ceil(n_seq_max) * n_seq_max
+        )));
+    }
     let log_level = o.log_level.as_deref().map(log_level_from).transpose()?;
     let kv = KvConfig::resolve(
         o.type_k.as_deref(),

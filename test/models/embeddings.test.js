@@ -59,6 +59,21 @@ describe('nomic-embed-text-v1.5: a real encoder', function () {
     }
   });
 
+  it('embedBatch: several texts per decode, each agreeing with llama.cpp to cosine >= 0.9999', async () => {
+    const ctx = await createContext({ modelPath: MODEL, embeddings: true, nCtx: 2048, nSeqMax: 4, nThreads: 2 });
+    try {
+      // Five texts on four sequences: two decodes.
+      const vectors = await ctx.embedBatch(TEXTS.map((t) => ctx.tokenizeSync(t, true)));
+      assert.equal(vectors.length, TEXTS.length);
+      vectors.forEach((v, i) => {
+        const c = cosine(Array.from(v), reference[i]);
+        assert.ok(c >= 0.9999, `text ${i}: cosine ${c} with llama.cpp's vector`);
+      });
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
   it('serve --embeddings answers a batch of texts through the openai client; chat is a 400', async () => {
     const server = await startServer(['--embeddings', '--threads', '2', '--ctx-size', '2048'], process.env, MODEL);
     try {
