@@ -18,7 +18,7 @@
  * The peers are installed into a scratch folder (not project dependencies): node-llama-cpp
  * 3.22.1 with @node-llama-cpp/linux-x64, @lloyal-labs/lloyal.node-linux-x64 from npm (lloyal.node's
  * JavaScript layer is not on npm: its native binding is driven directly, the calls its `Branch` and
- * `BranchStore` make), and `xllamacpp` from PyPI (`pip install --target`).
+ * `BranchStore` make), and the pinned `xllamacpp` wheel from PyPI (scripts/python.js `xllamacpp`).
  *
  * Usage: npm run bench:peers [-- --quick] [--parts=library,server,decide] [--rounds=5]
  *        [--reps=3] [--scratch=<dir>] [--threads=2] [--no-write]
@@ -34,7 +34,7 @@ const { spawn, spawnSync } = require('node:child_process');
 const { pathToFileURL } = require('node:url');
 const { args, modelPath, median, percentile, freePort, startProcess, stopProcess } = require('./common');
 const { markdownTable, replaceSection } = require('./common');
-const { testPython } = require('../scripts/python');
+const { xllamacpp } = require('../scripts/python');
 
 const QUICK = Boolean(args.quick);
 const PARTS = new Set(String(args.parts || 'library,server,decide').split(','));
@@ -50,7 +50,7 @@ const SCRATCH = path.resolve(String(args.scratch || path.join(os.tmpdir(), 'llam
 const PEERS = {
   nllc: { npm: ['node-llama-cpp@3.22.1', '@node-llama-cpp/linux-x64@3.22.1'], label: 'node-llama-cpp 3.22.1' },
   lloyal: { npm: ['@lloyal-labs/lloyal.node-linux-x64'], label: 'lloyal.node (linux-x64 binding)' },
-  xllamacpp: { pip: 'xllamacpp', label: "llama.cpp's server (xllamacpp)" },
+  xllamacpp: { label: "llama.cpp's server (xllamacpp)" },
 };
 const LLOYAL_BINARY = path.join(SCRATCH, 'node_modules/@lloyal-labs/lloyal.node-linux-x64/bin/lloyal.node');
 
@@ -99,24 +99,11 @@ function installPeers() {
       { cwd: SCRATCH },
     );
   }
-  const py = path.join(SCRATCH, 'py');
-  if (!fs.existsSync(path.join(py, 'xllamacpp')))
-    run(testPython() || 'python3', [
-      '-m',
-      'pip',
-      'install',
-      '--quiet',
-      '--target',
-      py,
-      '--no-deps',
-      PEERS.xllamacpp.pip,
-    ]);
-  const xl = fs.readdirSync(py).find((f) => /^xllamacpp-.*\.dist-info$/.test(f));
   return {
     'node-llama-cpp': version('node-llama-cpp'),
     '@node-llama-cpp/linux-x64': version('@node-llama-cpp/linux-x64'),
     '@lloyal-labs/lloyal.node-linux-x64': version('@lloyal-labs/lloyal.node-linux-x64'),
-    xllamacpp: xl ? xl.replace(/^xllamacpp-|\.dist-info$/g, '') : null,
+    xllamacpp: xllamacpp().version,
   };
 }
 
@@ -465,9 +452,8 @@ async function startServers(model) {
   );
   const xlPort = await freePort();
   const cfg = JSON.stringify({ model, threads: THREADS, port: xlPort, ...config });
-  const xl = await startProcess(testPython() || 'python3', ['-c', XLLAMACPP_LAUNCHER, cfg], xlPort, {
-    env: { ...process.env, PYTHONPATH: path.join(SCRATCH, 'py') },
-  });
+  const { python, env } = xllamacpp();
+  const xl = await startProcess(python, ['-c', XLLAMACPP_LAUNCHER, cfg], xlPort, { env });
   return { ours, xllamacpp: xl, config };
 }
 

@@ -89,4 +89,33 @@ function installPython(env) {
   return needsVenv(python) ? ensureVenv(python, env) : python;
 }
 
-module.exports = { venvDir, systemPython, testPython, pythonTool, needsVenv, installPython };
+/** llama.cpp's own server as a Python module: the independent reference of `npm run test:models` and `bench:peers`. */
+const XLLAMACPP = 'xllamacpp==2026.10.11549';
+const xllamacppDir = path.join(os.homedir() || os.tmpdir(), '.cache', 'llama-branch', 'xllamacpp');
+
+/**
+ * The interpreter and environment that import the pinned `xllamacpp`, installing it on first use
+ * with `pip install --target` into ~/.cache/llama-branch/xllamacpp (no dependencies: it needs
+ * none, and the test venv stays as setup made it). Throws with pip's output when it cannot.
+ */
+function xllamacpp() {
+  const python = testPython() || 'python3';
+  if (!fs.existsSync(path.join(xllamacppDir, 'xllamacpp'))) {
+    const args = [
+      '-m',
+      'pip',
+      'install',
+      '--quiet',
+      '--disable-pip-version-check',
+      '--no-deps',
+      '--target',
+      xllamacppDir,
+    ];
+    const r = spawnSync(python, [...args, XLLAMACPP], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    if (r.status !== 0)
+      throw new Error(`pip could not install ${XLLAMACPP} (llama.cpp's server, the reference): ${r.stderr}`);
+  }
+  return { python, env: { ...process.env, PYTHONPATH: xllamacppDir }, version: XLLAMACPP.split('==')[1] };
+}
+
+module.exports = { venvDir, systemPython, testPython, pythonTool, needsVenv, installPython, xllamacpp };

@@ -58,12 +58,6 @@ class AllBlocksCleared(MapEvent, tag="AllBlocksCleared"):
     pass
 
 
-class MapBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
-    data_parallel_rank: Union[int, None] = None
-
-
 class ArrayEvent(msgspec.Struct, array_like=True, tag=True, omit_defaults=True, gc=False):
     pass
 
@@ -86,12 +80,14 @@ class ArrayAllBlocksCleared(ArrayEvent, tag="AllBlocksCleared"):
     pass
 
 
-class ArrayBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Union[ArrayBlockStored, ArrayBlockRemoved, ArrayAllBlocksCleared]]
-    data_parallel_rank: Union[int, None] = None
+def batch_of(name, events):
+    """vLLM's EventBatch: `[ts, events, data_parallel_rank]`, an array in both forms."""
+    fields = [("ts", float), ("events", list[events]), ("data_parallel_rank", Union[int, None], None)]
+    return msgspec.defstruct(name, fields, array_like=True, omit_defaults=True, gc=False)
 
 
+MapBatch = batch_of("MapBatch", Union[BlockStored, BlockRemoved, AllBlocksCleared])
+ArrayBatch = batch_of("ArrayBatch", Union[ArrayBlockStored, ArrayBlockRemoved, ArrayAllBlocksCleared])
 DECODERS = {"map": msgspec.msgpack.Decoder(MapBatch), "array": msgspec.msgpack.Decoder(ArrayBatch)}
 
 

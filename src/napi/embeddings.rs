@@ -233,7 +233,7 @@ mod tests {
     #[test]
     fn groups_fit_one_decode_in_tokens_and_sequences() {
         let inputs: Vec<Vec<Token>> = [3, 4, 2, 5, 1, 1, 1].iter().map(|&n| vec![1; n]).collect();
-        assert_eq!(batch_groups(&inputs, 8, 4), vec![0..2, 2..4, 4..7]);
+        assert_eq!(batch_groups(&inputs, 8, 4), vec![0..2, 2..5, 5..7]);
         assert_eq!(batch_groups(&inputs, 100, 2), vec![0..2, 2..4, 4..6, 6..7]);
         assert_eq!(
             batch_groups(&inputs, 5, 8),

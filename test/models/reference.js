@@ -1,28 +1,10 @@
 'use strict';
 
-// llama.cpp's own server as the independent reference for the real-model tier: the `xllamacpp`
-// wheel (llama.cpp's server compiled as a Python module), pinned, installed once with
-// `pip install --target` into ~/.cache/llama-branch/xllamacpp (no dependencies: it needs none).
+// llama.cpp's own server as the independent reference for the real-model tier: the pinned
+// `xllamacpp` wheel (llama.cpp's server compiled as a Python module; scripts/python.js installs it).
 
-const fs = require('node:fs');
-const os = require('node:os');
-const path = require('node:path');
 const { spawnSync } = require('node:child_process');
-const { testPython } = require('../../scripts/python');
-
-const XLLAMACPP = 'xllamacpp==2026.10.11549';
-const TARGET = path.join(os.homedir(), '.cache', 'llama-branch', 'xllamacpp');
-
-/** The interpreter and PYTHONPATH that import xllamacpp, installing it on first use. */
-function xllamacpp() {
-  const python = testPython() || 'python3';
-  if (!fs.existsSync(path.join(TARGET, 'xllamacpp'))) {
-    const args = ['-m', 'pip', 'install', '--quiet', '--disable-pip-version-check', '--no-deps', '--target', TARGET];
-    const r = spawnSync(python, [...args, XLLAMACPP], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
-    if (r.status !== 0) throw new Error(`pip could not install ${XLLAMACPP} (the reference): ${r.stderr}`);
-  }
-  return { python, env: { ...process.env, PYTHONPATH: TARGET } };
-}
+const { xllamacpp } = require('../../scripts/python');
 
 const EMBED = `
 import json, sys
