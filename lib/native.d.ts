@@ -144,7 +144,7 @@ export declare class SessionContext {
    * fit `nBatch` tokens and `nSeqMax` sequences: a pooled vector per input, in order
    * (L2-normalised unless `normalize` is false). Every input is checked before anything runs.
    */
-  embedBatch(inputs: number[][], normalize?: boolean | undefined | null): Promise<Float32Array[]>
+  embedBatch(inputs: number[][], normalize: boolean | undefined | null): Promise<Float32Array[]>
   /**
    * The embedding of the last `encode`: pooled over sequence 0, or the last token's when the
    * context has no pooling. L2-normalised unless `normalize` is false.

@@ -79,9 +79,10 @@ impl SessionContext {
         &self,
         env: &'env Env,
         #[napi(ts_arg_type = "number[][]")] inputs: Arg<Vec<Vec<f64>>>,
-        normalize: Option<bool>,
+        #[napi(ts_arg_type = "boolean | undefined | null")] normalize: Arg<Option<bool>>,
     ) -> Result<Object<'env>> {
         self.spawn(env, || {
+            let normalize = normalize.get("embedBatch: normalize", "a boolean")?;
             let inputs = self.batch_inputs(inputs)?;
             let groups = batch_groups(
                 &inputs,
