@@ -275,18 +275,21 @@ class ModelDrafter {
   }
 
   /**
-   * Decodes the line's history into the draft context, so that the first draft of a step
-   * costs what every later one does (the step-cost fit must not see a prompt's prefill).
+   * Decodes the line's tokens the draft context has not seen (its history at first; what it
+   * committed while not drafting later) so that a draft of a step costs what every other one
+   * does: the step-cost fit must see drafting, not a catch-up prefill.
    */
   async prepare() {
-    if (this._held.base !== null || this._pending.length === 0) return;
+    const pending = this._pending;
+    if (pending.length === 0 || (this._held.base !== null && pending.length < 2)) return;
     const ctx = this._source.ctx;
     const native = nativeOf(ctx);
-    const base = native._branchCreate(0, GREEDY);
+    const fresh = this._held.base === null;
+    const base = fresh ? native._branchCreate(0, GREEDY) : this._held.base;
     try {
-      await native._branchPrefill(base, this._pending, undefined);
+      await native._branchPrefill(base, pending, undefined);
     } catch (e) {
-      free(ctx, base);
+      if (fresh) free(ctx, base);
       throw e;
     }
     this._held.base = base;

@@ -90,8 +90,9 @@ declare class ModelDrafter {
     /** @param {DraftModel} source @param {readonly number[]} history */
     constructor(source: DraftModel, history: readonly number[]);
     /**
-     * Decodes the line's history into the draft context, so that the first draft of a step
-     * costs what every later one does (the step-cost fit must not see a prompt's prefill).
+     * Decodes the line's tokens the draft context has not seen (its history at first; what it
+     * committed while not drafting later) so that a draft of a step costs what every other one
+     * does: the step-cost fit must see drafting, not a catch-up prefill.
      */
     prepare(): Promise<void>;
     /** @param {number} token @param {number} k */

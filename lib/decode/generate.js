@@ -9,7 +9,7 @@
 const { makeError } = require('../errors');
 const batch = require('./batch');
 const { produceAll, commitRows } = require('./rows');
-const { DraftLength, StepCost, checkSpeculative } = require('./speculation');
+const { DraftLength, stepCostFor, checkSpeculative } = require('./speculation');
 
 /**
  * `Branch.generate`'s options, checked, with the defaults filled in (`speculative` is checked by
@@ -55,8 +55,8 @@ async function generate(branch, ctx, options = {}) {
   const { maxTokens, speculative, signal, onToken, history } = checkGenerateOptions(options);
   const spec = checkSpeculative(speculative, 'generate');
   if (spec && typeof spec.source.checkVocabulary === 'function') spec.source.checkVocabulary(ctx);
-  const cost = new StepCost();
-  const length = spec ? new DraftLength({ maxDraft: spec.maxDraft, cost, adaptive: spec.adaptive }) : null;
+  const cost = spec ? stepCostFor(ctx, spec.source) : null;
+  const length = spec ? new DraftLength({ ...spec, cost }) : null;
   const drafter = spec ? spec.source.open(history) : null;
   const speculation = spec ? { ctx, spec: { source: spec.source, cost } } : null;
   /** @type {number[]} */

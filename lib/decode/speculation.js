@@ -18,11 +18,17 @@ const { PromptLookup, DraftModel, MAX_DRAFT } = require('../speculative');
  * (probing with a short draft now and then), and a line copying its input drafts long.
  */
 class DraftLength {
-  /** @param {{ maxDraft: number, cost: StepCost, adaptive?: boolean }} options */
-  constructor({ maxDraft, cost, adaptive = true }) {
+  /**
+   * `minGain`: the expected speed-up a draft must promise (default 1, or 1.1 for a draft model,
+   * whose drafting after a pause first costs a prefill of what the line wrote meanwhile, which
+   * no step's time shows).
+   * @param {{ maxDraft: number, cost: StepCost, adaptive?: boolean, minGain?: number, source?: any }} options
+   */
+  constructor({ maxDraft, cost, adaptive = true, source, minGain = source && source.kind === 'draft' ? 1.1 : 1 }) {
     this.maxDraft = maxDraft;
     this.adaptive = adaptive;
     this.cost = cost;
+    this.minGain = minGain;
     // Optimistic at first: a line that never drafts never learns. Lookup drafts only where an
     // n-gram matched, and a draft model shares the target's tokenizer and usually its taste.
     this.acceptance = 0.8;
@@ -34,6 +40,21 @@ class DraftLength {
   }
 
   /**
+   * The best draft length up to `max` at acceptance `a` and row cost `r`, and its expected
+   * speed-up; length 0 unless some length promises more than `minGain`.
+   * @param {number} max @param {number} a @param {number} r
+   */
+  best(max, a, r) {
+    let best = 0;
+    let bestGain = this.minGain;
+    for (let k = 1; k <= max; k++) {
+      const gain = (1 - a ** (k + 1)) / (1 - a) / (1 + r * k);
+      if (gain > bestGain + 1e-9) [best, bestGain] = [k, gain];
+    }
+    return best;
+  }
+
+  /**
    * The draft length for the next step; at most `limit`. `rows`: the rows of the step without
    * drafts (other lines' tokens), which make one more row relatively cheaper but also raise the
    * throughput a draft row must beat.
@@ -42,19 +63,17 @@ class DraftLength {
   next(limit, rows = 1) {
     const max = Math.min(this.maxDraft, limit);
     if (max <= 0 || !this.adaptive) return Math.max(max, 0);
-    const a = Math.min(this.acceptance, 0.99);
     const r = this.cost.ratio(rows);
-    let best = 0;
-    let bestGain = 1;
-    for (let k = 1; k <= max; k++) {
-      const gain = (1 - a ** (k + 1)) / (1 - a) / (1 + r * k);
-      if (gain > bestGain + 1e-9) [best, bestGain] = [k, gain];
-    }
+    const best = this.best(max, Math.min(this.acceptance, 0.99), r);
     // The cost fit needs steps of different sizes, plain ones among them (step cost is not
     // linear in rows, so a line through long drafts alone misjudges a plain step): while it
     // cannot tell yet, every third step is plain. Otherwise a draft model drafting at full
     // length would never learn what its own decodes cost.
     if (best > 0 && this.cost.uncertain() && this.steps % 3 === 2) return 0;
+    // Where even drafts that are always accepted would not pay, acceptance is not worth
+    // probing: no line probes on its own, and the shared fit alone decides when to look again.
+    if (best === 0 && !this.cost.uncertain() && this.best(max, 0.99, r) === 0)
+      return this.cost.probeDue() ? Math.min(2, max) : 0;
     if (best === 0 && ++this.idle >= this.probeEvery) {
       // A probe: acceptance or cost may have changed. Each probe that changes nothing waits
       // twice as long for the next, so a draft source that does not pay costs ever less.
@@ -82,17 +101,43 @@ class DraftLength {
 
 /**
  * The cost of one step as `base + perRow · (rows − 1)`, fitted to the steps seen (recent ones
- * weigh more; a step's time includes drafting, so a draft model's own decodes count). `ratio(rows)` is what one more row costs against the throughput of a step of
- * `rows` plain rows: `perRow · rows / (base + perRow · (rows − 1))` (`perRow / base` for one);
- * `perRow / base` is taken as 0.5 until the steps have varied enough to say.
+ * weigh more; a step's time includes drafting, so a draft model's own decodes count).
+ * `ratio(rows)` is what one more row costs against the throughput of a step of `rows` plain
+ * rows: `perRow · rows / (base + perRow · (rows − 1))` (`perRow / base` for one). `perRow / base`
+ * is taken as 0.5 until the steps have varied enough to say; once they have, the last ratio they
+ * said is kept while later steps do not vary (drafting turned off is all plain steps, and must
+ * not make the fit forget why it turned off).
  */
 class StepCost {
-  constructor() {
+  /**
+   * @param {{ firstProbe?: number }} [options] `firstProbe`: row-steps before the first probe of
+   *   a fit where drafting cannot pay (64; a draft model's lines wait 1024, as its probe first
+   *   costs a catch-up prefill of the line on the draft model); the wait doubles to 64 times it
+   */
+  constructor({ firstProbe = 64 } = {}) {
     this.n = 0;
     this.sx = 0;
     this.sy = 0;
     this.sxx = 0;
     this.sxy = 0;
+    /** `perRow / base` as the last steps that varied enough said; null before any did. */
+    this.known = null;
+    /** Steps asked about since the last probe of a fit where drafting cannot pay, and the wait for the next. */
+    this.sinceProbe = 0;
+    this.probeEvery = firstProbe;
+    this.lastProbeWait = firstProbe * 64;
+  }
+
+  /**
+   * Whether a line drafts once now although drafting cannot pay, to refresh the fit (the
+   * machine's load or the batch may have changed). Shared by every line on the fit: one probe
+   * per `probeEvery` steps, the wait doubling while probes confirm it.
+   */
+  probeDue() {
+    if (++this.sinceProbe < this.probeEvery) return false;
+    this.sinceProbe = 0;
+    this.probeEvery = Math.min(this.probeEvery * 2, this.lastProbeWait);
+    return true;
   }
 
   /** @param {number} rows @param {number} ms */
@@ -104,31 +149,53 @@ class StepCost {
     this.sy = this.sy * decay + ms;
     this.sxx = this.sxx * decay + x * x;
     this.sxy = this.sxy * decay + x * ms;
+    const fitted = this._fitted();
+    if (fitted !== null) this.known = fitted;
   }
 
   /** @param {number} [rows] */
   ratio(rows = 1) {
-    const single = this._singleRatio();
+    const single = this.known === null ? 0.5 : this.known;
     return (single * rows) / (1 + single * (rows - 1));
   }
 
-  /** True while the steps seen have not varied enough in size to fit the line. */
+  /** True until the steps seen have varied enough in size to fit the line. */
   uncertain() {
-    return this.n < 4 || this._variance() < 0.25;
+    return this.known === null;
   }
 
-  _variance() {
-    return this.n === 0 ? 0 : this.sxx / this.n - (this.sx / this.n) ** 2;
-  }
-
-  _singleRatio() {
-    if (this.uncertain()) return 0.5;
-    const variance = this._variance();
+  /** `perRow / base` from the recent steps, or null while they have not varied enough. */
+  _fitted() {
+    if (this.n < 4) return null;
+    const variance = this.sxx / this.n - (this.sx / this.n) ** 2;
+    if (variance < 0.25) return null;
     const slope = (this.sxy / this.n - (this.sx / this.n) * (this.sy / this.n)) / variance;
     const base = this.sy / this.n - slope * (this.sx / this.n);
-    if (!(base > 0) || !(slope >= 0)) return 0.5;
+    if (!(base > 0) || !(slope >= 0)) return null;
     return Math.min(4, Math.max(0.02, slope / base));
   }
+}
+
+/** @type {WeakMap<object, WeakMap<object, StepCost>>} target context → draft source key → fit */
+const sharedCosts = new WeakMap();
+/** The key of every prompt-lookup source: their drafting costs nothing, so one fit serves all. */
+const LOOKUP_KEY = Object.freeze({ kind: 'lookup' });
+
+/**
+ * The step-cost fit of speculating on `ctx` with `source`, shared by every `Branch.generate` and
+ * Scheduler on that pair, so that what one generation learned (a draft model that costs more
+ * than it saves, say) the next one knows from its first step. Keyed by the draft model's
+ * context (a new DraftModel over the same context shares it), one key for prompt lookup, else
+ * the source itself.
+ * @param {object} ctx @param {any} source @returns {StepCost}
+ */
+function stepCostFor(ctx, source) {
+  const key = source instanceof DraftModel ? source.ctx : source instanceof PromptLookup ? LOOKUP_KEY : source;
+  let byKey = sharedCosts.get(ctx);
+  if (!byKey) sharedCosts.set(ctx, (byKey = new WeakMap()));
+  let cost = byKey.get(key);
+  if (!cost) byKey.set(key, (cost = new StepCost({ firstProbe: source instanceof DraftModel ? 1024 : 64 })));
+  return cost;
 }
 
 /**
@@ -161,4 +228,4 @@ function checkSpeculative(options, where) {
   return { source, maxDraft, adaptive };
 }
 
-module.exports = { DraftLength, StepCost, checkSpeculative };
+module.exports = { DraftLength, StepCost, stepCostFor, checkSpeculative };

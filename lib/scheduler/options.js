@@ -9,7 +9,7 @@
 const defaults = require('../defaults');
 const { positiveInt, invalid } = require('./checks');
 const { DraftModel } = require('../speculative');
-const { checkSpeculative, StepCost } = require('../decode/speculation');
+const { checkSpeculative, stepCostFor } = require('../decode/speculation');
 const { makeError } = require('../errors');
 
 const UNITS = { b: 1, k: 1e3, kb: 1e3, kib: 1024, m: 1e6, mb: 1e6, mib: 1024 ** 2, g: 1e9, gb: 1e9, gib: 1024 ** 3 };
@@ -48,6 +48,9 @@ function schedulerOptions(ctx, options) {
   const defaultMaxTokens = positiveInt(o.defaultMaxTokens, 'options.defaultMaxTokens');
   if (o.onStep !== null && typeof o.onStep !== 'function') throw invalid('options.onStep must be a function');
   if (typeof o.parseSpecial !== 'boolean') throw invalid('options.parseSpecial must be true or false');
+  const budget = o.stepBudgetMs === undefined ? null : o.stepBudgetMs;
+  if (budget !== null && !(typeof budget === 'number' && budget > 0 && Number.isFinite(budget)))
+    throw invalid(`options.stepBudgetMs must be a positive number of milliseconds, or null for none (got ${budget})`);
   const spec = checkSpeculative(o.speculative, 'new Scheduler: options');
   if (spec && spec.source instanceof DraftModel) spec.source.checkVocabulary(ctx);
   return {
@@ -58,7 +61,8 @@ function schedulerOptions(ctx, options) {
     defaultMaxTokens,
     onStep: o.onStep,
     parseSpecial: o.parseSpecial,
-    spec: spec && { ...spec, cost: new StepCost() },
+    stepBudgetMs: budget,
+    spec: spec && { ...spec, cost: stepCostFor(ctx, spec.source) },
   };
 }
 
