@@ -744,6 +744,14 @@ export interface SchedulerOptions {
   maxRunning?: number;
   /** `maxTokens` of requests that give none. Default 256. */
   defaultMaxTokens?: number;
+  /**
+   * A decode step's time budget in milliseconds (the server's `--step-budget-ms`). Extra lines —
+   * a program's forks, a request's second and later `n` choices — take their branches only while
+   * the step, predicted from its rows by a fit to the steps measured, stays within it; a
+   * request's first choice and a program's root line are never held back, and a step with no
+   * rows admits one extra line whatever the budget. Default none (every line at once).
+   */
+  stepBudgetMs?: number | null;
   /** Called after every step (instrumentation, benchmarks). */
   onStep?: (info: SchedulerStepInfo) => void;
   /**
@@ -813,6 +821,8 @@ export interface SchedulerStepInfo {
   cellsUsed: number;
   running: number;
   queued: number;
+  /** Extra lines (forks, `n` choices) the step budget held back this step (0 without one). */
+  deferred: number;
 }
 
 /** A request for {@link Scheduler.generate}: exactly one of `prompt`, `tokens` or `messages`. */

@@ -169,7 +169,8 @@ class ProgramLine {
     positiveInt(n, 'fork(n): n', 1);
     const program = this.#program;
     program.reserveLines(n);
-    return program.spawn(line, n).map((child) => new ProgramLine(child, program));
+    // Forks are extra lines: a scheduler's step budget admits them only within its time.
+    return program.spawn(line, n, line.tokens, true).map((child) => new ProgramLine(child, program));
   }
 
   /**

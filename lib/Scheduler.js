@@ -24,6 +24,7 @@ const { Generation } = require('./scheduler/generation');
 const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
 const { runProgram } = require('./scheduler/run');
 const { Programs } = require('./scheduler/programs');
+const { StepBudget } = require('./scheduler/step-budget');
 const { SchedulerEvents } = require('./scheduler/events');
 const { decide } = require('./decisions');
 const { prefillMedia } = require('./scheduler/media');
@@ -56,7 +57,9 @@ class Scheduler {
     /** The prefix cache: the KV cells and, with `cacheRam` / `cacheDir`, RAM and disk below them. */
     this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow, tiers });
     /** Admitted programs (requests too), until their step of ending. */
-    this._programs = new Programs({ cache: this._cache, store: this._store });
+    /** With `stepBudgetMs`: the step-time fit extra lines are admitted by (./scheduler/step-budget.js). */
+    this._budget = new StepBudget(this._options.stepBudgetMs);
+    this._programs = new Programs({ cache: this._cache, store: this._store, budget: this._budget });
     /** The queue's head waits for a program to give room back: no step until something changes. */
     this._blocked = false;
     this._loop = null;
@@ -327,6 +330,7 @@ class Scheduler {
     const decodeStart = performance.now();
     const rows = await this._decodePhase();
     const ended = performance.now();
+    this._budget.observe(rows, ended - started);
     this._counters.steps++;
     if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
     if (this._events.on) {
@@ -340,7 +344,8 @@ class Scheduler {
       const { cellsUsed } = this._pressure;
       const [running, queued] = [this._programs.size, this._queue.length];
       const [prefillMs, decodeMs, stepMs] = [decodeStart - prefillStart, ended - decodeStart, ended - started];
-      this._options.onStep({ rows, prefillTokens, prefillMs, decodeMs, stepMs, cellsUsed, running, queued });
+      const { deferred } = this._budget;
+      this._options.onStep({ rows, prefillTokens, prefillMs, decodeMs, stepMs, cellsUsed, running, queued, deferred });
     }
     return rows + prefillTokens;
   }

@@ -24,6 +24,8 @@ const scheduler = Object.freeze({
    * model's special tokens is parsed as those control tokens (false: plain text).
    */
   parseSpecial: false,
+  /** A decode step's time budget that extra lines (forks, `n` choices) are admitted within (null: none). */
+  stepBudgetMs: null,
 });
 
 /** `createServer(options)` and `llama-branch serve`. */

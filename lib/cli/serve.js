@@ -73,6 +73,10 @@ const options = {
     default: String(schedulerDefaults.prefillChunk),
     help: 'prompt tokens prefilled per scheduler step',
   },
+  'step-budget-ms': {
+    type: 'string',
+    help: "a decode step's time budget: extra branches (n choices, program forks) are admitted only while the predicted step stays within it, so streaming clients keep their token rate (default: none)",
+  },
   'max-queue': {
     type: 'string',
     default: String(schedulerDefaults.maxQueue),
@@ -160,6 +164,15 @@ function integer(values, name) {
 }
 
 class UsageError extends Error {}
+
+/** --step-budget-ms as the Scheduler's `stepBudgetMs` (absent: no budget). */
+function stepBudget(values) {
+  const raw = values['step-budget-ms'];
+  if (raw === undefined) return {};
+  const ms = Number(raw);
+  if (!(ms > 0 && Number.isFinite(ms))) throw new UsageError(`--step-budget-ms must be a positive number, got ${raw}`);
+  return { stepBudgetMs: ms };
+}
 
 const GPU_CHOICES = ['auto', 'vulkan', 'cpu'];
 
@@ -273,6 +286,7 @@ async function run(values, { log }) {
     scheduler: {
       prefillChunk: integer(values, 'prefill-chunk'),
       maxQueue: integer(values, 'max-queue'),
+      ...stepBudget(values),
       ...cacheTiers(values, log),
       ...(values['parse-special'] ? { parseSpecial: true } : {}),
     },

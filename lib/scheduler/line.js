@@ -29,6 +29,7 @@ class Line {
   /** @type {null | 'open' | 'replied'} whether the line started with messages, and its assistant turn */
   #chat = null;
   #state = 'waiting';
+  #extra = false;
   #branch = null;
   /** @type {import('./jobs').GenJob | import('./jobs').ScoreJob | import('./jobs').PeekJob | import('./jobs').MoveJob | null} */
   #job = null;
@@ -38,11 +39,15 @@ class Line {
    * @param {LineEnv} env @param {string} id the line's id in the events (`p1.0`, `p1.1`, ...)
    * @param {import('./line-start').LineStart} start how it gets its KV: a fork of its parent, fresh, or a prompt
    * @param {number[]} tokens its tokens so far (a fork: a copy of the parent's at the fork point)
+   * @param {boolean} [extra] an extra branch (a program's fork, a request's second and later
+   *   choice): with a step budget it takes its branch only while the step has time for one more
+   *   row (./step-budget.js)
    */
-  constructor(env, id, start, tokens) {
+  constructor(env, id, start, tokens, extra = false) {
     const parent = start.parent;
     this.#env = env;
     this.id = id;
+    this.#extra = extra;
     this.#kv = start;
     this.#tokens = tokens;
     this.#pending = parent ? [] : tokens.slice();
@@ -75,6 +80,9 @@ class Line {
   }
   get state() {
     return this.#state;
+  }
+  get extra() {
+    return this.#extra;
   }
   get branch() {
     return this.#branch;

@@ -190,8 +190,8 @@ class Program {
     if (live + n > this.maxBranches) throw tooManyBranches(this.maxBranches, live, n);
   }
 
-  #makeLine(start, tokens, id = `${this.id}.${this.lineCount++}`) {
-    const line = new Line(this.lineEnv, id, start, tokens);
+  #makeLine(start, tokens, extra = false, id = `${this.id}.${this.lineCount++}`) {
+    const line = new Line(this.lineEnv, id, start, tokens, extra);
     this.lines.push(line);
     return line;
   }
@@ -200,10 +200,13 @@ class Program {
     return this.#makeLine(LineStart.fresh(), tokens.slice());
   }
 
-  /** `n` forks of `line` (fresh when it is empty) at `at`, its tokens or further on (a `select` path). */
-  spawn(line, n, at = line.tokens) {
+  /**
+   * `n` forks of `line` (fresh when it is empty) at `at`, its tokens or further on (a `select`
+   * path); `extra`: branches a step budget admits only within its time (./step-budget.js).
+   */
+  spawn(line, n, at = line.tokens, extra = false) {
     const start = () => (line.tokens.length === 0 ? LineStart.fresh() : LineStart.fork(line, at.length));
-    return Array.from({ length: n }, () => this.#makeLine(start(), at.slice()));
+    return Array.from({ length: n }, () => this.#makeLine(start(), at.slice(), extra));
   }
 
   endedError() {
@@ -226,7 +229,7 @@ class Program {
       const media = prompt.media;
       const planned = { start, entry: entry && start > 0 ? this.env.cache.pin(entry) : null };
       const kv = LineStart.prompt(prompt.cachePoints, media ? media.images : [], planned);
-      this.promptLine = this.#makeLine(kv, [], this.id);
+      this.promptLine = this.#makeLine(kv, [], false, this.id);
       if (media) this.promptLine.pushMedia(media.prompt, prompt.tokens, [], prompt.text);
       else this.promptLine.push(prompt.tokens, prompt.text);
     }

@@ -18,14 +18,16 @@ const { makeError } = require('../errors');
 
 class Programs {
   /**
-   * @param {{ cache: any, store: any }} scheduler the prefix cache (a fresh line's prompt may
-   *   start from it or become an entry), and the branch store whose leases and cells are shared
+   * @param {{ cache: any, store: any, budget?: import('./step-budget').StepBudget | null }} scheduler
+   *   the prefix cache (a fresh line's prompt may start from it or become an entry), the branch
+   *   store whose leases and cells are shared, and the step budget extra lines are admitted by
    */
-  constructor({ cache, store }) {
+  constructor({ cache, store, budget = null }) {
     /** @type {import('./program').Program[]} */
     this.list = [];
     this.cache = cache;
     this.store = store;
+    this.budget = budget;
     /** Requests' prompt tokens and those taken from the prefix cache (the hit rate). */
     this.promptTokens = 0;
     this.cachedPromptTokens = 0;
@@ -142,10 +144,18 @@ class Programs {
    * waits while its program holds all the leases it declared (lines released this step hold
    * theirs until the next step frees them: it waits rather than take more than the program was
    * admitted with). A line whose own text is worth a cache entry opens one if a lease is spare.
+   * While a request's first choice generates, an extra line (a fork, a later choice) waits
+   * while the step budget has no time for its row; with none generating, the budget has
+   * nobody's token rate to keep and every line is admitted.
    */
   materialize() {
+    const { rows: generating, interactive } = this.generatingLines();
+    const budget = this.budget && interactive > 0 ? this.budget : null;
+    let rows = generating;
+    if (this.budget) this.budget.admitting();
     for (const [program, line] of this.runningLines()) {
       if (line.state !== 'waiting' || !line.needed || program.leasesHeld >= program.maxBranches) continue;
+      if (line.extra && budget && !budget.admits(rows)) continue;
       const starts = line.kv.starts;
       let error = null;
       try {
@@ -155,7 +165,24 @@ class Programs {
       }
       if (line.kv.starts !== starts) this.started(program, line);
       if (error) program.lineFailed(line, error);
+      else if (line.branch) rows++; // it took its branch
     }
+  }
+
+  /**
+   * Lines with a branch and a gen (decoding, or prefilling what they will decode from), and the
+   * requests' first choices in a gen, with a branch or still waiting for one (the token rate a
+   * step budget keeps).
+   */
+  generatingLines() {
+    let [rows, interactive] = [0, 0];
+    for (const [program, line] of this.runningLines()) {
+      const kind = line.job && line.job.kind;
+      if (kind !== 'gen' && kind !== 'peek') continue;
+      if (line.state === 'live') rows++;
+      if (program.countsAsRunning && !line.extra && (line.state === 'live' || line.state === 'waiting')) interactive++;
+    }
+    return { rows, interactive };
   }
 
   /** `line` started (even if its branch then failed): its program counts it; a request's prompt counts in the hit rate. */

@@ -58,7 +58,8 @@ function requestProgram(request, env) {
     endsOpen: 'abort',
     // Admitted: its n choices forked from the prompt line, each with its gen.
     begin: (p, promptLine) =>
-      p.spawn(promptLine, n).forEach((line, index) => {
+      // The second and later choices are extra lines, admitted within a step budget if any.
+      [...p.spawn(promptLine, 1), ...p.spawn(promptLine, n - 1, promptLine.tokens, true)].forEach((line, index) => {
         const choice = generation.choice(index, chat && chat.parse ? new ChatStream(chat) : null);
         const job = new GenJob({ ...gen, params: { ...params, seed: (firstSeed + index) % SEED_SPACE }, sink: choice });
         job.done.promise.catch(() => {}); // a failure is the request's, reported as it settles

@@ -426,7 +426,7 @@ async function servingUsage(ctx: SessionContext): Promise<void> {
     maxQueue: 8,
     maxRunning: 4,
     defaultMaxTokens: 64,
-    onStep: (info: SchedulerStepInfo) => void [info.rows, info.prefillTokens, info.prefillMs, info.decodeMs, info.stepMs, info.cellsUsed, info.running, info.queued],
+    onStep: (info: SchedulerStepInfo) => void [info.rows, info.prefillTokens, info.prefillMs, info.decodeMs, info.stepMs, info.cellsUsed, info.running, info.queued, info.deferred],
   };
   const scheduler = new Scheduler(ctx, options);
   const controller = new AbortController();

@@ -476,8 +476,15 @@ describe('Scheduler parts (no model)', () => {
         spec: null,
         tiers: null,
         parseSpecial: false,
+        stepBudgetMs: null,
       });
       assert.equal(schedulerOptions(ctx, { maxQueue: 0 }).maxQueue, 0, 'maxQueue 0: nothing may wait');
+      assert.equal(schedulerOptions(ctx, { stepBudgetMs: 40 }).stepBudgetMs, 40);
+      for (const stepBudgetMs of [0, -1, Infinity, '40', NaN])
+        assert.throws(() => schedulerOptions(ctx, { stepBudgetMs }), {
+          code: 'ERR_INVALID_ARG',
+          message: /stepBudgetMs/,
+        });
       assert.equal(schedulerOptions(ctx, { parseSpecial: true }).parseSpecial, true);
       assert.throws(() => schedulerOptions(ctx, { parseSpecial: 'yes' }), {
         code: 'ERR_INVALID_ARG',
@@ -527,6 +534,80 @@ describe('Scheduler parts (no model)', () => {
       assert.equal(spec.maxDraft, 4);
       assert.equal(typeof spec.source.open, 'function');
       assert.ok(spec.cost instanceof StepCost);
+      const again = schedulerOptions(ctx, { speculative: { lookup: { ngramMax: 3 } } });
+      assert.equal(again.spec.cost, spec.cost, 'lookup on one context: one fit, whichever scheduler');
+      assert.notEqual(schedulerOptions({}, { speculative: { lookup: true } }).spec.cost, spec.cost);
+    });
+  });
+
+  describe('StepBudget: extra lines admitted while the predicted step fits the budget', () => {
+    const { StepBudget } = require('../../lib/scheduler/step-budget');
+
+    it('no budget admits everything and fits nothing', () => {
+      const b = new StepBudget(null);
+      b.observe(4, 400);
+      assert.equal(b.predict(4), 0);
+      assert.equal(b.admits(100), true);
+      assert.equal(b.deferred, 0);
+    });
+
+    it('predicts from rows: per-row mean until steps vary, then the fitted line', () => {
+      const b = new StepBudget(50);
+      assert.equal(b.predict(3), 0, 'before any step: eager');
+      b.observe(2, 60);
+      assert.equal(b.predict(4), 120, 'one size seen: 30 ms a row');
+      for (let i = 0; i < 40; i++) b.observe(1 + (i % 4), 20 + 10 * (1 + (i % 4))); // 20 + 10·rows
+      assert.ok(Math.abs(b.predict(8) - 100) < 3, `fitted ${b.predict(8)}`);
+    });
+
+    it('admits while rows + 1 fit, always beside no rows, and counts what it held back per round', () => {
+      const b = new StepBudget(55);
+      for (let i = 0; i < 40; i++) b.observe(1 + (i % 4), 20 + 10 * (1 + (i % 4)));
+      b.admitting();
+      assert.equal(b.admits(2), true, '3 rows: 50 ms');
+      assert.equal(b.admits(3), false, '4 rows: 60 ms');
+      assert.equal(b.admits(0), true, 'a step without rows takes one whatever the budget');
+      assert.equal(new StepBudget(0.001).admits(0), true);
+      assert.equal(b.deferred, 1);
+      b.admitting();
+      assert.equal(b.deferred, 0);
+    });
+  });
+
+  describe('DraftLength and StepCost: drafting turns itself off where a row costs a step', () => {
+    /** A fit that has seen plain steps of `base` ms and steps of 1 + k rows at `perRow` more each. */
+    const fitted = (base, perRow) => {
+      const cost = new StepCost();
+      for (let i = 0; i < 20; i++) cost.observe(1 + (i % 4), base + perRow * (i % 4));
+      return cost;
+    };
+
+    it('a row cheaper than a step drafts at high acceptance; a row as dear as a step never pays', () => {
+      const cheap = fitted(75, 20);
+      assert.ok(new DraftLength({ maxDraft: 4, cost: cheap }).next(8) > 0);
+      const dear = fitted(75, 84); // the 1.5B's verified row plus the 0.5B's draft token, 2 cores
+      const length = new DraftLength({ maxDraft: 4, cost: dear });
+      assert.equal(length.best(4, 0.99, dear.ratio()), 0, 'not even drafts always accepted');
+      assert.equal(length.next(8), 0);
+    });
+
+    it("a draft model must promise 10 % (its catch-up prefill is not in the steps' time); lookup any gain", () => {
+      const cost = fitted(75, 66); // r = 0.88: always-accepted drafts of 4 would give 1.09x
+      const draft = new DraftLength({ maxDraft: 4, cost, source: { kind: 'draft' } });
+      const lookup = new DraftLength({ maxDraft: 4, cost, source: { kind: 'lookup' } });
+      assert.deepEqual([draft.minGain, lookup.minGain], [1.1, 1]);
+      assert.equal(draft.best(4, 0.99, cost.ratio()), 0);
+      assert.equal(lookup.best(4, 0.99, cost.ratio()), 4);
+    });
+
+    it('where drafting cannot pay lines stop probing on their own: one probe per ever longer wait, shared', () => {
+      const cost = fitted(75, 84);
+      const lines = Array.from({ length: 4 }, () => new DraftLength({ maxDraft: 4, cost }));
+      let probes = 0;
+      for (let step = 0; step < 64 * 7; step++) for (const l of lines) if (l.next(8) > 0) probes++;
+      // 1792 row-steps: probes at the 64th, 192nd, 448th and 960th (waits of 64, 128, 256, 512)
+      assert.equal(probes, 4);
+      assert.equal(new DraftLength({ maxDraft: 4, cost, adaptive: false }).next(8), 4, 'fixed length drafts');
     });
   });
 

@@ -1,0 +1,75 @@
+'use strict';
+
+/**
+ * Fork admission by the step's time budget (issue 61; the scheduling result of TAPER, arXiv
+ * 2605.06914: extra branches are admitted only within a step's slack). The Scheduler predicts a
+ * decode step's time from its rows, fitted online to the steps it measured, and gives an extra
+ * line — a program's fork, a request's second and later choice — its branch only while the step
+ * with one more row stays within `stepBudgetMs`. Lines that are not extra (a request's first
+ * choice, a program's root line) are never held back, so interactive requests keep their token
+ * rate while branch-heavy programs fill the slack. A step with no rows admits one extra line
+ * whatever the budget, so every program makes progress.
+ */
+
+/** How much a measured step's weight fades per later step (about the last 20 steps count). */
+const DECAY = 0.95;
+
+class StepBudget {
+  /** @param {number | null} budgetMs null: no budget, every line is admitted at once */
+  constructor(budgetMs) {
+    this.budgetMs = budgetMs;
+    this.n = 0;
+    this.sx = 0;
+    this.sy = 0;
+    this.sxx = 0;
+    this.sxy = 0;
+    /** Extra lines the last admission held back (`onStep`'s `deferred`). */
+    this.deferred = 0;
+  }
+
+  /** A decode step of `rows` rows took `ms`. @param {number} rows @param {number} ms */
+  observe(rows, ms) {
+    if (this.budgetMs === null || rows <= 0) return;
+    this.n = this.n * DECAY + 1;
+    this.sx = this.sx * DECAY + rows;
+    this.sy = this.sy * DECAY + ms;
+    this.sxx = this.sxx * DECAY + rows * rows;
+    this.sxy = this.sxy * DECAY + rows * ms;
+  }
+
+  /**
+   * The predicted time of a decode step of `rows` rows: the fitted line `base + perRow · rows`
+   * once the steps seen have varied in size, the mean time per row times `rows` before (an
+   * overestimate where rows batch well, so admission starts cautious), 0 before any step.
+   * @param {number} rows
+   */
+  predict(rows) {
+    if (this.n === 0) return 0;
+    const [mx, my] = [this.sx / this.n, this.sy / this.n];
+    const variance = this.sxx / this.n - mx * mx;
+    if (this.n >= 4 && variance >= 0.25) {
+      const perRow = (this.sxy / this.n - mx * my) / variance;
+      const base = my - perRow * mx;
+      if (perRow >= 0 && base >= 0) return base + perRow * rows;
+    }
+    return (my / mx) * rows;
+  }
+
+  /** An admission round starts: nothing held back yet. */
+  admitting() {
+    this.deferred = 0;
+  }
+
+  /**
+   * Whether an extra line may take its branch beside `rows` rows already in the step; counts
+   * the ones held back.
+   * @param {number} rows
+   */
+  admits(rows) {
+    if (this.budgetMs === null || rows === 0 || this.predict(rows + 1) <= this.budgetMs) return true;
+    this.deferred++;
+    return false;
+  }
+}
+
+module.exports = { StepBudget };
