@@ -7,12 +7,18 @@
  * against one `embedBatch` (as many per decode as the context has sequences, `--seqs`),
  * interleaved `--reps` times (medians), and the worst cosine between the two ways' vectors.
  *
- * Flags: --texts=64 --seqs=8 --reps=3 --threads=2 --json
+ * With --servers also the same texts as one POST /v1/embeddings to `llama-branch serve
+ * --embeddings` and to llama.cpp's server (the pinned xllamacpp wheel, 8 slots, embedding mode),
+ * both on the same encoder and threads, alternating `--reps` times: texts/s.
+ *
+ * Flags: --texts=64 --seqs=8 --reps=3 --threads=2 --servers --json
  */
 
+const path = require('node:path');
 const { createContext } = require('..');
 const { ensureModel } = require('../scripts/fetch-model');
-const { args, median } = require('./common');
+const { xllamacpp } = require('../scripts/python');
+const { args, median, freePort, startProcess, stopProcess } = require('./common');
 
 const TEXTS = Number(args.texts || 64);
 const SEQS = Number(args.seqs || 8);
@@ -21,6 +27,67 @@ const THREADS = Number(args.threads || 2);
 const TOPICS = ['rivers', 'clocks', 'mosses', 'ledgers'];
 
 const cosine = (a, b) => a.reduce((sum, x, i) => sum + x * b[i], 0);
+
+const XLLAMACPP = `
+import json, sys, time
+import xllamacpp as xlc
+cfg = json.loads(sys.argv[1])
+p = xlc.CommonParams()
+p.model.path = cfg['model']
+p.embedding = True
+p.n_ctx = 2048 * cfg['parallel']
+p.n_parallel = cfg['parallel']
+p.cpuparams.n_threads = cfg['threads']
+p.cpuparams_batch.n_threads = cfg['threads']
+p.hostnames = ['127.0.0.1']
+p.port = cfg['port']
+server = xlc.Server(p)
+print('listening', flush=True)
+while True:
+    time.sleep(3600)
+`;
+
+/** texts/s of one POST /v1/embeddings of `texts` to each server, alternating, medians of REPS. */
+async function servers(modelPath, texts) {
+  const starts = {
+    ours: async (port) => {
+      const bin = path.join(__dirname, '..', 'bin', 'llama-branch.js');
+      const argv = [bin, 'serve', '--model', modelPath, '--embeddings', '--port', String(port)];
+      argv.push('--threads', String(THREADS), '--ctx-size', '2048', '--no-ui');
+      return startProcess(process.execPath, argv, port);
+    },
+    llamaCpp: async (port) => {
+      const { python, env } = xllamacpp();
+      const cfg = JSON.stringify({ model: modelPath, threads: THREADS, port, parallel: SEQS });
+      return startProcess(python, ['-c', XLLAMACPP, cfg], port, { env });
+    },
+  };
+  const up = {};
+  for (const [name, start] of Object.entries(starts)) up[name] = await start(await freePort());
+  const rates = { ours: [], llamaCpp: [] };
+  try {
+    const send = async (url) => {
+      const t0 = performance.now();
+      const res = await fetch(`${url}/v1/embeddings`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ input: texts, model: path.basename(modelPath, '.gguf') }),
+      });
+      const body = await res.json();
+      if (!res.ok || body.data.length !== texts.length)
+        throw new Error(`${url}: ${JSON.stringify(body).slice(0, 300)}`);
+      return (texts.length / (performance.now() - t0)) * 1000;
+    };
+    for (const name of Object.keys(up)) await send(up[name].url); // warm-up
+    for (let rep = 0; rep < REPS; rep++)
+      for (const name of rep % 2 ? ['llamaCpp', 'ours'] : ['ours', 'llamaCpp'])
+        rates[name].push(await send(up[name].url));
+  } finally {
+    for (const s of Object.values(up)) await stopProcess(s.child);
+  }
+  const [ours, llamaCpp] = [median(rates.ours), median(rates.llamaCpp)];
+  return { oursTextsS: ours, llamaCppTextsS: llamaCpp, ratio: ours / llamaCpp, rates };
+}
 
 async function main() {
   const modelPath = ensureModel('nomic-embed-text-v1.5');
@@ -68,12 +135,17 @@ async function main() {
     batchedMs: Math.round(batched),
     speedup: Number((single / batched).toFixed(2)),
     worstCosine: worst,
+    servers: args.servers ? await servers(modelPath, texts) : null,
   };
   if (args.json) console.log(JSON.stringify(result));
   else
     console.log(
       `${TEXTS} texts (${result.tokens} tokens), nSeqMax ${SEQS}: one encode each ${result.singleMs} ms, ` +
-        `embedBatch ${result.batchedMs} ms (${result.speedup}x); worst cosine ${worst.toFixed(7)}`,
+        `embedBatch ${result.batchedMs} ms (${result.speedup}x); worst cosine ${worst.toFixed(7)}` +
+        (result.servers
+          ? `; servers: ours ${result.servers.oursTextsS.toFixed(1)} texts/s, llama.cpp ` +
+            `${result.servers.llamaCppTextsS.toFixed(1)} (${result.servers.ratio.toFixed(2)}x)`
+          : ''),
     );
 }
 
