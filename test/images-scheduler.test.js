@@ -107,7 +107,14 @@ describe('Scheduler requests with images', function () {
     assert.equal(res.choices.length, 3);
     assert.equal(ctx.imageStats().encodes, before + 1);
     assert.equal(scheduler.stats().imageEncodes, ctx.imageStats().encodes);
-    for (const c of res.choices) assert.ok(c.tokens.length > 0);
+    // Each choice decodes from the forked cells with its own seed; at temperature 0.9 one may draw
+    // the end of the turn first (it does on some CPUs' logits), so not every choice has tokens.
+    const seen = JSON.stringify(res.choices.map((x) => [x.finishReason, x.tokens]));
+    for (const c of res.choices) assert.ok(['length', 'stop'].includes(c.finishReason), seen);
+    assert.ok(
+      res.choices.some((c) => c.tokens.length > 0),
+      seen,
+    );
   });
 
   it('requests with and without images run together', async () => {
