@@ -72,6 +72,46 @@ function stopProcess(child) {
   return exited;
 }
 
+/** llama.cpp's server, run from the xllamacpp wheel: the settings come as JSON in argv[1]. */
+const LLAMA_CPP_SERVER = `
+import json, sys, time
+import xllamacpp as xlc
+cfg = json.loads(sys.argv[1])
+p = xlc.CommonParams()
+p.model.path = cfg['model']
+p.n_ctx = cfg['nCtx']
+p.n_parallel = cfg['parallel']
+p.cpuparams.n_threads = cfg['threads']
+p.cpuparams_batch.n_threads = cfg['threads']
+p.embedding = cfg['embedding']
+if cfg['draft']:
+    p.speculative.types = [xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
+    p.speculative.draft.mparams.path = cfg['draft']
+    p.speculative.draft.n_max = cfg['draftMax']
+    p.speculative.draft.cpuparams.n_threads = cfg['threads']
+    p.speculative.draft.cpuparams_batch.n_threads = cfg['threads']
+p.hostnames = ['127.0.0.1']
+p.port = cfg['port']
+server = xlc.Server(p)
+print('listening on', server.listening_address, flush=True)
+while True:
+    time.sleep(3600)
+`;
+
+/**
+ * llama.cpp's own server (the pinned xllamacpp wheel, scripts/python.js) on 127.0.0.1 as
+ * `startProcess` starts it. `embedding`: embedding mode; `draft`: a draft model's path for
+ * llama.cpp's draft-model speculation (`draft_simple`, `draftMax` tokens, its default 3).
+ * @param {{ model: string, port: number, threads: number, nCtx?: number, parallel?: number,
+ *   embedding?: boolean, draft?: string | null, draftMax?: number }} config
+ */
+function startLlamaCppServer(config) {
+  const { xllamacpp } = require('../scripts/python');
+  const { python, env } = xllamacpp();
+  const cfg = { nCtx: 4096, parallel: 1, embedding: false, draft: null, draftMax: 3, ...config };
+  return startProcess(python, ['-c', LLAMA_CPP_SERVER, JSON.stringify(cfg)], cfg.port, { env });
+}
+
 /** A Markdown table: `head` the column titles, `rows` arrays of cells; a title ending in ':' is right-aligned. */
 function markdownTable(head, rows) {
   const titles = head.map((h) => h.replace(/:$/, ''));
@@ -101,6 +141,7 @@ module.exports = {
   freePort,
   startProcess,
   stopProcess,
+  startLlamaCppServer,
   markdownTable,
   replaceSection,
 };

@@ -17,8 +17,7 @@
 const path = require('node:path');
 const { createContext } = require('..');
 const { ensureModel } = require('../scripts/fetch-model');
-const { xllamacpp } = require('../scripts/python');
-const { args, median, freePort, startProcess, stopProcess } = require('./common');
+const { args, median, freePort, startProcess, stopProcess, startLlamaCppServer } = require('./common');
 
 const TEXTS = Number(args.texts || 64);
 const SEQS = Number(args.seqs || 8);
@@ -27,25 +26,6 @@ const THREADS = Number(args.threads || 2);
 const TOPICS = ['rivers', 'clocks', 'mosses', 'ledgers'];
 
 const cosine = (a, b) => a.reduce((sum, x, i) => sum + x * b[i], 0);
-
-const XLLAMACPP = `
-import json, sys, time
-import xllamacpp as xlc
-cfg = json.loads(sys.argv[1])
-p = xlc.CommonParams()
-p.model.path = cfg['model']
-p.embedding = True
-p.n_ctx = 2048 * cfg['parallel']
-p.n_parallel = cfg['parallel']
-p.cpuparams.n_threads = cfg['threads']
-p.cpuparams_batch.n_threads = cfg['threads']
-p.hostnames = ['127.0.0.1']
-p.port = cfg['port']
-server = xlc.Server(p)
-print('listening', flush=True)
-while True:
-    time.sleep(3600)
-`;
 
 /** texts/s of one POST /v1/embeddings of `texts` to each server, alternating, medians of REPS. */
 async function servers(modelPath, texts) {
@@ -56,11 +36,15 @@ async function servers(modelPath, texts) {
       argv.push('--threads', String(THREADS), '--ctx-size', '2048', '--no-ui');
       return startProcess(process.execPath, argv, port);
     },
-    llamaCpp: async (port) => {
-      const { python, env } = xllamacpp();
-      const cfg = JSON.stringify({ model: modelPath, threads: THREADS, port, parallel: SEQS });
-      return startProcess(python, ['-c', XLLAMACPP, cfg], port, { env });
-    },
+    llamaCpp: (port) =>
+      startLlamaCppServer({
+        model: modelPath,
+        threads: THREADS,
+        port,
+        parallel: SEQS,
+        nCtx: 2048 * SEQS,
+        embedding: true,
+      }),
   };
   const up = {};
   for (const [name, start] of Object.entries(starts)) up[name] = await start(await freePort());

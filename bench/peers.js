@@ -32,7 +32,16 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const { pathToFileURL } = require('node:url');
-const { args, modelPath, median, percentile, freePort, startProcess, stopProcess } = require('./common');
+const {
+  args,
+  modelPath,
+  median,
+  percentile,
+  freePort,
+  startProcess,
+  stopProcess,
+  startLlamaCppServer,
+} = require('./common');
 const { markdownTable, replaceSection } = require('./common');
 const { xllamacpp } = require('../scripts/python');
 
@@ -419,24 +428,6 @@ async function library(model) {
 // ---------------------------------------------------------------------------------------------
 // The servers
 
-const XLLAMACPP_LAUNCHER = `
-import json, sys, time
-import xllamacpp as xlc
-cfg = json.loads(sys.argv[1])
-p = xlc.CommonParams()
-p.model.path = cfg['model']
-p.n_ctx = cfg['nCtx']
-p.n_parallel = cfg['parallel']
-p.cpuparams.n_threads = cfg['threads']
-p.cpuparams_batch.n_threads = cfg['threads']
-p.hostnames = ['127.0.0.1']
-p.port = cfg['port']
-server = xlc.Server(p)
-print('listening on', server.listening_address, flush=True)
-while True:
-    time.sleep(3600)
-`;
-
 /** Both servers, same model, threads, context (16,384 cells) and 8 parallel slots. */
 async function startServers(model) {
   const config = { nCtx: 16384, parallel: 8 };
@@ -450,10 +441,7 @@ async function startServers(model) {
     ],
     oursPort,
   );
-  const xlPort = await freePort();
-  const cfg = JSON.stringify({ model, threads: THREADS, port: xlPort, ...config });
-  const { python, env } = xllamacpp();
-  const xl = await startProcess(python, ['-c', XLLAMACPP_LAUNCHER, cfg], xlPort, { env });
+  const xl = await startLlamaCppServer({ model, threads: THREADS, port: await freePort(), ...config });
   return { ours, xllamacpp: xl, config };
 }
 

@@ -25,8 +25,7 @@ const fs = require('node:fs');
 const path = require('node:path');
 const { createContext, Branch, BranchStore, systemInfo } = require('..');
 const { ensureModel } = require('../scripts/fetch-model');
-const { xllamacpp } = require('../scripts/python');
-const { args, median, freePort, startProcess, stopProcess } = require('./common');
+const { args, median, freePort, startProcess, stopProcess, startLlamaCppServer } = require('./common');
 
 const TOKENS = Number(args.tokens || 160);
 const REPS = Number(args.reps || 2);
@@ -130,37 +129,10 @@ async function singles(ctx, draftCtx) {
   return { series, sameTokensAsPlain: identical };
 }
 
-const XLLAMACPP = `
-import json, sys, time
-import xllamacpp as xlc
-cfg = json.loads(sys.argv[1])
-p = xlc.CommonParams()
-p.model.path = cfg['model']
-p.n_ctx = 4096
-p.n_parallel = 1
-p.cpuparams.n_threads = cfg['threads']
-p.cpuparams_batch.n_threads = cfg['threads']
-if cfg.get('draft'):
-    p.speculative.types = [xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
-    p.speculative.draft.mparams.path = cfg['draft']
-    p.speculative.draft.n_max = 3
-    p.speculative.draft.cpuparams.n_threads = cfg['threads']
-    p.speculative.draft.cpuparams_batch.n_threads = cfg['threads']
-p.hostnames = ['127.0.0.1']
-p.port = cfg['port']
-server = xlc.Server(p)
-print('listening', flush=True)
-while True:
-    time.sleep(3600)
-`;
-
 async function startServer(kind, withDraft) {
   const port = await freePort();
-  if (kind === 'xllamacpp') {
-    const { python, env } = xllamacpp();
-    const cfg = { model: TARGET, threads: THREADS, port, draft: withDraft ? DRAFT : null };
-    return startProcess(python, ['-c', XLLAMACPP, JSON.stringify(cfg)], port, { env });
-  }
+  if (kind === 'xllamacpp')
+    return startLlamaCppServer({ model: TARGET, threads: THREADS, port, draft: withDraft ? DRAFT : null });
   const bin = path.join(__dirname, '..', 'bin', 'llama-branch.js');
   const argv = [bin, 'serve', '--model', TARGET, '--port', String(port), '--threads', String(THREADS)];
   argv.push('--ctx-size', '4096', '--parallel', '1', '--no-ui');
