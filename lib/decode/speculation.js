@@ -9,6 +9,7 @@
 
 const { makeError } = require('../errors');
 const { PromptLookup, DraftModel, MAX_DRAFT } = require('../speculative');
+const { DecayedLineFit } = require('./line-fit');
 
 /**
  * How long a line's next draft is. Each line keeps an estimate of how often its draft tokens are
@@ -115,11 +116,8 @@ class StepCost {
    *   costs a catch-up prefill of the line on the draft model); the wait doubles to 64 times it
    */
   constructor({ firstProbe = 64 } = {}) {
-    this.n = 0;
-    this.sx = 0;
-    this.sy = 0;
-    this.sxx = 0;
-    this.sxy = 0;
+    /** Step time against the rows beyond the first, recent steps weighing more. */
+    this.fit = new DecayedLineFit(0.98);
     /** `perRow / base` as the last steps that varied enough said; null before any did. */
     this.known = null;
     /** Steps asked about since the last probe of a fit where drafting cannot pay, and the wait for the next. */
@@ -140,15 +138,14 @@ class StepCost {
     return true;
   }
 
+  /** The steps seen, their weight faded. */
+  get n() {
+    return this.fit.n;
+  }
+
   /** @param {number} rows @param {number} ms */
   observe(rows, ms) {
-    const decay = 0.98;
-    const x = rows - 1;
-    this.n = this.n * decay + 1;
-    this.sx = this.sx * decay + x;
-    this.sy = this.sy * decay + ms;
-    this.sxx = this.sxx * decay + x * x;
-    this.sxy = this.sxy * decay + x * ms;
+    this.fit.observe(rows - 1, ms);
     const fitted = this._fitted();
     if (fitted !== null) this.known = fitted;
   }
@@ -166,11 +163,9 @@ class StepCost {
 
   /** `perRow / base` from the recent steps, or null while they have not varied enough. */
   _fitted() {
-    if (this.n < 4) return null;
-    const variance = this.sxx / this.n - (this.sx / this.n) ** 2;
-    if (variance < 0.25) return null;
-    const slope = (this.sxy / this.n - (this.sx / this.n) * (this.sy / this.n)) / variance;
-    const base = this.sy / this.n - slope * (this.sx / this.n);
+    const line = this.fit.line();
+    if (line === null) return null;
+    const { base, slope } = line;
     if (!(base > 0) || !(slope >= 0)) return null;
     return Math.min(4, Math.max(0.02, slope / base));
   }

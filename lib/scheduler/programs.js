@@ -149,8 +149,10 @@ class Programs {
    * nobody's token rate to keep and every line is admitted.
    */
   materialize() {
-    const { rows: generating, interactive } = this.generatingLines();
-    const budget = this.budget && interactive > 0 ? this.budget : null;
+    // Counting lines is the budget's only: without one this loop stays as it was.
+    const { rows: generating, interactive } =
+      this.budget && this.budget.on ? this.generatingLines() : { rows: 0, interactive: 0 };
+    const budget = interactive > 0 ? this.budget : null;
     let rows = generating;
     if (this.budget) this.budget.admitting();
     for (const [program, line] of this.runningLines()) {

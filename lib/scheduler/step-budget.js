@@ -11,6 +11,8 @@
  * whatever the budget, so every program makes progress.
  */
 
+const { DecayedLineFit } = require('../decode/line-fit');
+
 /** How much a measured step's weight fades per later step (about the last 20 steps count). */
 const DECAY = 0.95;
 
@@ -18,11 +20,8 @@ class StepBudget {
   /** @param {number | null} budgetMs null: no budget, every line is admitted at once */
   constructor(budgetMs) {
     this.budgetMs = budgetMs;
-    this.n = 0;
-    this.sx = 0;
-    this.sy = 0;
-    this.sxx = 0;
-    this.sxy = 0;
+    /** Decode step time against rows. */
+    this.fit = new DecayedLineFit(DECAY);
     /** Extra lines the last admission held back (`onStep`'s `deferred`). */
     this.deferred = 0;
   }
@@ -30,11 +29,12 @@ class StepBudget {
   /** A decode step of `rows` rows took `ms`. @param {number} rows @param {number} ms */
   observe(rows, ms) {
     if (this.budgetMs === null || rows <= 0) return;
-    this.n = this.n * DECAY + 1;
-    this.sx = this.sx * DECAY + rows;
-    this.sy = this.sy * DECAY + ms;
-    this.sxx = this.sxx * DECAY + rows * rows;
-    this.sxy = this.sxy * DECAY + rows * ms;
+    this.fit.observe(rows, ms);
+  }
+
+  /** Whether a budget is set (without one nothing is held back and nothing needs counting). */
+  get on() {
+    return this.budgetMs !== null;
   }
 
   /**
@@ -44,15 +44,11 @@ class StepBudget {
    * @param {number} rows
    */
   predict(rows) {
-    if (this.n === 0) return 0;
-    const [mx, my] = [this.sx / this.n, this.sy / this.n];
-    const variance = this.sxx / this.n - mx * mx;
-    if (this.n >= 4 && variance >= 0.25) {
-      const perRow = (this.sxy / this.n - mx * my) / variance;
-      const base = my - perRow * mx;
-      if (perRow >= 0 && base >= 0) return base + perRow * rows;
-    }
-    return (my / mx) * rows;
+    if (this.fit.n === 0) return 0;
+    const line = this.fit.line();
+    if (line && line.slope >= 0 && line.base >= 0) return line.base + line.slope * rows;
+    const mean = this.fit.mean();
+    return (mean.y / mean.x) * rows;
   }
 
   /** An admission round starts: nothing held back yet. */
