@@ -823,6 +823,21 @@ export interface SchedulerStepInfo {
   queued: number;
   /** Extra lines (forks, `n` choices) the step budget held back this step (0 without one). */
   deferred: number;
+  /** What the step did, line by line. */
+  plan: SchedulerStepPlan;
+}
+
+/**
+ * What one scheduler step did, line by line (line ids as in the events: `p1.0`, `request-3`, …):
+ * the lines that took their branches (forks and fresh lines starting), what each prefilled, the
+ * lines that had a row in the step's decode, and the positions restored from RAM or disk.
+ */
+export interface SchedulerStepPlan {
+  branches: string[];
+  /** `scored`: a logits row per token (a `select` or `logprob`); `image`: an image's positions. */
+  prefill: { line: string; tokens: number; scored: boolean; image: boolean }[];
+  decode: string[];
+  restored: number;
 }
 
 /** A request for {@link Scheduler.generate}: exactly one of `prompt`, `tokens` or `messages`. */
@@ -1398,6 +1413,8 @@ export type TraceEvent =
       nCtx: number;
       leasesUsed: number;
       nSeqMax: number;
+      /** What the step did, line by line. */
+      plan?: SchedulerStepPlan;
       cache: {
         entries: number;
         tokens: number;

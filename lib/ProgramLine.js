@@ -11,7 +11,6 @@ const { positiveInt, invalid, isTokenIds, checkStops, checkSampling, checkLogpro
 const { GenJob, PeekJob, MoveJob } = require('./scheduler/jobs');
 const { regexGrammar, choicesGrammar } = require('./scheduler/grammars');
 const { scoreTexts } = require('./scheduler/scoring');
-const { decideOnLine } = require('./decisions');
 const { firstTurn, laterTurn } = require('./scheduler/chat');
 const { markMessages, tokenizeMarked, unmark } = require('./scheduler/plain-text');
 const { MediaPrompt } = require('./Context');
@@ -263,7 +262,8 @@ class ProgramLine {
     const line = this.#checkIdle('decide');
     const program = this.#program;
     const emit = (fields) => program.events.emit('decision', { branch: line.id, ...fields });
-    return decideOnLine(this, program.ctx, questions, options, emit, program.env.parseSpecial);
+    // Decisions are a client of lines (../decisions): the Scheduler gives programs its entry point.
+    return program.env.decideOnLine(this, program.ctx, questions, options, emit, program.env.parseSpecial);
   }
 
   /**
@@ -279,7 +279,7 @@ class ProgramLine {
     const line = this.#checkIdle('park');
     if (line.state !== 'live')
       throw schedulerError(Code.PROGRAM_STATE, 'park(): the line has no KV yet (it starts at its first gen or fork)');
-    if (line.kv.forks.length > 0)
+    if (line.lineStart.forks.length > 0)
       throw schedulerError(
         Code.PROGRAM_STATE,
         'park(): a fork of this line has not started yet; gen on it (or release it) first',

@@ -3,31 +3,29 @@
 /**
  * Continuous batching over one context: `generate()` requests and `run()` branch programs are
  * one kind of work item (a Program, lib/scheduler/program.js), which share a bounded queue, the
- * tiered prefix cache (lib/scheduler/prefix-cache.js) and each step's ONE prefill and ONE decode.
- * A step (`_step`; nothing runs when idle) collects ended programs, prepares queued ones,
- * restores one stored prefix, admits in FIFO order what fits beside what running programs may
- * still take, then prefills and decodes; a program failing in a phase fails there alone.
- * ARCHITECTURE.md, "The data path of one Scheduler step", walks through it phase by phase.
+ * tiered prefix cache (lib/scheduler/prefix-cache.js) and each step's ONE prefill and ONE decode
+ * (lib/scheduler/step.js; nothing runs when idle). This file is the public surface: what is
+ * queued, run, decided, watched and counted.
  *
  * The scheduler must be the only user of its context: between its own operations the context
  * must be idle, or its synchronous calls (produce, fork) would wait for someone else's work.
  */
 
 const { BranchStore } = require('./BranchStore');
-const { jsonSchemaToGrammar } = require('./schema');
-const { schedulerOptions } = require('./scheduler/options');
+const { schedulerOptions, programEnv } = require('./scheduler/options');
 const { PrefixCache, tiersOn } = require('./scheduler/prefix-cache');
 const { requestProgram } = require('./scheduler/request');
 const { invalid } = require('./scheduler/checks');
 const { SystemPrompts } = require('./scheduler/system-prompts');
 const { Generation } = require('./scheduler/generation');
-const { closedError, queueFullError, neverFitsError } = require('./scheduler/errors');
+const { closedError } = require('./scheduler/errors');
 const { runProgram } = require('./scheduler/run');
 const { Programs } = require('./scheduler/programs');
 const { StepBudget } = require('./scheduler/step-budget');
 const { SchedulerEvents } = require('./scheduler/events');
-const { decide } = require('./decisions');
-const { prefillMedia } = require('./scheduler/media');
+const { decide, decideOnLine } = require('./decisions');
+const { Queue } = require('./scheduler/queue');
+const { Steps } = require('./scheduler/step');
 
 /**
  * Continuous batching over one context, with a prefix cache and a request queue (`generate`, see
@@ -50,43 +48,27 @@ class Scheduler {
     /** `prefillChunk`, `maxQueue`, `maxRunning`, `defaultMaxTokens`, `onStep`, `parseSpecial` and `spec`
      * (speculation every request's choices share: draft source, maxDraft, step-cost fit), checked. */
     this._options = schedulerOptions(ctx, options);
-
-    /** @type {import('./scheduler/program').Program[]} queued and ready programs (requests too), in arrival order */
-    this._queue = [];
+    /** Queued and ready programs (requests too), in arrival order (./scheduler/queue.js). */
+    this._queue = new Queue(this._options);
     const tiers = this._options.tiers && tiersOn(ctx, this._options.tiers);
     /** The prefix cache: the KV cells and, with `cacheRam` / `cacheDir`, RAM and disk below them. */
     this._cache = new PrefixCache({ slidingWindow: ctx.slidingWindow, tiers });
-    /** Admitted programs (requests too), until their step of ending. */
     /** With `stepBudgetMs`: the step-time fit extra lines are admitted by (./scheduler/step-budget.js). */
     this._budget = new StepBudget(this._options.stepBudgetMs);
+    /** Admitted programs (requests too), until their step of ending. */
     this._programs = new Programs({ cache: this._cache, store: this._store, budget: this._budget });
-    /** The queue's head waits for a program to give room back: no step until something changes. */
-    this._blocked = false;
-    this._loop = null;
-    this._closed = false;
     this._systemPrompts = new SystemPrompts(ctx);
-    this._pressure = this._store.kvPressure();
     /** What happens to requests, programs and their branches, for `subscribe` (docs/events.md). */
     this._events = new SchedulerEvents();
-    /**
-     * The Scheduler's own counts for `stats()` (the admitted programs count their prompts and
-     * tokens: ./scheduler/programs.js); `completed`: requests done, admitted or not (each program
-     * counts itself as it settles).
-     */
+    /** Its own counts for `stats()` (programs count prompts and tokens); `completed`: requests done, admitted or not. */
     this._counters = { steps: 0, prefilledTokens: 0, completed: 0, draftTokens: 0, acceptedDraftTokens: 0 };
     /** What each program is given: the defaults, the shared cache and events, `wake` for new needs. */
-    this._env = {
-      ctx,
-      vocabSize: ctx.vocabSize,
-      defaultMaxTokens: this._options.defaultMaxTokens,
-      jsonSchemaToGrammar,
-      wake: () => this._kick(),
-      cache: this._cache,
-      events: this._events,
-      spec: this._options.spec,
-      counters: this._counters,
-      parseSpecial: this._options.parseSpecial,
-    };
+    const shared = { cache: this._cache, events: this._events, counters: this._counters, decideOnLine };
+    this._env = programEnv(ctx, this._options, { ...shared, wake: () => this._kick() });
+    /** Each step, and what `stats()` shows of them (./scheduler/step.js). */
+    const parts = { ctx, store: this._store, cache: this._cache, queue: this._queue, programs: this._programs };
+    const more = { budget: this._budget, systemPrompts: this._systemPrompts, counters: this._counters };
+    this._steps = new Steps({ ...parts, ...more, options: this._options }, this._events, this._options.onStep);
   }
 
   /**
@@ -117,7 +99,7 @@ class Scheduler {
    * @returns {Promise<T>}
    */
   run(program, options = {}) {
-    return this._runProgram(program, options, false);
+    return this._runProgram(program, options, 'run');
   }
 
   /**
@@ -137,21 +119,17 @@ class Scheduler {
   decide(request) {
     // Each batch of the decision is a branch program whose function may send its `decision`
     // event, and whose usage (cached tokens) the decision reports.
-    const run = (fn, options) => this._runProgram(fn, options, true);
+    const run = (fn, options) => this._runProgram(fn, options, 'decision');
     // Which of the two result shapes is the request's format's (checked in ./decisions/checks.js).
     return /** @type {Promise<R extends import('./types').OpenAIDecideRequest ? import('./types').OpenAIDecideResult : import('./types').DecideResult>} */ (
       decide(this._ctx, request, run, this._options.parseSpecial)
     );
   }
 
-  /**
-   * Queues a branch program and returns its promise (a refusal rejects it); `decision`: a batch of
-   * a decision (./decisions), whose function also gets its `decision` event's sender and which
-   * resolves `{ value, usage }`.
-   */
-  _runProgram(fn, options, decision) {
+  /** Queues a branch program through `door` ('run', or 'decision': ./scheduler/doors.js) and returns its promise (a refusal rejects it). */
+  _runProgram(fn, options, door) {
     try {
-      const { program, promise } = runProgram(fn, options, this._env, decision);
+      const { program, promise } = runProgram(fn, options, this._env, door);
       this._enqueue(program);
       return promise;
     } catch (e) {
@@ -161,15 +139,12 @@ class Scheduler {
 
   /** Queues a program (a request too), or refuses it through its own promise. */
   _enqueue(item) {
-    if (this._closed) {
+    if (this._steps.closed) {
       item.reject(closedError());
     } else if (item.signal && item.signal.aborted) {
       item.abort(); // a request that never started resolves now
-    } else if (this._queue.length >= this._options.maxQueue) {
-      item.reject(queueFullError(this._options.maxQueue));
-    } else {
+    } else if (this._queue.add(item)) {
       item.listen(() => this._abort(item));
-      this._queue.push(item);
       this._kick();
     }
   }
@@ -232,30 +207,7 @@ class Scheduler {
    * @returns {import('./types').SchedulerStats}
    */
   stats() {
-    const c = this._counters;
-    const p = this._programs;
-    const tiers = this._cache.tierStats();
-    const requests = p.list.filter((program) => program.countsAsRunning).length;
-    return {
-      running: requests,
-      programs: p.size - requests,
-      queued: this._queue.length,
-      cachedPrefixes: this._cache.size,
-      cellsUsed: this._pressure.cellsUsed,
-      nCtx: this._pressure.nCtx,
-      hitRate: p.promptTokens === 0 ? 0 : p.cachedPromptTokens / p.promptTokens,
-      steps: c.steps,
-      promptTokens: p.promptTokens,
-      cachedPromptTokens: p.cachedPromptTokens,
-      prefilledTokens: c.prefilledTokens,
-      generatedTokens: p.completionTokens,
-      completed: c.completed,
-      draftTokens: c.draftTokens,
-      acceptedDraftTokens: c.acceptedDraftTokens,
-      evictions: this._cache.evictions,
-      ...(tiers ? { cacheTiers: tiers } : {}),
-      ...(this._ctx.hasProjector ? { imageEncodes: this._ctx.imageStats().encodes } : {}),
-    };
+    return this._steps.stats();
   }
 
   /**
@@ -265,185 +217,27 @@ class Scheduler {
    * @returns {Promise<void>}
    */
   async close() {
-    this._closed = true;
-    for (const item of this._queue.splice(0)) item.reject(closedError(false));
+    this._steps.close();
+    for (const item of this._queue.takeAll()) item.reject(closedError(false));
     for (const item of this._programs.list) item.abort(closedError());
-    this._kick();
-    while (this._loop) await this._loop;
+    await this._steps.idle();
     this._cache.clear();
     // Every filled prefix went to the RAM tier as it was freed: with a folder, all of it is
     // written there now, for the next scheduler on the folder (a restart).
     await this._cache.flush();
-    if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
+    this._steps.measure();
   }
 
   /** A queued program ends now; a running one at the start of the next step. */
   _abort(item) {
-    const queued = this._queue.indexOf(item);
-    if (queued !== -1) this._queue.splice(queued, 1);
+    this._queue.remove(item);
     item.abort();
     this._kick(); // a running one ends at the next step
   }
 
-  // ---------------------------------------------------------------------------------------------
-  // The loop
-
+  /** Something changed (a program queued or ended, a line wants work): steps run until none has work. */
   _kick() {
-    this._blocked = false;
-    if (this._loop) return;
-    this._loop = this._run().finally(() => {
-      this._loop = null;
-      if (this._hasWork()) this._kick();
-    });
-  }
-
-  _hasWork() {
-    return this._programs.hasWork() || (this._queue.length > 0 && !this._blocked);
-  }
-
-  async _run() {
-    while (this._hasWork()) {
-      try {
-        // A step that decoded nothing (a program between its awaits, a line waiting for a lease
-        // or a prompt another line fills) yields to the event loop before the next one, so a
-        // wait never turns into a loop of microtasks that starves timers and I/O.
-        if ((await this._step()) === 0) await new Promise((resolve) => setImmediate(resolve));
-      } catch (e) {
-        // Not attributable to one program (e.g. the context was disposed): nobody can go on.
-        for (const item of this._programs.list) item.end({ error: e });
-        if (this._ctx.disposed) for (const item of this._queue.splice(0)) item.reject(e);
-      }
-    }
-  }
-
-  async _step() {
-    const started = performance.now();
-    await this._programs.collect();
-    await this._programs.moveLines(); // parks give cells and leases back before admission counts them
-    await this._prepareQueued();
-    // The cache restores a prefix stored in RAM or on disk that a prompt or fresh line starts with.
-    if (!this._closed)
-      await this._cache.restoreOne(this._restorable(), (cells, leases) => this._programs.makeRoom(cells, leases));
-    this._admit();
-    const prefillStart = performance.now();
-    const prefillTokens = await this._prefillPhase();
-    const decodeStart = performance.now();
-    const rows = await this._decodePhase();
-    const ended = performance.now();
-    this._budget.observe(rows, ended - started);
-    this._counters.steps++;
-    if (!this._ctx.disposed) this._pressure = this._store.kvPressure();
-    if (this._events.on) {
-      // The `step` event: what the step did and the gauges after it (an `evict` event first, if any).
-      const nSeqMax = this._ctx.disposed ? 0 : this._ctx.nSeqMax;
-      const leasesUsed = this._ctx.disposed ? 0 : nSeqMax - this._store.available;
-      const gauges = { leasesUsed, nSeqMax, cacheTokens: this._cache.tokens };
-      this._events.step({ rows, prefillTokens, stepMs: ended - started }, this.stats(), gauges);
-    }
-    if (this._options.onStep) {
-      const { cellsUsed } = this._pressure;
-      const [running, queued] = [this._programs.size, this._queue.length];
-      const [prefillMs, decodeMs, stepMs] = [decodeStart - prefillStart, ended - decodeStart, ended - started];
-      const { deferred } = this._budget;
-      this._options.onStep({ rows, prefillTokens, prefillMs, decodeMs, stepMs, cellsUsed, running, queued, deferred });
-    }
-    return rows + prefillTokens;
-  }
-
-  // ---------------------------------------------------------------------------------------------
-  // Preparation and admission
-
-  /** Prepares queued programs in order (a request's chat template runs on the context's worker: here, between steps). */
-  async _prepareQueued() {
-    for (const item of this._queue.filter((p) => p.state === 'queued')) {
-      try {
-        await item.prepare(this._ctx, this._systemPrompts);
-        if (item.state === 'queued') item.to('ready'); // (an abort while it was prepared settled it)
-      } catch (e) {
-        const at = this._queue.indexOf(item);
-        if (at === -1) continue; // aborted (and settled) while it was prepared
-        this._queue.splice(at, 1);
-        item.reject(e);
-      }
-    }
-  }
-
-  /**
-   * Admits ready programs in FIFO order while their worst case fits next to what running ones
-   * may still need (at most `maxRunning` requests at once). A program that cannot fit even into
-   * an empty context fails.
-   */
-  _admit() {
-    while (this._queue.length > 0) {
-      const item = this._queue[0];
-      if (item.state !== 'ready') return;
-      const running = this._programs.list.filter((p) => p.countsAsRunning).length;
-      if (item.countsAsRunning && running >= this._options.maxRunning) return;
-      const need = item.needs(this._cache);
-      // A prompt the RAM or disk tier holds more of waits for its restore (one a step).
-      if (item.restoreKey && this._cache.stored(item.restoreKey, need.start)) return;
-      const { cells, leases } = need;
-      if (!this._programs.makeRoom(cells, leases, need.entry)) {
-        if (this._programs.size > 0) return void (this._blocked = true); // until a running one gives room back
-        this._queue.shift();
-        item.reject(neverFitsError(cells, leases, this._store.kvPressure(), this._store.available));
-        continue;
-      }
-      this._queue.shift();
-      if (need.entry && need.start > 0) this._cache.startsFrom(need.entry, item.hinted);
-      this._programs.admit(item, need);
-    }
-  }
-
-  /**
-   * Who may start from a restored prefix, in order: ready requests, with what each needs beside it
-   * (one that does not fit while nothing runs is admitted as it is), then running programs' fresh
-   * lines waiting to start (their program reserved their cells: they need nothing beside).
-   */
-  *_restorable() {
-    for (const item of this._queue.filter((p) => p.state === 'ready' && p.restoreKey)) {
-      const unfit = () => this._programs.size === 0 && item.skipRestore();
-      yield { tokens: item.restoreKey, beside: (keep) => item.needsFrom(keep), hinted: item.hinted, unfit };
-    }
-    for (const [, line] of this._programs.runningLines())
-      if (line.state === 'waiting' && !line.kv.parent && line.needed)
-        yield { tokens: line.pending.slice(0, line.pending.length - line.scoring) };
-  }
-
-  // ---------------------------------------------------------------------------------------------
-  // Prefill and decode
-
-  /** Prefills up to `prefillChunk` pending tokens of running lines in one batch; returns the count. */
-  async _prefillPhase() {
-    // Prompts with images are prefilled whole first, through the image path (./scheduler/media.js).
-    const media = this._ctx.hasProjector ? await prefillMedia(this._programs) : 0;
-    this._counters.prefilledTokens += media;
-    const lines = this._programs.linesToPrefill(this._options.prefillChunk);
-    if (lines.length === 0) return media;
-    this._programs.cellsFor(lines.reduce((sum, l) => sum + l.take, 0));
-    let scores;
-    try {
-      scores = await this._store.scorePerToken(this._programs.prefillEntries(lines));
-    } catch (e) {
-      this._programs.prefillFailed(lines, e); // all-or-nothing: none advanced
-      return media;
-    }
-    const tokens = this._programs.prefilled(lines, scores);
-    this._counters.prefilledTokens += tokens;
-    return media + tokens;
-  }
-
-  /** ONE produce and ONE commit for every line of every program in a gen (a request's choices too). */
-  async _decodePhase() {
-    const rows = this._programs.decodeRows();
-    if (rows.length === 0) return 0;
-    this._programs.cellsFor(rows.length);
-    const { spec } = this._options;
-    const speculation = spec && { ctx: this._ctx, spec };
-    const { committed, drafted, accepted } = await this._programs.decode(this._store, rows, speculation);
-    this._counters.draftTokens += drafted;
-    this._counters.acceptedDraftTokens += accepted;
-    return committed;
+    this._steps.kick();
   }
 }
 

@@ -66,11 +66,12 @@ class SchedulerEvents {
   /**
    * The events of one scheduler step: an `evict` event when cached prefixes were evicted since
    * the last `step` event, then the `step` event, what the step did and the gauges after it.
-   * @param {{ rows: number, prefillTokens: number, stepMs: number }} step what the step did
+   * @param {{ rows: number, prefillTokens: number, stepMs: number, plan?: import('./step-plan').StepPlan }} step what
+   *   the step did (`plan`: line by line, ./step.js)
    * @param {import('../types').SchedulerStats} stats the scheduler's `stats()` after the step
    * @param {{ leasesUsed: number, nSeqMax: number, cacheTokens: number }} gauges what `stats()` leaves out
    */
-  step({ rows, prefillTokens, stepMs }, stats, { leasesUsed, nSeqMax, cacheTokens }) {
+  step({ rows, prefillTokens, stepMs, plan }, stats, { leasesUsed, nSeqMax, cacheTokens }) {
     const evicted = stats.evictions - this._evictionsSeen;
     this._evictionsSeen = stats.evictions;
     if (evicted > 0) this.emit('evict', { entries: evicted });
@@ -92,6 +93,7 @@ class SchedulerEvents {
         evictions: stats.evictions,
         ...(stats.cacheTiers ? { tiers: tierGauges(stats.cacheTiers) } : {}),
       },
+      ...(plan ? { plan } : {}),
     });
   }
 }

@@ -56,7 +56,7 @@ class LineStart {
 
   /** A fork of `parent` at `at` tokens; the images below are its too. */
   static fork(parent, at) {
-    return new LineStart(parent, at, null, imagesBelow(parent.kv.images, at));
+    return new LineStart(parent, at, null, imagesBelow(parent.lineStart.images, at));
   }
 
   static fresh() {
@@ -70,12 +70,12 @@ class LineStart {
 
   /** `line`, a fork starting with this, waits on its parent until it takes its branch. */
   join(line) {
-    if (this.parent) this.parent.kv.forks.push(line);
+    if (this.parent) this.parent.lineStart.forks.push(line);
   }
 
   /** `line` took its branch, or never will: it no longer waits on its parent. */
   leave(line) {
-    const forks = this.parent ? this.parent.kv.forks : [];
+    const forks = this.parent ? this.parent.lineStart.forks : [];
     const at = forks.indexOf(line);
     if (at !== -1) forks.splice(at, 1);
     this.parent = null;
@@ -84,11 +84,11 @@ class LineStart {
   /**
    * Where the line's scoring prefill stops this step: the next point where a line forked ahead of
    * it (a `select` path) waits to fork it, so the fork takes the KV and logits there instead of
-   * decoding a token again (`filled`: one waits right there, for a lease freed at the next step).
+   * decoding a token again (`computed`: one waits right there, for a lease freed at the next step).
    */
-  nextForkPoint(filled) {
-    const waiting = this.forks.filter((l) => l.state === 'waiting' && l.needed && l.kv.anchor >= filled);
-    return Math.min(Infinity, ...waiting.map((l) => l.kv.anchor));
+  nextForkPoint(computed) {
+    const waiting = this.forks.filter((l) => l.state === 'waiting' && l.needed && l.lineStart.anchor >= computed);
+    return Math.min(Infinity, ...waiting.map((l) => l.lineStart.anchor));
   }
 
   /**
@@ -105,12 +105,12 @@ class LineStart {
     const { parent, anchor } = this;
     const cached = this.fromCache(env.cache, tokens.slice(0, tokens.length - scoring), anchor);
     if (cached) {
-      this.#started(cached.length - anchor);
+      this.#record(cached.length - anchor);
       return { branch: cached.branch, pending: tokens.slice(cached.length), lease: true, reusable: false };
     }
-    if (parent.state !== 'live' || parent.filled < anchor) return null;
+    if (parent.state !== 'live' || parent.computed < anchor) return null;
     let branch;
-    if (parent.filled === anchor) {
+    if (parent.computed === anchor) {
       branch = parent.branch.fork();
     } else if (parent.tokens[anchor - 1] < 0) {
       // The fork point ends an image: its last position cannot be decoded alone, so the fork
@@ -144,7 +144,7 @@ class LineStart {
     if (entry && !entry.ready && entry.branch.position < length) return null;
     if (entry && this.cachePoints) this.pins.push(cache.pin(entry));
     else if (entry) cache.unpin(cache.pin(entry)); // refreshes its place in the LRU order
-    this.#started(length, cache);
+    this.#record(length, cache);
     if (entry && this.cachePoints && length === pending.length) {
       this.borrowed = true;
       return { branch: entry.branch, pending: [], lease: false, reusable: false };
@@ -155,7 +155,8 @@ class LineStart {
     return { branch, pending: rest, lease: true, reusable: !this.cachePoints && rest.length >= MIN_PARTIAL_REUSE };
   }
 
-  #started(cached, cache = null) {
+  /** The line starts (again, after a failed branch) with `cached` tokens from the cache. */
+  #record(cached, cache = null) {
     this.cached = cached;
     this.starts++;
     if (cache) this.#unpinPlanned(cache);
@@ -213,9 +214,9 @@ class LineStart {
     this.images = [...this.images, ...images];
   }
 
-  /** The prompt with images whose positions come next after `filled` (null: none; one a cached start covered is dropped). */
-  nextMedia(filled) {
-    while (this.media.length > 0 && filled >= this.media[0].at + this.media[0].prompt.nPos) this.media.shift();
+  /** The prompt with images whose positions come next after `computed` (null: none; one a cached start covered is dropped). */
+  nextMedia(computed) {
+    while (this.media.length > 0 && computed >= this.media[0].at + this.media[0].prompt.nPos) this.media.shift();
     return this.media.length > 0 ? this.media[0] : null;
   }
 
@@ -230,7 +231,7 @@ class LineStart {
    * entry's own. Null: the line keeps its branch and nothing is cached (a program's line with no
    * lease `spare()` now: one admitted since may count on it; several may have opened entries).
    */
-  filled(cache, done, spare) {
+  segmentFilled(cache, done, spare) {
     const entry = this.segment;
     this.segment = null;
     if (!this.cachePoints) cache.unpin(entry);

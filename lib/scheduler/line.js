@@ -5,7 +5,7 @@
  * pending ones) and at most ONE job at a time (./jobs.js). It never decodes by itself: each step
  * asks what it needs — a branch (`materialize`), a prefill (`wantsPrefill`), a sample (`decoding`,
  * `take`) — and serves it in the same decode as everything else. How it gets its KV, and the
- * cache entries it fills, is the `kv` it is given (./line-start.js). `state`: 'waiting' (no branch
+ * cache entries it fills, is the `lineStart` it is given (./line-start.js). `state`: 'waiting' (no branch
  * yet) → 'live' ⇄ 'parked' (its branch parked: no lease, no cells, ./programs.js `moveLines`) →
  * 'freed'. The user's `ProgramLine` (lib/ProgramLine.js) holds one.
  */
@@ -21,7 +21,7 @@ const { ScoreJob } = require('./jobs');
 
 class Line {
   /** @type {LineEnv} */ #env;
-  /** @type {import('./line-start').LineStart} */ #kv;
+  /** @type {import('./line-start').LineStart} */ #lineStart;
   /** @type {number[]} */ #tokens;
   /** @type {number[]} */ #pending;
   #text = '';
@@ -48,7 +48,7 @@ class Line {
     this.#env = env;
     this.id = id;
     this.#extra = extra;
-    this.#kv = start;
+    this.#lineStart = start;
     this.#tokens = tokens;
     this.#pending = parent ? [] : tokens.slice();
     if (parent) {
@@ -94,8 +94,8 @@ class Line {
     return this.#released;
   }
   /** How it gets its KV, and the cache entries it fills (./line-start.js). */
-  get kv() {
-    return this.#kv;
+  get lineStart() {
+    return this.#lineStart;
   }
 
   // -------------------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class Line {
 
   /** Appends a prompt with images (a MediaPrompt): its `tokens` (text, image keys), `images` and `text` (./media.js). */
   pushMedia(prompt, tokens, images, text) {
-    this.#kv.addMedia(prompt, this.#tokens.length, images);
+    this.#lineStart.addMedia(prompt, this.#tokens.length, images);
     this.push(tokens, text);
   }
 
@@ -148,7 +148,7 @@ class Line {
    */
   adopt(winner) {
     const tokens = this.#tokens;
-    const holds = (/** @type {Line} */ l) => l.#state === 'live' && l.#kv.forks.length === 0;
+    const holds = (/** @type {Line} */ l) => l.#state === 'live' && l.#lineStart.forks.length === 0;
     if (!winner || !holds(winner) || !holds(this) || this.#released || winner.#pending.length > 0) return false;
     if (winner.#tokens.length !== tokens.length || winner.#tokens.some((t, i) => t !== tokens[i])) return false;
     [this.#branch, winner.#branch] = [winner.#branch, this.#branch];
@@ -162,7 +162,7 @@ class Line {
     this.#released = true;
     if (announce) this.#env.events.emit('prune', { branch: this.id });
     if (this.#job) this.endJob(null, makeError('ERR_ABORTED', 'the line was released while it generated'));
-    this.#kv.leave(this);
+    this.#lineStart.leave(this);
   }
 
   // -------------------------------------------------------------------------------------------
@@ -173,11 +173,11 @@ class Line {
    * (a fork whose job failed to start keeps its place, but not its parent busy).
    */
   get needed() {
-    return this.#state !== 'freed' && (this.#job !== null || this.#kv.forks.some((fork) => fork.needed));
+    return this.#state !== 'freed' && (this.#job !== null || this.#lineStart.forks.some((fork) => fork.needed));
   }
 
-  /** Tokens in the branch's KV. */
-  get filled() {
+  /** Tokens in the branch's KV: the line's one progress count (prefilled, cached or decoded alike). */
+  get computed() {
     return this.#tokens.length - this.#pending.length;
   }
 
@@ -204,12 +204,12 @@ class Line {
 
   /** Released, and no fork waits to fork it: free it at the next step. */
   get collectable() {
-    return this.#released && this.#state !== 'freed' && this.#kv.forks.length === 0;
+    return this.#released && this.#state !== 'freed' && this.#lineStart.forks.length === 0;
   }
 
   /** Whether the line holds a lease of its program's: a branch of its own (not a cache entry's). */
   get holdsLease() {
-    return this.#state === 'live' && !this.#kv.borrowed;
+    return this.#state === 'live' && !this.#lineStart.borrowed;
   }
 
   /** Cells the gen running on the line may still write (0: none runs). */
@@ -230,19 +230,19 @@ class Line {
 
   /** Gives a needed waiting line its branch once its start can; its own text fills a cache entry if a lease is `spare()`. */
   materialize(spare) {
-    const begun = this.#kv.begin(this.#env, this.#tokens, this.#pending, this.scoring);
+    const begun = this.#lineStart.begin(this.#env, this.#tokens, this.#pending, this.scoring);
     if (!begun) return;
     this.#branch = begun.branch;
     this.#state = 'live';
     this.#pending = begun.pending;
     if (begun.lease) this.#env.tally.leaseTaken();
-    this.#kv.leave(this);
+    this.#lineStart.leave(this);
     if (begun.reusable && spare()) this.#openSegment();
   }
 
   /** The line's branch fills a cache entry from now on (./line-start.js `open`); a prompt to score is nobody's. */
   #openSegment() {
-    if (this.scoring === 0) this.#kv.open(this.#env, this.#tokens, this.filled, this.#branch);
+    if (this.scoring === 0) this.#lineStart.open(this.#env, this.#tokens, this.computed, this.#branch);
   }
 
   /**
@@ -255,12 +255,13 @@ class Line {
     const scored = from === undefined ? null : this.#pending.slice(from, count);
     this.#pending = this.#pending.slice(count);
     const next =
-      this.#kv.segmentEnd === this.filled && this.#kv.filled(this.#env.cache, this.#pending.length === 0, spare);
+      this.#lineStart.segmentEnd === this.computed &&
+      this.#lineStart.segmentFilled(this.#env.cache, this.#pending.length === 0, spare);
     if (next) this.#branch = next.branch;
     if (next && next.lease) this.#env.tally.leaseTaken(); // the fork: the filled branch is the cache's now
     if (next && next.lease && this.#pending.length > 0) this.#openSegment();
     if (!scored) return;
-    this.#env.events.scored(this.id, scored, this.filled, this.#env.ctx);
+    this.#env.events.scored(this.id, scored, this.computed, this.#env.ctx);
     if (/** @type {ScoreJob} */ (this.#job).scored(scored, logprobs)) this.#job = null;
   }
 
@@ -328,7 +329,7 @@ class Line {
     if (!job) return;
     this.#job = null;
     // A prompt nobody will finish filling must not keep others waiting to fork it.
-    if (!this.needed) this.#kv.drop(this.#env.cache);
+    if (!this.needed) this.#lineStart.drop(this.#env.cache);
     if (error || job.kind === 'move')
       return void job.finish(null, error || makeError('ERR_ABORTED', 'the program ended before the line moved'));
     const gen = /** @type {import('./jobs').GenJob} */ (job);
@@ -346,8 +347,8 @@ class Line {
 
   /** Gives the branch back (unless a fork waits on it and not `force`), its prune into `prunes`; a job rejects with `error`. */
   free(force, prunes, error) {
-    if (this.#state === 'freed' || (!force && this.#kv.forks.length > 0)) return;
-    this.#kv.free(this.#env.cache);
+    if (this.#state === 'freed' || (!force && this.#lineStart.forks.length > 0)) return;
+    this.#lineStart.free(this.#env.cache);
     if (this.#job) this.endJob(null, error);
     const own = this.holdsLease || this.#state === 'parked'; // (a parked branch is freed with its parked state)
     if (own && !this.#branch.disposed) prunes.push(this.#branch.prune().catch(() => {}));

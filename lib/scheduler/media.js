@@ -107,15 +107,16 @@ async function prefillMedia(programs) {
   programs.materialize();
   let positions = 0;
   for (const [program, line] of [...programs.runningLines()]) {
-    const media = line.kv.nextMedia(line.filled);
-    if (!media || !line.wantsPrefill || line.filled < media.at) continue; // its text first
+    const media = line.lineStart.nextMedia(line.computed);
+    if (!media || !line.wantsPrefill || line.computed < media.at) continue; // its text first
     const { prompt, at } = media;
-    const end = Math.min(line.kv.segmentEnd ?? Infinity, at + prompt.nPos);
-    const take = end - line.filled;
+    const end = Math.min(line.lineStart.segmentEnd ?? Infinity, at + prompt.nPos);
+    const take = end - line.computed;
     if (!program.checkCells(line, take)) continue;
     try {
-      await line.branch.prefill(prompt, { from: line.filled - at, to: end - at });
-      program.prefilled(line, take);
+      await line.branch.prefill(prompt, { from: line.computed - at, to: end - at });
+      program.countPrefill(line, take);
+      programs.recordPrefill(line, take, false, true);
       line.prefilled(take, null, () => programs.fits(0, 1));
     } catch (e) {
       program.lineFailed(line, e);

@@ -7,9 +7,10 @@
  * `cacheDisk`; ./cache-file.js) that a scheduler started again on the folder, or beside it, loads
  * on demand. One tree (./radix.js) of one entry type (`CacheEntry`: its state in the KV cells, RAM,
  * a file, or several); one clock (`lastUsed`: one LRU order across the tiers); one victim rule
- * (`victim`); one loop demoting victims until something fits (`makeRoom`); one pair of transitions
- * (`demote`: KV → RAM → disk → gone; `promote`: back into the KV cells), promotion chosen by
- * `restoreOne`, which the Scheduler's restore phase asks. Images are keyed by their bytes
+ * (`victim`); one pair of transitions (`demote`: KV → RAM → disk → gone; `promote`: back into
+ * the KV cells). It is asked in data and never given a closure: the Scheduler evicts from the KV
+ * cells one victim at a time (`evictOne`) until its own measure fits, and restores what
+ * `restorable` offers (./queue.js); below the KV cells it keeps its own byte budgets. Images are keyed by their bytes
  * (./image-keys.js): a start never ends inside one. Nothing stored is trusted: a foreign or
  * corrupted file is skipped with a warning; a failed write turns the disk tier off with a warning.
  * Branches and tiers are duck-typed: test/unit/prefix-cache.test.js runs it on fakes and files.
@@ -256,17 +257,23 @@ class PrefixCache {
   }
 
   /**
-   * The one eviction loop: demotes `medium`'s victims (never `keep`) until `fits()`; false if it
-   * still does not once nothing more can leave. What fits in the KV cells is the Scheduler's
-   * measure (./programs.js `makeRoom`, `cellsFor`); RAM and disk fit their budgets.
+   * Demotes the KV cells' next victim (never `keep`) one tier down; false when nothing can leave.
+   * What must fit in the KV cells is the Scheduler's measure: ./programs.js `makeRoom` and
+   * `cellsFor` call this until it fits.
    */
-  makeRoom(medium, fits, keep = null) {
-    while (!fits()) {
+  evictOne(keep = null) {
+    const victim = this.victim('kv', keep);
+    if (victim) this.demote(victim, 'kv');
+    return victim !== null;
+  }
+
+  /** The one loop below the KV cells: demotes `medium`'s victims (never `keep`) until its states and `extra` bytes fit its budget. */
+  _shrink(medium, extra = 0, keep = null) {
+    while (sum(this._sizes(medium)) + extra > this._budget[medium]) {
       const victim = this.victim(medium, keep);
-      if (!victim) return false;
+      if (!victim) return;
       this.demote(victim, medium);
     }
-    return true;
   }
 
   /**
@@ -337,7 +344,7 @@ class PrefixCache {
   _toRam(e, state) {
     e.ram = state;
     this._emit('stored', e, 'ram');
-    this.makeRoom('ram', () => sum(this._sizes('ram')) <= this._budget.ram, e);
+    this._shrink('ram', 0, e);
   }
 
   /**
@@ -353,7 +360,7 @@ class PrefixCache {
       try {
         if (!this.diskOn || !writer()) return;
         const size = files.entrySize(this._tiers.fingerprint, e.tokens, state, e.images);
-        this.makeRoom('disk', () => sum(this._sizes('disk')) + size <= this._budget.disk);
+        this._shrink('disk', size);
         const file = await files.writeEntryFile(this._dir, this._tiers.fingerprint, e.tokens, state, e.images);
         const w = writer();
         if (w) w.file = file;
@@ -401,7 +408,7 @@ class PrefixCache {
       this.counters.skipped++;
       this._tiers.warn(error.message);
     }
-    this.makeRoom('disk', () => sum(this._sizes('disk')) <= this._budget.disk);
+    this._shrink('disk');
   }
 
   /**
@@ -414,30 +421,25 @@ class PrefixCache {
     return prefix && prefix.length >= have + MIN_GAIN ? prefix.value : null;
   }
 
+  /** Whether there are tiers below the KV cells to restore from. */
+  get tiered() {
+    return Boolean(this._tiers);
+  }
+
   /**
-   * The restore phase: the first of `starts` (in the Scheduler's order) whose tokens begin with a
-   * stored prefix worth restoring gets it back into the KV cells, if `room(cells, leases)` can be
-   * made for it and for what it needs `beside` it (default: nothing); else its `unfit()` is called.
-   * One restore a call: admission pins a request's entry right after, before another could evict it.
-   * @param {Iterable<{ tokens: number[], beside?(keep: number): { cells: number, leases: number }, hinted?: boolean, unfit?(): void }>} starts
-   * @param {(cells: number, leases: number) => boolean} room
+   * What restoring would give a start of `tokens`: the stored entry and the positions kept of it
+   * (more than the KV cells hold, by at least MIN_GAIN), or null. A prompt wholly stored is
+   * restored one token short: that token is decoded for its logits (a prompt ending with an
+   * image: the image is prefilled again). The caller makes room for `keep` cells and a lease,
+   * then calls `promote` (./queue.js `restore`).
+   * @returns {{ entry: CacheEntry, keep: number } | null}
    */
-  async restoreOne(starts, room) {
-    if (!this._tiers) return;
-    await this.scan();
-    for (const start of starts) {
-      const { tokens } = start;
-      const have = this.bestStart(tokens).length;
-      const found = this.stored(tokens, have);
-      if (!found) continue;
-      // A prompt wholly stored is restored one token short: that token is decoded for its logits
-      // (a prompt ending with an image: the image is prefilled again).
-      const keep = found.tokens.length === tokens.length ? edge(tokens, tokens.length - 1) : found.tokens.length;
-      if (keep <= have) continue;
-      const { cells, leases } = start.beside ? start.beside(keep) : { cells: 0, leases: 0 };
-      if (!room(keep + cells, leases + 1)) return start.unfit && start.unfit();
-      return void (await this.promote(found, keep, start.hinted));
-    }
+  restorable(tokens) {
+    const have = this.bestStart(tokens).length;
+    const found = this.stored(tokens, have);
+    if (!found) return null;
+    const keep = found.tokens.length === tokens.length ? edge(tokens, tokens.length - 1) : found.tokens.length;
+    return keep > have ? { entry: found, keep } : null;
   }
 
   /**

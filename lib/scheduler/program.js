@@ -29,6 +29,7 @@ const {
 } = require('./errors');
 const { SEED_SPACE } = require('./checks');
 const { ProgramEvents } = require('./events');
+const { rulesOf } = require('./doors');
 
 const TRANSITIONS = {
   queued: ['ready', 'done', 'failed'],
@@ -42,28 +43,24 @@ const TRANSITIONS = {
 /**
  * What admitting a program takes: `cells` and `leases` beyond its `prompt` line (made at admission,
  * cut into cache entries at its `cachePoints`; the tiers may restore a prefix of its tokens).
- * `planned`: its lines are all made at admission, so it reserves only what they may still take and
- * ends when none has a job left (else it holds all it declared until its function ends).
  * @typedef {{ prompt: { tokens: number[], cachePoints: number[], text: string, media?: import('./media').PromptMedia } | null,
- *   cells: number, leases: number, planned: boolean, admit: object }} Budget
+ *   cells: number, leases: number, admit: object }} Budget
  */
 
 /**
- * What a front door computes: its `budget` or `prepare` (between steps, in order) resolving with
- * it; `countsAsRunning` (`maxRunning`, `stats()`); `hinted`: its cache entries are kept warm
- * longer; `failsWhole`: a line's failure is the program's (else the line's job rejects);
- * `endsOpen`: at an abort or close, open gens end 'abort' and it resolves, or ('reject') they and
- * it reject; `begin` starts its lines; `sink` settles it and says what its `done` event shows of
- * its usage (null: nothing); `seed`: where `nextSeed` counts on from.
+ * What a front door computes: its `door` (./doors.js: what kind of program it is, read only
+ * through its rules), its `budget` or `prepare` (between steps, in order) resolving with it;
+ * `hinted`: its cache entries are kept warm longer; `begin` starts its lines; `sink` settles it
+ * and says what its `done` event shows of its usage (null: nothing); `seed`: where `nextSeed`
+ * counts on from.
  * @typedef {{ finish: (outcome: any, usage: any) => void, fail: (error: any) => void, doneUsage: (usage: any) => any }} Sink
  * @typedef {{ id: string, signal: any, sink: Sink, budget?: Budget, prepare?: (ctx: any, systemPrompts: any) => Promise<Budget>,
- *   countsAsRunning: boolean, hinted?: boolean, failsWhole: boolean, endsOpen: 'abort' | 'reject',
- *   begin: (program: Program, prompt: Line | null) => void, seed?: number }} ProgramConfig
+ *   door: import('./doors').Door, hinted?: boolean, begin: (program: Program, prompt: Line | null) => void, seed?: number }} ProgramConfig
  */
 
 class Program {
   /**
-   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, spec: any, counters: { completed: number }, parseSpecial?: boolean }} env
+   * @param {{ ctx: any, defaultMaxTokens: number, jsonSchemaToGrammar: (schema: any) => Promise<string>, wake: () => void, cache: any, events: import('./events').SchedulerEvents, spec: any, counters: { completed: number }, parseSpecial?: boolean, decideOnLine?: any }} env
    * @param {ProgramConfig} config
    */
   constructor(env, config) {
@@ -80,7 +77,9 @@ class Program {
     /** What the tiers may restore a prefix of before admission: a prepared prompt's tokens (null: none). */
     this.restoreKey = null;
     this.hinted = Boolean(config.hinted);
-    this.countsAsRunning = config.countsAsRunning;
+    /** What its front door means for it (./doors.js). */
+    this.rules = rulesOf(config.door);
+    this.countsAsRunning = this.rules.countsAsRunning;
     this.seed = config.seed || 0;
     this.lineCount = 0;
     /** @type {Line[]} every line made, released ones until they are freed */
@@ -136,23 +135,17 @@ class Program {
 
   /** Whose rows a line's are in the decode phase (a failure stays its owner's). */
   ownerOf(line) {
-    return this.config.failsWhole ? this : line;
+    return this.rules.failsWhole ? this : line;
   }
 
   lineFailed(line, error) {
-    if (this.config.failsWhole) this.end({ error });
+    if (this.rules.failsWhole) this.end({ error });
     else line.endJob(null, error);
   }
 
-  /** `line` started with `line.kv.cached` tokens from the prefix cache; true: its prompt line (the hit rate counts it). */
-  started(line) {
-    this.tally.started(line.kv.cached);
-    return line === this.promptLine;
-  }
-
-  /** (A prompt line's tokens count from admission on.) */
-  prefilled(line, count) {
-    this.tally.prefilled(count, line === this.promptLine);
+  /** `line` had `count` tokens prefilled (a prompt line's count from admission on). */
+  countPrefill(line, count) {
+    this.tally.tokensPrefilled(count, line === this.promptLine);
   }
 
   /** Leases its lines hold now (a line released this step holds its lease until the next frees it). */
@@ -163,17 +156,17 @@ class Program {
   /** Leases it may still take: a planned program's are taken once each (a filled prompt's goes to the cache). */
   get leasesToCome() {
     if (this.state !== 'running') return 0;
-    const taken = this.budget.planned ? this.tally.leases : this.leasesHeld;
+    const taken = this.rules.planned ? this.tally.leases : this.leasesHeld;
     return Math.max(0, this.maxBranches - taken);
   }
 
   /** Cells it may still write: a planned program's unfilled prompt and each open gen's rest. */
   cellsToCome() {
     if (this.state !== 'running') return 0;
-    if (!this.budget.planned) return Math.max(0, this.maxCells - this.tally.cellsUsed);
+    if (!this.rules.planned) return Math.max(0, this.maxCells - this.tally.cellsUsed);
     const prompt = this.promptLine;
     let cells = prompt
-      ? prompt.tokens.length - (prompt.state === 'waiting' ? prompt.kv.planned.start : prompt.filled)
+      ? prompt.tokens.length - (prompt.state === 'waiting' ? prompt.lineStart.planned.start : prompt.computed)
       : 0;
     for (const line of this.lines) cells += line.genCellsLeft;
     return cells;
@@ -244,13 +237,13 @@ class Program {
     if (this.state !== 'running') return;
     this.outcome = outcome;
     this.to('ending');
-    const abort = this.config.endsOpen === 'abort';
+    const abort = this.rules.endsOpen === 'abort';
     for (const line of this.lines) if (line.job) line.endJob(abort ? 'abort' : null, abort ? null : this.endedError());
   }
 
   /** Its signal fired, or (`error`) the scheduler closes: a running program ends at the next step; a queued one settles now. */
   abort(error = abortedProgram(this.signal)) {
-    const outcome = this.config.endsOpen === 'abort' ? { abort: true } : { error };
+    const outcome = this.rules.endsOpen === 'abort' ? { abort: true } : { error };
     if (this.state === 'running') this.end(outcome);
     else if (this.state === 'queued' || this.state === 'ready') this.settle(outcome);
   }
@@ -262,7 +255,7 @@ class Program {
 
   /** Whether a planned program did all it was to do: no line has a job left. */
   get #complete() {
-    return this.budget.planned && this.lines.every((line) => !line.job);
+    return this.rules.planned && this.lines.every((line) => !line.job);
   }
 
   /** At a step's start: frees released lines, or all of an ending program's (then true: settle once `prunes` are). */

@@ -4,7 +4,7 @@
  * The Scheduler's admitted programs (./program.js; requests too) and what their lines ask of
  * each step. The Scheduler's phases ask this, never a line: lines that need their KV get a
  * branch (`materialize`), pending tokens are prefilled (`linesToPrefill`, `prefillEntries` for
- * the step's one prefill, then `prefilled`), and lines in a gen become the decode phase's rows
+ * the step's one prefill, then `applyPrefill`), and lines in a gen become the decode phase's rows
  * (`decodeRows`; `decode` over ../decode/rows.js, which returns what became of each row). This is
  * where a line hears what its row did, where its program hears what the line did (it started,
  * its tokens were prefilled) and where every failure is routed: the failing line's
@@ -35,10 +35,29 @@ class Programs {
     this.settledCompletionTokens = 0;
     /** Whether `cellsFor` had to evict (warned once). */
     this.cellsWarned = false;
+    /** @type {import('./step-plan').StepPlan | null} what the step in progress did, line by line */
+    this.stepPlan = null;
+  }
+
+  /** From now on, what lines do is recorded in `plan` (null: the step ended). */
+  record(plan) {
+    this.stepPlan = plan;
   }
 
   get size() {
     return this.list.length;
+  }
+
+  /** Admitted requests (`maxRunning` counts them). */
+  get requests() {
+    return this.list.filter((p) => p.countsAsRunning).length;
+  }
+
+  /** The tokens each running program's fresh line waiting to start would start with (a restore may give them). */
+  *freshStarts() {
+    for (const [, line] of this.runningLines())
+      if (line.state === 'waiting' && !line.lineStart.parent && line.needed)
+        yield line.pending.slice(0, line.pending.length - line.scoring);
   }
 
   admit(program, need) {
@@ -62,7 +81,8 @@ class Programs {
    * beyond what running programs may still take; false if they never are.
    */
   makeRoom(cells, leases, keep = null) {
-    return this.cache.makeRoom('kv', () => this.fits(cells, leases), keep);
+    while (!this.fits(cells, leases)) if (!this.cache.evictOne(keep)) return false;
+    return true;
   }
 
   /**
@@ -83,7 +103,7 @@ class Programs {
         'llama-branch Scheduler: a step needed KV cells that admission had not left free; evicting cached prefixes (please report this)',
       );
     }
-    this.cache.makeRoom('kv', () => this.store.kvPressure().remaining >= cells);
+    while (this.store.kvPressure().remaining < cells) if (!this.cache.evictOne()) return;
   }
 
   /** Tokens taken by every gen so far (the Scheduler's `generatedTokens`). */
@@ -117,7 +137,7 @@ class Programs {
       const cells = job.to === 'live' ? line.branch.parkedInfo.own : 0;
       if (cells > 0 && !program.checkCells(line, cells)) continue;
       if (cells > 0) this.cellsFor(cells);
-      if (job.to === 'parked') line.kv.drop(this.cache); // an entry it was filling leaves the cache first
+      if (job.to === 'parked') line.lineStart.drop(this.cache); // an entry it was filling leaves the cache first
       const before = this.store.kvPressure().remaining;
       try {
         await (job.to === 'parked' ? line.branch.park() : line.branch.resume());
@@ -158,16 +178,19 @@ class Programs {
     for (const [program, line] of this.runningLines()) {
       if (line.state !== 'waiting' || !line.needed || program.leasesHeld >= program.maxBranches) continue;
       if (line.extra && budget && !budget.admits(rows)) continue;
-      const starts = line.kv.starts;
+      const starts = line.lineStart.starts;
       let error = null;
       try {
         line.materialize(() => this.fits(0, 1));
       } catch (e) {
         error = e;
       }
-      if (line.kv.starts !== starts) this.started(program, line);
+      if (line.lineStart.starts !== starts) this.countStart(program, line);
       if (error) program.lineFailed(line, error);
-      else if (line.branch) rows++; // it took its branch
+      else if (line.branch) {
+        rows++; // it took its branch
+        if (this.stepPlan) this.stepPlan.addBranch(line.id);
+      }
     }
   }
 
@@ -188,10 +211,11 @@ class Programs {
   }
 
   /** `line` started (even if its branch then failed): its program counts it; a request's prompt counts in the hit rate. */
-  started(program, line) {
-    if (!program.started(line)) return;
+  countStart(program, line) {
+    program.tally.started(line.lineStart.cached);
+    if (line !== program.promptLine) return;
     this.promptTokens += line.tokens.length;
-    this.cachedPromptTokens += line.kv.cached;
+    this.cachedPromptTokens += line.lineStart.cached;
   }
 
   /** Lines whose pending tokens are prefilled this step, `{program, line, take}`, within `budget` tokens. */
@@ -202,12 +226,12 @@ class Programs {
       if (budget === 0 || !line.wantsPrefill) continue;
       let take = Math.min(line.pending.length, budget);
       // A prompt with images is prefilled by ./media.js: the text before it here, first.
-      const media = line.kv.nextMedia(line.filled);
-      if (media && line.filled >= media.at) continue;
-      if (media) take = Math.min(take, media.at - line.filled);
+      const media = line.lineStart.nextMedia(line.computed);
+      if (media && line.computed >= media.at) continue;
+      if (media) take = Math.min(take, media.at - line.computed);
       // A cache entry being filled ends where the next one starts: it is filled first.
-      const end = line.kv.segmentEnd;
-      if (end !== null) take = Math.min(take, end - line.filled);
+      const end = line.lineStart.segmentEnd;
+      if (end !== null) take = Math.min(take, end - line.computed);
       // A scored entry has a logits row per token and must fit one decode; a longer text to
       // score goes on in the next step (its first token scored from the logits left then).
       if (line.scoreFrom(take) !== undefined) {
@@ -215,7 +239,7 @@ class Programs {
           take,
           program.ctx.nOutputs,
           program.ctx.nBatch,
-          line.kv.nextForkPoint(line.filled) - line.filled,
+          line.lineStart.nextForkPoint(line.computed) - line.computed,
         );
         if (take === 0) continue; // a fork waits for its lease where this line's KV ends
       }
@@ -247,11 +271,12 @@ class Programs {
    * @param {Array<{ program: import('./program').Program, line: import('./line').Line, take: number }>} lines
    * @param {Array<number[] | null>} scores
    */
-  prefilled(lines, scores) {
+  applyPrefill(lines, scores) {
     let tokens = 0;
     lines.forEach(({ program, line, take }, i) => {
       tokens += take;
-      program.prefilled(line, take);
+      this.recordPrefill(line, take, scores[i] !== null && scores[i] !== undefined, false);
+      program.countPrefill(line, take);
       try {
         line.prefilled(take, scores[i], () => this.fits(0, 1));
       } catch (e) {
@@ -262,10 +287,15 @@ class Programs {
     return tokens;
   }
 
+  /** `line` prefilled `tokens` this step (`scored`: with a logits row each; `image`: an image's positions). */
+  recordPrefill(line, tokens, scored, image) {
+    if (this.stepPlan) this.stepPlan.addPrefill(line.id, tokens, scored, image);
+  }
+
   /** The step's prefill failed (all or nothing: no line advanced): each line's job fails with `error`. */
   prefillFailed(lines, error) {
     for (const { program, line } of lines) {
-      line.kv.drop(this.cache);
+      line.lineStart.drop(this.cache);
       program.lineFailed(line, error);
     }
   }
@@ -291,6 +321,7 @@ class Programs {
         continue;
       }
       rows.push({ program, line, job, branch: line.branch, owner: program.ownerOf(line), carried: job.next });
+      if (this.stepPlan) this.stepPlan.addRow(line.id);
     }
     return rows;
   }

@@ -67,7 +67,6 @@ async function preparePrompt({ request, n, gen, grammarPending, chatOptions, par
     prompt: { tokens, cachePoints, text, ...(media ? { media } : {}) },
     cells: n * gen.maxTokens,
     leases: n,
-    planned: true,
     admit,
   };
   return { budget, chat };

@@ -52,10 +52,8 @@ function requestProgram(request, env) {
       ({ budget, chat } = await preparePrompt(req, ctx, systemPrompts));
       return budget;
     },
+    door: 'request',
     hinted: Boolean(request.cacheKey),
-    countsAsRunning: true,
-    failsWhole: true,
-    endsOpen: 'abort',
     // Admitted: its n choices forked from the prompt line, each with its gen.
     begin: (p, promptLine) =>
       // The second and later choices are extra lines, admitted within a step budget if any.

@@ -9,20 +9,21 @@
 const { ProgramLine } = require('../ProgramLine');
 const { Program } = require('./program');
 const { checkRun } = require('./checks');
+const { rulesOf } = require('./doors');
 
 /**
  * Checks `fn` and `options` (throws ERR_INVALID_ARG) and builds its program, ready at once; the
- * promise settles with what `fn` returns or throws. `decision`: a batch of a decision
- * (../decisions), whose `fn` gets its `decision` event's sender too and whose promise resolves
- * `{ value, usage }` (its cached tokens are the decision's) and may ask, with `options.hinted` (a
- * prompt_cache_key), that the cache entries it starts from or fills be kept warm longer.
+ * promise settles with what `fn` returns or throws. `door`: 'run', or 'decision' for a batch of a
+ * decision (./doors.js: its `fn` also gets the `decision` event's sender, it resolves
+ * `{ value, usage }` and may ask, with `options.hinted`, that its cache entries be kept warm).
  * @param {(s: ProgramLine, emit?: (fields: object) => void) => any} fn
  * @param {import('../types').RunOptions} options
  * @param {any} env what every program is given (./program.js)
- * @param {boolean} [decision]
+ * @param {'run' | 'decision'} [door]
  * @returns {{ program: Program, promise: Promise<any> }}
  */
-function runProgram(fn, options, env, decision = false) {
+function runProgram(fn, options, env, door = 'run') {
+  const rules = rulesOf(door);
   const { signal, maxBranches, maxCells, seed } = checkRun(fn, options, env.ctx);
   let settle = { resolve: (_value) => {}, reject: (_error) => {} };
   const promise = new Promise((resolve, reject) => (settle = { resolve, reject }));
@@ -30,7 +31,7 @@ function runProgram(fn, options, env, decision = false) {
     id: env.events.nextId('program'),
     signal,
     sink: {
-      finish: ({ value }, usage) => settle.resolve(decision ? { value, usage } : value),
+      finish: ({ value }, usage) => settle.resolve(rules.withUsage ? { value, usage } : value),
       fail: settle.reject,
       doneUsage: (usage) => usage,
     },
@@ -39,18 +40,15 @@ function runProgram(fn, options, env, decision = false) {
       prompt: null,
       cells: maxCells,
       leases: maxBranches,
-      planned: false,
       admit: { kind: 'program', maxBranches, maxCells },
     },
-    countsAsRunning: false,
-    hinted: decision && Boolean(/** @type {any} */ (options).hinted),
-    failsWhole: false,
-    endsOpen: 'reject',
+    door,
+    hinted: rules.mayHint && Boolean(/** @type {any} */ (options).hinted),
     // Admitted: the function starts on a fresh root line.
     begin: (p) => {
       const root = new ProgramLine(p.freshLine([]), p);
       Promise.resolve()
-        .then(() => (decision ? fn(root, (fields) => p.events.emit('decision', fields)) : fn(root)))
+        .then(() => (rules.sendsDecision ? fn(root, (fields) => p.events.emit('decision', fields)) : fn(root)))
         .then(
           (value) => p.end({ value }),
           (error) => p.end({ error }),

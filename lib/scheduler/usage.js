@@ -37,7 +37,7 @@ class Tally {
   }
 
   /** `count` tokens were prefilled (`prompt`: the admitted prompt's, counted already). */
-  prefilled(count, prompt) {
+  tokensPrefilled(count, prompt) {
     this.prefilledCells += count;
     if (!prompt) this.promptTokens += count;
   }

@@ -67,17 +67,38 @@ function reachable(file, edges = requiresOf) {
   return seen;
 }
 
+/** Where ARCHITECTURE.md's layer drawing puts the description: the names are the columns before. */
+const NAMES_WIDTH = 28;
+
 /**
- * The layers of lib/, bottom up: each file named here may reach only files of its own layer or
- * below (through any chain of requires), never the layers above it.
+ * The layers of lib/, bottom up, as ARCHITECTURE.md draws them ("lib's layers", top row highest;
+ * a row whose names end with a comma goes on in the next; a row naming no lib/ path, the native
+ * addon's, is not lib/'s): each a test of whether a file is in it (`dir/` names a folder).
+ * @returns {((file: string) => boolean)[]}
  */
-const LAYERS = [
-  // a branch's decode step, shared by Branch.generate and the Scheduler; draft sources; traces
-  (f) => f.startsWith('decode/') || ['speculative.js', 'trace.js', 'Context.js'].includes(f),
-  (f) => f === 'Branch.js',
-  (f) => f === 'BranchStore.js',
-  (f) => f === 'ProgramLine.js' || f === 'Scheduler.js' || f.startsWith('scheduler/'),
-];
+function drawnLayers(markdown = fs.readFileSync(path.join(LIB, '..', 'ARCHITECTURE.md'), 'utf8')) {
+  const section = markdown.slice(markdown.indexOf("## lib's layers"));
+  const drawing = section.slice(section.indexOf('```\n') + 4, section.indexOf('\n```', section.indexOf('```') + 3));
+  const rows = [];
+  let open = false;
+  for (const line of drawing.split('\n')) {
+    const names = line.slice(0, NAMES_WIDTH).trim();
+    if (!open && names === '') continue;
+    const list = names
+      .split(',')
+      .map((n) => n.trim())
+      .filter(Boolean);
+    if (!list.every((n) => /^[\w.-]+(\.js|\/)$/.test(n))) continue;
+    if (open) rows[rows.length - 1].push(...list);
+    else rows.push(list);
+    open = names.endsWith(',');
+  }
+  const inRow = (/** @type {string[]} */ row) => (/** @type {string} */ f) =>
+    row.some((n) => (n.endsWith('/') ? f.startsWith(n) : f === n));
+  return rows.reverse().map(inRow);
+}
+
+const LAYERS = drawnLayers();
 
 /** `[file, what it reaches above its layer]` for every file that breaks the layer order. */
 function layerBreaks(files, edges = requiresOf) {
@@ -183,10 +204,17 @@ describe('lib/ structure', function () {
     assert.deepEqual(cycles(files), []);
   });
 
-  it('stacks its layers: decode/ below Branch.js below BranchStore.js below the Scheduler', function () {
+  it("stacks its layers as ARCHITECTURE.md draws them, every file in one: decode/ below Branch.js below the Scheduler's", function () {
     // Branch.generate and the Scheduler's decode phase share ./decode/ (rows, speculation), so a
     // reader of Branch never meets the Scheduler; a draft model's lines are native handles, so
-    // draft sources need no Branch.
+    // draft sources need no Branch; decisions are a client of programs' lines.
+    assert.ok(LAYERS.length >= 8, `${LAYERS.length} layers read from ARCHITECTURE.md`);
+    const placed = files.map((f) => [f, LAYERS.filter((inLayer) => inLayer(f)).length]);
+    assert.deepEqual(
+      placed.filter(([, n]) => n !== 1),
+      [],
+      'each lib/ file in exactly one drawn layer',
+    );
     assert.deepEqual(layerBreaks(files), []);
   });
 
@@ -245,6 +273,21 @@ describe('lib/ structure', function () {
       ['a -> b -> a'],
     );
     assert.ok(requiresOf('index.js').includes('Branch.js'));
+    const drawn = drawnLayers(
+      [
+        "## lib's layers",
+        '```',
+        'top.js                      high',
+        'a/, b.js,                   low',
+        '  c.js                      low too',
+        'addon (src/)                not lib',
+        '```',
+      ].join('\n'),
+    );
+    assert.deepEqual(
+      ['c.js', 'a/x.js', 'top.js', 'z.js'].map((f) => drawn.findIndex((inLayer) => inLayer(f))),
+      [0, 0, 1, -1],
+    );
     const up = {
       'decode/rows.js': ['decode/x.js'],
       'decode/x.js': ['scheduler/programs.js'],

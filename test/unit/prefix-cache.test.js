@@ -12,10 +12,34 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { PrefixCache, MIN_PARTIAL_REUSE } = require('../../lib/scheduler/prefix-cache');
+const { Queue } = require('../../lib/scheduler/queue');
 const { entryName, writeEntryFile } = require('../../lib/scheduler/cache-file');
 const { makeError } = require('../../lib/errors');
 
 const { fakeBranch, range } = require('./fakes');
+
+/** The Scheduler's KV make-room loop (lib/scheduler/programs.js): victims leave until `fits()`; false if it never does. */
+function makeRoomKv(cache, fits, keep = null) {
+  while (!fits()) if (!cache.evictOne(keep)) return false;
+  return true;
+}
+
+/**
+ * The Scheduler's restore phase (lib/scheduler/queue.js) over ready requests starting with each
+ * of `prompts` (`hinted`: their client asked to keep them warm), nothing running, room made when
+ * `room`; returns how many requests were told to start without their restore.
+ */
+async function restoreFor(cache, prompts, room, hinted = false) {
+  let unfit = 0;
+  const queue = new Queue({ maxQueue: 64, maxRunning: Infinity });
+  for (const tokens of prompts) {
+    const needsFrom = () => ({ cells: 0, leases: 0 });
+    queue.add({ state: 'ready', restoreKey: tokens, hinted, needsFrom, skipRestore: () => unfit++ });
+  }
+  const programs = { size: 0, makeRoom: () => room, *freshStarts() {} };
+  await queue.restore(/** @type {any} */ (programs), cache);
+  return unfit;
+}
 
 /**
  * A stand-in for a context's saved-state file jobs (src/napi/saved_state.rs, whose container the
@@ -161,12 +185,12 @@ describe('PrefixCache (no model)', () => {
     cache.pin(c); // in use
     assert.equal(cache.victim('kv'), a);
     assert.equal(
-      cache.makeRoom('kv', () => pruned.length >= 1),
+      makeRoomKv(cache, () => pruned.length >= 1),
       true,
     );
     assert.deepEqual(pruned, [branches[0]]);
     assert.equal(
-      cache.makeRoom('kv', () => pruned.length >= 3),
+      makeRoomKv(cache, () => pruned.length >= 3),
       false,
       'c is pinned and d unfilled: only b could go',
     );
@@ -177,7 +201,7 @@ describe('PrefixCache (no model)', () => {
     );
     cache.unpin(c);
     assert.equal(
-      cache.makeRoom('kv', () => false, c),
+      makeRoomKv(cache, () => false, c),
       false,
       'the entry a request is about to fork is kept',
     );
@@ -197,7 +221,7 @@ describe('PrefixCache (no model)', () => {
     a.hinted = true;
     for (const e of [c, b, a]) cache.unpin(cache.pin(e)); // c used first, a last
     assert.equal(cache.victim('kv'), c);
-    assert.ok(cache.makeRoom('kv', () => pruned.length >= 3));
+    assert.ok(makeRoomKv(cache, () => pruned.length >= 3));
     assert.deepEqual(
       pruned.map((p) => p.position),
       [20, 20, 20],
@@ -223,7 +247,7 @@ describe('PrefixCache (no model)', () => {
       const changes = [];
       const stop = cache.onChange((c) => changes.push(c));
       const [a, b, c] = [0, 100, 200].map((k) => cached(cache, range(k, k + 20)));
-      assert.ok(cache.makeRoom('kv', () => cache.size === 0));
+      assert.ok(makeRoomKv(cache, () => cache.size === 0));
       await cache.flush(); // (writes c too, as a closing scheduler does)
       // Demoted a, b, c (least recently used first): RAM holds one, so a and b went to disk; c
       // written last needs room on disk, where a is the least recently used file: a is gone.
@@ -262,8 +286,7 @@ describe('PrefixCache (no model)', () => {
         ['0:kv', '100:kv', '200:kv', '0:ram', '100:ram', '0:disk', '200:ram', '100:disk', '200:disk'],
       );
       // Back from disk: read, checked, restored one token short of a prompt it covers whole.
-      const starts = [{ tokens: b.tokens, beside: () => ({ cells: 0, leases: 0 }), hinted: true, unfit() {} }];
-      await cache.restoreOne(starts, () => true);
+      await restoreFor(cache, [b.tokens], true, true);
       assert.deepEqual(tiers.restored, [[100, 19]]);
       const restored = cache.bestStart([...b.tokens, 1]);
       assert.deepEqual([restored.entry.tokens, restored.entry.hinted], [b.tokens.slice(0, 19), true]);
@@ -297,17 +320,16 @@ describe('PrefixCache (no model)', () => {
       assert.equal(cache.tierStats().diskEntries, 2, 'the foreign file is not listed');
       assert.equal(cache.tierStats().skipped, 1);
       assert.match(tiers.warnings.join(' | '), /another model or KV layout/);
-      const at = (t) => ({ tokens: [...t, 1], beside: () => ({ cells: 0, leases: 0 }), hinted: false, unfit() {} });
-      await cache.restoreOne([at(corrupt)], () => true);
+      const at = (t) => [...t, 1];
+      await restoreFor(cache, [at(corrupt)], true);
       assert.match(tiers.warnings.join(' | '), /checksum/);
       assert.equal(fs.existsSync(file), false, 'a corrupted file is removed');
       assert.equal(cache.stored([...corrupt, 1], 0), null);
-      await cache.restoreOne([at(tokens)], () => true);
+      await restoreFor(cache, [at(tokens)], true);
       assert.deepEqual(tiers.restored, [[64, 30]]);
       // A start that does not fit is told so, nothing restored.
-      let unfit = 0;
       cache.clear();
-      await cache.restoreOne([{ ...at(tokens), unfit: () => unfit++ }], () => false);
+      const unfit = await restoreFor(cache, [at(tokens)], false);
       assert.equal(unfit, 1, 'no room: the start is told, to be admitted as it is');
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
@@ -344,7 +366,7 @@ describe('PrefixCache (no model)', () => {
     const cache = new PrefixCache({ tiers });
     fs.rmSync(dir, { recursive: true });
     const [a, b] = [0, 100].map((k) => cached(cache, range(k, k + 20)));
-    cache.makeRoom('kv', () => cache.size === 0);
+    makeRoomKv(cache, () => cache.size === 0);
     await cache.flush();
     assert.match(tiers.warnings.join(' | '), /disk tier is off/);
     assert.deepEqual([a.ram !== null, b.ram !== null, cache.tierStats().diskOn], [false, true, false]);

@@ -129,14 +129,17 @@ describe('Scheduler parts (no model)', () => {
       assert.deepEqual(need, { entry: cached, start: 3, cells: 2 + 2 * 5, leases: 2 + 1 });
       req.start(need);
       assert.equal(req.state, 'running');
-      assert.deepEqual([req.promptLine.kv.planned.start, req.leasesToCome, req.tally.usage.promptTokens], [3, 3, 5]);
+      assert.deepEqual(
+        [req.promptLine.lineStart.planned.start, req.leasesToCome, req.tally.usage.promptTokens],
+        [3, 3, 5],
+      );
       assert.equal(cached.pins, 1, 'the cached start admission counted on is pinned until the prompt line starts');
       assert.deepEqual(
         req.lines.slice(1).map((l) => l.job.params.seed),
         [5, 6],
       );
       assert.deepEqual(
-        req.lines.map((l) => [l.id, l.kv.parent && l.kv.parent.id, l.tokens.length]),
+        req.lines.map((l) => [l.id, l.lineStart.parent && l.lineStart.parent.id, l.tokens.length]),
         [
           [req.id, null, 5],
           [`${req.id}.0`, req.id, 5],
@@ -179,11 +182,11 @@ describe('Scheduler parts (no model)', () => {
       other.open(env(cache), range(100, 120), 0, branch);
       assert.equal(other.segmentEnd, 10);
       const noSpare = () => assert.fail("a request's leases were reserved: it never asks for a spare one");
-      const next = other.filled(cache, false, noSpare);
+      const next = other.segmentFilled(cache, false, noSpare);
       assert.equal(next.lease, true, 'it goes on in a fork of the filled entry');
       other.open(env(cache), range(100, 120), 10, next.branch);
       assert.equal(other.segmentEnd, 20);
-      assert.equal(other.filled(cache, true, noSpare).lease, false);
+      assert.equal(other.segmentFilled(cache, true, noSpare).lease, false);
       assert.equal(other.borrowed, true);
       const opened = [...cache.entries()].filter((e) => e.tokens[0] === 100);
       assert.deepEqual(
@@ -203,15 +206,15 @@ describe('Scheduler parts (no model)', () => {
       assert.equal(line.cachedStart(cache, tokens).length, 0, 'nothing cached yet');
       line.open(env(cache), tokens, 0, fakeBranch(0, pruned));
       assert.equal(
-        line.filled(cache, true, () => false),
+        line.segmentFilled(cache, true, () => false),
         null,
         'no spare lease: nothing is cached',
       );
       assert.equal(cache.size, 0);
       line.open(env(cache), tokens, 0, fakeBranch(0, pruned));
-      assert.equal(line.filled(cache, true, () => true).lease, true);
+      assert.equal(line.segmentFilled(cache, true, () => true).lease, true);
       assert.equal(cache.size, 1);
-      const parent = { kv: { images: [] }, state: 'waiting' };
+      const parent = { lineStart: { images: [] }, state: 'waiting' };
       const fork = LineStart.fork(parent, 2);
       assert.equal(fork.fromCache(cache, tokens.slice(0, 3), 2), null, 'too little of its own text');
       const from = fork.fromCache(cache, [...tokens, 99], 2);
@@ -251,10 +254,10 @@ describe('Scheduler parts (no model)', () => {
       const lineEnv = { ...env, tally: new Tally() };
       const cached = LineStart.fresh(); // the line starts from a cache entry holding its tokens
       cached.open(env, tokens, 0, fakeBranch(0));
-      cached.filled(env.cache, true, () => true);
+      cached.segmentFilled(env.cache, true, () => true);
       const line = new Line(lineEnv, 'p1.0', LineStart.fresh(), tokens.slice());
       line.materialize(() => false);
-      assert.deepEqual([line.state, line.filled, line.decoding], ['live', tokens.length, false]);
+      assert.deepEqual([line.state, line.computed, line.decoding], ['live', tokens.length, false]);
       const gen = new GenJob({ maxTokens: 8, stops: [], params: {}, grammar: null });
       const done = line.start(gen);
       scheduler.subscribe((e) => e.event === 'token' && line.endJob('abort')); // e.g. a listener's abort
