@@ -1,7 +1,7 @@
 'use strict';
 
 const { makeError } = require('./errors');
-const { nativeOf, wrapFreed, branchHandle, wrapperOf } = require('./Context');
+const { nativeOf, nativeOfPrompt, wrapFreed, branchHandle, wrapperOf } = require('./Context');
 const { adoptBranch } = require('./Branch');
 const batch = require('./decode/batch');
 
@@ -107,6 +107,38 @@ class BranchStore {
     return /** @type {Promise<Array<number[] | null>>} */ (
       batch.prefill(this._ctx, entries, options, 'BranchStore.scorePerToken', true)
     );
+  }
+
+  /**
+   * `[[branch, mediaPrompt, { from, to }], ...]`: prefills each {@link MediaPrompt} (text and
+   * images, from this context's `tokenizeParts`) into its branch as `branch.prefill(mediaPrompt,
+   * { from, to })` does, all of them in ONE job on the context's worker (the Scheduler's image
+   * prefill of a step). Each entry is all or nothing on its own: resolves one item per entry,
+   * null or that entry's coded error (e.g. `ERR_IMAGE_POSITIONS`), so one failure stays its
+   * entry's. A malformed entry (not a branch, not a MediaPrompt) throws before anything runs.
+   * @param {ReadonlyArray<readonly [Branch, import('./Context').MediaPrompt, { from?: number, to?: number }?]>} entries
+   * @returns {Promise<Array<(Error & { code: string }) | null>>}
+   */
+  async prefillMedia(entries) {
+    const where = 'BranchStore.prefillMedia';
+    if (!Array.isArray(entries))
+      throw makeError('ERR_INVALID_ARG', `${where}: expected an array of [branch, mediaPrompt, range] entries`);
+    const [handles, prompts, froms, tos] = [[], [], [], []];
+    for (const entry of entries) {
+      if (!Array.isArray(entry))
+        throw makeError('ERR_INVALID_ARG', `${where}: each entry must be [branch, mediaPrompt, range?]`);
+      const [branch, prompt, range] = entry;
+      handles.push(branchHandle(this._ctx, branch, where));
+      const native = nativeOfPrompt(prompt);
+      if (!native)
+        throw makeError('ERR_INVALID_ARG', `${where}: an entry's prompt must be a MediaPrompt of tokenizeParts`);
+      prompts.push(native);
+      froms.push(range?.from ?? 0);
+      tos.push(range?.to ?? prompt.nPos);
+    }
+    if (entries.length === 0) return [];
+    const failures = await nativeOf(this._ctx)._storePrefillMedia(handles, prompts, froms, tos);
+    return failures.map((f) => (f ? makeError(f.code, f.message) : null));
   }
 
   /**

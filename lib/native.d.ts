@@ -170,6 +170,14 @@ export declare class SessionContext {
    * that cuts an image is ERR_IMAGE_POSITIONS.
    */
   _branchPrefillMedia(handle: number, prompt: MediaPrompt, cancel: CancelToken | undefined, from: number | undefined, to: number | undefined): Promise<void>
+  /**
+   * The media prefills of one Scheduler step in ONE worker job: entry `i` prefills
+   * `prompts[i]`'s positions `froms[i]..tos[i]` into branch `handles[i]`, each all or nothing
+   * as `_branchPrefillMedia`. Resolves with one item per entry: null, or the failure of that
+   * entry alone (its code and message), so one request's bad image never fails the others.
+   * Malformed arguments reject the whole call before anything runs.
+   */
+  _storePrefillMedia(handles: number[], prompts: MediaPrompt[], froms: number[], tos: number[]): Promise<Array<MediaPrefillFailure | null>>
   /** Argmax of the context's last logits row. */
   greedySample(): number
   modelEntropy(base?: string | undefined | null, logits?: Float32Array | undefined | null): number
@@ -590,6 +598,12 @@ export declare function listDevices(options?: ListDevicesOptions | undefined | n
 export interface ListDevicesOptions {
   /** Also list the devices of these RPC servers (probed first; same errors as in {@link ContextOptions.rpcServers}). */
   rpcServers?: Array<string>
+}
+
+/** What one entry's failure was, for JS to raise as a coded error on its owner. */
+export interface MediaPrefillFailure {
+  code: string
+  message: string
 }
 
 /** Mirostat sampling (replaces temperature/dist as the final stage). */

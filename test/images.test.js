@@ -197,6 +197,51 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
     await Promise.all([root, before, after].map((b) => b.prune()));
   });
 
+  it('BranchStore.prefillMedia: many branches in one job, each as its own prefill; a failing entry fails alone', async () => {
+    const store = new BranchStore(ctx);
+    const p1 = await ctx.tokenizeParts(['One: ', image, ' the end.']);
+    const p2 = await ctx.tokenizeParts(['Two: ', other]);
+    const textBefore = p1.pieces[0].tokens.length;
+    const [a, b, c, d] = [0, 1, 2, 3].map(() => Branch.create(ctx, 0, GREEDY));
+    const encodes0 = ctx.imageStats().encodes;
+    const cut = { from: 0, to: p2.pieces[0].tokens.length + 1 }; // ends inside the image
+    const failures = await store.prefillMedia([
+      [a, p1],
+      [b, p2, cut],
+      [c, p2],
+      [d, p1, { to: textBefore }],
+    ]);
+    assert.equal(failures.length, 4);
+    assert.deepEqual([failures[0], failures[2], failures[3]], [null, null, null]);
+    assert.ok(failures[1] instanceof Error);
+    assert.equal(failures[1].code, 'ERR_IMAGE_POSITIONS', failures[1].message);
+    assert.deepEqual([a.position, b.position, c.position, d.position], [p1.nPos, 0, p2.nPos, textBefore]);
+    assert.equal(ctx.kvSeqPosMax(b.seqId), -1, 'the failed entry wrote nothing');
+    assert.equal(ctx.imageStats().encodes, encodes0 + 2, 'one encoder run per image prefilled');
+    // The rest of a prompt whose text this branch holds: from where it ends.
+    assert.deepEqual(await store.prefillMedia([[d, p1, { from: textBefore }]]), [null]);
+    assert.equal(d.position, p1.nPos);
+    for (const [branch, prompt] of [
+      [a, p1],
+      [c, p2],
+      [d, p1],
+    ]) {
+      const alone = await logitsAfter(ctx, prompt);
+      const got = branch.getLogits();
+      assert.equal(argmax(got), argmax(alone), 'the same greedy token as a prefill of its own');
+      const overlap = topK(got, 10).filter((t) => topK(alone, 10).includes(t)).length;
+      assert.ok(overlap >= 8, `top-10 overlap ${overlap}`);
+    }
+    // Malformed entries throw before anything runs; nothing changed.
+    await rejects(() => store.prefillMedia([[b, 'not a prompt']]), 'ERR_INVALID_ARG');
+    await rejects(() => store.prefillMedia([[{}, p2]]), 'ERR_INVALID_ARG');
+    await rejects(() => store.prefillMedia(/** @type {any} */ ('x')), 'ERR_INVALID_ARG');
+    await rejects(() => store.prefillMedia([[b, p2, { from: 0.5 }]]), 'ERR_INVALID_ARG');
+    assert.equal(b.position, 0);
+    assert.deepEqual(await store.prefillMedia([]), []);
+    await Promise.all([a, b, c, d].map((x) => x.prune()));
+  });
+
   describe('formatChat with image parts', () => {
     const user = (...content) => [{ role: 'user', content }];
     const text = (t) => ({ type: 'text', text: t });

@@ -95,6 +95,22 @@ export class BranchStore {
      */
     scorePerToken(entries: ReadonlyArray<readonly [Branch, number[]] | readonly [Branch, number[], number]>, options?: OperationOptions): Promise<Array<number[] | null>>;
     /**
+     * `[[branch, mediaPrompt, { from, to }], ...]`: prefills each {@link MediaPrompt} (text and
+     * images, from this context's `tokenizeParts`) into its branch as `branch.prefill(mediaPrompt,
+     * { from, to })` does, all of them in ONE job on the context's worker (the Scheduler's image
+     * prefill of a step). Each entry is all or nothing on its own: resolves one item per entry,
+     * null or that entry's coded error (e.g. `ERR_IMAGE_POSITIONS`), so one failure stays its
+     * entry's. A malformed entry (not a branch, not a MediaPrompt) throws before anything runs.
+     * @param {ReadonlyArray<readonly [Branch, import('./Context').MediaPrompt, { from?: number, to?: number }?]>} entries
+     * @returns {Promise<Array<(Error & { code: string }) | null>>}
+     */
+    prefillMedia(entries: ReadonlyArray<readonly [Branch, import("./Context").MediaPrompt, {
+        from?: number;
+        to?: number;
+    }?]>): Promise<Array<(Error & {
+        code: string;
+    }) | null>>;
+    /**
      * Samples every branch in one native call (no KV write, no accept). Waits for queued operations.
      * @param {readonly Branch[]} branches
      * @returns {import('../lib/types').Produced[]}

@@ -5,10 +5,11 @@
  * `ctx.tokenizeParts`), of prompt parts (strings, image bytes, `{ imagePath }`), or of messages
  * whose content holds `{ type: 'image', image }` parts. Such a request's prompt line holds a key
  * for each image position (./image-keys.js: derived from the image's bytes), so the prefix cache
- * finds the same images again in any tier. Its positions are prefilled through the native path of
- * `branch.prefill(mediaPrompt, { from, to })` (each image encoded once; the n choices fork after
- * it and share its cells), not in the step's batched prefill: from where its cached start ends to
- * its next cache point at a time, so its prefixes become cache entries like any prompt's.
+ * finds the same images again in any tier. Its positions are prefilled by the native path of
+ * `branch.prefill(mediaPrompt, { from, to })`, every such line of a step in one worker job
+ * (`BranchStore.prefillMedia`; each image encoded once, the n choices fork after it and share
+ * its cells), before the step's batched text prefill: from where its cached start ends to its
+ * next cache point at a time, so its prefixes become cache entries like any prompt's.
  */
 
 const { MediaPrompt } = require('../Context');
@@ -96,36 +97,56 @@ function imagesWithSpecialText(param) {
 }
 
 /**
- * The step's media prefill (before its batched prefill): each running media prompt line prefills
- * its prompt from what its branch holds (a cached start) to its next cache point by
- * `branch.prefill(mediaPrompt, { from, to })` (all or nothing; a failure fails its request); a
- * filled cache point becomes a cache entry, and once the prompt is in, its forks take their
- * branches. Returns the positions prefilled.
+ * The step's media prefill (before its batched prefill), as plan, run, apply: each running media
+ * prompt line plans its prompt from what its branch holds (a cached start) to its next cache
+ * point; ONE worker job prefills every planned line (`BranchStore.prefillMedia`: each entry all
+ * or nothing, a failure fails its line's job alone); then each line that got its positions takes
+ * them, a filled cache point becoming a cache entry. Returns the positions prefilled.
+ * @param {import('./programs').Programs} programs
+ * @param {any} store the context's BranchStore
+ */
+async function prefillMedia(programs, store) {
+  const planned = planMedia(programs);
+  if (planned.length === 0) return 0;
+  let failures;
+  try {
+    failures = await store.prefillMedia(planned.map(({ entry }) => entry));
+  } catch (e) {
+    failures = planned.map(() => e); // the job itself failed (e.g. the context was disposed)
+  }
+  let positions = 0;
+  planned.forEach(({ program, line, take }, i) => {
+    if (failures[i]) return program.lineFailed(line, failures[i]);
+    try {
+      program.countPrefill(line, take);
+      programs.recordPrefill(line, take, false, true);
+      line.prefilled(take, null, () => programs.fits(0, 1));
+    } catch (e) {
+      return program.lineFailed(line, e);
+    }
+    positions += take;
+  });
+  return positions;
+}
+
+/**
+ * The media entries of the step: lines whose next positions are an image prompt's, each with
+ * its `[branch, prompt, { from, to }]` entry and the positions it takes.
  * @param {import('./programs').Programs} programs
  */
-async function prefillMedia(programs) {
-  programs.materialize();
-  let positions = 0;
-  for (const [program, line] of [...programs.runningLines()]) {
+function planMedia(programs) {
+  const planned = [];
+  for (const [program, line] of programs.runningLines()) {
     const media = line.lineStart.nextMedia(line.computed);
     if (!media || !line.wantsPrefill || line.computed < media.at) continue; // its text first
     const { prompt, at } = media;
     const end = Math.min(line.lineStart.segmentEnd ?? Infinity, at + prompt.nPos);
     const take = end - line.computed;
     if (!program.checkCells(line, take)) continue;
-    try {
-      await line.branch.prefill(prompt, { from: line.computed - at, to: end - at });
-      program.countPrefill(line, take);
-      programs.recordPrefill(line, take, false, true);
-      line.prefilled(take, null, () => programs.fits(0, 1));
-    } catch (e) {
-      program.lineFailed(line, e);
-      continue;
-    }
-    positions += take;
+    const entry = [line.branch, prompt, { from: line.computed - at, to: end - at }];
+    planned.push({ program, line, take, entry });
   }
-  if (positions > 0) programs.materialize();
-  return positions;
+  return planned;
 }
 
 module.exports = {

@@ -2,8 +2,8 @@
 
 /**
  * The Scheduler's admitted programs (./program.js; requests too) and what their lines ask of
- * each step. The Scheduler's phases ask this, never a line: lines that need their KV get a
- * branch (`materialize`), pending tokens are prefilled (`linesToPrefill`, `prefillEntries` for
+ * each step. The Scheduler's phases ask this, never a line: as each round of a step starts,
+ * lines that need their KV get a branch (`materialize`), pending tokens are prefilled (`linesToPrefill`, `prefillEntries` for
  * the step's one prefill, then `applyPrefill`), and lines in a gen become the decode phase's rows
  * (`decodeRows`; `decode` over ../decode/rows.js, which returns what became of each row). This is
  * where a line hears what its row did, where its program hears what the line did (it started,
@@ -220,7 +220,6 @@ class Programs {
 
   /** Lines whose pending tokens are prefilled this step, `{program, line, take}`, within `budget` tokens. */
   linesToPrefill(budget) {
-    this.materialize();
     const out = [];
     for (const [program, line] of this.runningLines()) {
       if (budget === 0 || !line.wantsPrefill) continue;
@@ -266,8 +265,8 @@ class Programs {
 
   /**
    * After the step's prefill: each of `lines` takes its tokens and their `scores` (in the same
-   * order), its program counting them first; forks whose parent reached its fork point just now
-   * get their branches. Returns the count of tokens prefilled.
+   * order), its program counting them first (forks whose parent reached its fork point just now
+   * take their branches as the decode round starts). Returns the count of tokens prefilled.
    * @param {Array<{ program: import('./program').Program, line: import('./line').Line, take: number }>} lines
    * @param {Array<number[] | null>} scores
    */
@@ -283,7 +282,6 @@ class Programs {
         program.lineFailed(line, e); // e.g. no lease for a request's next segment after all
       }
     });
-    this.materialize();
     return tokens;
   }
 

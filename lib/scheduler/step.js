@@ -186,11 +186,17 @@ async function runStep(parts, closed, report = () => {}) {
   // The cache restores a prefix stored in RAM or on disk that a prompt or fresh line starts with.
   if (!closed) plan.setRestored(await queue.restore(programs, cache));
   const blocked = queue.admit(programs, cache, store);
-  const prefillStart = performance.now();
-  const prefillTokens = await prefillRound(parts);
-  const decodeStart = performance.now();
-  const rows = await decodeRound(parts);
-  const ended = performance.now();
+  const times = [performance.now()];
+  const counts = [];
+  for (const round of ROUNDS) {
+    // A round starts with the lines that need a branch taking theirs: in the first, fresh and
+    // restored lines; after a round that prefilled, forks whose parent reached their fork point.
+    // (After none, nothing: a line that appeared mid-step waits for the next step's restore.)
+    if (counts.length === 0 || counts[0] > 0) programs.materialize();
+    counts.push(await round(parts));
+    times.push(performance.now());
+  }
+  const [[prefillTokens, rows], [prefillStart, decodeStart, ended]] = [counts, times];
   programs.record(null);
   parts.budget.observe(rows, ended - started);
   const [prefillMs, decodeMs, stepMs] = [decodeStart - prefillStart, ended - decodeStart, ended - started];
@@ -199,10 +205,12 @@ async function runStep(parts, closed, report = () => {}) {
   return step;
 }
 
-/** Prefills up to `prefillChunk` pending tokens of running lines in one batch; returns the count. */
+/**
+ * The prefill round: the step's image positions in one worker job (./media.js), then up to
+ * `prefillChunk` pending text tokens of running lines in ONE scored prefill; returns the count.
+ */
 async function prefillRound({ ctx, store, programs, counters, options }) {
-  // Prompts with images are prefilled whole first, through the image path (./media.js).
-  const media = ctx.hasProjector ? await prefillMedia(programs) : 0;
+  const media = ctx.hasProjector ? await prefillMedia(programs, store) : 0;
   counters.prefilledTokens += media;
   const lines = programs.linesToPrefill(options.prefillChunk);
   if (lines.length === 0) return media;
@@ -231,5 +239,8 @@ async function decodeRound({ ctx, store, programs, counters, options }) {
   counters.acceptedDraftTokens += accepted;
   return committed;
 }
+
+/** A step's rounds in order: a fork takes its KV right after its parent's prefill. */
+const ROUNDS = [prefillRound, decodeRound];
 
 module.exports = { Steps, runStep };

@@ -388,60 +388,170 @@ impl SessionContext {
         #[napi(ts_arg_type = "number | undefined")] from: Arg<Option<f64>>,
         #[napi(ts_arg_type = "number | undefined")] to: Arg<Option<f64>>,
     ) -> Result<Object<'env>> {
-        let owner = self.image_counters.clone();
         self.spawn(env, || {
             let prompt = prompt.get("prefill: prompt", "a MediaPrompt")?;
-            let whole = prompt.n_pos() as f64;
-            let position = |v: Option<f64>, default: f64, name: &str| match v.unwrap_or(default) {
-                p if p.is_finite() && p.fract() == 0.0 && (0.0..=whole).contains(&p) => Ok(p as i64),
-                p => Err(Error::invalid(format!(
-                    "prefill: {name} must be an integer position in [0, {whole}] of the prompt, got {p}"
-                ))),
-            };
-            let from = position(from.get("prefill: from", "a number")?, 0.0, "from")?;
-            let to = position(to.get("prefill: to", "a number")?, whole, "to")?;
-            let range = Some((from, to));
-            let chunks = prompt.chunks.clone();
-            let pieces = prompt.pieces.clone();
-            let foreign = owner
-                .as_ref()
-                .is_none_or(|o| !Arc::ptr_eq(o, &prompt.owner));
+            let handle = handle.get("prefill: handle", "a branch handle")?;
+            let (from, to) = (
+                from.get("prefill: from", "a number")?,
+                to.get("prefill: to", "a number")?,
+            );
+            let job = self.media_job(handle, &prompt, from, to)?;
+            let counters = self.image_counters.clone().ok_or(Error::NoProjector)?;
             let flag = cancel.get("_branchPrefillMedia")?;
-            let h = self
-                .ids
-                .from_js(handle.get("prefill: handle", "a branch handle")?)?;
-            let counters = owner.ok_or(Error::NoProjector)?;
-            if foreign {
+            Ok(move |e: &mut Engine| {
+                run_cancellable(e, flag, |e, cancel| job.run(e, &counters, cancel))
+            })
+        })
+    }
+
+    /// The media prefills of one Scheduler step in ONE worker job: entry `i` prefills
+    /// `prompts[i]`'s positions `froms[i]..tos[i]` into branch `handles[i]`, each all or nothing
+    /// as `_branchPrefillMedia`. Resolves with one item per entry: null, or the failure of that
+    /// entry alone (its code and message), so one request's bad image never fails the others.
+    /// Malformed arguments reject the whole call before anything runs.
+    #[napi(
+        js_name = "_storePrefillMedia",
+        ts_return_type = "Promise<Array<MediaPrefillFailure | null>>"
+    )]
+    pub fn _store_prefill_media<'env>(
+        &self,
+        env: &'env Env,
+        #[napi(ts_arg_type = "number[]")] handles: Arg<Vec<f64>>,
+        #[napi(ts_arg_type = "MediaPrompt[]")] prompts: Arg<Vec<ClassInstance<'env, MediaPrompt>>>,
+        #[napi(ts_arg_type = "number[]")] froms: Arg<Vec<f64>>,
+        #[napi(ts_arg_type = "number[]")] tos: Arg<Vec<f64>>,
+    ) -> Result<Object<'env>> {
+        self.spawn(env, || {
+            let what = "an array of the same length as handles";
+            let handles =
+                handles.get("_storePrefillMedia: handles", "an array of branch handles")?;
+            let prompts = prompts.get("_storePrefillMedia: prompts", "an array of MediaPrompts")?;
+            let froms = froms.get("_storePrefillMedia: froms", what)?;
+            let tos = tos.get("_storePrefillMedia: tos", what)?;
+            let n = handles.len();
+            if prompts.len() != n || froms.len() != n || tos.len() != n {
                 return Err(Error::invalid(
-                    "prefill: the prompt was tokenized by another context's projector; tokenize it with this context's tokenizeParts",
+                    "_storePrefillMedia: give one prompt, from and to per branch handle",
                 ));
             }
+            let jobs = (0..n)
+                .map(|i| self.media_job(handles[i], &prompts[i], Some(froms[i]), Some(tos[i])))
+                .collect::<crate::error::Result<Vec<_>>>()?;
+            let counters = self.image_counters.clone().ok_or(Error::NoProjector)?;
             Ok(move |e: &mut Engine| {
-                run_cancellable(e, flag, |e, cancel| {
-                    let Engine {
-                        ctx, store, images, ..
-                    } = e;
-                    let projector = images.projector.as_mut().ok_or(Error::NoProjector)?;
-                    let media: Vec<MediaPiece> = pieces
-                        .iter()
-                        .map(|p| match p {
-                            Piece::Text(t) => MediaPiece::Text(t),
-                            Piece::Image { n_tokens, n_pos, id } => MediaPiece::Image {
-                                n_tokens: *n_tokens,
-                                n_pos: *n_pos,
-                                id,
-                            },
-                        })
-                        .collect();
-                    let mut encoder = Encoder {
-                        projector,
-                        chunks: &chunks,
-                        counters: &counters,
-                    };
-                    store.prefill_media(ctx, h, &media, range, &mut encoder, cancel)
+                run_cancellable(e, None, |e, cancel| {
+                    let mut failures = Vec::with_capacity(jobs.len());
+                    for job in &jobs {
+                        failures.push(
+                            job.run(e, &counters, cancel)
+                                .err()
+                                .map(MediaPrefillFailure::of),
+                        );
+                    }
+                    Ok(failures)
                 })
             })
         })
+    }
+
+    /// One media prefill checked on the JS thread: the branch, the prompt's pieces and the range.
+    fn media_job(
+        &self,
+        handle: f64,
+        prompt: &MediaPrompt,
+        from: Option<f64>,
+        to: Option<f64>,
+    ) -> crate::error::Result<MediaJob> {
+        let whole = prompt.n_pos() as f64;
+        let position = |v: Option<f64>, default: f64, name: &str| match v.unwrap_or(default) {
+            p if p.is_finite() && p.fract() == 0.0 && (0.0..=whole).contains(&p) => Ok(p as i64),
+            p => Err(Error::invalid(format!(
+                "prefill: {name} must be an integer position in [0, {whole}] of the prompt, got {p}"
+            ))),
+        };
+        let range = (position(from, 0.0, "from")?, position(to, whole, "to")?);
+        let branch = self.ids.from_js(handle)?;
+        let owner = self.image_counters.as_ref().ok_or(Error::NoProjector)?;
+        if !Arc::ptr_eq(owner, &prompt.owner) {
+            return Err(Error::invalid(
+                "prefill: the prompt was tokenized by another context's projector; tokenize it with this context's tokenizeParts",
+            ));
+        }
+        let (chunks, pieces) = (prompt.chunks.clone(), prompt.pieces.clone());
+        Ok(MediaJob {
+            branch,
+            chunks,
+            pieces,
+            range,
+        })
+    }
+}
+
+/// What one entry's failure was, for JS to raise as a coded error on its owner.
+#[napi(object)]
+pub struct MediaPrefillFailure {
+    pub code: String,
+    pub message: String,
+}
+
+impl MediaPrefillFailure {
+    fn of(e: Error) -> MediaPrefillFailure {
+        MediaPrefillFailure {
+            code: e.code().to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// One checked media prefill, run on the worker.
+struct MediaJob {
+    branch: crate::engine::handles::Handle,
+    chunks: Arc<Chunks>,
+    pieces: Vec<Piece>,
+    range: (i64, i64),
+}
+
+impl MediaJob {
+    /// Text runs decoded as a prefill, each image encoded then decoded (all or nothing).
+    fn run(
+        &self,
+        e: &mut Engine,
+        counters: &Counters,
+        cancel: &dyn Fn() -> bool,
+    ) -> crate::error::Result<()> {
+        let Engine {
+            ctx, store, images, ..
+        } = e;
+        let projector = images.projector.as_mut().ok_or(Error::NoProjector)?;
+        let media: Vec<MediaPiece> = self
+            .pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Text(t) => MediaPiece::Text(t),
+                Piece::Image {
+                    n_tokens,
+                    n_pos,
+                    id,
+                } => MediaPiece::Image {
+                    n_tokens: *n_tokens,
+                    n_pos: *n_pos,
+                    id,
+                },
+            })
+            .collect();
+        let mut encoder = Encoder {
+            projector,
+            chunks: &self.chunks,
+            counters,
+        };
+        store.prefill_media(
+            ctx,
+            self.branch,
+            &media,
+            Some(self.range),
+            &mut encoder,
+            cancel,
+        )
     }
 }
 
