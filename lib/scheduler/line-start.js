@@ -9,7 +9,6 @@
  * line applies them to itself.
  */
 
-const { Branch } = require('../Branch');
 const { MIN_PARTIAL_REUSE } = require('./prefix-cache');
 const { imagesBelow } = require('./image-keys');
 const { SchedulerErrorCode: Code, schedulerError } = require('./errors');
@@ -149,7 +148,7 @@ class LineStart {
       this.borrowed = true;
       return { branch: entry.branch, pending: [], lease: false, reusable: false };
     }
-    const branch = entry ? fork() : Branch.create(env.ctx, 0, { temperature: 0 });
+    const branch = entry ? fork() : env.newBranch();
     if (this.cachePoints) this.open(env, pending, length, branch);
     const rest = pending.slice(length);
     return { branch, pending: rest, lease: true, reusable: !this.cachePoints && rest.length >= MIN_PARTIAL_REUSE };

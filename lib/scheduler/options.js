@@ -12,6 +12,7 @@ const { DraftModel } = require('../speculative');
 const { checkSpeculative, stepCostFor } = require('../decode/speculation');
 const { makeError } = require('../errors');
 const { jsonSchemaToGrammar } = require('../schema');
+const { Branch } = require('../Branch');
 
 const UNITS = { b: 1, k: 1e3, kb: 1e3, kib: 1024, m: 1e6, mb: 1e6, mib: 1024 ** 2, g: 1e9, gb: 1e9, gib: 1024 ** 3 };
 Object.assign(UNITS, { t: 1e12, tb: 1e12, tib: 1024 ** 4 });
@@ -71,13 +72,17 @@ function schedulerOptions(ctx, options) {
  * What each program of a scheduler on `ctx` is given (./program.js): its checked `options`'
  * defaults and speculation, and what all programs share — the prefix cache, the events, the
  * scheduler's counters, `wake` (a program has new work for the steps) and `decideOnLine` (a
- * line's `decide`: decisions are a client of lines, ../decisions).
+ * line's `decide`: decisions are a client of lines, ../decisions); `newBranch`, where a line
+ * with nothing cached starts (the one native call of a line's start that is not a fork).
  * @param {any} ctx
  * @param {ReturnType<typeof schedulerOptions>} options
  * @param {{ cache: any, events: any, counters: any, wake: () => void, decideOnLine: Function }} shared
  */
 function programEnv(ctx, { defaultMaxTokens, spec, parseSpecial }, shared) {
-  return { ctx, vocabSize: ctx.vocabSize, defaultMaxTokens, jsonSchemaToGrammar, spec, parseSpecial, ...shared };
+  // A line with nothing cached starts from a new root (a prompt is never sampled: greedy).
+  const newBranch = () => Branch.create(ctx, 0, { temperature: 0 });
+  const { vocabSize } = ctx;
+  return { ctx, vocabSize, defaultMaxTokens, jsonSchemaToGrammar, spec, parseSpecial, newBranch, ...shared };
 }
 
 /**
