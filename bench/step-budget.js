@@ -58,8 +58,13 @@ function program(scheduler, seed) {
 }
 
 async function sitting(ctx, stepBudgetMs) {
-  const scheduler = new Scheduler(ctx, { stepBudgetMs, maxRunning: 8 });
+  // The steps' own times while the chats stream (a gap is a step plus what runs between steps).
+  const steps = [];
+  let chatting = false;
+  const onStep = (/** @type {any} */ s) => chatting && steps.push(s);
+  const scheduler = new Scheduler(ctx, { stepBudgetMs, maxRunning: 8, onStep });
   await scheduler.generate({ prompt: 'Warm-up:', maxTokens: 8 }); // the fit sees steps first
+  chatting = true;
   const t0 = performance.now();
   const programs = Promise.all([program(scheduler, 1), program(scheduler, 2)]).then((tokens) => ({
     tokens: tokens[0] + tokens[1],
@@ -67,12 +72,19 @@ async function sitting(ctx, stepBudgetMs) {
   }));
   const chats = await Promise.all(CHATS.map((text) => chat(scheduler, text)));
   const chatsMs = performance.now() - t0;
+  chatting = false;
   const p = await programs;
   await scheduler.close();
   const gaps = chats.flatMap((c) => c.gaps);
   return {
     chatGapP50: median(gaps),
     chatGapP95: percentile(gaps, 95),
+    stepP50: median(steps.map((x) => x.stepMs)),
+    stepP95: percentile(
+      steps.map((x) => x.stepMs),
+      95,
+    ),
+    rowsP50: median(steps.map((x) => x.rows)),
     chatTokS: (chats.reduce((s, c) => s + c.tokens, 0) / chatsMs) * 1000,
     programTokS: (p.tokens / p.ms) * 1000,
   };
@@ -100,7 +112,7 @@ async function main() {
   }
   ctx.dispose();
   const m = (name, key) => median(runs[name].map((r) => r[key]));
-  const keys = ['chatGapP50', 'chatGapP95', 'chatTokS', 'programTokS'];
+  const keys = ['chatGapP50', 'chatGapP95', 'stepP50', 'stepP95', 'rowsP50', 'chatTokS', 'programTokS'];
   const table = Object.fromEntries(
     ['eager', 'budget'].map((n) => [n, Object.fromEntries(keys.map((k) => [k, m(n, k)]))]),
   );
