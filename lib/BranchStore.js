@@ -128,6 +128,8 @@ class BranchStore {
       if (!Array.isArray(entry))
         throw makeError('ERR_INVALID_ARG', `${where}: each entry must be [branch, mediaPrompt, range?]`);
       const [branch, prompt, range] = entry;
+      if (range !== undefined && (range === null || typeof range !== 'object'))
+        throw makeError('ERR_INVALID_ARG', `${where}: an entry's range must be { from?, to? } or absent`);
       handles.push(branchHandle(this._ctx, branch, where));
       const native = nativeOfPrompt(prompt);
       if (!native)

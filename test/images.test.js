@@ -237,6 +237,7 @@ describe('images (mtmd, random-weight gemma3 projector)', function () {
     await rejects(() => store.prefillMedia([[{}, p2]]), 'ERR_INVALID_ARG');
     await rejects(() => store.prefillMedia(/** @type {any} */ ('x')), 'ERR_INVALID_ARG');
     await rejects(() => store.prefillMedia([[b, p2, { from: 0.5 }]]), 'ERR_INVALID_ARG');
+    await rejects(() => store.prefillMedia([[b, p2, /** @type {any} */ ('all')]]), 'ERR_INVALID_ARG');
     assert.equal(b.position, 0);
     assert.deepEqual(await store.prefillMedia([]), []);
     await Promise.all([a, b, c, d].map((x) => x.prune()));
