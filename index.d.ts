@@ -747,9 +747,10 @@ export interface SchedulerOptions {
   /**
    * A decode step's time budget in milliseconds (the server's `--step-budget-ms`). Extra lines —
    * a program's forks, a request's second and later `n` choices — take their branches only while
-   * the step, predicted from its rows by a fit to the steps measured, stays within it; a
-   * request's first choice and a program's root line are never held back, and a step with no
-   * rows admits one extra line whatever the budget. Default none (every line at once).
+   * the step, predicted from its rows by a fit to the steps measured, stays within it, a
+   * program's waiting extra lines all together or none; a request's first choice and a program's
+   * root line are never held back, and a step with no rows admits one program's extra lines
+   * whatever the budget. Default none (every line at once).
    */
   stepBudgetMs?: number | null;
   /** Called after every step (instrumentation, benchmarks). */

@@ -164,9 +164,11 @@ class Programs {
    * waits while its program holds all the leases it declared (lines released this step hold
    * theirs until the next step frees them: it waits rather than take more than the program was
    * admitted with). A line whose own text is worth a cache entry opens one if a lease is spare.
-   * While a request's first choice generates, an extra line (a fork, a later choice) waits
-   * while the step budget has no time for its row; with none generating, the budget has
-   * nobody's token rate to keep and every line is admitted.
+   * While a request's first choice generates, a program's extra lines (its forks, a request's
+   * later choices) wait while the step budget has no time for their rows, and start together
+   * when it has: a program ends with its last line, so lines started one by one as rows leave
+   * end later than all of them at once (bench/RESULTS.md, "Step budget"). With none generating,
+   * the budget has nobody's token rate to keep and every line is admitted.
    */
   materialize() {
     // Counting lines is the budget's only: without one this loop stays as it was.
@@ -175,9 +177,15 @@ class Programs {
     const budget = interactive > 0 ? this.budget : null;
     let rows = generating;
     if (this.budget) this.budget.admitting();
+    const extras = budget ? this.waitingExtras() : null;
+    /** @type {Map<import('./program').Program, boolean>} each program's extra lines: admitted this round or not */
+    const admitted = new Map();
     for (const [program, line] of this.runningLines()) {
       if (line.state !== 'waiting' || !line.needed || program.leasesHeld >= program.maxBranches) continue;
-      if (line.extra && budget && !budget.admits(rows)) continue;
+      if (line.extra && budget && extras) {
+        if (!admitted.has(program)) admitted.set(program, budget.admitsAll(rows, extras.get(program) ?? 1));
+        if (!admitted.get(program)) continue;
+      }
       const starts = line.lineStart.starts;
       let error = null;
       try {
@@ -192,6 +200,17 @@ class Programs {
         if (this.stepPlan) this.stepPlan.addBranch(line.id);
       }
     }
+  }
+
+  /** Each running program's extra lines waiting for a branch, as many as its leases let start now. */
+  waitingExtras() {
+    /** @type {Map<import('./program').Program, number>} */
+    const extras = new Map();
+    for (const [program, line] of this.runningLines())
+      if (line.state === 'waiting' && line.needed && line.extra) extras.set(program, (extras.get(program) ?? 0) + 1);
+    for (const [program, n] of extras)
+      extras.set(program, Math.max(1, Math.min(n, program.maxBranches - program.leasesHeld)));
+    return extras;
   }
 
   /**

@@ -3,12 +3,14 @@
 /**
  * Fork admission by the step's time budget (issue 61; the scheduling result of TAPER, arXiv
  * 2605.06914: extra branches are admitted only within a step's slack). The Scheduler predicts a
- * decode step's time from its rows, fitted online to the steps it measured, and gives an extra
- * line — a program's fork, a request's second and later choice — its branch only while the step
- * with one more row stays within `stepBudgetMs`. Lines that are not extra (a request's first
- * choice, a program's root line) are never held back, so interactive requests keep their token
- * rate while branch-heavy programs fill the slack. A step with no rows admits one extra line
- * whatever the budget, so every program makes progress.
+ * decode step's time from its rows, fitted online to the steps it measured, and gives a
+ * program's extra lines — its forks, a request's second and later choices — their branches only
+ * while the step with their rows stays within `stepBudgetMs`, all of a program's waiting extra
+ * lines together or none (./programs.js `materialize`: a program ends with its last line). Lines
+ * that are not extra (a request's first choice, a program's root line) are never held back, so
+ * interactive requests keep their token rate while branch-heavy programs fill the slack. A step
+ * with no rows admits one program's extra lines whatever the budget, so every program makes
+ * progress.
  */
 
 const { DecayedLineFit } = require('../decode/line-fit');
@@ -62,8 +64,17 @@ class StepBudget {
    * @param {number} rows
    */
   admits(rows) {
-    if (this.budgetMs === null || rows === 0 || this.predict(rows + 1) <= this.budgetMs) return true;
-    this.deferred++;
+    return this.admitsAll(rows, 1);
+  }
+
+  /**
+   * Whether `count` extra lines of one program may take their branches together beside `rows`
+   * rows already in the step (beside none, whatever the budget); counts them as held back if not.
+   * @param {number} rows @param {number} count
+   */
+  admitsAll(rows, count) {
+    if (this.budgetMs === null || rows === 0 || this.predict(rows + count) <= this.budgetMs) return true;
+    this.deferred += count;
     return false;
   }
 }

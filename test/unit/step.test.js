@@ -217,18 +217,30 @@ describe('a Scheduler step on fakes (plan, one prefill, one decode)', () => {
     assert.ok(!engine.log.some((c) => c.call === 'prefill'));
   });
 
-  it('with a step budget, the extra choices wait while the predicted step is over it; all of them finish', async () => {
+  it("with a step budget, a request's extra choices wait while the predicted step is over it, then start together", async () => {
     const { budget, submit, step } = fakeScheduler(25);
     // Steps measured before: 10 ms a row (the fake's own steps take ~0 ms and pull the line down later).
     for (const rows of [1, 2, 4, 8]) budget.observe(rows, 10 * rows);
     const r = submit({ tokens: [4, 5, 6], n: 4, maxTokens: 4, params: { temperature: 0 } });
     const id = r.program.id;
     const first = await step();
-    // The first choice is never held back; one extra fits beside it (2 rows: 20 ms), two do not.
-    assert.deepEqual(first.plan.branches, [id, `${id}.0`, `${id}.1`]);
-    assert.deepEqual(first.plan.decode, [`${id}.0`, `${id}.1`]);
-    assert.equal(budget.deferred, 2);
-    const result = await stepsUntil(step, r.generation);
+    // The first choice is never held back; its 3 extra choices need 4 rows (40 ms): all wait.
+    assert.deepEqual(first.plan.branches, [id, `${id}.0`]);
+    assert.deepEqual(first.plan.decode, [`${id}.0`]);
+    assert.equal(budget.deferred, 3);
+    const started = [];
+    let settled = false;
+    r.generation.then(() => (settled = true));
+    for (let i = 0; i < 40 && !settled; i++) {
+      const { plan } = await step();
+      if (plan.branches.length > 0) started.push(plan.branches);
+    }
+    assert.deepEqual(
+      started,
+      [[`${id}.1`, `${id}.2`, `${id}.3`]],
+      'the three start in one step, once the fit has room',
+    );
+    const result = await r.generation;
     assert.deepEqual(
       result.choices.map((c) => c.tokens.length),
       [4, 4, 4, 4],
