@@ -63,6 +63,7 @@
  * | `ERR_TOO_MANY_BRANCHES` | {@link ProgramLine.fork} or {@link ProgramLine.resume} past the program's `maxBranches` |
  * | `ERR_PROGRAM_STATE` | a program line used while a gen runs on it, while parked, after `release()`, or after its program ended |
  * | `ERR_VOCAB_MISMATCH` | a {@link DraftModel}'s vocabulary differs from the target model's |
+ * | `ERR_TOKENIZER_UNSUPPORTED` | the gRPC worker cannot write a Hugging Face tokenizer for this GGUF's vocabulary (only SentencePiece ones) |
  */
 export type ErrorCode =
   | 'ERR_INVALID_ARG'
@@ -101,6 +102,7 @@ export type ErrorCode =
   | 'ERR_IMAGE_TOO_LARGE'
   | 'ERR_IMAGE_POSITIONS'
   | 'ERR_IMAGE_UNSUPPORTED'
+  | 'ERR_TOKENIZER_UNSUPPORTED'
   | 'ERR_NATIVE_LOAD'
   | 'ERR_QUEUE_FULL'
   | 'ERR_SCHEDULER_CLOSED'
@@ -1553,6 +1555,15 @@ export interface ServerOptions {
    * (vLLM's earlier positional arrays, for consumers that read only those).
    */
   kvEventsFormat?: 'map' | 'array';
+  /**
+   * Also serve SMG's gRPC engine protocol (`vllm.grpc.engine.VllmEngine`: generation, Abort, KV
+   * events from the same source as `kvEvents`, the tokenizer as Hugging Face files) on this port
+   * (0 picks one), for exact cache-aware routing by `smg launch --worker-urls grpc://HOST:PORT`;
+   * docs/deployment.md.
+   */
+  grpcPort?: number;
+  /** The gRPC worker's host. Default `'127.0.0.1'` (the CLI passes `--host`). */
+  grpcHost?: string;
 }
 
 /** An OpenAI-compatible HTTP server over a {@link Scheduler}; see docs/serving.md. */
@@ -1568,6 +1579,8 @@ export interface LlamaBranchServer {
     topic: string;
     publisher: { readonly sequence: number; readonly format: 'map' | 'array' };
   } | null;
+  /** With `grpcPort`: the gRPC worker's address (`grpc://HOST:PORT`, for `smg --worker-urls`) and port; null without. */
+  readonly grpc: { address: string; port: number; worker: unknown } | null;
   /** Starts listening (default port 8080 on 127.0.0.1; port 0 = any free port). */
   listen(port?: number, host?: string): Promise<{ host: string; port: number; url: string }>;
   /** Stops listening, ends running requests, closes the scheduler (and disposes a loaded context). */

@@ -37,6 +37,8 @@ const { uiRoutes } = require('./server/ui');
 const { systemoneRoute } = require('./server/systemone');
 const { decisionsRoute } = require('./server/decisions');
 const { KvEventPublisher, KV_EVENT_FORMATS } = require('./server/kv-events');
+const { KvBlockLedger } = require('./server/kv-blocks');
+const { grpcWorkerOf } = require('./server/grpc');
 
 const defaults = require('./defaults');
 const { PoolingType } = require('./constants');
@@ -360,8 +362,16 @@ async function createServer(options, createContext) {
       (options.modelPath ? path.basename(String(options.modelPath)).replace(/\.gguf$/i, '') : 'llama-branch');
     const feed = new EventFeed(scheduler, { model: modelName, ctx, traceFile: config.traceFile });
     const app = createApp({ scheduler, ctx, modelName, metrics, embedder, feed, parallel, ...config });
-    const kvEvents = await kvEventsOf(options, scheduler, modelName);
-    return listening(http.createServer(app), { ctx, scheduler, modelName, owned, feed, kvEvents });
+    // One ledger of KV blocks feeds both streams: --kv-events' ZeroMQ and the gRPC worker's.
+    const wanted = (v) => v !== undefined && v !== null;
+    const ledger = wanted(options.kvEvents) || wanted(options.grpcPort) ? new KvBlockLedger(scheduler) : null;
+    const kvEvents = await kvEventsOf(options, scheduler, modelName, ledger);
+    const grpc = await grpcWorkerOf(options, { scheduler, ctx, modelName, ledger, parallel }).catch(async (e) => {
+      if (kvEvents) await kvEvents.publisher.close();
+      throw e;
+    });
+    const streams = { kvEvents, grpc, ledger };
+    return listening(http.createServer(app), { ctx, scheduler, modelName, owned, feed, ...streams });
   } catch (e) {
     for (const c of owned) c.dispose();
     throw e;
@@ -374,7 +384,7 @@ async function createServer(options, createContext) {
  * null without. A failed bind closes it (pushed to `owned` only once bound, so that
  * createServer's cleanup disposes of contexts alone).
  */
-async function kvEventsOf({ kvEvents: endpoint, kvEventsFormat: format = 'map' }, scheduler, modelName) {
+async function kvEventsOf({ kvEvents: endpoint, kvEventsFormat: format = 'map' }, scheduler, modelName, ledger) {
   if (!KV_EVENT_FORMATS.includes(format))
     throw makeError(
       'ERR_INVALID_ARG',
@@ -386,6 +396,7 @@ async function kvEventsOf({ kvEvents: endpoint, kvEventsFormat: format = 'map' }
   const publisher = new KvEventPublisher(scheduler, {
     model: modelName,
     format: /** @type {'map' | 'array'} */ (format),
+    ledger,
   });
   try {
     const address = await publisher.bind(endpoint);
@@ -519,7 +530,7 @@ function openContext(createContext, options, shape) {
 }
 
 /** The object createServer resolves with: listen, close, and what it serves. */
-function listening(server, { ctx, scheduler, modelName, owned, feed, kvEvents }) {
+function listening(server, { ctx, scheduler, modelName, owned, feed, kvEvents, grpc, ledger }) {
   return {
     ctx,
     scheduler,
@@ -527,6 +538,8 @@ function listening(server, { ctx, scheduler, modelName, owned, feed, kvEvents })
     http: server,
     /** With `kvEvents`: `{ address, topic, publisher }` of the KV event stream; null without. */
     kvEvents,
+    /** With `grpcPort`: `{ address, port, worker }` of the gRPC worker for SMG; null without. */
+    grpc,
     listen(port = defaults.server.port, host = defaults.server.host) {
       return new Promise((resolve, reject) => {
         server.once('error', reject);
@@ -544,6 +557,8 @@ function listening(server, { ctx, scheduler, modelName, owned, feed, kvEvents })
       await scheduler.close();
       await feed.close();
       if (kvEvents) await kvEvents.publisher.close();
+      if (grpc) await grpc.worker.close();
+      if (ledger) ledger.close();
       await closed;
       for (const c of owned) c.dispose();
     },

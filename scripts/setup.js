@@ -47,7 +47,8 @@ function buildPackages() {
  * The Python test dependencies from PyPI, each pinned: `systemone-client` (test/systemone.test.js)
  * and OpenAI's `openai` 3.5x, whose `client.decisions.create` test/decisions.test.js calls (a few
  * seconds); SGLang's model gateway `sglang-router` (a Rust binary in a wheel), which
- * test/router.test.js puts in front of three replicas; NVIDIA Dynamo's KV indexer
+ * test/router.test.js puts in front of three replicas, and its successor `smg` (the Shepherd Model
+ * Gateway), which test/smg.test.js puts in front of three gRPC workers; NVIDIA Dynamo's KV indexer
  * (`ai-dynamo-runtime`, with `pyzmq` and `msgspec`), which test/kv-events.test.js reads the KV
  * event stream with. Where the machine's Python is externally managed (Debian's), they go into a
  * venv under ~/.cache/llama-branch (scripts/python.js), which the tests then run. Never fatal
@@ -62,6 +63,8 @@ function pythonClient() {
   if (!pip('systemone-client==0.1.0', 'openai>=3.57,<4'))
     log('python clients not installed: test/systemone.test.js and test/decisions.test.js skip their Python case');
   if (!pip('sglang-router==0.3.2')) log('sglang-router not installed: test/router.test.js cannot run');
+  // SGLang's router line as it continues (the Shepherd Model Gateway): exact KV-event routing over gRPC.
+  if (!pip('smg==1.13.0')) log('smg not installed: test/smg.test.js cannot run');
   // The writer of test/images.test.js's random-weight projector (test/helpers/make-mmproj.py).
   if (!pip('gguf==0.19.0')) log('gguf not installed: test/images.test.js cannot write its test projector');
   // NVIDIA Dynamo's KV indexer (a 75 MB wheel); ZeroMQ and msgspec (vLLM's event structs) to read the stream.

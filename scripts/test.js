@@ -92,6 +92,14 @@ const steps = [
         killSignal: 'SIGKILL',
       }),
   },
+  {
+    name: 'tier 2: three gRPC replicas behind a real SMG (test/smg.test.js)',
+    run: () =>
+      mocha('--no-config', '--timeout', '300000', '--node-option', 'expose-gc', 'test/smg.test.js', {
+        timeout: 600000,
+        killSignal: 'SIGKILL',
+      }),
+  },
   { name: 'tier 2: examples (node test/examples.js)', run: () => node('test/examples.js') },
   {
     name: 'tier 2: package (node test/install/pack.js)',

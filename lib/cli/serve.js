@@ -139,6 +139,10 @@ const options = {
     default: 'map',
     help: "the KV events' encoding: map (what current vLLM sends: maps tagged by type, with group_idx, kv_cache_spec_kind, extra_keys for images) or array (vLLM's earlier positional arrays)",
   },
+  'grpc-port': {
+    type: 'string',
+    help: "also serve SMG's gRPC engine protocol (vllm.grpc.engine.VllmEngine: generation, KV events, the tokenizer) on this port of --host, for exact cache-aware routing by `smg launch --worker-urls grpc://HOST:PORT`",
+  },
   trace: {
     type: 'string',
     help: 'record every scheduler event to this JSONL file (open it in the page to replay the run)',
@@ -161,6 +165,15 @@ function integer(values, name) {
   const n = Number(raw);
   if (!Number.isInteger(n) || n < 0) throw new UsageError(`--${name} must be a non-negative integer, got ${raw}`);
   return n;
+}
+
+/** Where the server's side outputs go: the trace file, KV events, the gRPC worker. */
+function sideLines(server, values) {
+  return [
+    ...(values.trace ? [`recording events to ${values.trace}`] : []),
+    ...(server.kvEvents ? [`KV events on ${server.kvEvents.address} (topic ${server.kvEvents.topic})`] : []),
+    ...(server.grpc ? [`gRPC worker (SMG's vLLM engine service) on ${server.grpc.address}`] : []),
+  ];
 }
 
 class UsageError extends Error {}
@@ -304,6 +317,7 @@ async function run(values, { log }) {
     ...(values['no-warmup'] ? { warmup: false } : {}),
     traceFile: values.trace,
     ...(values['kv-events'] ? { kvEvents: values['kv-events'], kvEventsFormat: values['kv-events-format'] } : {}),
+    ...(values['grpc-port'] ? { grpcPort: integer(values, 'grpc-port'), grpcHost: values.host } : {}),
   }).catch((e) => {
     // createContext's ERR_DEVICE speaks of its options (`gpu`, `nGpuLayers`); on the command
     // line the flag is what the user typed, so name it.
@@ -314,8 +328,7 @@ async function run(values, { log }) {
   const { url } = await server.listen(integer(values, 'port'), values.host);
   log(`listening on ${url}`);
   if (!values['no-ui']) log(`branch trees live at ${url}/`);
-  if (values.trace) log(`recording events to ${values.trace}`);
-  if (server.kvEvents) log(`KV events on ${server.kvEvents.address} (topic ${server.kvEvents.topic})`);
+  for (const line of sideLines(server, values)) log(line);
   if (server.ctx.warmup.state === 'warming') {
     log(
       `warming up: compiling the GPU pipelines of ${server.ctx.warmup.total} batch sizes (/health says 503 until done)`,

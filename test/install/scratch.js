@@ -2,21 +2,24 @@
 
 /**
  * The one way this repository installs its own tarballs into a scratch project (the package test,
- * the prebuilt install test, the GPU tier, bench/vulkan.js): `npm install --offline` against an
- * empty npm cache and npm configuration of the install's own, with the registry pointed at a
- * closed loopback port, and every runtime dependency given as a tarball packed from this
- * repository's node_modules: the whole dependency closure, not only direct dependencies.
+ * the prebuilt install test, the GPU tier, bench/vulkan.js): `npm install TARBALLS` against an
+ * empty npm cache and npm configuration of the install's own, with the registry a loopback one
+ * (./registry.js) that serves only the runtime dependency closure packed from this repository's
+ * node_modules, every version of it: dependencies of dependencies, nested copies included.
  *
  * Why: npm resolves a range (`@msgpack/msgpack@^3.1.3`) from the registry's full metadata
  * document, which `npm ci` never stores, so an offline install read from `~/.npm` passed only on
  * machines where the dependency was once added by hand, and failed on a fresh one (issue 59).
- * With a scratch cache and HOME, no warm cache of the machine can hide a missing step.
+ * With a scratch cache and HOME, no warm cache of the machine can hide a missing step; with a
+ * registry (not tarballs on the command line, which all land at the top of node_modules), a
+ * closure holding two versions of one name installs as npm would place it.
  */
 
 const fs = require('node:fs');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const { repoRoot, npmCli } = require('../../scripts/env');
+const { startRegistry } = require('./registry');
 
 const readJson = (file) => JSON.parse(fs.readFileSync(file, 'utf8'));
 
@@ -43,12 +46,12 @@ function runtimeNeeds(pkg) {
 
 /**
  * The runtime dependency closure of the package in `root` (default: this repository) as installed
- * in its node_modules: `[{ name, version, dir }]`, each package once, the root excluded. Throws
- * when a required dependency is not installed (run `npm ci`), or when the closure holds two
- * versions of one name (a command-line install cannot place both).
+ * in its node_modules: `[{ name, version, dir }]`, each name and version once, the root excluded.
+ * Throws when a required dependency is not installed (run `npm ci`).
  */
 function dependencyClosure(root = repoRoot) {
   const found = new Map(); // real folder -> { name, version, dir }
+  const seen = new Set(); // name@version
   const pending = [root];
   while (pending.length > 0) {
     const dir = pending.pop();
@@ -59,19 +62,21 @@ function dependencyClosure(root = repoRoot) {
         throw new Error(`${need.name}, a runtime dependency of ${dir}, is not installed: run \`npm ci\` first`);
       }
       const real = fs.realpathSync(depDir);
-      if (found.has(real)) continue;
-      found.set(real, { name: need.name, version: readJson(path.join(depDir, 'package.json')).version, dir: depDir });
+      const version = readJson(path.join(depDir, 'package.json')).version;
+      if (found.has(real) || seen.has(`${need.name}@${version}`)) continue;
+      found.set(real, { name: need.name, version, dir: depDir });
+      seen.add(`${need.name}@${version}`);
       pending.push(depDir);
     }
   }
-  const closure = [...found.values()].sort((a, b) => a.name.localeCompare(b.name));
-  const twice = closure.find((d, i) => i > 0 && closure[i - 1].name === d.name);
-  if (twice)
-    throw new Error(`the dependency closure holds two versions of ${twice.name}: a scratch install cannot place both`);
-  return closure;
+  const key = (d) => `${d.name}@${d.version}`;
+  return [...found.values()].sort((a, b) => key(a).localeCompare(key(b), undefined, { numeric: true }));
 }
 
-/** Packs every package of the dependency closure into `dir` (no lifecycle scripts); their tarballs. */
+/**
+ * Packs every package of the dependency closure into `dir` (no lifecycle scripts):
+ * `[{ name, version, file, manifest }]`, what ./registry.js serves.
+ */
 function dependencyTarballs(dir, root = repoRoot) {
   return dependencyClosure(root).map((dep) => {
     const packed = spawnSync(
@@ -80,7 +85,13 @@ function dependencyTarballs(dir, root = repoRoot) {
       { encoding: 'utf8', env: scratchNpmEnv(dir, process.env) },
     );
     if (packed.status !== 0) throw new Error(`npm pack of ${dep.name} failed:\n${packed.stdout}\n${packed.stderr}`);
-    return path.join(dir, JSON.parse(packed.stdout)[0].filename);
+    const manifest = readJson(path.join(dep.dir, 'package.json'));
+    return {
+      name: dep.name,
+      version: dep.version,
+      file: path.join(dir, JSON.parse(packed.stdout)[0].filename),
+      manifest,
+    };
   });
 }
 
@@ -125,8 +136,8 @@ function scratchNpmEnv(dir, base) {
 }
 
 /**
- * Installs `tarballs` (paths) and the dependency closure into a new scratch project `dir/project`,
- * offline with scratch npm state. `env`: the base environment (default: this process's);
+ * Installs `tarballs` (paths) into a new scratch project `dir/project` with scratch npm state,
+ * their dependencies from a loopback registry of the dependency closure (./registry.js). `env`: the base environment (default: this process's);
  * `npm`: `[command, leading args]` (default: this node with npm-cli.js); `foregroundScripts`:
  * show the install scripts' output; `root`: the package whose node_modules the dependencies come
  * from (default: this repository). Returns `{ project, status, output, ms }`.
@@ -139,21 +150,20 @@ function scratchInstall({ dir, tarballs, env = process.env, npm = null, foregrou
     `${JSON.stringify({ name: 'scratch', version: '1.0.0', private: true }, null, 2)}\n`,
   );
   const [cmd, pre] = npm || [process.execPath, [npmCliOrThrow()]];
-  const args = [
-    'install',
-    '--offline',
-    '--no-audit',
-    '--no-fund',
-    ...(foregroundScripts ? ['--foreground-scripts'] : []),
-  ];
-  const dependencies = dependencyTarballs(dir, root);
+  const args = ['install', '--no-audit', '--no-fund', ...(foregroundScripts ? ['--foreground-scripts'] : [])];
+  const registry = startRegistry(dir, dependencyTarballs(dir, root));
   const started = Date.now(); // the install alone: the prebuilt test bounds it
-  const res = spawnSync(cmd, [...pre, ...args, ...tarballs, ...dependencies], {
-    cwd: project,
-    env: scratchNpmEnv(dir, env),
-    encoding: 'utf8',
-    maxBuffer: 64 * 2 ** 20,
-  });
+  let res;
+  try {
+    res = spawnSync(cmd, [...pre, ...args, ...tarballs], {
+      cwd: project,
+      env: { ...scratchNpmEnv(dir, env), npm_config_registry: registry.url },
+      encoding: 'utf8',
+      maxBuffer: 64 * 2 ** 20,
+    });
+  } finally {
+    registry.stop();
+  }
   const output = `${res.stdout || ''}\n${res.stderr || ''}${res.error ? `\n${res.error.message}` : ''}`;
   return { project, status: res.status ?? 1, output, ms: Date.now() - started };
 }

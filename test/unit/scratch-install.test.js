@@ -1,8 +1,9 @@
 'use strict';
 
 // test/install/scratch.js, the one scratch install of the package, pack and GPU tests (issue 59):
-// the runtime dependency closure as Node resolves it, and an offline install with an empty npm
-// cache that needs every package of that closure (and fails, as on a fresh machine, without it).
+// the runtime dependency closure as Node resolves it, every version of it, and an install with an
+// empty npm cache from a loopback registry of that closure (an offline install from an empty
+// cache fails, as on a fresh machine, without it).
 
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
@@ -61,17 +62,49 @@ describe('test/install/scratch.js', function () {
     );
   });
 
-  it('dependencyClosure: a missing required dependency and two versions of one name are errors that say why', () => {
+  /** tree() plus `other`, which keeps its own leaf 2.0.0 nested beside the hoisted leaf 1.0.0. */
+  function treeWithTwoLeaves() {
     const root = tree();
     fs.rmSync(path.join(root, 'node_modules', 'leaf'), { recursive: true });
-    assert.throws(() => dependencyClosure(root), /leaf, a runtime dependency of .*mid, is not installed: run `npm ci`/);
     writePackage(path.join(root, 'node_modules', 'leaf'), { name: 'leaf' });
     writePackage(path.join(root, 'node_modules', 'other'), { name: 'other', dependencies: { leaf: '^2.0.0' } });
     writePackage(path.join(root, 'node_modules', 'other', 'node_modules', 'leaf'), { name: 'leaf', version: '2.0.0' });
     const pkg = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'));
     pkg.dependencies.other = '^1.0.0';
     fs.writeFileSync(path.join(root, 'package.json'), JSON.stringify(pkg));
-    assert.throws(() => dependencyClosure(root), /two versions of leaf/);
+    return root;
+  }
+
+  it('dependencyClosure: a missing required dependency says why; two versions of one name are both kept', () => {
+    const root = tree();
+    fs.rmSync(path.join(root, 'node_modules', 'leaf'), { recursive: true });
+    assert.throws(() => dependencyClosure(root), /leaf, a runtime dependency of .*mid, is not installed: run `npm ci`/);
+    assert.deepEqual(
+      dependencyClosure(treeWithTwoLeaves()).map((d) => `${d.name}@${d.version}`),
+      ['leaf@1.0.0', 'leaf@2.0.0', 'mid@1.0.0', 'other@1.0.0'],
+    );
+  });
+
+  it('scratchInstall: two versions of one name install where npm places them (the loopback registry)', () => {
+    const root = treeWithTwoLeaves();
+    fs.writeFileSync(
+      path.join(root, 'index.js'),
+      "module.exports = [require('mid'), require('other/node_modules/leaf/package.json').version].join();\n",
+    );
+    const packed = spawnSync(process.execPath, [npmCli(), 'pack', '--json', '--pack-destination', tmp, root], {
+      encoding: 'utf8',
+      env: scratchNpmEnv(path.join(tmp, 'pack'), process.env),
+    });
+    assert.equal(packed.status, 0, packed.stderr);
+    const tarball = path.join(tmp, JSON.parse(packed.stdout)[0].filename);
+    const installed = scratchInstall({ dir: path.join(tmp, 'scratch'), tarballs: [tarball], root });
+    assert.equal(installed.status, 0, installed.output);
+    const modules = path.join(installed.project, 'node_modules');
+    const versionOf = (...p) => JSON.parse(fs.readFileSync(path.join(modules, ...p, 'package.json'), 'utf8')).version;
+    assert.equal(versionOf('leaf'), '1.0.0');
+    assert.equal(versionOf('other', 'node_modules', 'leaf'), '2.0.0');
+    const loaded = spawnSync(process.execPath, ['-p', "require('top')"], { cwd: installed.project, encoding: 'utf8' });
+    assert.equal(loaded.stdout.trim(), 'mid,2.0.0', loaded.stderr);
   });
 
   it("scratchNpmEnv: npm's cache and configuration are the scratch folder's, HOME's out of reach", () => {
@@ -84,8 +117,9 @@ describe('test/install/scratch.js', function () {
     assert.equal(env.HOME, path.join(tmp, 'npm', 'home'));
   });
 
-  it('this repository: the closure holds the runtime dependency of --kv-events', () => {
-    assert.ok(dependencyClosure(repoRoot).some((d) => d.name === '@msgpack/msgpack'));
+  it('this repository: the closure holds the runtime dependencies of --kv-events and --grpc-port', () => {
+    const names = dependencyClosure(repoRoot).map((d) => d.name);
+    for (const name of ['@msgpack/msgpack', '@grpc/grpc-js', 'protobufjs']) assert.ok(names.includes(name), name);
   });
 
   it('an offline install with an empty cache fails without the closure and works with it', () => {
