@@ -73,6 +73,7 @@ describe('typings: index.d.ts declares the runtime exports', function () {
       'ERR_NATIVE_LOAD',
       ...Object.values(require('../lib/scheduler/errors').SchedulerErrorCode),
       ...Object.values(require('../lib/speculative').SpeculativeErrorCode),
+      ...Object.values(require('../lib/server/hf-tokenizer').TokenizerErrorCode),
     ];
     const native = require('../lib/native');
     assert.deepEqual([...declaredCodes].sort(), [...native.errorCodes(), ...jsOnly].sort());

@@ -19,6 +19,9 @@ const { readGgufMeta } = require('./gguf-meta');
 const { makeError } = require('../errors');
 const { fallbackTemplate } = require('./fallback-templates');
 
+/** The error codes of this module (their one definition; index.d.ts's ErrorCode lists them). */
+const TokenizerErrorCode = Object.freeze({ UNSUPPORTED: 'ERR_TOKENIZER_UNSUPPORTED' });
+
 const TOKEN_TYPE = { normal: 1, unknown: 2, control: 3, userDefined: 4, byte: 6 };
 /** The GGUF's tokenizer metadata: `{ model, tokens, scores, types, bos, eos, unk, pad, addBos, addSpacePrefix, chatTemplate }`. */
 function vocabOf(modelPath) {
@@ -137,7 +140,7 @@ function hfTokenizerFiles(modelPath, { chatTemplate, maxLength } = {}) {
   const v = vocabOf(modelPath);
   if (v.model !== 'llama')
     throw makeError(
-      'ERR_TOKENIZER_UNSUPPORTED',
+      TokenizerErrorCode.UNSUPPORTED,
       `cannot write a Hugging Face tokenizer for a "${v.model}" vocabulary (only SentencePiece, "llama"): give the router the model's tokenizer directory (smg --tokenizer-path)`,
     );
   const name = (id) => (id === null || id === undefined ? null : v.tokens[id]);
@@ -205,4 +208,4 @@ function zipFiles(files) {
   return Buffer.concat([...locals, directory, end]);
 }
 
-module.exports = { hfTokenizerFiles, zipFiles, vocabOf };
+module.exports = { hfTokenizerFiles, zipFiles, vocabOf, TokenizerErrorCode };
