@@ -58,7 +58,8 @@ function serveUntilExit(args, ms = 60000) {
 
 function stopServer(child) {
   return new Promise((resolve) => {
-    if (child.exitCode !== null) return resolve(child.exitCode);
+    // A child killed by a signal has no exit code but its signalCode: it is gone too.
+    if (child.exitCode !== null || child.signalCode !== null) return resolve(child.exitCode ?? child.signalCode);
     const kill = setTimeout(() => child.kill('SIGKILL'), 10000);
     child.once('exit', (code, signal) => {
       clearTimeout(kill);
