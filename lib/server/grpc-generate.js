@@ -9,6 +9,7 @@
  */
 
 const grpc = require('@grpc/grpc-js');
+const { makeError } = require('../errors');
 
 /** A coded error of lib/ as a gRPC status. */
 function statusOf(e) {
@@ -26,7 +27,7 @@ function statusOf(e) {
   return { code, details: `${e && e.code ? `${e.code}: ` : ''}${(e && e.message) || e}` };
 }
 
-const invalid = (message) => Object.assign(new Error(message), { code: 'ERR_INVALID_ARG' });
+const invalid = (message) => makeError('ERR_INVALID_ARG', message);
 
 /** The sampler fields of SamplingParams that are set (proto3 zeros mean unset). */
 function samplerOf(p) {

@@ -23,7 +23,7 @@ const { Worker } = require('node:worker_threads');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { KvEventStream } = require('./kv-stream');
-const { vocabOf } = require('./hf-tokenizer');
+const { specialIdsOf, TokenizerErrorCode } = require('./hf-tokenizer');
 const { generateOf, statusOf } = require('./grpc-generate');
 const { BLOCK_SIZE } = require('./kv-blocks');
 const { makeError } = require('../errors');
@@ -55,7 +55,8 @@ class GrpcWorker {
     /** Requests in flight by SMG's request id: their AbortControllers. */
     this.requests = new Map();
     this.kvStream = new KvEventStream(ledger);
-    this.vocab = this.modelPath ? vocabOf(this.modelPath) : null;
+    // The ids GetModelInfo reports; the vocabulary itself is read only when GetTokenizer asks.
+    this.specialIds = this.modelPath ? specialIdsOf(this.modelPath) : null;
     this._tokenizerZip = null;
     this.server = new grpc.Server();
     this.server.addService(engineService(), this._handlers());
@@ -103,7 +104,7 @@ class GrpcWorker {
   }
 
   _modelInfo() {
-    const v = this.vocab;
+    const v = this.specialIds;
     const id = (x) => (x === null || x === undefined ? -1 : x);
     return {
       // A path SMG cannot load as a tokenizer (a GGUF), so that it asks GetTokenizer.
@@ -159,7 +160,7 @@ class GrpcWorker {
       this._tokenizerZip = new Promise((resolve, reject) => {
         const worker = new Worker(path.join(__dirname, 'hf-tokenizer-worker.js'), { workerData });
         worker.once('message', (m) =>
-          m.error ? reject(Object.assign(new Error(m.error.message), m.error)) : resolve(Buffer.from(m.zip)),
+          m.error ? reject(makeError(m.error.code, m.error.message)) : resolve(Buffer.from(m.zip)),
         );
         worker.once('error', reject);
       });
@@ -171,9 +172,7 @@ class GrpcWorker {
   async _sendTokenizer(call) {
     try {
       if (!this.modelPath)
-        throw Object.assign(new Error('this worker has no GGUF path to read a tokenizer from'), {
-          code: 'ERR_TOKENIZER_UNSUPPORTED',
-        });
+        throw makeError(TokenizerErrorCode.UNSUPPORTED, 'this worker has no GGUF path to read a tokenizer from');
       const zip = await this.tokenizerZip();
       const sha256 = createHash('sha256').update(zip).digest('hex');
       for (let at = 0; at < zip.length; at += TOKENIZER_CHUNK) {

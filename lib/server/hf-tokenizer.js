@@ -42,6 +42,20 @@ function vocabOf(modelPath) {
   };
 }
 
+const ID_KEYS = {
+  bos: 'tokenizer.ggml.bos_token_id',
+  eos: 'tokenizer.ggml.eos_token_id',
+  pad: 'tokenizer.ggml.padding_token_id',
+};
+
+/** The GGUF's BOS, EOS and padding token ids (null where absent), without decoding its vocabulary. */
+function specialIdsOf(modelPath) {
+  const wanted = new Set(Object.values(ID_KEYS));
+  const m = readGgufMeta(modelPath, (k) => wanted.has(k));
+  const id = (key) => (m.has(key) ? m.get(key) : null);
+  return { bos: id(ID_KEYS.bos), eos: id(ID_KEYS.eos), pad: id(ID_KEYS.pad) };
+}
+
 /**
  * BPE merges equivalent to SentencePiece's score-driven merging: for every normal piece, each
  * split into two pieces of the vocabulary is a merge, ranked by the whole piece's score (highest
@@ -208,4 +222,4 @@ function zipFiles(files) {
   return Buffer.concat([...locals, directory, end]);
 }
 
-module.exports = { hfTokenizerFiles, zipFiles, vocabOf, TokenizerErrorCode };
+module.exports = { hfTokenizerFiles, zipFiles, vocabOf, specialIdsOf, TokenizerErrorCode };
