@@ -7,7 +7,7 @@
  * load and prompt excluded), each build in its own child process (a prebuilt and a source
  * build do not share a process), alternated over --reps rounds; medians and their ratio.
  *
- *   prebuilt  dist/'s three tarballs (npm run build:prebuilt -- --vulkan) installed offline into
+ *   prebuilt  dist/'s three tarballs (npm run build:prebuilt -- --vulkan) installed (loopback registry) into
  *             a scratch project with an empty npm cache (test/install/scratch.js): the CPU
  *             prebuilt plus llama-branch-<platform>-vulkan
  *   source    build/vulkan/ (LLAMA_BRANCH_FEATURES=vulkan npm run build -- --out build/vulkan)

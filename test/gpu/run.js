@@ -12,8 +12,8 @@
  *      packages): reused when `npm test` already built them (it does whenever the Vulkan build
  *      prerequisites are installed, as `.ci/run` arranges), else built now after installing
  *      those prerequisites with apt; the build's duration is printed;
- *   3. the three tarballs installed into a scratch project (test/install/scratch.js: offline, an
- *      empty npm cache, the dependency closure packed from node_modules; install time and the
+ *   3. the three tarballs installed into a scratch project (test/install/scratch.js: no registry
+ *      but a loopback one, an empty npm cache, the dependency closure packed from node_modules; install time and the
  *      Vulkan package's size printed);
  *   4. the default model, then mocha on test/gpu/ against the installed package
  *      (LLAMA_BRANCH_PACKAGE);
@@ -114,7 +114,7 @@ function main() {
   if (!env.GGML_VK_VISIBLE_DEVICES) env.GGML_VK_VISIBLE_DEVICES = '0';
   const userEnv = { ...scratch, GGML_VK_VISIBLE_DEVICES: env.GGML_VK_VISIBLE_DEVICES };
   try {
-    step('install the three tarballs offline, no compiler on PATH', () => {
+    step('install the three tarballs from the loopback registry, no compiler on PATH', () => {
       for (const tool of COMPILERS) {
         if (!spawnSync(tool, ['--version'], { env: scratch, stdio: 'ignore' }).error)
           throw new Error(`${tool} is reachable from the scratch PATH`);

@@ -7,8 +7,9 @@
  *
  *   1. `npm pack` into a temporary directory, and check the file list (sources and build files
  *      in; tests, models and build outputs out);
- *   2. install the tarball into a scratch project (test/install/scratch.js: offline, an empty npm
- *      cache and HOME of its own, the runtime dependencies as tarballs packed from node_modules),
+ *   2. install the tarball into a scratch project (test/install/scratch.js: an empty npm cache and
+ *      HOME of its own, the runtime dependencies from a loopback registry of tarballs packed from
+ *      node_modules),
  *      which runs the package's install hook = the native build. The cargo target directory is
  *      the shared one (CARGO_TARGET_DIR, else ~/.cache/llama-branch/target), so llama.cpp is not
  *      compiled again; only this crate is;
@@ -81,7 +82,7 @@ function main() {
     log(`packed ${info.filename}: ${files.length} files, ${(info.size / 1024).toFixed(0)} KiB`);
 
     // 2. Install into a scratch project (runs the install hook: the native build).
-    log('npm install <tarball> offline in a scratch project, empty npm cache (builds the addon) ...');
+    log('npm install <tarball> in a scratch project (loopback registry), empty npm cache (builds the addon) ...');
     const installed = scratchInstall({
       dir,
       tarballs: [path.join(dir, info.filename)],

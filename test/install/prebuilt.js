@@ -9,7 +9,7 @@
  *      run scripts/build-prebuilt.js (a cold machine pays the ~20 min build once);
  *   2. a scratch project, and a PATH holding only node, npm and sh: cargo, cmake, cc, gcc, g++ and
  *      c++ are unreachable (checked), and HOME / CARGO_HOME point at empty folders so that the
- *      install script cannot find ~/.cargo/bin/cargo either. `npm install --offline` of both
+ *      install script cannot find ~/.cargo/bin/cargo either. `npm install` of both
  *      tarballs must finish in under 60 s, say that it used the prebuilt binary and leave no
  *      build/ folder (nothing compiled);
  *   3. in the scratch project: require('llama-branch') resolves the binary from the platform
@@ -197,7 +197,7 @@ function main() {
       const probe = spawnSync(tool, ['--version'], { env, stdio: 'ignore' });
       if (!probe.error) die(`${tool} is reachable from the test's PATH`);
     }
-    log(`no compiler reachable (${COMPILERS.join(', ')} hidden), registry unreachable, --offline`);
+    log(`no compiler reachable (${COMPILERS.join(', ')} hidden), only the loopback registry of the dependency closure`);
 
     // 2. Install both tarballs (and the dependency closure, packed from node_modules).
     const installed = scratchInstall({
