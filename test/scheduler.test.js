@@ -141,6 +141,59 @@ describe('Scheduler', function () {
     );
   });
 
+  describe("token prompts sharing a prefix no cache point names (a router's, a completion's)", () => {
+    // Past Gemma 3's 512-token sliding window, where an entry is never forked part-way.
+    const text = 'Rivers carry water from the hills down to the sea, and towns grow along their banks. ';
+    const common = (a, b) => {
+      let i = 0;
+      while (i < a.length && a[i] === b[i]) i++;
+      return i;
+    };
+    let shared;
+    const promptOf = (i) => [...shared, ...ctx.tokenizeSync(` Question ${i}: name a river of country ${i}.`, false)];
+    before(() => {
+      shared = ctx.tokenizeSync(text.repeat(60)).slice(0, 700);
+    });
+    const prefilledBy = async (s, work) => {
+      const before = s.stats().prefilledTokens;
+      await work();
+      return s.stats().prefilledTokens - before;
+    };
+    const generate = (s, tokens) => s.generate({ tokens, maxTokens: 2, params: GREEDY });
+
+    it('one after another: the second is cut where it parts from the first, the third forks that cut', async () => {
+      const s = start();
+      const [a, b, c] = [1, 2, 3].map(promptOf);
+      const run = common(a, b);
+      assert.ok(run >= shared.length && run === common(b, c), `${run} tokens shared`);
+      assert.equal(await prefilledBy(s, () => generate(s, a)), a.length);
+      const second = await prefilledBy(s, () => generate(s, b));
+      // Whole with a sliding window (no part-way fork past it), its own tail without one.
+      assert.ok(second === b.length || second === b.length - run, `the second prefilled ${second}`);
+      assert.equal(await prefilledBy(s, () => generate(s, c)), c.length - run, 'the third forks the cut');
+    });
+
+    it('a burst: the first prompt line, not begun or still filling, is cut where the next one parts', async () => {
+      const [a, b, c] = [4, 5, 6].map(promptOf);
+      const run = common(a, b);
+      let s = start();
+      const together = await prefilledBy(s, () => Promise.all([a, b, c].map((p) => generate(s, p))));
+      assert.equal(together, a.length + b.length + c.length - 2 * run, 'admitted in one step: the run once');
+      await s.close();
+      // The second arrives once the first has prefilled a chunk of its prompt (of 128 tokens).
+      let firstStep;
+      const stepped = new Promise((resolve) => (firstStep = resolve));
+      s = start({ prefillChunk: 128, onStep: () => firstStep() });
+      const filling = await prefilledBy(s, async () => {
+        const first = generate(s, a);
+        await stepped;
+        assert.ok(s.stats().prefilledTokens < run, 'the first is still filling the shared run');
+        await Promise.all([first, generate(s, b)]);
+      });
+      assert.equal(filling, a.length + b.length - run, 'admitted while the first fills: the run once');
+    });
+  });
+
   it('concurrent requests sharing a new system prompt prefill it once', async () => {
     const s = start();
     const questions = ['What is snow?', 'What is a river?', 'What is wind?'];

@@ -204,6 +204,28 @@ class LineStart {
   }
 
   /**
+   * The line's prompt is cut into an entry at `at` too, before the line gets there (`computed`):
+   * another prompt shares its first `at` of `tokens` and forks that entry once it is in. Not
+   * begun yet, its first entry will end there; filling an entry past `at`, that entry ends there
+   * now. The line takes a lease more at the cut (its caller reserved it). Returns whether it cut.
+   */
+  cutAt(cache, at, computed, tokens) {
+    const old = this.segment;
+    const from = Math.max(computed, this.planned.start);
+    if (!this.cachePoints || this.cachePoints.includes(at) || at < from + MIN_PARTIAL_REUSE) return false;
+    if (old ? at >= old.tokens.length : at >= tokens.length) return false;
+    this.cachePoints = [...this.cachePoints, at].sort((a, b) => a - b);
+    if (!old) return true;
+    const { branch, hinted } = old;
+    this.pins = this.pins.filter((e) => e !== old);
+    cache.unpin(old);
+    cache.forget(old); // never filled, never announced: it just leaves the index
+    this.segment = cache.open(tokens.slice(0, at), branch, imagesBelow(this.images, at), hinted);
+    this.pins.push(cache.pin(this.segment));
+    return true;
+  }
+
+  /**
    * The line appended a prompt with images (a MediaPrompt) at `at`: its images' places in the line
    * (`images`), and its positions to prefill through ./media.js.
    * @param {import('./image-keys').ImageSpan[]} images

@@ -187,11 +187,45 @@ class PrefixCache {
     const whole = prefix && (prefix.value.logits || prefix.length < tokens.length) ? prefix : null;
     const part = prefix && !whole ? prefix : shared;
     const at = part ? edge(tokens, Math.min(part.length, tokens.length - 1)) : 0;
-    const { position } = part ? part.value.branch : { position: 0 };
+    // An entry still being filled is forked part-way only once its filler got there, or past it:
+    // judge it by where the filler ends.
+    const position = !part ? 0 : part.value.ready ? part.value.branch.position : part.value.tokens.length;
     const window = this._slidingWindow;
     if (at > (whole ? whole.length : 0) && at >= MIN_PARTIAL_REUSE && (at === position || !window || position < window))
       return { entry: part.value, length: at, partial: true };
     return { entry: whole ? whole.value : null, length: whole ? whole.length : 0, partial: false };
+  }
+
+  /**
+   * Where a prompt of `tokens` starting from `start` cached tokens should also be cut into an
+   * entry of its own: the end of the longest run it shares with a cached prefix (any tier), when
+   * that lies at least MIN_PARTIAL_REUSE tokens past `start` and short of the prompt's end; else
+   * null. Prompts that share text no cache point names (token prompts from a router, completions)
+   * then share it from the next one on, as a radix cache splits where sequences diverge: an entry
+   * past the sliding window is never forked part-way, so without the cut each would prefill it.
+   * @returns {number | null}
+   */
+  splitPoint(tokens, start) {
+    const { shared } = this._tree.match(tokens);
+    if (!shared) return null;
+    const at = edge(tokens, Math.min(shared.length, tokens.length - 1));
+    return at >= start + MIN_PARTIAL_REUSE && at < tokens.length ? at : null;
+  }
+
+  /**
+   * An entry still being filled that a prompt of `tokens` shares a run with but cannot start
+   * from (its filler has not reached the run's end, and an entry filled past the sliding window
+   * is never forked part-way): the entry and `at`, the run's end, when that is at least
+   * MIN_PARTIAL_REUSE tokens past anything the prompt can start from. Null otherwise.
+   * @returns {{ entry: CacheEntry, at: number } | null}
+   */
+  fillingRun(tokens) {
+    const { shared } = this._tree.match(tokens, (e) => e.branch !== null && !e.ready);
+    if (!shared) return null;
+    const entry = shared.value;
+    const at = edge(tokens, Math.min(shared.length, tokens.length - 1));
+    if (at >= entry.tokens.length || entry.branch.position >= at) return null;
+    return at >= this.bestStart(tokens).length + MIN_PARTIAL_REUSE ? { entry, at } : null;
   }
 
   /**

@@ -19,6 +19,7 @@
 const { Line } = require('./line');
 const { Tally } = require('./usage');
 const { LineStart } = require('./line-start');
+const { edge } = require('./image-keys');
 const {
   SchedulerErrorCode: Code,
   schedulerError,
@@ -30,6 +31,13 @@ const {
 const { SEED_SPACE } = require('./checks');
 const { ProgramEvents } = require('./events');
 const { rulesOf } = require('./doors');
+
+/** How many leading tokens `a` and `b` share. */
+function commonLength(a, b) {
+  let i = 0;
+  while (i < a.length && i < b.length && a[i] === b[i]) i++;
+  return i;
+}
 
 const TRANSITIONS = {
   queued: ['ready', 'done', 'failed'],
@@ -121,8 +129,14 @@ class Program {
    */
   needs(cache) {
     const { prompt } = this.budget;
-    const { entry, length } = prompt ? cache.bestStart(prompt.tokens) : { entry: null, length: 0 };
-    return { entry, ...this.needsFrom(length) };
+    if (!prompt) return { entry: null, cut: null, ...this.needsFrom(0) };
+    const { entry, length } = cache.bestStart(prompt.tokens);
+    const need = { entry, cut: null, ...this.needsFrom(length) };
+    // Cut also where it leaves what is cached (its own lease), when a lease is left for it.
+    const cut = prompt.media ? null : cache.splitPoint(prompt.tokens, length);
+    if (cut !== null && !prompt.cachePoints.includes(cut) && need.leases < this.env.ctx.nSeqMax)
+      Object.assign(need, { cut, leases: need.leases + 1 });
+    return need;
   }
 
   /** The KV cells and leases it needs beyond a cached start of `start` prompt tokens (a lease per cache point past it). */
@@ -131,6 +145,24 @@ class Program {
     if (!prompt) return { start, cells, leases };
     const points = prompt.cachePoints.filter((p) => p > start).length;
     return { start, cells: prompt.tokens.length - start + cells, leases: leases + points };
+  }
+
+  /**
+   * Another prompt of `tokens` is about to be admitted: its prompt line, not begun or filling
+   * `filling.entry`, cuts its prompt where the two part (./line-start.js `cutAt`), with a lease
+   * more for the cut. Returns whether it did.
+   * @param {{ entry: any, at: number } | null} filling what the cache found being filled
+   */
+  cutPromptFor(cache, tokens, filling) {
+    const line = this.promptLine;
+    if (!line || this.budget.prompt.media) return false;
+    let at;
+    if (line.state === 'waiting' && !line.lineStart.segment) at = edge(tokens, commonLength(line.tokens, tokens));
+    else if (filling && line.lineStart.segment === filling.entry) at = filling.at;
+    else return false;
+    if (!line.lineStart.cutAt(cache, at, line.computed, line.tokens)) return false;
+    this.maxBranches++;
+    return true;
   }
 
   /** Whose rows a line's are in the decode phase (a failure stays its owner's). */
@@ -211,7 +243,7 @@ class Program {
    * Admitted with what `needs` found: its prompt line (named by its id, planned to start from
    * `entry`: ./line-start.js) and its front door's lines start.
    */
-  start({ entry, start, leases }) {
+  start({ entry, start, leases, cut = null }) {
     this.to('running');
     const { prompt, cells, admit } = this.budget;
     this.maxBranches = leases;
@@ -221,7 +253,8 @@ class Program {
       this.tally.admitted(prompt.tokens.length);
       const media = prompt.media;
       const planned = { start, entry: entry && start > 0 ? this.env.cache.pin(entry) : null };
-      const kv = LineStart.prompt(prompt.cachePoints, media ? media.images : [], planned);
+      const points = cut === null ? prompt.cachePoints : [...prompt.cachePoints, cut].sort((a, b) => a - b);
+      const kv = LineStart.prompt(points, media ? media.images : [], planned);
       this.promptLine = this.#makeLine(kv, [], false, this.id);
       if (media) this.promptLine.pushMedia(media.prompt, prompt.tokens, [], prompt.text);
       else this.promptLine.push(prompt.tokens, prompt.text);

@@ -69,6 +69,20 @@ class Programs {
     return this.list.some((p) => p.hasWork());
   }
 
+  /**
+   * A prompt of `tokens` about to be admitted shares a run with a running request's prompt
+   * line that has not got to the run's end (not begun, or still filling its entry): that line
+   * cuts its prompt there too, when a lease is free for the cut, so the new prompt forks the
+   * shared run once it is in instead of prefilling it again (a burst of prompts sharing a
+   * prefix no cache point names: token prompts from a router, completions).
+   */
+  cutForShared(tokens, cache) {
+    if (!this.fits(0, 1)) return;
+    const filling = cache.fillingRun(tokens);
+    // Programs admitted this step first: their prompt lines begin in admission order.
+    for (const program of this.list) if (program.cutPromptFor(cache, tokens, filling)) return;
+  }
+
   /** Whether `cells` and `leases` are free beyond what running programs may still take. */
   fits(cells, leases) {
     const freeCells = this.store.kvPressure().remaining - this.list.reduce((sum, p) => sum + p.cellsToCome(), 0);

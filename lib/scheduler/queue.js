@@ -115,14 +115,17 @@ class Queue {
       const item = this.#items[0];
       if (item.state !== 'ready') return false;
       if (item.countsAsRunning && programs.requests >= this.#maxRunning) return false;
-      const need = item.needs(cache);
+      const prompt = item.budget && item.budget.prompt;
+      if (prompt && !prompt.media) programs.cutForShared(prompt.tokens, cache);
+      const wanted = item.needs(cache);
       // A prompt the RAM or disk tier holds more of waits for its restore (one a step).
-      if (item.restoreKey && cache.stored(item.restoreKey, need.start)) return false;
-      const { cells, leases } = need;
-      if (!programs.makeRoom(cells, leases, need.entry)) {
+      if (item.restoreKey && cache.stored(item.restoreKey, wanted.start)) return false;
+      const need = roomFor(programs, wanted);
+      if (!need) {
         if (programs.size > 0) return true; // until a running one gives room back
         this.#items.shift();
-        item.reject(neverFitsError(cells, leases, store.kvPressure(), store.available));
+        const leases = wanted.cut === null ? wanted.leases : wanted.leases - 1;
+        item.reject(neverFitsError(wanted.cells, leases, store.kvPressure(), store.available));
         continue;
       }
       this.#items.shift();
@@ -131,6 +134,18 @@ class Queue {
     }
     return false;
   }
+}
+
+/**
+ * `need` if room can be made for it, else the same without its extra cut (a cache entry is a
+ * saving, never a reason to wait), else null.
+ * @param {import('./programs').Programs} programs
+ */
+function roomFor(programs, need) {
+  if (programs.makeRoom(need.cells, need.leases, need.entry)) return need;
+  if (need.cut === null) return null;
+  const without = { ...need, cut: null, leases: need.leases - 1 };
+  return programs.makeRoom(without.cells, without.leases, without.entry) ? without : null;
 }
 
 module.exports = { Queue };

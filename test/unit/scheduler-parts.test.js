@@ -126,7 +126,7 @@ describe('Scheduler parts (no model)', () => {
       req.budget.prompt.cachePoints.unshift(2); // a system prompt's end below the cached start needs no branch
       req.to('ready');
       const need = req.needs(e.cache);
-      assert.deepEqual(need, { entry: cached, start: 3, cells: 2 + 2 * 5, leases: 2 + 1 });
+      assert.deepEqual(need, { entry: cached, cut: null, start: 3, cells: 2 + 2 * 5, leases: 2 + 1 });
       req.start(need);
       assert.equal(req.state, 'running');
       assert.deepEqual(
@@ -157,6 +157,32 @@ describe('Scheduler parts (no model)', () => {
       assert.equal(gen.sink.index, 0);
       gen.arm(branch, [], { source: { open: () => assert.fail('drafted') }, maxDraft: 4 });
       assert.deepEqual([gen.state, gen.drafter], ['sampling', null]);
+    });
+
+    it('needs: a cut where the prompt leaves a cached prefix (own lease), only when a lease is left for it', async () => {
+      const shared = range(0, 40);
+      const prompt = [...shared, ...range(60, 80)];
+      for (const [nSeqMax, cut] of [
+        [8, 40],
+        [2, null],
+      ]) {
+        // A model with a 32-token sliding window: an entry past it is never forked part-way.
+        const e = { ...env(), ctx: { nSeqMax }, cache: new PrefixCache({ slidingWindow: 32 }) };
+        // Another request's whole prompt: the shared run, then its own end.
+        e.cache.filled(e.cache.open([...shared, ...range(80, 99)], fakeBranch(59, [])));
+        const req = make({ tokens: prompt, maxTokens: 4 }, e);
+        await req.prepare({ nCtx: 256, nSeqMax }, null);
+        req.to('ready');
+        const need = req.needs(e.cache);
+        assert.deepEqual([need.cut, need.start, need.leases], [cut, 0, cut === null ? 2 : 3], `nSeqMax ${nSeqMax}`);
+        req.start(need);
+        assert.deepEqual(req.promptLine.lineStart.cachePoints, cut === null ? [60] : [40, 60]);
+      }
+      // A run shorter than MIN_PARTIAL_REUSE past the start is no reason for an entry.
+      const c = new PrefixCache();
+      c.filled(c.open(range(0, MIN_PARTIAL_REUSE - 1), fakeBranch(MIN_PARTIAL_REUSE - 1, [])));
+      assert.equal(c.splitPoint([...range(0, MIN_PARTIAL_REUSE - 1), 500, 501], 0), null);
+      assert.equal(c.splitPoint([...range(0, 40), 7], 0), null, 'nothing cached shares it');
     });
   });
 
