@@ -1,18 +1,33 @@
 'use strict';
 
 /**
- * Replicas behind SGLang's model gateway (docs/deployment.md): the agent workload of
- * bench/agent-cache.js (`--sessions` conversations × `--turns` turns after a shared ~1,500-token
- * system prompt, sessions taking turns together) sent through `sglang-router` to `--replicas`
- * fresh `llama-branch serve` processes, once per policy (`--policies`, default cache_aware then
- * round_robin). Reports the prompt tokens the replicas prefilled (their /health `prefilledTokens`,
- * summed) and the wall time; the target is ≥ 2× fewer tokens prefilled with cache_aware.
+ * Replicas behind a router, one routing mode after another (docs/deployment.md): the agent
+ * workload of bench/agent-cache.js (`--sessions` conversations × `--turns` turns after a shared
+ * ~1,500-token system prompt, all sessions taking each turn together, replies streamed) sent
+ * to `--replicas` fresh `llama-branch serve` processes. The modes (`--routes`, in that order):
  *
- *   node bench/router.js [--replicas 3] [--sessions 6] [--turns 3] [--reply 8] [--threads 1]
- *                        [--parallel 2] [--ctx-size 8192] [--policies cache_aware,round_robin]
+ *   exact        SMG, gRPC workers (`serve --grpc-port`), cache_aware on the replicas' KV events
+ *   approximate  SMG, HTTP workers, cache_aware on the tree of text SMG sent
+ *   round_robin  SMG, HTTP workers, round_robin
+ *   sglang-router  sglang-router 0.3.2, HTTP workers, cache_aware (last round's router)
  *
- * Each replica gets `--threads` threads: say how many cores the machine had. Needs
- * `sglang-router` on PATH (`npm run setup` installs it). Prints a Markdown table and writes
+ * Reports the prompt tokens the replicas prefilled (their /health `prefilledTokens`, summed),
+ * generated tokens per second of wall time, and p50/p95 time to the first streamed token as the
+ * client saw it. SMG's cache_aware spills a matched request to the least-loaded replica only when
+ * the matched one is `--balance-abs` requests over the mean AND `--balance-rel` times it; its
+ * default (64) never spills at this size, so the bench sets 1 (and 1.5) for every SMG mode.
+ * The issue's target: exact ≤ 0.8× approximate's prefilled tokens at equal or better throughput.
+ * `--context N` adds about N tokens of a tool's output to each user message (a session's own
+ * history then grows by that each turn). `--restart-router-after T` stops the router after turn T and starts a fresh one on the same
+ * replicas (its start not counted in the wall time): over gRPC SMG learns the replicas' caches
+ * from their KV event snapshots; over HTTP its tree starts empty.
+ *
+ *   node bench/router.js [--replicas 3] [--sessions 8] [--turns 4] [--reply 8] [--threads 1]
+ *     [--parallel 2] [--ctx-size 8192] [--routes exact,approximate,round_robin]
+ *     [--balance-abs 1] [--balance-rel 1.5] [--restart-router-after TURN] [--context 0]
+ *
+ * Each replica gets `--threads` threads: say how many cores the machine had. Needs `smg` and
+ * `sglang-router` (`npm run setup` installs both). Prints a Markdown table and writes
  * bench/results/router.json.
  */
 
@@ -21,8 +36,11 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
 const { parseArgs } = require('node:util');
+const OpenAI = require('openai');
 const { systemPrompt, userMessage } = require('./agent-sessions');
-const { freePort } = require('./common');
+const { freePort, percentile, markdownTable } = require('./common');
+const { smgCommand, startSmg, smgBranches } = require('./smg');
+const { pythonTool } = require('../scripts/python');
 
 const MODEL = process.env.LLAMA_TEST_MODEL || path.join(__dirname, '..', 'models', 'gemma-3-270m-q4_k_m.gguf');
 const BIN = path.join(__dirname, '..', 'bin', 'llama-branch.js');
@@ -30,17 +48,29 @@ const BIN = path.join(__dirname, '..', 'bin', 'llama-branch.js');
 const { values: args } = parseArgs({
   options: {
     replicas: { type: 'string', default: '3' },
-    sessions: { type: 'string', default: '6' },
-    turns: { type: 'string', default: '3' },
+    sessions: { type: 'string', default: '8' },
+    turns: { type: 'string', default: '4' },
     reply: { type: 'string', default: '8' },
     threads: { type: 'string', default: '1' },
     parallel: { type: 'string', default: '2' },
     'ctx-size': { type: 'string', default: '8192' },
-    policies: { type: 'string', default: 'cache_aware,round_robin' },
+    routes: { type: 'string', default: 'exact,approximate,round_robin' },
+    'balance-abs': { type: 'string', default: '1' },
+    'balance-rel': { type: 'string', default: '1.5' },
+    'restart-router-after': { type: 'string', default: '0' },
+    context: { type: 'string', default: '0' },
+    'token-usage-threshold': { type: 'string', default: '1' },
   },
 });
 
-/** Spawns `command args`, resolving the child once `ready()` says so (polled every 200 ms). */
+const ROUTES = {
+  exact: { router: 'smg', transport: 'grpc', policy: 'cache_aware' },
+  approximate: { router: 'smg', transport: 'http', policy: 'cache_aware' },
+  round_robin: { router: 'smg', transport: 'http', policy: 'round_robin' },
+  'sglang-router': { router: 'sglang-router', transport: 'http', policy: 'cache_aware' },
+};
+
+/** Spawns `command argv`, resolving the child once `ready()` says so (polled every 200 ms). */
 async function startProcess(command, argv, ready, what) {
   const child = spawn(command, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
@@ -54,31 +84,48 @@ async function startProcess(command, argv, ready, what) {
   throw new Error(`${what} not ready within 180 s: ${stderr}`);
 }
 
-async function startReplica() {
+/** A fresh replica; with `grpc` also its gRPC worker, whose URL is then the one the router gets. */
+async function startReplica(grpc) {
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
   const argv = [BIN, 'serve', '--model', MODEL, '--port', String(port), '--no-ui'];
   argv.push('--threads', args.threads, '--parallel', args.parallel, '--ctx-size', args['ctx-size']);
+  let worker = url;
+  if (grpc) {
+    const grpcPort = await freePort();
+    argv.push('--grpc-port', String(grpcPort));
+    worker = `grpc://127.0.0.1:${grpcPort}`;
+  }
   const child = await startProcess(process.execPath, argv, async () => (await fetch(`${url}/health`)).ok, url);
-  return { child, url };
+  return { child, url, worker };
 }
 
-async function startRouter(workers, policy) {
+async function startSglangRouter(workers, policy) {
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
   const argv = ['launch', '--host', '127.0.0.1', '--port', String(port), '--policy', policy];
   argv.push('--prometheus-port', String(await freePort()), '--log-level', 'warn');
-  argv.push('--worker-urls', ...workers.map((w) => w.url));
+  argv.push('--worker-urls', ...workers);
   const registered = async () => {
     const body = await (await fetch(`${url}/workers`)).json();
     return body.workers.filter((w) => w.is_healthy).length === workers.length;
   };
-  return { child: await startProcess('sglang-router', argv, registered, `sglang-router (${policy})`), url };
+  return { child: await startProcess(pythonTool('sglang-router'), argv, registered, 'sglang-router'), url };
 }
+
+function startRouter(route, workers, modelName) {
+  if (route.router === 'sglang-router') return startSglangRouter(workers, route.policy);
+  const extra = ['--balance-abs-threshold', args['balance-abs'], '--balance-rel-threshold', args['balance-rel']];
+  extra.push('--balance-token-usage-threshold', args['token-usage-threshold']);
+  const tokenizerModel = route.transport === 'grpc' ? modelName : null;
+  return startSmg(smgCommand(), workers, { policy: route.policy, extra, tokenizerModel });
+}
+
+const healthOf = async (replica) => (await fetch(`${replica.url}/health`)).json();
 
 function stop(child) {
   return new Promise((resolve) => {
-    if (child.exitCode !== null) return resolve();
+    if (child.exitCode !== null || child.signalCode !== null) return resolve();
     const kill = setTimeout(() => child.kill('SIGKILL'), 10000);
     child.once('exit', () => {
       clearTimeout(kill);
@@ -88,80 +135,169 @@ function stop(child) {
   });
 }
 
-/** The workload through the router; the replicas' counts after it. */
-async function runPolicy(policy) {
-  const replicas = await Promise.all(Array.from({ length: Number(args.replicas) }, () => startReplica()));
-  const router = await startRouter(replicas, policy);
+/**
+ * The user's message of `session` at `turn`, with `--context` tokens (about) of a tool's output
+ * only that session has seen: what makes a session's own history worth routing for.
+ */
+function userTurn(session, turn) {
+  const message = userMessage(session, turn);
+  const lines = [];
+  for (let i = 0; lines.join('\n').length < Number(args.context) * 4; i++)
+    lines.push(`${session}.${turn}.${i}: const value${session}x${i} = compute(${turn * 31 + i}, "s${session}");`);
+  return lines.length ? `${message}\n\nTool output (read_file):\n${lines.join('\n')}` : message;
+}
+
+/** One streamed chat turn: its reply and the time to its first token, or its failure. */
+async function chatTurn(client, model, messages) {
+  const started = performance.now();
+  let ttftMs = null;
+  let content = '';
   try {
-    const model = (await (await fetch(`${replicas[0].url}/v1/models`)).json()).data[0].id;
+    const stream = await client.chat.completions.create({
+      model,
+      messages,
+      max_tokens: Number(args.reply),
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    let usage = null;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      const piece = chunk.choices[0]?.delta?.content;
+      if (!piece) continue;
+      if (ttftMs === null) ttftMs = performance.now() - started;
+      content += piece;
+    }
+    const cached = usage && usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : null;
+    return { content, ttftMs: ttftMs ?? performance.now() - started, usage: usage && [usage.prompt_tokens, cached] };
+  } catch (e) {
+    // Counted and reported: a failed request must show in the results, not end the run.
+    return { failure: String(e.status || e.message) };
+  }
+}
+
+/** The workload through one routing mode; the replicas' counts after it. */
+async function runRoute(name) {
+  const route = ROUTES[name];
+  if (!route) throw new Error(`unknown route ${name}: one of ${Object.keys(ROUTES).join(', ')}`);
+  const replicas = await Promise.all(
+    Array.from({ length: Number(args.replicas) }, () => startReplica(route.transport === 'grpc')),
+  );
+  const model = (await (await fetch(`${replicas[0].url}/v1/models`)).json()).data[0].id;
+  const newRouter = () =>
+    startRouter(
+      route,
+      replicas.map((r) => r.worker),
+      model,
+    );
+  let router = await newRouter().catch(async (e) => {
+    await Promise.all(replicas.map((r) => stop(r.child)));
+    throw e;
+  });
+  try {
+    const clientOf = (r) => new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 600000 });
+    let client = clientOf(router);
+    let restartMs = 0; // not counted in the wall time
     const system = { role: 'system', content: systemPrompt() };
     const histories = Array.from({ length: Number(args.sessions) }, () => [system]);
+    const ttfts = [];
     const failures = [];
+    const prefilledByTurn = [];
+    /** Per turn, per session: [prompt tokens, cached prompt tokens] as the router passed them on. */
+    const usageByTurn = Array.from({ length: Number(args.turns) }, () => []);
+    const prefilledNow = async () =>
+      (await Promise.all(replicas.map(healthOf))).reduce((n, h) => n + h.prefilledTokens, 0);
     const started = performance.now();
     for (let turn = 0; turn < Number(args.turns); turn++) {
       await Promise.all(
         histories.map(async (history, session) => {
-          history.push({ role: 'user', content: userMessage(session, turn) });
-          const res = await fetch(`${router.url}/v1/chat/completions`, {
-            method: 'POST',
-            headers: { 'content-type': 'application/json' },
-            body: JSON.stringify({ model, messages: history, max_tokens: Number(args.reply), temperature: 0 }),
-          });
-          const body = await res.json().catch(() => ({}));
-          if (res.ok) history.push({ role: 'assistant', content: body.choices[0].message.content || '' });
-          else {
-            // Counted and reported: a failed request must show in the results, not end the run.
-            failures.push(`${res.status}`);
-            history.push({ role: 'assistant', content: '(no reply)' });
-          }
+          history.push({ role: 'user', content: userTurn(session, turn) });
+          const reply = await chatTurn(client, model, history);
+          usageByTurn[turn][session] = reply.usage || null;
+          if (reply.failure) failures.push(reply.failure);
+          else ttfts.push(reply.ttftMs);
+          history.push({ role: 'assistant', content: reply.failure ? '(no reply)' : reply.content });
         }),
       );
-      process.stderr.write(`${policy}: turn ${turn + 1}/${args.turns}\n`);
+      const before = prefilledByTurn.reduce((n, t) => n + t, 0);
+      prefilledByTurn.push((await prefilledNow()) - before);
+      process.stderr.write(`${name}: turn ${turn + 1}/${args.turns}, ${prefilledByTurn.at(-1)} tokens prefilled\n`);
+      if (turn + 1 !== Number(args['restart-router-after'])) continue;
+      // A router started again (a deploy, a crash, a second gateway) knows only what it can learn.
+      const pause = performance.now();
+      await stop(router.child);
+      router = await newRouter();
+      client = clientOf(router);
+      restartMs += performance.now() - pause;
     }
-    const ms = performance.now() - started;
-    const perReplica = [];
-    for (const r of replicas) perReplica.push(await (await fetch(`${r.url}/health`)).json());
-    const sum = (field) => perReplica.reduce((n, s) => n + s[field], 0);
-    return {
-      policy,
-      ms: Math.round(ms),
-      promptTokens: sum('promptTokens'),
-      prefilledTokens: sum('prefilledTokens'),
-      cachedPromptTokens: sum('cachedPromptTokens'),
-      completedPerReplica: perReplica.map((s) => s.completed),
-      failures,
-    };
+    const ms = performance.now() - started - restartMs;
+    const counts = await countsOf(replicas, router, route);
+    return { name, ...route, ms: Math.round(ms), ttfts, failures, prefilledByTurn, usageByTurn, ...counts };
   } finally {
     await stop(router.child);
     await Promise.all(replicas.map((r) => stop(r.child)));
   }
 }
 
+/** The replicas' summed counters, each one's completed requests, and SMG's cache_aware branches. */
+async function countsOf(replicas, router, route) {
+  const perReplica = await Promise.all(replicas.map(healthOf));
+  const sum = (field) => perReplica.reduce((n, s) => n + s[field], 0);
+  const branches = route.router === 'smg' && route.policy === 'cache_aware' ? await smgBranches(router) : {};
+  return {
+    promptTokens: sum('promptTokens'),
+    prefilledTokens: sum('prefilledTokens'),
+    cachedPromptTokens: sum('cachedPromptTokens'),
+    generatedTokens: sum('generatedTokens'),
+    evictions: sum('evictions'),
+    completedPerReplica: perReplica.map((s) => s.completed),
+    branches,
+  };
+}
+
+function report(result) {
+  const { results } = result;
+  console.log(
+    `\n${args.replicas} replicas (${args.threads} thread(s) each, ${result.cores} cores), ${args.sessions} sessions × ${args.turns} turns, ${args.reply}-token replies, ${args.context} tokens of tool output a turn${Number(args['restart-router-after']) > 0 ? `, the router started again after turn ${args['restart-router-after']}` : ''}\n`,
+  );
+  const rows = results.map((r) => [
+    r.name,
+    r.promptTokens,
+    r.prefilledTokens,
+    r.cachedPromptTokens,
+    (r.generatedTokens / (r.ms / 1000)).toFixed(2),
+    r.ttfts.length ? Math.round(percentile(r.ttfts, 50)) : '–',
+    r.ttfts.length ? Math.round(percentile(r.ttfts, 95)) : '–',
+    r.completedPerReplica.join(' / '),
+    r.failures.length,
+    `${(r.ms / 1000).toFixed(1)} s`,
+  ]);
+  const head = ['route', 'prompt tokens:', 'prefilled:', 'from cache:', 'generated tok/s:', 'TTFT p50 ms:'];
+  console.log(markdownTable([...head, 'TTFT p95 ms:', 'requests per replica', 'failed:', 'wall:'], rows));
+  const by = Object.fromEntries(results.map((r) => [r.name, r]));
+  const ratio = (a, b, f) => (by[a] && by[b] && by[b][f] ? (by[a][f] / by[b][f]).toFixed(2) : null);
+  const tps = (r) => r.generatedTokens / r.ms;
+  if (ratio('exact', 'approximate', 'prefilledTokens') !== null)
+    console.log(
+      `\nexact / approximate: ${ratio('exact', 'approximate', 'prefilledTokens')}× the prefilled tokens (target ≤ 0.8), ${(tps(by.exact) / tps(by.approximate)).toFixed(2)}× the throughput (target ≥ 1)`,
+    );
+  if (ratio('exact', 'round_robin', 'prefilledTokens') !== null)
+    console.log(`exact / round_robin: ${ratio('exact', 'round_robin', 'prefilledTokens')}× the prefilled tokens`);
+  console.log(`\nprefix cache evictions: ${results.map((r) => `${r.name} ${r.evictions}`).join(', ')}`);
+  console.log('prefilled tokens by turn:');
+  for (const r of results) console.log(`- ${r.name}: ${r.prefilledByTurn.join(', ')}`);
+  for (const r of results.filter((x) => Object.keys(x.branches).length))
+    console.log(`${r.name}: SMG cache_aware branches ${JSON.stringify(r.branches)}`);
+}
+
 async function main() {
   const results = [];
-  for (const policy of args.policies.split(',')) results.push(await runPolicy(policy));
-  const result = {
-    date: new Date().toISOString(),
-    cores: os.cpus().length,
-    args,
-    results,
-  };
+  for (const name of args.routes.split(',')) results.push(await runRoute(name));
+  const result = { date: new Date().toISOString(), cores: os.cpus().length, args, results };
   fs.mkdirSync(path.join(__dirname, 'results'), { recursive: true });
   fs.writeFileSync(path.join(__dirname, 'results', 'router.json'), `${JSON.stringify(result, null, 2)}\n`);
-  console.log(
-    `\n${args.replicas} replicas (${args.threads} threads each, ${result.cores} cores), ${args.sessions} sessions × ${args.turns} turns\n`,
-  );
-  console.log('| policy | prompt tokens | prefilled | from cache | requests per replica | failed | wall |');
-  console.log('|---|---|---|---|---|---|---|');
-  for (const r of results)
-    console.log(
-      `| ${r.policy} | ${r.promptTokens} | ${r.prefilledTokens} | ${r.cachedPromptTokens} | ${r.completedPerReplica.join(' / ')} | ${r.failures.length} | ${(r.ms / 1000).toFixed(1)} s |`,
-    );
-  const [a, b] = results;
-  if (a && b && a.prefilledTokens > 0)
-    console.log(
-      `\n${a.policy} prefilled ${(b.prefilledTokens / a.prefilledTokens).toFixed(2)}× fewer tokens than ${b.policy}`,
-    );
+  report(result);
 }
 
 main().catch((e) => {

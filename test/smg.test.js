@@ -10,83 +10,18 @@
 // in CI (CI set) it fails.
 
 const assert = require('node:assert/strict');
-const { spawn, spawnSync } = require('node:child_process');
 const OpenAI = require('openai');
 const { startServer, stopServer, waitFor } = require('./serve-helpers');
 const { freePort } = require('../bench/common');
-const { pythonTool } = require('../scripts/python');
+const { smgCommand, startSmg, smgTokenize, smgBranchCount } = require('../bench/smg');
 
 const MODEL_NAME = 'gemma-3-270m-q4_k_m';
 const REPLICA_ARGS = ['--ctx-size', '2048', '--threads', '1', '--parallel', '2', '--no-ui'];
 
-function smgCommand() {
-  const command = pythonTool('smg');
-  return spawnSync(command, ['--version'], { encoding: 'utf8' }).status === 0 ? command : null;
-}
-
-/** `smg launch` over gRPC workers, cache_aware with its warm-up diversions off; resolves when all are healthy and the tokenizer is in. */
-async function startSmg(command, workers) {
-  const [port, metricsPort] = [await freePort(), await freePort()];
-  const args = [
-    'launch',
-    '--host',
-    '127.0.0.1',
-    '--port',
-    String(port),
-    '--worker-urls',
-    ...workers,
-    '--policy',
-    'cache_aware',
-  ];
-  args.push('--worker-startup-check-interval', '1', '--worker-warmup-secs', '0', '--worker-warmup-divert-every', '0');
-  args.push('--health-check-interval-secs', '1', '--health-failure-threshold', '1', '--health-success-threshold', '1');
-  args.push('--prometheus-host', '127.0.0.1', '--prometheus-port', String(metricsPort), '--log-level', 'warn');
-  args.push('--shutdown-grace-period-secs', '1');
-  const child = spawn(command, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  let log = '';
-  child.stdout.on('data', (d) => (log = (log + d).slice(-20000)));
-  child.stderr.on('data', (d) => (log = (log + d).slice(-20000)));
-  const smg = {
-    child,
-    url: `http://127.0.0.1:${port}`,
-    metrics: `http://127.0.0.1:${metricsPort}/metrics`,
-    log: () => log,
-  };
-  await waitFor(
-    async () => {
-      if (child.exitCode !== null) throw new Error(`smg exited with ${child.exitCode}: ${log}`);
-      const body = await fetch(`${smg.url}/workers`).then(
-        (r) => r.json(),
-        () => ({ workers: [] }),
-      );
-      return body.workers.filter((w) => w.is_healthy).length === workers.length;
-    },
-    `smg to register ${workers.length} healthy gRPC workers`,
-    90000,
-  );
-  await waitFor(
-    async () => (await tokenize(smg, 'ready?')).tokens !== undefined,
-    'smg to load the tokenizer from a worker (GetTokenizer)',
-    90000,
-  );
-  return smg;
-}
-
-const tokenize = async (smg, prompt) =>
-  (
-    await fetch(`${smg.url}/v1/tokenize`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: MODEL_NAME, prompt }),
-    })
-  ).json();
+const tokenize = (smg, prompt) => smgTokenize(smg.url, MODEL_NAME, prompt);
 
 /** SMG's count of event-driven routing decisions that found a worker holding the prefix. */
-async function eventHits(smg) {
-  const text = await (await fetch(smg.metrics)).text();
-  const m = /smg_cache_aware_policy_branch_total\{branch="event_hit"\} (\d+)/.exec(text);
-  return m ? Number(m[1]) : 0;
-}
+const eventHits = (smg) => smgBranchCount(smg, 'event_hit');
 
 const healthOf = async (r) => (await fetch(`${r.url}/health`)).json();
 
@@ -113,6 +48,7 @@ describe('replicas behind SMG over gRPC (exact, KV-event routing)', function () 
     smg = await startSmg(
       command,
       replicas.map((r) => r.grpc),
+      { tokenizerModel: MODEL_NAME },
     );
   });
 
