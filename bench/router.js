@@ -3,7 +3,7 @@
 /**
  * Replicas behind a router, one routing mode after another (docs/deployment.md): the agent
  * workload of bench/agent-cache.js (`--sessions` conversations × `--turns` turns after a shared
- * ~1,500-token system prompt, all sessions taking each turn together, replies streamed) sent
+ * ~1,700-token system prompt, all sessions taking each turn together, replies streamed) sent
  * to `--replicas` fresh `llama-branch serve` processes. The modes (`--routes`, in that order):
  *
  *   exact        SMG, gRPC workers (`serve --grpc-port`), cache_aware on the replicas' KV events
@@ -17,14 +17,19 @@
  * the matched one is `--balance-abs` requests over the mean AND `--balance-rel` times it; its
  * default (64) never spills at this size, so the bench sets 1 (and 1.5) for every SMG mode.
  * The issue's target: exact ≤ 0.8× approximate's prefilled tokens at equal or better throughput.
+ *
  * `--context N` adds about N tokens of a tool's output to each user message (a session's own
- * history then grows by that each turn). `--restart-router-after T` stops the router after turn T and starts a fresh one on the same
- * replicas (its start not counted in the wall time): over gRPC SMG learns the replicas' caches
- * from their KV event snapshots; over HTTP its tree starts empty.
+ * history then grows by that each turn). `--restart-router-after T` stops the router after turn
+ * T and starts a fresh one on the same replicas (its start not counted in the wall time): over
+ * gRPC SMG learns the replicas' caches from their KV event snapshots; over HTTP its tree starts
+ * empty. `--token-usage-threshold` (SMG's --balance-token-usage-threshold; 1: off) also leaves
+ * cache affinity when the replicas' KV usage (gRPC GetLoads) spreads by more than that.
+ * `--cache-ram SIZE` gives each replica a RAM tier below its KV cells (`serve --cache-ram`).
  *
  *   node bench/router.js [--replicas 3] [--sessions 8] [--turns 4] [--reply 8] [--threads 1]
  *     [--parallel 2] [--ctx-size 8192] [--routes exact,approximate,round_robin]
  *     [--balance-abs 1] [--balance-rel 1.5] [--restart-router-after TURN] [--context 0]
+ *     [--token-usage-threshold 1] [--cache-ram SIZE]
  *
  * Each replica gets `--threads` threads: say how many cores the machine had. Needs `smg` and
  * `sglang-router` (`npm run setup` installs both). Prints a Markdown table and writes
@@ -60,6 +65,7 @@ const { values: args } = parseArgs({
     'restart-router-after': { type: 'string', default: '0' },
     context: { type: 'string', default: '0' },
     'token-usage-threshold': { type: 'string', default: '1' },
+    'cache-ram': { type: 'string' },
   },
 });
 
@@ -90,6 +96,7 @@ async function startReplica(grpc) {
   const url = `http://127.0.0.1:${port}`;
   const argv = [BIN, 'serve', '--model', MODEL, '--port', String(port), '--no-ui'];
   argv.push('--threads', args.threads, '--parallel', args.parallel, '--ctx-size', args['ctx-size']);
+  if (args['cache-ram']) argv.push('--cache-ram', args['cache-ram']);
   let worker = url;
   if (grpc) {
     const grpcPort = await freePort();
