@@ -34,6 +34,8 @@ const MIN_GAIN = 16;
 /** How often (at most) the folder is listed again for files another process wrote. */
 const RESCAN_MS = 1000;
 const sum = (/** @type {number[]} */ sizes) => sizes.reduce((total, size) => total + size, 0);
+/** Where a start of `run` shared tokens of `tokens` may end: short of the last token (whose logits it lacks), never inside an image. */
+const runEnd = (tokens, run) => edge(tokens, Math.min(run, tokens.length - 1));
 
 /**
  * @typedef {{ position: number, disposed?: boolean, prune(): Promise<void>, fork(): any, forkAt(position: number): any }} CachedBranch
@@ -186,7 +188,7 @@ class PrefixCache {
     const { prefix, shared } = this._tree.match(tokens, (e) => e.branch !== null);
     const whole = prefix && (prefix.value.logits || prefix.length < tokens.length) ? prefix : null;
     const part = prefix && !whole ? prefix : shared;
-    const at = part ? edge(tokens, Math.min(part.length, tokens.length - 1)) : 0;
+    const at = part ? runEnd(tokens, part.length) : 0;
     // An entry still being filled is forked part-way only once its filler got there, or past it:
     // judge it by where the filler ends.
     const position = !part ? 0 : part.value.ready ? part.value.branch.position : part.value.tokens.length;
@@ -208,8 +210,8 @@ class PrefixCache {
   splitPoint(tokens, start) {
     const { shared } = this._tree.match(tokens);
     if (!shared) return null;
-    const at = edge(tokens, Math.min(shared.length, tokens.length - 1));
-    return at >= start + MIN_PARTIAL_REUSE && at < tokens.length ? at : null;
+    const at = runEnd(tokens, shared.length); // short of the prompt's end
+    return at >= start + MIN_PARTIAL_REUSE ? at : null;
   }
 
   /**
@@ -223,7 +225,7 @@ class PrefixCache {
     const { shared } = this._tree.match(tokens, (e) => e.branch !== null && !e.ready);
     if (!shared) return null;
     const entry = shared.value;
-    const at = edge(tokens, Math.min(shared.length, tokens.length - 1));
+    const at = runEnd(tokens, shared.length);
     if (at >= entry.tokens.length || entry.branch.position >= at) return null;
     return at >= this.bestStart(tokens).length + MIN_PARTIAL_REUSE ? { entry, at } : null;
   }

@@ -20,6 +20,7 @@ const { Line } = require('./line');
 const { Tally } = require('./usage');
 const { LineStart } = require('./line-start');
 const { edge } = require('./image-keys');
+const { commonRun } = require('./radix');
 const {
   SchedulerErrorCode: Code,
   schedulerError,
@@ -31,13 +32,6 @@ const {
 const { SEED_SPACE } = require('./checks');
 const { ProgramEvents } = require('./events');
 const { rulesOf } = require('./doors');
-
-/** How many leading tokens `a` and `b` share. */
-function commonLength(a, b) {
-  let i = 0;
-  while (i < a.length && i < b.length && a[i] === b[i]) i++;
-  return i;
-}
 
 const TRANSITIONS = {
   queued: ['ready', 'done', 'failed'],
@@ -157,7 +151,7 @@ class Program {
     const line = this.promptLine;
     if (!line || this.budget.prompt.media) return false;
     let at;
-    if (line.state === 'waiting' && !line.lineStart.segment) at = edge(tokens, commonLength(line.tokens, tokens));
+    if (line.state === 'waiting' && !line.lineStart.segment) at = edge(tokens, commonRun(line.tokens, tokens, 0));
     else if (filling && line.lineStart.segment === filling.entry) at = filling.at;
     else return false;
     if (!line.lineStart.cutAt(cache, at, line.computed, line.tokens)) return false;

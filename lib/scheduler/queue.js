@@ -124,8 +124,8 @@ class Queue {
       if (!need) {
         if (programs.size > 0) return true; // until a running one gives room back
         this.#items.shift();
-        const leases = wanted.cut === null ? wanted.leases : wanted.leases - 1;
-        item.reject(neverFitsError(wanted.cells, leases, store.kvPressure(), store.available));
+        const least = withoutCut(wanted);
+        item.reject(neverFitsError(least.cells, least.leases, store.kvPressure(), store.available));
         continue;
       }
       this.#items.shift();
@@ -143,9 +143,11 @@ class Queue {
  */
 function roomFor(programs, need) {
   if (programs.makeRoom(need.cells, need.leases, need.entry)) return need;
-  if (need.cut === null) return null;
-  const without = { ...need, cut: null, leases: need.leases - 1 };
-  return programs.makeRoom(without.cells, without.leases, without.entry) ? without : null;
+  const without = withoutCut(need);
+  return without !== need && programs.makeRoom(without.cells, without.leases, without.entry) ? without : null;
 }
+
+/** `need` without its extra cut and the lease the cut takes (itself when it has none). */
+const withoutCut = (need) => (need.cut === null ? need : { ...need, cut: null, leases: need.leases - 1 });
 
 module.exports = { Queue };

@@ -170,4 +170,4 @@ function firstValueIn(node, accept) {
   return null;
 }
 
-module.exports = { RadixTree };
+module.exports = { RadixTree, commonRun };
