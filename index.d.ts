@@ -1321,8 +1321,14 @@ export interface SchedulerStats {
   queued: number;
   /** Cached prompt prefixes (each holds one sequence lease). */
   cachedPrefixes: number;
-  /** KV cells in use as of the last step. */
+  /** KV cells in use as of the last step (cached prefixes included). */
   cellsUsed: number;
+  /**
+   * Of `cellsUsed`, the cells running work holds: less what evicting every cached prefix nobody
+   * uses now would free (reclaimable cells are not load). What the gRPC worker's GetLoads and
+   * the `kv_cache_usage_perc` gauge report, as vLLM and SGLang count their own.
+   */
+  cellsInUse: number;
   nCtx: number;
   /** `cachedPromptTokens / promptTokens` over all started requests. */
   hitRate: number;

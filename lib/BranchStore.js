@@ -290,12 +290,17 @@ class BranchStore {
   }
 
   /**
-   * Exact KV usage, `{ nCtx, cellsUsed, remaining }` (cells shared by forks counted once).
-   * Waits for queued operations.
+   * Exact KV usage, `{ nCtx, cellsUsed, remaining }` (cells shared by forks counted once);
+   * with `without`, the usage if those branches were pruned (nothing is: what evicting a cache
+   * of idle branches would leave held). Waits for queued operations.
+   * @param {readonly import('./Branch').Branch[]} [without]
    * @returns {import('./types').KvPressure}
    */
-  kvPressure() {
-    return nativeOf(this._ctx)._storeKvPressure();
+  kvPressure(without) {
+    if (without === undefined) return nativeOf(this._ctx)._storeKvPressure();
+    if (!Array.isArray(without)) throw makeError('ERR_INVALID_ARG', 'kvPressure: without must be an array of Branches');
+    const handles = without.map((b) => branchHandle(this._ctx, b, 'kvPressure'));
+    return nativeOf(this._ctx)._storeKvPressure(handles);
   }
 }
 

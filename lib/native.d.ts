@@ -317,7 +317,8 @@ export declare class SessionContext {
   /** Keeps only `winner` (one `seq_keep` pass), in call order; resolves the freed handles. */
   _storeRetainOnly(handle: number): Promise<number[]>
   _storeAvailable(): number
-  _storeKvPressure(): KvPressureInfo
+  /** KV usage; with `without`, as if those branches were pruned (nothing is). */
+  _storeKvPressure(without?: Array<number> | undefined | null): KvPressureInfo
   _storeLiveHandles(): Array<number>
   tokenize(text: string, addSpecial?: boolean, parseSpecial?: boolean): Promise<number[]>
   detokenize(tokens: number[]): Promise<string>

@@ -95,6 +95,24 @@ describe('serve --grpc-port: the gRPC worker for SMG (real grpc-js client)', fun
     assert.equal(loads.loads[0].max_total_num_tokens, 2048);
   });
 
+  it('GetLoads counts the cells running work holds: a warm prefix cache is not load', async () => {
+    const loadNow = async () => (await unary(client, 'GetLoads', { include: ['core'] })).loads[0];
+    let during = null;
+    await generate({ tokenized: { input_ids: prompt }, sampling_params: greedy(64), stream: true }, (messages) => {
+      if (messages.length === 8) loadNow().then((load) => (during = { load, stats: server.scheduler.stats() }));
+      return false;
+    });
+    assert.ok(during, 'GetLoads answered while the request ran');
+    assert.ok(during.load.num_used_tokens >= prompt.length, `${during.load.num_used_tokens} cells in use while it ran`);
+    assert.ok(during.load.num_used_tokens <= during.stats.cellsUsed);
+    const stats = server.scheduler.stats();
+    assert.ok(stats.cellsUsed >= prompt.length, `the prompt stays cached: ${stats.cellsUsed} cells`);
+    assert.equal(stats.cellsInUse, 0, 'nothing runs: every cached cell is reclaimable');
+    const idle = await loadNow();
+    assert.equal(idle.num_used_tokens, 0);
+    assert.equal(idle.token_usage, 0, "SMG's overload veto reads token_usage: a warm cache must not trip it");
+  });
+
   it('streams the new tokens chunk by chunk, then one complete; whole, the same tokens at once', async () => {
     const streamed = await generate({ tokenized: { input_ids: prompt }, sampling_params: greedy(6), stream: true });
     const chunks = streamed.filter((m) => m.response === 'chunk').map((m) => m.chunk);

@@ -62,6 +62,12 @@ describe('parked branches: park / resume', function () {
   it('park gives back the lease and the own cells; resume continues bit for bit (root, forks, fork of a fork)', async () => {
     const got = await tree(ctx, async (all) => {
       const before = store.kvPressure().cellsUsed;
+      // kvPressure(without): what pruning those would leave, nothing pruned (the same 7 cells).
+      assert.equal(store.kvPressure(all.slice(1)).cellsUsed, before - 7);
+      assert.equal(store.kvPressure([all[0]]).cellsUsed, before, 'the forks hold the prompt the root holds');
+      assert.equal(store.kvPressure(all).cellsUsed, 0);
+      assert.throws(() => store.kvPressure(/** @type {any} */ ('a')), { code: 'ERR_INVALID_ARG' });
+      assert.equal(store.kvPressure().cellsUsed, before);
       await store.park(all.slice(1)); // a, a2, b: the root keeps the prompt's cells
       assert.deepEqual(
         all.map((x) => x.parked),

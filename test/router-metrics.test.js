@@ -46,7 +46,7 @@ describe('router metrics on /metrics', function () {
    * cells), retried until they do.
    */
   async function scrapeAtRest() {
-    const fields = (s) => [s.queued, s.running, s.programs, s.cellsUsed, s.nCtx].join(' ');
+    const fields = (s) => [s.queued, s.running, s.programs, s.cellsUsed, s.cellsInUse, s.nCtx].join(' ');
     for (let attempt = 0; attempt < 200; attempt++) {
       const before = server.scheduler.stats();
       const text = await (await fetch(`${url}/metrics`)).text();
@@ -61,7 +61,8 @@ describe('router metrics on /metrics', function () {
     assert.equal(gauge(families, 'llamabranch:num_requests_running'), stats.running + stats.programs);
     const usage = gauge(families, 'llamabranch:kv_cache_usage_perc');
     assert.ok(usage >= 0 && usage <= 1, `KV usage ${usage} is a fraction`);
-    assert.ok(Math.abs(usage - stats.cellsUsed / stats.nCtx) < 1e-9, `${usage} vs ${stats.cellsUsed}/${stats.nCtx}`);
+    assert.ok(Math.abs(usage - stats.cellsInUse / stats.nCtx) < 1e-9, `${usage} vs ${stats.cellsInUse}/${stats.nCtx}`);
+    assert.ok(stats.cellsInUse <= stats.cellsUsed, 'in use is part of what is held');
     assert.equal(gauge(families, 'llamabranch:cache_config_info', { block_size: '16' }), 1);
     // The older names stay, with the same values.
     assert.equal(gauge(families, 'llamabranch_requests_queued'), stats.queued);
@@ -137,11 +138,13 @@ describe('router metrics on /metrics', function () {
     assert.equal(bad.status, 400);
   });
 
-  it('match stats() when idle: nothing queued or running, the cached prefixes still hold cells', async () => {
+  it('match stats() when idle: the cached prefixes still hold cells, and none of them is load', async () => {
     const scrape = await scrapeAtRest();
     assert.equal(scrape.stats.queued, 0);
     assert.equal(scrape.stats.running + scrape.stats.programs, 0);
     checkAgainst(scrape);
     assert.ok(scrape.stats.cachedPrefixes > 0 && scrape.stats.cellsUsed > 0);
+    // vLLM's kv_cache_usage_perc leaves out cached blocks nobody references; so does ours.
+    assert.equal(gauge(scrape.families, 'llamabranch:kv_cache_usage_perc'), 0);
   });
 });

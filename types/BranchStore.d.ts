@@ -174,9 +174,11 @@ export class BranchStore {
     /** Number of free sequence leases. Waits for queued operations. */
     get available(): number;
     /**
-     * Exact KV usage, `{ nCtx, cellsUsed, remaining }` (cells shared by forks counted once).
-     * Waits for queued operations.
+     * Exact KV usage, `{ nCtx, cellsUsed, remaining }` (cells shared by forks counted once);
+     * with `without`, the usage if those branches were pruned (nothing is: what evicting a cache
+     * of idle branches would leave held). Waits for queued operations.
+     * @param {readonly import('./Branch').Branch[]} [without]
      * @returns {import('../lib/types').KvPressure}
      */
-    kvPressure(): import("../lib/types").KvPressure;
+    kvPressure(without?: readonly import("./Branch").Branch[]): import("../lib/types").KvPressure;
 }

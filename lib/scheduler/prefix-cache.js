@@ -286,10 +286,23 @@ class PrefixCache {
   victim(medium, keep = null) {
     let victim = null;
     for (const e of this._entries) {
-      if (e === keep || !e.in(medium) || (medium === 'kv' && (e.pins !== 0 || !e.ready))) continue;
+      if (e === keep || !this._mayLeave(e, medium)) continue;
       if (!victim || (e.hinted === victim.hinted ? e.lastUsed < victim.lastUsed : victim.hinted)) victim = e;
     }
     return victim;
+  }
+
+  /** Whether `e` may leave `medium` now: in the KV cells, never a pinned or unfilled entry. */
+  _mayLeave(e, medium) {
+    return e.in(medium) && (medium !== 'kv' || (e.pins === 0 && e.ready));
+  }
+
+  /**
+   * The branches of the KV entries that could all be evicted now (nobody pins them): their
+   * cells, less what running requests share of them, are reclaimable, not in use (./step.js).
+   */
+  idleBranches() {
+    return [...this._entries].filter((e) => this._mayLeave(e, 'kv') && !e.branch.disposed).map((e) => e.branch);
   }
 
   /**

@@ -36,6 +36,8 @@ class Steps {
   #onStep;
   /** The KV cells' use as of the end of the last step. */
   #pressure;
+  /** Of those, the cells running work holds (idle cached prefixes left out). */
+  #inUse = 0;
   /** @type {Promise<void> | null} the steps running now */
   #loop = null;
   /** The queue's head waits for a program to give room back: no step until something changes. */
@@ -52,6 +54,7 @@ class Steps {
     this.#events = events;
     this.#onStep = onStep;
     this.#pressure = parts.store.kvPressure();
+    this.#inUse = this.#pressure.cellsUsed;
   }
 
   /** Whether the scheduler closed (nothing more is queued). */
@@ -102,7 +105,10 @@ class Steps {
 
   /** Measures the KV cells again (after a step, or a close freed the cache). */
   measure() {
-    if (!this.#parts.ctx.disposed) this.#pressure = this.#parts.store.kvPressure();
+    if (this.#parts.ctx.disposed) return;
+    const { store, cache } = this.#parts;
+    this.#pressure = store.kvPressure();
+    this.#inUse = store.kvPressure(cache.idleBranches()).cellsUsed;
   }
 
   /** One step; returns its rows plus prefilled tokens (0: it decoded nothing). */
@@ -150,6 +156,7 @@ class Steps {
       queued: queue.length,
       cachedPrefixes: cache.size,
       cellsUsed: this.#pressure.cellsUsed,
+      cellsInUse: this.#inUse,
       nCtx: this.#pressure.nCtx,
       hitRate: p.promptTokens === 0 ? 0 : p.cachedPromptTokens / p.promptTokens,
       steps: c.steps,

@@ -144,9 +144,12 @@ class GrpcWorker {
       num_running_reqs: s.running,
       num_waiting_reqs: s.queued,
       num_total_reqs: s.running + s.queued,
-      num_used_tokens: s.cellsUsed,
+      // Cells running work holds: idle cached prefixes are reclaimable, not load (as vLLM and
+      // SGLang count theirs). Counted in, a warm cache reads as overload and SMG routes away
+      // from the replicas that hold a session's history.
+      num_used_tokens: s.cellsInUse,
       max_total_num_tokens: s.nCtx,
-      token_usage: s.nCtx > 0 ? s.cellsUsed / s.nCtx : 0,
+      token_usage: s.nCtx > 0 ? s.cellsInUse / s.nCtx : 0,
       cache_hit_rate: s.hitRate,
       max_running_requests: this.parallel,
     };

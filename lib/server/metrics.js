@@ -186,8 +186,8 @@ class Metrics {
     );
     gauge(
       'kv_cache_usage_perc',
-      'Fraction of the KV cells in use, 0..1 (cached prefixes included).',
-      stats.nCtx > 0 ? stats.cellsUsed / stats.nCtx : 0,
+      'Fraction of the KV cells running work holds, 0..1 (idle cached prefixes are reclaimable: left out, as vLLM does).',
+      stats.nCtx > 0 ? stats.cellsInUse / stats.nCtx : 0,
     );
     gauge('cache_config_info', 'The KV cache block layout (value always 1).', 1, `{block_size="${BLOCK_SIZE}"}`);
   }

@@ -314,3 +314,40 @@ fn a_search_holds_many_more_nodes_than_sequences() {
     }
     assert!(parked.iter().all(|&h| store.get(h).unwrap().position == 6));
 }
+
+#[test]
+fn pressure_without_idle_branches_counts_what_the_others_hold() {
+    let (mut kv, mut store, pool) = setup(256, 6);
+    let cached = root(&mut kv, &mut store, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    let longer = store.fork(&kv, cached, ForkOptions::default()).unwrap();
+    step(&mut kv, &mut store, &pool, &[longer]);
+    let request = store.fork(&kv, cached, ForkOptions::default()).unwrap();
+    step(&mut kv, &mut store, &pool, &[request]);
+    step(&mut kv, &mut store, &pool, &[request]);
+    let all = store.kv_pressure(&kv).cells_used;
+    assert_eq!(all, 8 + 1 + 2);
+    let idle = store
+        .kv_pressure_without(&kv, &[cached, longer, cached])
+        .unwrap();
+    assert_eq!(
+        idle.cells_used,
+        8 + 2,
+        "the request keeps the prefix it forked"
+    );
+    assert_eq!(idle.remaining, 256 - 10);
+    store.park(&kv, &[request]).unwrap();
+    let parked = store
+        .kv_pressure_without(&kv, &[cached, longer, request])
+        .unwrap();
+    assert_eq!(parked.cells_used, 0, "a parked branch holds no cells");
+    assert_eq!(
+        store.kv_pressure(&kv).cells_used,
+        8 + 1,
+        "nothing was pruned"
+    );
+    store.prune(&kv, longer).unwrap();
+    assert!(matches!(
+        store.kv_pressure_without(&kv, &[longer]),
+        Err(Error::BranchDisposed)
+    ));
+}

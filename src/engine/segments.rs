@@ -6,6 +6,8 @@
 //! holder uses, and `total` — the sum of those — is the exact number of cells held, whatever order
 //! forks and prunes happen in.
 
+use std::collections::HashMap;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunRef {
     pub id: u32,
@@ -123,6 +125,29 @@ impl Segments {
         runs.push(self.create(n));
     }
 
+    /// The cells held if the holders in `without` (each one holder's runs, as `share` and
+    /// `append` gave them) let go: what evicting those holders would leave. Nothing changes.
+    pub fn total_without(&self, without: &[&[RunRef]]) -> u64 {
+        let mut dropped: HashMap<u32, Vec<u32>> = HashMap::new();
+        for runs in without {
+            for r in runs.iter() {
+                dropped.entry(r.id).or_default().push(r.used);
+            }
+        }
+        let mut total = self.total;
+        for (id, used) in dropped {
+            let run = &self.runs[id as usize];
+            let mut left = run.holders.clone();
+            for u in used {
+                if let Some(i) = left.iter().position(|&h| h == u) {
+                    left.swap_remove(i);
+                }
+            }
+            total -= (run.alive() - left.iter().copied().max().unwrap_or(0)) as u64;
+        }
+        total
+    }
+
     pub fn clear(&mut self) {
         *self = Segments::default();
     }
@@ -195,5 +220,30 @@ mod tests {
         s.append(&mut b, 7);
         assert_eq!(a[0].id, b[0].id);
         assert_eq!(s.total(), 7);
+    }
+
+    #[test]
+    fn total_without_counts_what_the_rest_hold() {
+        let mut s = Segments::default();
+        let mut root = Vec::new();
+        s.append(&mut root, 10); // a cached prefix
+        let mut cached_child = s.share(&root);
+        s.append(&mut cached_child, 5); // a longer cached prefix forked from it
+        let mut request = s.share_prefix(&root, 6);
+        s.append(&mut request, 3); // a running request forked at 6
+        assert_eq!(s.total(), 18);
+        assert_eq!(s.total_without(&[]), 18);
+        assert_eq!(
+            s.total_without(&[&root, &cached_child]),
+            9,
+            "the request keeps 6 shared + 3"
+        );
+        assert_eq!(
+            s.total_without(&[&cached_child]),
+            13,
+            "the root stays whole"
+        );
+        assert_eq!(s.total_without(&[&root, &cached_child, &request]), 0);
+        assert_eq!(s.total(), 18, "nothing changed");
     }
 }

@@ -492,7 +492,29 @@ impl BranchStore {
     }
 
     pub fn kv_pressure(&self, kv: &impl KvBackend) -> KvPressure {
-        let mut used = self.segments.total();
+        self.pressure_over(kv, self.segments.total())
+    }
+
+    /// KV usage as if the branches `without` were pruned (parked ones hold no cells; a handle
+    /// named twice counts once): what a cache of idle prefixes would leave held by the rest.
+    pub fn kv_pressure_without(
+        &self,
+        kv: &impl KvBackend,
+        without: &[Handle],
+    ) -> Result<KvPressure> {
+        let mut seen = Vec::with_capacity(without.len());
+        for &h in without {
+            let b = self.get(h)?;
+            if !b.is_parked() && !seen.iter().any(|&(s, _)| s == h) {
+                seen.push((h, b.runs.as_slice()));
+            }
+        }
+        let runs: Vec<&[RunRef]> = seen.into_iter().map(|(_, r)| r).collect();
+        Ok(self.pressure_over(kv, self.segments.total_without(&runs)))
+    }
+
+    fn pressure_over(&self, kv: &impl KvBackend, segment_cells: u64) -> KvPressure {
+        let mut used = segment_cells;
         // Sequences no live branch owns (raw decodes) count as contiguous runs; destroyed
         // branches' sequences are in `segments` already, plus what raw decodes added to them.
         for seq in 0..self.leases.capacity() as SeqId {

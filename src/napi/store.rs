@@ -238,10 +238,18 @@ impl SessionContext {
         self.sync("available", |e| Ok(e.store.available(&e.ctx)))
     }
 
+    /// KV usage; with `without`, as if those branches were pruned (nothing is).
     #[napi(js_name = "_storeKvPressure")]
-    pub fn _store_kv_pressure(&self) -> Result<KvPressureInfo> {
+    pub fn _store_kv_pressure(&self, without: Option<Vec<f64>>) -> Result<KvPressureInfo> {
+        let without = match without {
+            Some(handles) => Some(self.ids.from_js_all(&handles).map_err(js)?),
+            None => None,
+        };
         self.sync("kvPressure", |e| {
-            let p = e.store.kv_pressure(&e.ctx);
+            let p = match &without {
+                Some(handles) => e.store.kv_pressure_without(&e.ctx, handles)?,
+                None => e.store.kv_pressure(&e.ctx),
+            };
             Ok(KvPressureInfo {
                 n_ctx: p.n_ctx,
                 cells_used: p.cells_used,
