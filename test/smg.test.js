@@ -4,7 +4,8 @@
 // PyPI `smg` 1.13.0, installed by `npm run setup`) over gRPC: SMG detects the vLLM engine
 // service, fetches the tokenizer from a worker (GetTokenizer: built from the GGUF) and tokenizes
 // as llama.cpp does, subscribes to each replica's KV events and routes a session's next turn to
-// the replica holding its prefix (its `event_hit` count); the `openai` client streams through it;
+// the replica holding its prefix (its `event_hit` count), also once that replica's cache is
+// full (a warm cache is not overload); the `openai` client streams through it;
 // a client gone mid-stream is aborted on the replica; a killed replica leaves the rest serving.
 // Run by scripts/test.js as its own step. Outside CI a machine without smg skips with the reason;
 // in CI (CI set) it fails.
@@ -48,7 +49,8 @@ describe('replicas behind SMG over gRPC (exact, KV-event routing)', function () 
     smg = await startSmg(
       command,
       replicas.map((r) => r.grpc),
-      { tokenizerModel: MODEL_NAME },
+      // GetLoads polled every second (10 by default): the overload test sees a poll at once.
+      { tokenizerModel: MODEL_NAME, extra: ['--load-monitor-interval', '1'] },
     );
   });
 
@@ -110,6 +112,40 @@ describe('replicas behind SMG over gRPC (exact, KV-event routing)', function () 
       assert.equal(again.url, first[i].url, `session ${i} went back to the replica holding its prefix`);
     }
     assert.ok((await eventHits(smg)) >= hits + sessions.length, 'each follow-up was an event_hit');
+  });
+
+  it("keeps routing a session to its replica once that replica's cache fills past SMG's overload mark", async () => {
+    // SMG 1.13 leaves a worker out of routing while GetLoads says token_usage >= 0.8. A warm
+    // cache is not load: a session whose ~1,750-token prefix fills 85 % of a replica's 2,048
+    // cells, idle, must come back to that replica and reuse the prefix.
+    const client = new OpenAI({ baseURL: `${smg.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+    const line = 'The warehouse ledger lists each crate by its aisle, its shelf and the day it arrived. ';
+    const prefix = line.repeat(95);
+    const ours = await (
+      await fetch(`${replicas[0].url}/tokenize`, { method: 'POST', body: JSON.stringify({ prompt: prefix }) })
+    ).json();
+    assert.ok(ours.tokens.length > 0.8 * 2048 && ours.tokens.length < 1900, `${ours.tokens.length} prefix tokens`);
+    const served = async (question) => {
+      const before = await Promise.all(replicas.map(healthOf));
+      await client.completions.create({
+        model: MODEL_NAME,
+        prompt: `${prefix}${question}`,
+        max_tokens: 2,
+        temperature: 0,
+      });
+      const after = await Promise.all(replicas.map(healthOf));
+      const i = after.findIndex((h, k) => h.completed - before[k].completed === 1);
+      return { i, prefilled: after[i].prefilledTokens - before[i].prefilledTokens, cellsUsed: after[i].cellsUsed };
+    };
+    const first = await served('Question: which aisle?');
+    assert.ok(first.i >= 0, 'a replica served the first request');
+    assert.ok(first.cellsUsed >= 0.8 * 2048, `its cache holds ${first.cellsUsed} of 2,048 cells`);
+    await new Promise((r) => setTimeout(r, 3000)); // three GetLoads polls of the replica, idle with its cache full
+    // The next turn extends the first prompt (a prefix past Gemma 3's sliding window is reused
+    // whole, never forked part-way).
+    const again = await served('Question: which aisle? And which shelf?');
+    assert.equal(again.i, first.i, 'the follow-up went back to the replica holding its prefix');
+    assert.ok(again.prefilled < 100, `the follow-up prefilled ${again.prefilled} tokens: its prefix was reused`);
   });
 
   it('aborts a request on its replica when the client leaves; a killed replica leaves the rest serving', async () => {
