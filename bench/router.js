@@ -25,11 +25,14 @@
  * empty. `--token-usage-threshold` (SMG's --balance-token-usage-threshold; 1: off) also leaves
  * cache affinity when the replicas' KV usage (gRPC GetLoads) spreads by more than that.
  * `--cache-ram SIZE` gives each replica a RAM tier below its KV cells (`serve --cache-ram`).
+ * `--smg-warmup` leaves SMG's warm-up diversions at its defaults (off otherwise, as in the
+ * tests): over gRPC, one cache hit in 8 (and some misses) then goes to a replica whose event
+ * index is thin, which spreads sessions but moves each one it diverts.
  *
  *   node bench/router.js [--replicas 3] [--sessions 8] [--turns 4] [--reply 8] [--threads 1]
  *     [--parallel 2] [--ctx-size 8192] [--routes exact,approximate,round_robin]
  *     [--balance-abs 1] [--balance-rel 1.5] [--restart-router-after TURN] [--context 0]
- *     [--token-usage-threshold 1] [--cache-ram SIZE]
+ *     [--token-usage-threshold 1] [--cache-ram SIZE] [--smg-warmup]
  *
  * Each replica gets `--threads` threads: say how many cores the machine had. Needs `smg` and
  * `sglang-router` (`npm run setup` installs both). Prints a Markdown table and writes
@@ -66,6 +69,7 @@ const { values: args } = parseArgs({
     context: { type: 'string', default: '0' },
     'token-usage-threshold': { type: 'string', default: '1' },
     'cache-ram': { type: 'string' },
+    'smg-warmup': { type: 'boolean', default: false },
   },
 });
 
@@ -125,7 +129,7 @@ function startRouter(route, workers, modelName) {
   const extra = ['--balance-abs-threshold', args['balance-abs'], '--balance-rel-threshold', args['balance-rel']];
   extra.push('--balance-token-usage-threshold', args['token-usage-threshold']);
   const tokenizerModel = route.transport === 'grpc' ? modelName : null;
-  return startSmg(smgCommand(), workers, { policy: route.policy, extra, tokenizerModel });
+  return startSmg(smgCommand(), workers, { policy: route.policy, extra, tokenizerModel, warmup: args['smg-warmup'] });
 }
 
 const healthOf = async (replica) => (await fetch(`${replica.url}/health`)).json();

@@ -18,14 +18,15 @@ function smgCommand() {
 }
 
 /**
- * `smg launch` flags: `workers` (http:// or grpc:// URLs) under `policy`, with the warm-up
- * diversions off and health checked every second, so that a run starts routing at once and a
- * killed worker leaves within seconds. `extra`: more flags (balance thresholds, say).
+ * `smg launch` flags: `workers` (http:// or grpc:// URLs) under `policy`, with health checked
+ * every second (a killed worker leaves within seconds) and, unless `warmup`, the warm-up
+ * diversions off (SMG's defaults route some cache misses and one hit in 8 to a worker whose
+ * index is thin: tests then could not say where a request goes). `extra`: more flags.
  */
-function smgLaunchArgs({ port, metricsPort, workers, policy, extra = [] }) {
+function smgLaunchArgs({ port, metricsPort, workers, policy, extra = [], warmup = false }) {
   const args = ['launch', '--host', '127.0.0.1', '--port', String(port), '--worker-urls', ...workers];
   args.push('--policy', policy, '--worker-startup-check-interval', '1');
-  args.push('--worker-warmup-secs', '0', '--worker-warmup-divert-every', '0');
+  if (!warmup) args.push('--worker-warmup-secs', '0', '--worker-warmup-divert-every', '0');
   args.push('--health-check-interval-secs', '1', '--health-failure-threshold', '1', '--health-success-threshold', '1');
   args.push('--prometheus-host', '127.0.0.1', '--prometheus-port', String(metricsPort), '--log-level', 'warn');
   // Without it SMG waits out its default grace period (minutes) on SIGTERM.
@@ -54,11 +55,16 @@ const smgTokenize = async (url, model, prompt) =>
 
 /**
  * Starts `smg launch` in front of `workers` and resolves `{ child, url, metrics, log }` once all are
- * healthy; `tokenizerModel` (gRPC workers): also wait until SMG tokenizes for that model.
+ * healthy; `tokenizerModel` (gRPC workers): also wait until SMG tokenizes for that model;
+ * `warmup`: SMG's warm-up diversions at its defaults.
  */
-async function startSmg(command, workers, { policy = 'cache_aware', extra = [], tokenizerModel = null } = {}) {
+async function startSmg(
+  command,
+  workers,
+  { policy = 'cache_aware', extra = [], tokenizerModel = null, warmup = false } = {},
+) {
   const [port, metricsPort] = [await freePort(), await freePort()];
-  const child = spawn(command, smgLaunchArgs({ port, metricsPort, workers, policy, extra }), {
+  const child = spawn(command, smgLaunchArgs({ port, metricsPort, workers, policy, extra, warmup }), {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let log = '';
