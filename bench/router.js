@@ -25,6 +25,9 @@
  * empty. `--token-usage-threshold` (SMG's --balance-token-usage-threshold; 1: off) also leaves
  * cache affinity when the replicas' KV usage (gRPC GetLoads) spreads by more than that.
  * `--cache-ram SIZE` gives each replica a RAM tier below its KV cells (`serve --cache-ram`).
+ * `--routers N` starts N routers on the same replicas and sends a session's turn t through
+ * router (session + t) mod N (two gateways behind a front that spreads requests): over gRPC
+ * each router reads every replica's KV events; over HTTP each tree sees only what it sent.
  * `--smg-warmup` leaves SMG's warm-up diversions at its defaults (off otherwise, as in the
  * tests): over gRPC, one cache hit in 8 (and some misses) then goes to a replica whose event
  * index is thin, which spreads sessions but moves each one it diverts.
@@ -32,7 +35,7 @@
  *   node bench/router.js [--replicas 3] [--sessions 8] [--turns 4] [--reply 8] [--threads 1]
  *     [--parallel 2] [--ctx-size 8192] [--routes exact,approximate,round_robin]
  *     [--balance-abs 1] [--balance-rel 1.5] [--restart-router-after TURN] [--context 0]
- *     [--token-usage-threshold 1] [--cache-ram SIZE] [--smg-warmup]
+ *     [--token-usage-threshold 1] [--cache-ram SIZE] [--smg-warmup] [--routers 1]
  *
  * Each replica gets `--threads` threads: say how many cores the machine had. Needs `smg` and
  * `sglang-router` (`npm run setup` installs both). Prints a Markdown table and writes
@@ -70,6 +73,7 @@ const { values: args } = parseArgs({
     'token-usage-threshold': { type: 'string', default: '1' },
     'cache-ram': { type: 'string' },
     'smg-warmup': { type: 'boolean', default: false },
+    routers: { type: 'string', default: '1' },
   },
 });
 
@@ -188,74 +192,88 @@ async function chatTurn(client, model, messages) {
   }
 }
 
-/** The workload through one routing mode; the replicas' counts after it. */
-async function runRoute(name) {
-  const route = ROUTES[name];
-  if (!route) throw new Error(`unknown route ${name}: one of ${Object.keys(ROUTES).join(', ')}`);
+/** Fresh replicas and `--routers` routers in front of them for `route`. */
+async function startRoute(route) {
   const replicas = await Promise.all(
     Array.from({ length: Number(args.replicas) }, () => startReplica(route.transport === 'grpc')),
   );
   const model = (await (await fetch(`${replicas[0].url}/v1/models`)).json()).data[0].id;
-  const newRouter = () =>
-    startRouter(
-      route,
-      replicas.map((r) => r.worker),
-      model,
-    );
-  let router = await newRouter().catch(async (e) => {
+  const workers = replicas.map((r) => r.worker);
+  const newRouters = () =>
+    Promise.all(Array.from({ length: Number(args.routers) }, () => startRouter(route, workers, model)));
+  try {
+    return { replicas, model, newRouters, routers: await newRouters() };
+  } catch (e) {
     await Promise.all(replicas.map((r) => stop(r.child)));
     throw e;
-  });
+  }
+}
+
+const clientOf = (r) => new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 600000 });
+
+/**
+ * Every session's turns, all sessions taking each turn together. With several routers (behind
+ * a front that spreads requests, as two gateways for availability are), a session's turn t goes
+ * through router (session + t) mod N: each router sees part of every session.
+ */
+async function runTurns(name, run) {
+  const system = { role: 'system', content: systemPrompt() };
+  const histories = Array.from({ length: Number(args.sessions) }, () => [system]);
+  const out = { ttfts: [], failures: [], prefilledByTurn: [], restartMs: 0 };
+  /** Per turn, per session: [prompt tokens, cached prompt tokens] as the router passed them on. */
+  out.usageByTurn = Array.from({ length: Number(args.turns) }, () => []);
+  const prefilledNow = async () =>
+    (await Promise.all(run.replicas.map(healthOf))).reduce((n, h) => n + h.prefilledTokens, 0);
+  for (let turn = 0; turn < Number(args.turns); turn++) {
+    const clients = run.routers.map(clientOf);
+    await Promise.all(
+      histories.map(async (history, session) => {
+        history.push({ role: 'user', content: userTurn(session, turn) });
+        const reply = await chatTurn(clients[(session + turn) % clients.length], run.model, history);
+        out.usageByTurn[turn][session] = reply.usage || null;
+        if (reply.failure) out.failures.push(reply.failure);
+        else out.ttfts.push(reply.ttftMs);
+        history.push({ role: 'assistant', content: reply.failure ? '(no reply)' : reply.content });
+      }),
+    );
+    const before = out.prefilledByTurn.reduce((n, t) => n + t, 0);
+    out.prefilledByTurn.push((await prefilledNow()) - before);
+    process.stderr.write(`${name}: turn ${turn + 1}/${args.turns}, ${out.prefilledByTurn.at(-1)} tokens prefilled\n`);
+    if (turn + 1 !== Number(args['restart-router-after'])) continue;
+    // A router started again (a deploy, a crash, a second gateway) knows only what it can learn.
+    const pause = performance.now();
+    await Promise.all(run.routers.map((r) => stop(r.child)));
+    run.routers = await run.newRouters();
+    out.restartMs += performance.now() - pause;
+  }
+  return out;
+}
+
+/** The workload through one routing mode; the replicas' counts after it. */
+async function runRoute(name) {
+  const route = ROUTES[name];
+  if (!route) throw new Error(`unknown route ${name}: one of ${Object.keys(ROUTES).join(', ')}`);
+  const run = await startRoute(route);
   try {
-    const clientOf = (r) => new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 600000 });
-    let client = clientOf(router);
-    let restartMs = 0; // not counted in the wall time
-    const system = { role: 'system', content: systemPrompt() };
-    const histories = Array.from({ length: Number(args.sessions) }, () => [system]);
-    const ttfts = [];
-    const failures = [];
-    const prefilledByTurn = [];
-    /** Per turn, per session: [prompt tokens, cached prompt tokens] as the router passed them on. */
-    const usageByTurn = Array.from({ length: Number(args.turns) }, () => []);
-    const prefilledNow = async () =>
-      (await Promise.all(replicas.map(healthOf))).reduce((n, h) => n + h.prefilledTokens, 0);
     const started = performance.now();
-    for (let turn = 0; turn < Number(args.turns); turn++) {
-      await Promise.all(
-        histories.map(async (history, session) => {
-          history.push({ role: 'user', content: userTurn(session, turn) });
-          const reply = await chatTurn(client, model, history);
-          usageByTurn[turn][session] = reply.usage || null;
-          if (reply.failure) failures.push(reply.failure);
-          else ttfts.push(reply.ttftMs);
-          history.push({ role: 'assistant', content: reply.failure ? '(no reply)' : reply.content });
-        }),
-      );
-      const before = prefilledByTurn.reduce((n, t) => n + t, 0);
-      prefilledByTurn.push((await prefilledNow()) - before);
-      process.stderr.write(`${name}: turn ${turn + 1}/${args.turns}, ${prefilledByTurn.at(-1)} tokens prefilled\n`);
-      if (turn + 1 !== Number(args['restart-router-after'])) continue;
-      // A router started again (a deploy, a crash, a second gateway) knows only what it can learn.
-      const pause = performance.now();
-      await stop(router.child);
-      router = await newRouter();
-      client = clientOf(router);
-      restartMs += performance.now() - pause;
-    }
-    const ms = performance.now() - started - restartMs;
-    const counts = await countsOf(replicas, router, route);
-    return { name, ...route, ms: Math.round(ms), ttfts, failures, prefilledByTurn, usageByTurn, ...counts };
+    const { restartMs, ...turns } = await runTurns(name, run);
+    const ms = performance.now() - started - restartMs; // a restart's start is not counted
+    const counts = await countsOf(run.replicas, run.routers, route);
+    return { name, ...route, ms: Math.round(ms), ...turns, ...counts };
   } finally {
-    await stop(router.child);
-    await Promise.all(replicas.map((r) => stop(r.child)));
+    await Promise.all(run.routers.map((r) => stop(r.child)));
+    await Promise.all(run.replicas.map((r) => stop(r.child)));
   }
 }
 
 /** The replicas' summed counters, each one's completed requests, and SMG's cache_aware branches. */
-async function countsOf(replicas, router, route) {
+async function countsOf(replicas, routers, route) {
   const perReplica = await Promise.all(replicas.map(healthOf));
   const sum = (field) => perReplica.reduce((n, s) => n + s[field], 0);
-  const branches = route.router === 'smg' && route.policy === 'cache_aware' ? await smgBranches(router) : {};
+  const branches = {};
+  if (route.router === 'smg' && route.policy === 'cache_aware')
+    for (const counts of await Promise.all(routers.map(smgBranches)))
+      for (const [branch, n] of Object.entries(counts)) branches[branch] = (branches[branch] || 0) + n;
   return {
     promptTokens: sum('promptTokens'),
     prefilledTokens: sum('prefilledTokens'),
@@ -270,7 +288,7 @@ async function countsOf(replicas, router, route) {
 function report(result) {
   const { results } = result;
   console.log(
-    `\n${args.replicas} replicas (${args.threads} thread(s) each, ${result.cores} cores), ${args.sessions} sessions × ${args.turns} turns, ${args.reply}-token replies, ${args.context} tokens of tool output a turn${Number(args['restart-router-after']) > 0 ? `, the router started again after turn ${args['restart-router-after']}` : ''}\n`,
+    `\n${args.replicas} replicas (${args.threads} thread(s) each, ${result.cores} cores), ${args.sessions} sessions × ${args.turns} turns, ${args.reply}-token replies, ${args.context} tokens of tool output a turn${Number(args.routers) > 1 ? `, ${args.routers} routers` : ''}${Number(args['restart-router-after']) > 0 ? `, the router started again after turn ${args['restart-router-after']}` : ''}\n`,
   );
   const rows = results.map((r) => [
     r.name,
