@@ -298,8 +298,9 @@ class BranchStore {
    */
   kvPressure(without) {
     if (without === undefined) return nativeOf(this._ctx)._storeKvPressure();
-    if (!Array.isArray(without)) throw makeError('ERR_INVALID_ARG', 'kvPressure: without must be an array of Branches');
-    const handles = without.map((b) => branchHandle(this._ctx, b, 'kvPressure'));
+    const where = 'BranchStore.kvPressure';
+    if (!Array.isArray(without)) throw makeError('ERR_INVALID_ARG', `${where}: without must be an array of Branches`);
+    const handles = without.map((b) => branchHandle(this._ctx, b, where));
     return nativeOf(this._ctx)._storeKvPressure(handles);
   }
 }

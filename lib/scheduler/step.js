@@ -37,7 +37,7 @@ class Steps {
   /** The KV cells' use as of the end of the last step. */
   #pressure;
   /** Of those, the cells running work holds (idle cached prefixes left out). */
-  #inUse = 0;
+  #inUse;
   /** @type {Promise<void> | null} the steps running now */
   #loop = null;
   /** The queue's head waits for a program to give room back: no step until something changes. */

@@ -502,14 +502,14 @@ impl BranchStore {
         kv: &impl KvBackend,
         without: &[Handle],
     ) -> Result<KvPressure> {
-        let mut seen = Vec::with_capacity(without.len());
+        let (mut seen, mut runs) = (Vec::with_capacity(without.len()), Vec::new());
         for &h in without {
             let b = self.get(h)?;
-            if !b.is_parked() && !seen.iter().any(|&(s, _)| s == h) {
-                seen.push((h, b.runs.as_slice()));
+            if !b.is_parked() && !seen.contains(&h) {
+                seen.push(h);
+                runs.push(b.runs.as_slice());
             }
         }
-        let runs: Vec<&[RunRef]> = seen.into_iter().map(|(_, r)| r).collect();
         Ok(self.pressure_over(kv, self.segments.total_without(&runs)))
     }
 

@@ -241,10 +241,10 @@ impl SessionContext {
     /// KV usage; with `without`, as if those branches were pruned (nothing is).
     #[napi(js_name = "_storeKvPressure")]
     pub fn _store_kv_pressure(&self, without: Option<Vec<f64>>) -> Result<KvPressureInfo> {
-        let without = match without {
-            Some(handles) => Some(self.ids.from_js_all(&handles).map_err(js)?),
-            None => None,
-        };
+        let without = without
+            .map(|handles| self.ids.from_js_all(&handles))
+            .transpose()
+            .map_err(js)?;
         self.sync("kvPressure", |e| {
             let p = match &without {
                 Some(handles) => e.store.kv_pressure_without(&e.ctx, handles)?,
