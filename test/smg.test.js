@@ -26,6 +26,20 @@ const eventHits = (smg) => smgBranchCount(smg, 'event_hit');
 
 const healthOf = async (r) => (await fetch(`${r.url}/health`)).json();
 
+/**
+ * Sends `prompt` through SMG as a completion and says which of `replicas` served it: its index,
+ * the tokens it prefilled for it and the KV cells it holds after.
+ */
+async function served(client, replicas, prompt) {
+  const before = await Promise.all(replicas.map(healthOf));
+  await client.completions.create({ model: MODEL_NAME, prompt, max_tokens: 2, temperature: 0 });
+  const after = await Promise.all(replicas.map(healthOf));
+  const moved = after.flatMap((h, i) => (h.completed - before[i].completed === 1 ? [i] : []));
+  assert.equal(moved.length, 1, 'one replica served the request');
+  const [i] = moved;
+  return { i, prefilled: after[i].prefilledTokens - before[i].prefilledTokens, cellsUsed: after[i].cellsUsed };
+}
+
 describe('replicas behind SMG over gRPC (exact, KV-event routing)', function () {
   this.timeout(300000);
   const command = smgCommand();
@@ -95,21 +109,13 @@ describe('replicas behind SMG over gRPC (exact, KV-event routing)', function () 
       (topic) =>
         `You are a helpful assistant about ${topic}. ${`Always answer about ${topic} in one short sentence. `.repeat(8)}`,
     );
-    const servedBy = async (prompt) => {
-      const before = await Promise.all(replicas.map(healthOf));
-      await client.completions.create({ model: MODEL_NAME, prompt, max_tokens: 2, temperature: 0 });
-      const after = await Promise.all(replicas.map(healthOf));
-      const moved = replicas.filter((_, i) => after[i].completed - before[i].completed === 1);
-      assert.equal(moved.length, 1, 'one replica served the request');
-      return moved[0];
-    };
     const first = [];
-    for (const s of sessions) first.push(await servedBy(`${s}Question: what is first?`));
+    for (const s of sessions) first.push((await served(client, replicas, `${s}Question: what is first?`)).i);
     await new Promise((r) => setTimeout(r, 500)); // the KV event batches reach SMG
     const hits = await eventHits(smg);
     for (const [i, s] of sessions.entries()) {
-      const again = await servedBy(`${s}Question: what comes next?`);
-      assert.equal(again.url, first[i].url, `session ${i} went back to the replica holding its prefix`);
+      const again = await served(client, replicas, `${s}Question: what comes next?`);
+      assert.equal(again.i, first[i], `session ${i} went back to the replica holding its prefix`);
     }
     assert.ok((await eventHits(smg)) >= hits + sessions.length, 'each follow-up was an event_hit');
   });
@@ -125,25 +131,12 @@ describe('replicas behind SMG over gRPC (exact, KV-event routing)', function () 
       await fetch(`${replicas[0].url}/tokenize`, { method: 'POST', body: JSON.stringify({ prompt: prefix }) })
     ).json();
     assert.ok(ours.tokens.length > 0.8 * 2048 && ours.tokens.length < 1900, `${ours.tokens.length} prefix tokens`);
-    const served = async (question) => {
-      const before = await Promise.all(replicas.map(healthOf));
-      await client.completions.create({
-        model: MODEL_NAME,
-        prompt: `${prefix}${question}`,
-        max_tokens: 2,
-        temperature: 0,
-      });
-      const after = await Promise.all(replicas.map(healthOf));
-      const i = after.findIndex((h, k) => h.completed - before[k].completed === 1);
-      return { i, prefilled: after[i].prefilledTokens - before[i].prefilledTokens, cellsUsed: after[i].cellsUsed };
-    };
-    const first = await served('Question: which aisle?');
-    assert.ok(first.i >= 0, 'a replica served the first request');
+    const first = await served(client, replicas, `${prefix}Question: which aisle?`);
     assert.ok(first.cellsUsed >= 0.8 * 2048, `its cache holds ${first.cellsUsed} of 2,048 cells`);
     await new Promise((r) => setTimeout(r, 3000)); // three GetLoads polls of the replica, idle with its cache full
     // The next turn extends the first prompt (a prefix past Gemma 3's sliding window is reused
     // whole, never forked part-way).
-    const again = await served('Question: which aisle? And which shelf?');
+    const again = await served(client, replicas, `${prefix}Question: which aisle? And which shelf?`);
     assert.equal(again.i, first.i, 'the follow-up went back to the replica holding its prefix');
     assert.ok(again.prefilled < 100, `the follow-up prefilled ${again.prefilled} tokens: its prefix was reused`);
   });
